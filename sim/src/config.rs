@@ -1,0 +1,188 @@
+//! Simulator configuration (`[sim]` in a reflex config file).
+
+use crate::task::TaskKind;
+use crate::world::{ServoParams, SolverParams};
+use reflex_runtime::config::{Invalid, Validate, in_range, key};
+use reflex_runtime::msg::ActionKind;
+use serde::Deserialize;
+
+/// Cameras rendered on the CPU.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CameraConfig {
+    /// Render images at all (off: state-only observations, much faster).
+    pub enabled: bool,
+    /// Image width, pixels.
+    pub width: u32,
+    /// Image height, pixels.
+    pub height: u32,
+}
+
+impl Default for CameraConfig {
+    fn default() -> Self {
+        CameraConfig {
+            enabled: false,
+            width: 128,
+            height: 128,
+        }
+    }
+}
+
+fn default_action() -> ActionKind {
+    ActionKind::EeDelta
+}
+fn default_control_hz() -> f64 {
+    20.0
+}
+fn default_physics_hz() -> f64 {
+    200.0
+}
+fn default_robot() -> String {
+    "sim".into()
+}
+fn default_ee_step() -> f64 {
+    0.02
+}
+fn default_yaw_step() -> f64 {
+    0.2
+}
+fn default_joint_step() -> f64 {
+    0.1
+}
+
+/// Everything that defines a simulated robot.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimConfig {
+    /// Task: reach, push, pick or insert.
+    pub task: TaskKind,
+    /// Action space: ee_delta (default), ee_delta_yaw, joint_abs or joint_delta.
+    #[serde(default = "default_action")]
+    pub action: ActionKind,
+    /// Control rate, Hz (one action per control step).
+    #[serde(default = "default_control_hz")]
+    pub control_hz: f64,
+    /// Physics rate, Hz; must be a whole multiple of `control_hz`.
+    #[serde(default = "default_physics_hz")]
+    pub physics_hz: f64,
+    /// Time limit in control steps (default: the task's own).
+    #[serde(default)]
+    pub max_episode_steps: Option<u32>,
+    /// Seed of the sequence of episode seeds used when a reset names none.
+    #[serde(default)]
+    pub seed: u64,
+    /// Robot name on the bus.
+    #[serde(default = "default_robot")]
+    pub robot: String,
+    /// Largest end-effector step per control step for ee actions, m.
+    #[serde(default = "default_ee_step")]
+    pub ee_step_m: f64,
+    /// Largest yaw step per control step for ee_delta_yaw, rad.
+    #[serde(default = "default_yaw_step")]
+    pub yaw_step_rad: f64,
+    /// Largest joint step per control step for joint_delta, rad.
+    #[serde(default = "default_joint_step")]
+    pub joint_step_rad: f64,
+    /// Cameras.
+    #[serde(default)]
+    pub cameras: CameraConfig,
+    /// Servo model.
+    #[serde(default)]
+    pub servo: ServoParams,
+    /// Physics solver.
+    #[serde(default)]
+    pub solver: SolverParams,
+}
+
+impl SimConfig {
+    /// A config with every default for `task`.
+    pub fn for_task(task: TaskKind) -> Self {
+        SimConfig {
+            task,
+            action: default_action(),
+            control_hz: default_control_hz(),
+            physics_hz: default_physics_hz(),
+            max_episode_steps: None,
+            seed: 0,
+            robot: default_robot(),
+            ee_step_m: default_ee_step(),
+            yaw_step_rad: default_yaw_step(),
+            joint_step_rad: default_joint_step(),
+            cameras: CameraConfig::default(),
+            servo: ServoParams::default(),
+            solver: SolverParams::default(),
+        }
+    }
+
+    /// Physics steps per control step.
+    pub fn substeps(&self) -> u32 {
+        (self.physics_hz / self.control_hz).round() as u32
+    }
+
+    /// Time limit in control steps.
+    pub fn max_steps(&self) -> u32 {
+        self.max_episode_steps
+            .unwrap_or_else(|| self.task.default_max_steps())
+    }
+}
+
+impl Validate for SimConfig {
+    fn validate(&self, p: &str) -> Result<(), Invalid> {
+        if self.action == ActionKind::Box {
+            return Err(Invalid {
+                key: key(p, "action"),
+                value: "\"box\"".into(),
+                allowed: "ee_delta, ee_delta_yaw, joint_abs, joint_delta".into(),
+            });
+        }
+        in_range(p, "control_hz", self.control_hz, 1.0, 100.0)?;
+        in_range(p, "physics_hz", self.physics_hz, 200.0, 2000.0)?;
+        let ratio = self.physics_hz / self.control_hz;
+        if (ratio - ratio.round()).abs() > 1e-9 {
+            return Err(Invalid {
+                key: key(p, "physics_hz"),
+                value: self.physics_hz.to_string(),
+                allowed: format!("a whole multiple of control_hz = {}", self.control_hz),
+            });
+        }
+        if let Some(m) = self.max_episode_steps {
+            in_range(p, "max_episode_steps", m, 1, 100_000)?;
+        }
+        in_range(p, "ee_step_m", self.ee_step_m, 0.001, 0.1)?;
+        in_range(p, "yaw_step_rad", self.yaw_step_rad, 0.01, 1.0)?;
+        in_range(p, "joint_step_rad", self.joint_step_rad, 0.001, 1.0)?;
+        let c = key(p, "cameras");
+        in_range(&c, "width", self.cameras.width, 16, 1024)?;
+        in_range(&c, "height", self.cameras.height, 16, 1024)?;
+        let s = key(p, "servo");
+        in_range(&s, "stiffness", self.servo.stiffness, 0.1, 1000.0)?;
+        in_range(&s, "damping", self.servo.damping, 0.0, 100.0)?;
+        in_range(&s, "armature", self.servo.armature, 0.0, 1.0)?;
+        in_range(
+            &s,
+            "finger_stiffness",
+            self.servo.finger_stiffness,
+            1.0,
+            10000.0,
+        )?;
+        in_range(&s, "finger_damping", self.servo.finger_damping, 0.0, 1000.0)?;
+        let v = key(p, "solver");
+        in_range(&v, "iterations", self.solver.iterations, 1, 32)?;
+        in_range(
+            &v,
+            "prediction_distance_m",
+            self.solver.prediction_distance_m,
+            0.0001,
+            0.05,
+        )?;
+        in_range(&v, "contact_hz", self.solver.contact_hz, 1.0, 90.0)?;
+        if reflex_runtime::bus::Keys::new(&self.robot).is_err() {
+            return Err(Invalid {
+                key: key(p, "robot"),
+                value: format!("\"{}\"", self.robot),
+                allowed: "letters, digits, `-` and `_`".into(),
+            });
+        }
+        Ok(())
+    }
+}

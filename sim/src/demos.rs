@@ -1,0 +1,186 @@
+//! Recorded episodes on disk (`reflex sim demos`), read back by imitation training.
+//!
+//! A demo directory holds `manifest.json` and one MessagePack file per episode,
+//! `episode_NNNNNN.msgpack`. Every file is written atomically, and the manifest is rewritten
+//! after each episode, so a crash loses at most the episode in progress. The format is documented
+//! in docs/sim.md; Python reads it with `msgpack` and `json`.
+
+use reflex_runtime::fsio::atomic_write;
+use reflex_runtime::msg::RobotSpec;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Version of the demo format.
+pub const DEMO_FORMAT_VERSION: u16 = 1;
+
+/// One episode.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Episode {
+    /// Format version.
+    pub v: u16,
+    /// Index within the directory.
+    pub index: u64,
+    /// Seed the episode was reset with.
+    pub seed: u64,
+    /// The task reported success.
+    pub success: bool,
+    /// Sum of rewards.
+    #[serde(rename = "return")]
+    pub ret: f32,
+    /// State vectors, `steps + 1` of them (the one after reset first).
+    pub observations: Vec<Vec<f32>>,
+    /// Actions, one per step, in the robot's action units.
+    pub actions: Vec<Vec<f32>>,
+    /// Reward after each step.
+    pub rewards: Vec<f32>,
+    /// The episode ended in a terminal state.
+    pub terminated: bool,
+    /// The episode hit its time limit.
+    pub truncated: bool,
+}
+
+/// One line of the manifest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeEntry {
+    /// Index.
+    pub index: u64,
+    /// File name within the directory.
+    pub file: String,
+    /// Reset seed.
+    pub seed: u64,
+    /// Steps taken.
+    pub steps: u32,
+    /// Success.
+    pub success: bool,
+    /// Sum of rewards.
+    #[serde(rename = "return")]
+    pub ret: f32,
+}
+
+/// `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always `reflex-demos`.
+    pub format: String,
+    /// Format version.
+    pub version: u16,
+    /// The robot the episodes were recorded on.
+    pub spec: RobotSpec,
+    /// The command line that made them.
+    pub command: String,
+    /// Episodes written so far.
+    pub episodes: Vec<EpisodeEntry>,
+}
+
+/// Errors reading or writing demos; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// I/O on a file failed.
+    #[error("demo file `{path}`: {source}")]
+    Io {
+        /// File at fault.
+        path: String,
+        /// Error.
+        source: std::io::Error,
+    },
+    /// A file is not in the expected format.
+    #[error("demo file `{path}` is not a reflex demo file: {message}")]
+    Format {
+        /// File at fault.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DemoError + '_ {
+    move |source| DemoError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Writes episodes into a directory.
+pub struct DemoWriter {
+    dir: PathBuf,
+    manifest: Manifest,
+}
+
+impl DemoWriter {
+    /// Creates (or empties of manifest) `dir` for episodes of `spec`.
+    pub fn create(dir: &Path, spec: &RobotSpec, command: &str) -> Result<Self, DemoError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let w = DemoWriter {
+            dir: dir.to_path_buf(),
+            manifest: Manifest {
+                format: "reflex-demos".into(),
+                version: DEMO_FORMAT_VERSION,
+                spec: spec.clone(),
+                command: command.into(),
+                episodes: vec![],
+            },
+        };
+        w.write_manifest()?;
+        Ok(w)
+    }
+
+    fn write_manifest(&self) -> Result<(), DemoError> {
+        let p = self.dir.join("manifest.json");
+        let text = serde_json::to_vec_pretty(&self.manifest).expect("manifest serialises");
+        atomic_write(&p, &text).map_err(io(&p))
+    }
+
+    /// Appends an episode (its `index` is assigned here).
+    pub fn write(&mut self, ep: &mut Episode) -> Result<(), DemoError> {
+        ep.v = DEMO_FORMAT_VERSION;
+        ep.index = self.manifest.episodes.len() as u64;
+        let file = format!("episode_{:06}.msgpack", ep.index);
+        let p = self.dir.join(&file);
+        let bytes = rmp_serde::to_vec_named(ep).expect("episode serialises");
+        atomic_write(&p, &bytes).map_err(io(&p))?;
+        self.manifest.episodes.push(EpisodeEntry {
+            index: ep.index,
+            file,
+            seed: ep.seed,
+            steps: ep.actions.len() as u32,
+            success: ep.success,
+            ret: ep.ret,
+        });
+        self.write_manifest()
+    }
+
+    /// The manifest so far.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+}
+
+/// Reads `manifest.json` of a demo directory.
+pub fn read_manifest(dir: &Path) -> Result<Manifest, DemoError> {
+    let p = dir.join("manifest.json");
+    let text = std::fs::read(&p).map_err(io(&p))?;
+    let m: Manifest = serde_json::from_slice(&text).map_err(|e| DemoError::Format {
+        path: p.display().to_string(),
+        message: e.to_string(),
+    })?;
+    if m.format != "reflex-demos" || m.version != DEMO_FORMAT_VERSION {
+        return Err(DemoError::Format {
+            path: p.display().to_string(),
+            message: format!(
+                "format `{}` version {}, expected `reflex-demos` version {DEMO_FORMAT_VERSION}",
+                m.format, m.version
+            ),
+        });
+    }
+    Ok(m)
+}
+
+/// Reads one episode file.
+pub fn read_episode(dir: &Path, entry: &EpisodeEntry) -> Result<Episode, DemoError> {
+    let p = dir.join(&entry.file);
+    let bytes = std::fs::read(&p).map_err(io(&p))?;
+    rmp_serde::from_slice(&bytes).map_err(|e| DemoError::Format {
+        path: p.display().to_string(),
+        message: e.to_string(),
+    })
+}

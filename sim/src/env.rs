@@ -1,0 +1,485 @@
+//! [`SimEnv`]: the simulator as a [`Robot`].
+
+use crate::camera::{CameraRig, Renderer};
+use crate::config::SimConfig;
+use crate::task::{TaskKind, TaskLayout};
+use crate::world::{ArmModel, NUM_ACTUATORS, Scene};
+use nalgebra::{Isometry3, Translation3, Vector3};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use reflex_runtime::config::Validate;
+use reflex_runtime::kinematics::{IkOptions, top_down, yaw_of};
+use reflex_runtime::msg::{
+    ActionKind, ActionSpec, CameraSpec, Observation, PROTOCOL_VERSION, RobotSpec, StateField,
+};
+use reflex_runtime::robot::{Robot, RobotError, check_action};
+use std::sync::Arc;
+
+/// The box the end-effector goal is kept in, m (base frame): in front of the arm, above the table.
+pub const WORKSPACE_MIN: [f64; 3] = [0.06, -0.25, 0.005];
+/// Upper corner of the end-effector goal box, m.
+pub const WORKSPACE_MAX: [f64; 3] = [0.38, 0.25, 0.30];
+/// Home yaw of the top-down tool orientation: at the zero pose the tool's x axis points back at
+/// the base.
+pub const HOME_YAW: f64 = std::f64::consts::PI;
+
+/// Errors creating a simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The configuration is out of range.
+    #[error("sim config: key `{}` = {} is out of range; allowed: {}", .0.key, .0.value, .0.allowed)]
+    Config(reflex_runtime::config::Invalid),
+}
+
+/// The simulator of one task, stepping in lockstep with its caller.
+pub struct SimEnv {
+    cfg: SimConfig,
+    model: Arc<ArmModel>,
+    scene: Scene,
+    layout: TaskLayout,
+    spec: RobotSpec,
+    obs: Observation,
+    seeds: ChaCha8Rng,
+    seed: u64,
+    episode: u64,
+    step: u32,
+    substeps: u32,
+    /// End-effector goal for ee actions: position and yaw.
+    ee_goal: Vector3<f64>,
+    yaw_goal: f64,
+    q_cmd: [f64; 5],
+    opening_cmd: f64,
+    ik: IkOptions,
+    renderer: Option<Renderer>,
+    rig: CameraRig,
+    physics_steps: u64,
+}
+
+/// Observation layout of a task.
+pub fn state_fields(task: TaskKind) -> Vec<StateField> {
+    let f = |name: &str, size: u32, unit: &str| StateField {
+        name: name.into(),
+        size,
+        unit: unit.into(),
+    };
+    let mut v = vec![
+        f(
+            "joint_pos",
+            6,
+            "rad for the 5 arm joints, then gripper opening in m",
+        ),
+        f(
+            "joint_vel",
+            6,
+            "rad/s for the 5 arm joints, then gripper opening rate in m/s",
+        ),
+        f("ee_pos", 3, "m, tool centre point in the base frame"),
+        f(
+            "ee_quat",
+            4,
+            "quaternion xyzw, tool orientation in the base frame",
+        ),
+    ];
+    if task.has_object() {
+        v.push(f("object_pos", 3, "m, object centre in the base frame"));
+        v.push(f(
+            "object_quat",
+            4,
+            "quaternion xyzw, object orientation in the base frame",
+        ));
+    }
+    v.push(f(
+        "target_pos",
+        3,
+        match task {
+            TaskKind::Reach => "m, point to reach, base frame",
+            TaskKind::Push => "m, centre of the goal region on the table, base frame",
+            TaskKind::Pick => "m, cube start position raised by the required lift, base frame",
+            TaskKind::Insert => "m, centre of the hole's opening, base frame",
+        },
+    ));
+    v
+}
+
+fn action_spec(cfg: &SimConfig, model: &ArmModel) -> ActionSpec {
+    let open = model.max_opening_m();
+    let (names, low, high): (Vec<&str>, Vec<f32>, Vec<f32>) = match cfg.action {
+        ActionKind::EeDelta => {
+            let s = cfg.ee_step_m as f32;
+            (
+                vec!["dx_m", "dy_m", "dz_m", "gripper_m"],
+                vec![-s, -s, -s, 0.0],
+                vec![s, s, s, open],
+            )
+        }
+        ActionKind::EeDeltaYaw => {
+            let (s, y) = (cfg.ee_step_m as f32, cfg.yaw_step_rad as f32);
+            (
+                vec!["dx_m", "dy_m", "dz_m", "dyaw_rad", "gripper_m"],
+                vec![-s, -s, -s, -y, 0.0],
+                vec![s, s, s, y, open],
+            )
+        }
+        ActionKind::JointAbs => {
+            let mut lo: Vec<f32> = model.limits.iter().map(|l| l.0 as f32).collect();
+            let mut hi: Vec<f32> = model.limits.iter().map(|l| l.1 as f32).collect();
+            lo.push(0.0);
+            hi.push(open);
+            (
+                vec![
+                    "shoulder_pan_rad",
+                    "shoulder_lift_rad",
+                    "elbow_flex_rad",
+                    "wrist_flex_rad",
+                    "wrist_roll_rad",
+                    "gripper_m",
+                ],
+                lo,
+                hi,
+            )
+        }
+        ActionKind::JointDelta => {
+            let s = cfg.joint_step_rad as f32;
+            let g = 0.01;
+            (
+                vec![
+                    "d_shoulder_pan_rad",
+                    "d_shoulder_lift_rad",
+                    "d_elbow_flex_rad",
+                    "d_wrist_flex_rad",
+                    "d_wrist_roll_rad",
+                    "d_gripper_m",
+                ],
+                vec![-s, -s, -s, -s, -s, -g],
+                vec![s, s, s, s, s, g],
+            )
+        }
+        ActionKind::Box => unreachable!("rejected by SimConfig::validate"),
+    };
+    ActionSpec {
+        kind: cfg.action,
+        names: names.into_iter().map(String::from).collect(),
+        low,
+        high,
+    }
+}
+
+impl SimEnv {
+    /// Builds the simulator; the first episode starts at [`Robot::reset`].
+    pub fn new(cfg: SimConfig) -> Result<Self, SimError> {
+        cfg.validate("sim").map_err(SimError::Config)?;
+        let model = Arc::new(ArmModel::so101());
+        Ok(Self::with_model(cfg, model))
+    }
+
+    /// Builds the simulator sharing an already parsed arm model.
+    pub fn with_model(cfg: SimConfig, model: Arc<ArmModel>) -> Self {
+        let rig = CameraRig::default_rig();
+        let spec = RobotSpec {
+            v: PROTOCOL_VERSION,
+            name: cfg.robot.clone(),
+            kind: format!("sim/{}", cfg.task),
+            control_hz: cfg.control_hz,
+            lockstep: true,
+            state: state_fields(cfg.task),
+            action: action_spec(&cfg, &model),
+            cameras: if cfg.cameras.enabled {
+                rig.cameras
+                    .iter()
+                    .map(|c| CameraSpec {
+                        name: c.name.clone(),
+                        width: cfg.cameras.width,
+                        height: cfg.cameras.height,
+                    })
+                    .collect()
+            } else {
+                vec![]
+            },
+            joints: crate::world::ARM_JOINTS
+                .iter()
+                .map(|s| s.to_string())
+                .chain(["gripper".to_string()])
+                .collect(),
+            max_episode_steps: cfg.max_steps(),
+        };
+        let renderer = cfg
+            .cameras
+            .enabled
+            .then(|| Renderer::new(cfg.cameras.width, cfg.cameras.height));
+        let mut seeds = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let seed = seeds.random();
+        let mut layout_rng = ChaCha8Rng::seed_from_u64(seed);
+        let layout = TaskLayout::sample(cfg.task, &mut layout_rng);
+        let q = [0.0; 5];
+        let scene = Scene::new(
+            &model,
+            &cfg.servo,
+            &cfg.solver,
+            (1.0 / cfg.physics_hz) as f32,
+            &q,
+            0.0,
+        );
+        let substeps = cfg.substeps();
+        let mut env = SimEnv {
+            spec,
+            obs: Observation::default(),
+            seeds,
+            seed,
+            episode: 0,
+            step: 0,
+            substeps,
+            ee_goal: Vector3::zeros(),
+            yaw_goal: HOME_YAW,
+            q_cmd: q,
+            opening_cmd: 0.0,
+            ik: IkOptions {
+                max_iterations: 30,
+                position_tolerance_m: 2e-4,
+                rotation_tolerance_rad: 2e-3,
+                ..Default::default()
+            },
+            renderer,
+            rig,
+            physics_steps: 0,
+            scene,
+            layout,
+            model,
+            cfg,
+        };
+        env.start_episode(seed);
+        env
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    /// The arm model.
+    pub fn model(&self) -> &Arc<ArmModel> {
+        &self.model
+    }
+
+    /// The physical scene.
+    pub fn scene(&self) -> &Scene {
+        &self.scene
+    }
+
+    /// This episode's layout.
+    pub fn layout(&self) -> &TaskLayout {
+        &self.layout
+    }
+
+    /// Seed of the current episode.
+    pub fn episode_seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Physics steps taken since creation.
+    pub fn physics_steps(&self) -> u64 {
+        self.physics_steps
+    }
+
+    /// Joint positions (5 arm joints) from a tool-centre-point pose goal, by IK seeded at `seed`.
+    pub fn ik_top_down(&self, pos: &Vector3<f64>, yaw: f64, seed: &[f64; 5]) -> [f64; 5] {
+        let target = Isometry3::from_parts(Translation3::from(*pos), top_down(yaw));
+        let sol = self.model.ik_chain.ik(&target, seed, &self.ik);
+        [sol.q[0], sol.q[1], sol.q[2], sol.q[3], sol.q[4]]
+    }
+
+    /// Pose of the tool centre point from the measured joints.
+    pub fn tcp_pose(&self) -> Isometry3<f64> {
+        let q = self.scene.joint_positions();
+        let q64 = [
+            q[0] as f64,
+            q[1] as f64,
+            q[2] as f64,
+            q[3] as f64,
+            q[4] as f64,
+        ];
+        self.model.chain.fk(&q64)
+    }
+
+    /// The current end-effector goal (position, yaw) of ee action spaces.
+    pub fn ee_goal(&self) -> (Vector3<f64>, f64) {
+        (self.ee_goal, self.yaw_goal)
+    }
+
+    fn start_episode(&mut self, seed: u64) {
+        self.seed = seed;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        self.layout = TaskLayout::sample(self.cfg.task, &mut rng);
+        // Place the arm with its tool top-down at the layout's start point. The IK seed is an
+        // elbow-up configuration, so every episode starts on the same branch.
+        let t = self.layout.tcp_start;
+        let seed_q = [t.y.atan2(t.x), 0.0, 0.0, 0.0, 0.0];
+        let q = self.ik_top_down(&t, HOME_YAW, &seed_q);
+        let opening = self.layout.opening_start as f32;
+        self.scene = Scene::new(
+            &self.model,
+            &self.cfg.servo,
+            &self.cfg.solver,
+            (1.0 / self.cfg.physics_hz) as f32,
+            &q,
+            opening,
+        );
+        let tcp = self.model.chain.fk(&q);
+        self.layout.populate(&mut self.scene, &tcp);
+        self.q_cmd = q;
+        self.opening_cmd = opening as f64;
+        if self.cfg.task == TaskKind::Insert {
+            // Squeeze the peg, then let the grasp settle before the episode's first step.
+            self.opening_cmd = 0.0;
+        }
+        self.apply_command();
+        for _ in 0..(0.25 * self.cfg.physics_hz) as u32 {
+            self.scene.step_physics();
+        }
+        let tcp = self.tcp_pose();
+        self.ee_goal = tcp.translation.vector;
+        self.yaw_goal = yaw_of(&tcp.rotation);
+        self.step = 0;
+        self.update_obs(0.0);
+    }
+
+    fn apply_command(&mut self) {
+        let mut cmd = [0.0f32; NUM_ACTUATORS];
+        for i in 0..5 {
+            let (lo, hi) = self.model.limits[i];
+            self.q_cmd[i] = self.q_cmd[i].clamp(lo, hi);
+            cmd[i] = self.q_cmd[i] as f32;
+        }
+        self.opening_cmd = self
+            .opening_cmd
+            .clamp(0.0, self.model.max_opening_m() as f64);
+        cmd[5] = self.opening_cmd as f32;
+        self.scene.command(&cmd);
+    }
+
+    fn interpret(&mut self, a: &[f32]) {
+        let clamp3 = |v: Vector3<f64>| {
+            Vector3::new(
+                v.x.clamp(WORKSPACE_MIN[0], WORKSPACE_MAX[0]),
+                v.y.clamp(WORKSPACE_MIN[1], WORKSPACE_MAX[1]),
+                v.z.clamp(WORKSPACE_MIN[2], WORKSPACE_MAX[2]),
+            )
+        };
+        let lim = &self.spec.action;
+        let c = |i: usize| (a[i].clamp(lim.low[i], lim.high[i])) as f64;
+        match self.cfg.action {
+            ActionKind::EeDelta | ActionKind::EeDeltaYaw => {
+                let measured = self.tcp_pose().translation.vector;
+                // Track the goal, not the measured pose, so small steps add up exactly; re-anchor
+                // on the measured pose when the arm could not follow (blocked by contact).
+                if (self.ee_goal - measured).norm() > 0.03 {
+                    self.ee_goal = measured;
+                }
+                self.ee_goal = clamp3(self.ee_goal + Vector3::new(c(0), c(1), c(2)));
+                let grip = if self.cfg.action == ActionKind::EeDeltaYaw {
+                    self.yaw_goal += c(3);
+                    // Keep the yaw goal within reach of the wrist: +-90 degrees around home.
+                    self.yaw_goal = self.yaw_goal.clamp(HOME_YAW - 1.57, HOME_YAW + 1.57);
+                    c(4)
+                } else {
+                    c(3)
+                };
+                self.q_cmd = self.ik_top_down(&self.ee_goal, self.yaw_goal, &self.q_cmd);
+                self.opening_cmd = grip;
+            }
+            ActionKind::JointAbs => {
+                for i in 0..5 {
+                    self.q_cmd[i] = c(i);
+                }
+                self.opening_cmd = c(5);
+            }
+            ActionKind::JointDelta => {
+                for i in 0..5 {
+                    self.q_cmd[i] += c(i);
+                }
+                self.opening_cmd += c(5);
+            }
+            ActionKind::Box => unreachable!("rejected by SimConfig::validate"),
+        }
+    }
+
+    fn update_obs(&mut self, reward: f32) {
+        let q = self.scene.joint_positions();
+        let qd = self.scene.joint_velocities();
+        let tcp = self.tcp_pose();
+        let obj = self.scene.object.map(|h| self.scene.body_pose(h));
+        let success = self.layout.success(&tcp.translation.vector, obj.as_ref());
+        let o = &mut self.obs;
+        o.v = PROTOCOL_VERSION;
+        o.episode = self.episode;
+        o.step = self.step;
+        o.time_ns = (self.step as f64 / self.cfg.control_hz * 1e9).round() as u64;
+        let s = &mut o.state;
+        s.clear();
+        s.extend_from_slice(&q);
+        s.extend_from_slice(&qd);
+        let t = tcp.translation.vector;
+        let r = tcp.rotation.quaternion();
+        s.extend_from_slice(&[t.x as f32, t.y as f32, t.z as f32]);
+        s.extend_from_slice(&[r.i as f32, r.j as f32, r.k as f32, r.w as f32]);
+        if self.cfg.task.has_object() {
+            let p = obj.expect("task with object");
+            let (t, r) = (p.translation.vector, p.rotation.quaternion());
+            s.extend_from_slice(&[t.x as f32, t.y as f32, t.z as f32]);
+            s.extend_from_slice(&[r.i as f32, r.j as f32, r.k as f32, r.w as f32]);
+        }
+        let g = self.layout.target;
+        s.extend_from_slice(&[g.x as f32, g.y as f32, g.z as f32]);
+        o.success = success;
+        o.reward = reward.max(if success && self.step > 0 { 1.0 } else { 0.0 });
+        o.terminated = success;
+        o.truncated = !success && self.step >= self.cfg.max_steps();
+        if let Some(r) = &mut self.renderer {
+            r.render_all(&self.scene, &self.layout, &self.rig, &mut o.images);
+        }
+    }
+}
+
+impl Robot for SimEnv {
+    fn spec(&self) -> &RobotSpec {
+        &self.spec
+    }
+
+    fn reset(&mut self, seed: Option<u64>) -> Result<&Observation, RobotError> {
+        let seed = seed.unwrap_or_else(|| self.seeds.random());
+        self.episode += 1;
+        self.start_episode(seed);
+        Ok(&self.obs)
+    }
+
+    fn command(&mut self, action: &[f32]) -> Result<(), RobotError> {
+        check_action(&self.spec.name, self.spec.action.dim(), action)?;
+        self.interpret(action);
+        self.apply_command();
+        for _ in 0..self.substeps {
+            self.scene.step_physics();
+        }
+        self.physics_steps += self.substeps as u64;
+        self.step += 1;
+        self.update_obs(0.0);
+        Ok(())
+    }
+
+    fn observe(&mut self) -> Result<&Observation, RobotError> {
+        Ok(&self.obs)
+    }
+
+    fn hold_action(&self, out: &mut [f32]) {
+        out.fill(0.0);
+        match self.cfg.action {
+            ActionKind::EeDelta => out[3] = self.opening_cmd as f32,
+            ActionKind::EeDeltaYaw => out[4] = self.opening_cmd as f32,
+            ActionKind::JointAbs => {
+                for i in 0..5 {
+                    out[i] = self.q_cmd[i] as f32;
+                }
+                out[5] = self.opening_cmd as f32;
+            }
+            ActionKind::JointDelta | ActionKind::Box => {}
+        }
+    }
+}

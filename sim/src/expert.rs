@@ -1,0 +1,449 @@
+//! Scripted experts: one state machine per task that reads only the observation (so it can drive
+//! a served simulator over the bus just as well as an in-process one) and writes an action in
+//! whatever action space the robot has.
+//!
+//! The noise knob adds Gaussian noise of `noise` x half the action range to every component; it is
+//! how imperfect demonstrations are made, and how the simulated human of later stages errs.
+
+use crate::task::{CUBE_SIZE_M, HOLE_DEPTH_M, PEG_LENGTH_M, TaskKind};
+use crate::world::ArmModel;
+use nalgebra::{Isometry3, Translation3, UnitQuaternion, Vector3};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use reflex_runtime::kinematics::{IkOptions, top_down, yaw_of};
+use reflex_runtime::msg::{ActionKind, Observation, RobotSpec};
+use std::ops::Range;
+
+/// Why an expert cannot drive a robot.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpertError {
+    /// The robot is not one of the simulator's tasks.
+    #[error(
+        "robot kind `{0}` has no scripted expert (expected sim/reach, sim/push, sim/pick or sim/insert)"
+    )]
+    UnknownKind(String),
+    /// A state field the expert needs is missing.
+    #[error("robot spec lacks the state field `{0}` the scripted expert needs")]
+    MissingField(String),
+}
+
+/// Where the expert wants the tool next.
+#[derive(Clone, Copy, Debug)]
+pub struct EeTarget {
+    /// Tool centre point, base frame, m.
+    pub pos: Vector3<f64>,
+    /// Top-down yaw, rad (only honoured by action spaces with yaw or joints).
+    pub yaw: f64,
+    /// Gripper opening, m.
+    pub opening: f64,
+    /// Largest step towards `pos` per control step, m.
+    pub max_step: f64,
+}
+
+struct Fields {
+    joint_pos: Range<usize>,
+    ee_pos: Range<usize>,
+    ee_quat: Range<usize>,
+    object_pos: Option<Range<usize>>,
+    object_quat: Option<Range<usize>>,
+    target_pos: Range<usize>,
+}
+
+/// A scripted expert for one of the simulator's tasks.
+pub struct Expert {
+    task: TaskKind,
+    kind: ActionKind,
+    low: Vec<f32>,
+    high: Vec<f32>,
+    f: Fields,
+    model: ArmModel,
+    noise: f64,
+    rng: ChaCha8Rng,
+    phase: u8,
+    phase_steps: u32,
+    last_opening: f64,
+    start_z: f64,
+    ik: IkOptions,
+}
+
+fn wrap(a: f64) -> f64 {
+    let two_pi = 2.0 * std::f64::consts::PI;
+    (a + std::f64::consts::PI).rem_euclid(two_pi) - std::f64::consts::PI
+}
+
+/// Yaw about z of a quaternion (xyzw) for an object resting on its face.
+fn object_yaw(q: &[f32]) -> f64 {
+    let r = UnitQuaternion::from_quaternion(nalgebra::Quaternion::new(
+        q[3] as f64,
+        q[0] as f64,
+        q[1] as f64,
+        q[2] as f64,
+    ));
+    let x = r * Vector3::x();
+    x.y.atan2(x.x)
+}
+
+impl Expert {
+    /// An expert for the robot described by `spec`, with action noise `noise` (0 = none) drawn
+    /// from `seed`.
+    pub fn new(spec: &RobotSpec, noise: f64, seed: u64) -> Result<Self, ExpertError> {
+        let task = spec
+            .kind
+            .strip_prefix("sim/")
+            .and_then(|t| t.parse::<TaskKind>().ok())
+            .ok_or_else(|| ExpertError::UnknownKind(spec.kind.clone()))?;
+        let need = |n: &str| {
+            spec.field(n)
+                .ok_or_else(|| ExpertError::MissingField(n.into()))
+        };
+        let f = Fields {
+            joint_pos: need("joint_pos")?,
+            ee_pos: need("ee_pos")?,
+            ee_quat: need("ee_quat")?,
+            object_pos: spec.field("object_pos"),
+            object_quat: spec.field("object_quat"),
+            target_pos: need("target_pos")?,
+        };
+        if task.has_object() && f.object_pos.is_none() {
+            return Err(ExpertError::MissingField("object_pos".into()));
+        }
+        Ok(Expert {
+            task,
+            kind: spec.action.kind,
+            low: spec.action.low.clone(),
+            high: spec.action.high.clone(),
+            f,
+            model: ArmModel::so101(),
+            noise,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            phase: 0,
+            phase_steps: 0,
+            last_opening: 0.0,
+            start_z: 0.0,
+            ik: IkOptions {
+                max_iterations: 30,
+                position_tolerance_m: 2e-4,
+                rotation_tolerance_rad: 2e-3,
+                ..Default::default()
+            },
+        })
+    }
+
+    /// Forgets the episode's progress (call at every reset; `act` also does it when it sees step 0).
+    pub fn reset(&mut self) {
+        self.phase = 0;
+        self.phase_steps = 0;
+    }
+
+    /// The phase the state machine is in (for tests and the simulated human).
+    pub fn phase(&self) -> u8 {
+        self.phase
+    }
+
+    fn goto(&mut self, phase: u8) {
+        if self.phase != phase {
+            self.phase = phase;
+            self.phase_steps = 0;
+        }
+    }
+
+    fn v3(obs: &Observation, r: &Range<usize>) -> Vector3<f64> {
+        let s = &obs.state[r.clone()];
+        Vector3::new(s[0] as f64, s[1] as f64, s[2] as f64)
+    }
+
+    /// The expert's end-effector target for this observation.
+    pub fn target(&mut self, obs: &Observation) -> EeTarget {
+        if obs.step == 0 {
+            self.reset();
+        }
+        self.phase_steps += 1;
+        let ee = Self::v3(obs, &self.f.ee_pos);
+        let q = &obs.state[self.f.ee_quat.clone()];
+        let ee_rot = UnitQuaternion::from_quaternion(nalgebra::Quaternion::new(
+            q[3] as f64,
+            q[0] as f64,
+            q[1] as f64,
+            q[2] as f64,
+        ));
+        let yaw_now = yaw_of(&ee_rot);
+        let goal = Self::v3(obs, &self.f.target_pos);
+        let opening_now = obs.state[self.f.joint_pos.start + 5] as f64;
+        let fast = 0.02;
+        match self.task {
+            TaskKind::Reach => EeTarget {
+                pos: goal,
+                yaw: yaw_now,
+                opening: 0.04,
+                max_step: fast,
+            },
+            TaskKind::Pick => {
+                let cube = Self::v3(obs, self.f.object_pos.as_ref().expect("checked in new"));
+                let cube_yaw =
+                    object_yaw(&obs.state[self.f.object_quat.clone().expect("checked in new")]);
+                // Fingers close along the tool's y axis: align it with a cube face, choosing the
+                // face pair nearest to the current yaw.
+                let face = wrap(cube_yaw - yaw_now);
+                let quarter = std::f64::consts::FRAC_PI_2;
+                let yaw = yaw_now + (face - quarter * (face / quarter).round());
+                let grasp_z = cube.z.max(0.012);
+                loop {
+                    match self.phase {
+                        0 => {
+                            let above = Vector3::new(cube.x, cube.y, cube.z + 0.07);
+                            let yaw_ok = !matches!(
+                                self.kind,
+                                ActionKind::EeDeltaYaw
+                                    | ActionKind::JointAbs
+                                    | ActionKind::JointDelta
+                            ) || wrap(yaw - yaw_now).abs() < 0.05;
+                            if (ee.xy() - cube.xy()).norm() < 0.006
+                                && (ee.z - above.z).abs() < 0.015
+                                && yaw_ok
+                            {
+                                self.goto(1);
+                                continue;
+                            }
+                            return EeTarget {
+                                pos: above,
+                                yaw,
+                                opening: 0.06,
+                                max_step: fast,
+                            };
+                        }
+                        1 => {
+                            let at = Vector3::new(cube.x, cube.y, grasp_z);
+                            if (ee.z - grasp_z).abs() < 0.005 || self.phase_steps > 20 {
+                                self.goto(2);
+                                continue;
+                            }
+                            return EeTarget {
+                                pos: at,
+                                yaw,
+                                opening: 0.06,
+                                max_step: 0.015,
+                            };
+                        }
+                        2 => {
+                            // Close until the fingers stop moving on the cube.
+                            let settled = self.phase_steps > 3
+                                && (opening_now - self.last_opening).abs() < 5e-4;
+                            self.last_opening = opening_now;
+                            if (settled && opening_now < CUBE_SIZE_M + 0.003)
+                                || self.phase_steps > 12
+                            {
+                                self.start_z = cube.z;
+                                self.goto(3);
+                                continue;
+                            }
+                            return EeTarget {
+                                pos: Vector3::new(cube.x, cube.y, grasp_z),
+                                yaw,
+                                opening: 0.0,
+                                max_step: 0.01,
+                            };
+                        }
+                        _ => {
+                            // Lift; start over if the cube slipped out.
+                            if cube.z < CUBE_SIZE_M && ee.z > cube.z + 0.04 {
+                                self.goto(0);
+                                continue;
+                            }
+                            return EeTarget {
+                                pos: Vector3::new(ee.x, ee.y, goal.z + 0.06),
+                                yaw: yaw_now,
+                                opening: 0.0,
+                                max_step: 0.015,
+                            };
+                        }
+                    }
+                }
+            }
+            TaskKind::Push => {
+                let cube = Self::v3(obs, self.f.object_pos.as_ref().expect("checked in new"));
+                let to_goal = goal.xy() - cube.xy();
+                let dist = to_goal.norm();
+                let dir = if dist > 1e-6 {
+                    to_goal / dist
+                } else {
+                    nalgebra::Vector2::x()
+                };
+                let behind = cube.xy() - dir * 0.045;
+                let push_z = 0.02;
+                loop {
+                    match self.phase {
+                        0 => {
+                            // Above the spot behind the cube.
+                            let above = Vector3::new(behind.x, behind.y, 0.07);
+                            if (ee.xy() - behind).norm() < 0.006 && (ee.z - above.z).abs() < 0.02 {
+                                self.goto(1);
+                                continue;
+                            }
+                            let pos = if ee.z < 0.05 && (ee.xy() - behind).norm() > 0.01 {
+                                Vector3::new(ee.x, ee.y, 0.08)
+                            } else {
+                                above
+                            };
+                            return EeTarget {
+                                pos,
+                                yaw: yaw_now,
+                                opening: 0.0,
+                                max_step: fast,
+                            };
+                        }
+                        1 => {
+                            if (ee.z - push_z).abs() < 0.005 {
+                                self.goto(2);
+                                continue;
+                            }
+                            return EeTarget {
+                                pos: Vector3::new(behind.x, behind.y, push_z),
+                                yaw: yaw_now,
+                                opening: 0.0,
+                                max_step: 0.015,
+                            };
+                        }
+                        _ => {
+                            // Push along the line through the cube towards the goal; re-approach
+                            // when the tool has drifted off that line.
+                            let rel = ee.xy() - cube.xy();
+                            let lateral = (rel.x * dir.y - rel.y * dir.x).abs();
+                            if lateral > 0.012 || rel.dot(&dir) > 0.0 {
+                                self.goto(0);
+                                continue;
+                            }
+                            let aim = goal.xy() - dir * 0.03;
+                            return EeTarget {
+                                pos: Vector3::new(aim.x, aim.y, push_z),
+                                yaw: yaw_now,
+                                opening: 0.0,
+                                max_step: 0.008,
+                            };
+                        }
+                    }
+                }
+            }
+            TaskKind::Insert => {
+                let peg = Self::v3(obs, self.f.object_pos.as_ref().expect("checked in new"));
+                let pq = &obs.state[self.f.object_quat.clone().expect("checked in new")];
+                let peg_rot = UnitQuaternion::from_quaternion(nalgebra::Quaternion::new(
+                    pq[3] as f64,
+                    pq[0] as f64,
+                    pq[1] as f64,
+                    pq[2] as f64,
+                ));
+                // Align the peg's lower tip, not its centre: a peg tilted by a few degrees in the
+                // grasp is off by more than the clearance at its tip.
+                let half = peg_rot * Vector3::new(0.0, 0.0, PEG_LENGTH_M / 2.0);
+                let tip = if half.z < 0.0 { peg + half } else { peg - half };
+                let bottom_z = tip.z;
+                let err = goal.xy() - tip.xy();
+                let hover = goal.z + 0.01;
+                let hold = 0.0;
+                let entered = bottom_z < goal.z - 0.003;
+                loop {
+                    match self.phase {
+                        0 => {
+                            // Hover 1 cm above the opening and centre the peg (not the tool) on it.
+                            if err.norm() < 0.0008 && (bottom_z - hover).abs() < 0.003 {
+                                self.goto(1);
+                                continue;
+                            }
+                            // Far off: travel above the fixture first, then come down.
+                            let aim = ee.xy() + err;
+                            let lift = if err.norm() > 0.005 { 0.03 } else { 0.0 };
+                            let z = ee.z + (hover + lift - bottom_z);
+                            let step = if err.norm() > 0.02 { 0.01 } else { 0.005 };
+                            return EeTarget {
+                                pos: Vector3::new(aim.x, aim.y, z),
+                                yaw: yaw_now,
+                                opening: hold,
+                                max_step: step,
+                            };
+                        }
+                        _ => {
+                            // Descend while centred; back off to realign if the peg drifts before it
+                            // has entered (after that the hole's walls guide it).
+                            if !entered && err.norm() > 0.0012 {
+                                self.goto(0);
+                                continue;
+                            }
+                            let aim = ee.xy() + err;
+                            let floor = ee.z + (goal.z - HOLE_DEPTH_M + 0.004 - bottom_z);
+                            return EeTarget {
+                                pos: Vector3::new(aim.x, aim.y, (ee.z - 0.005).max(floor)),
+                                yaw: yaw_now,
+                                opening: hold,
+                                max_step: 0.005,
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the expert's action for `obs` into `out` (length = action dimension).
+    pub fn act(&mut self, obs: &Observation, out: &mut [f32]) {
+        let t = self.target(obs);
+        let ee = Self::v3(obs, &self.f.ee_pos);
+        let mut d = t.pos - ee;
+        let n = d.amax();
+        if n > t.max_step {
+            d *= t.max_step / n;
+        }
+        let q = &obs.state[self.f.ee_quat.clone()];
+        let ee_rot = UnitQuaternion::from_quaternion(nalgebra::Quaternion::new(
+            q[3] as f64,
+            q[0] as f64,
+            q[1] as f64,
+            q[2] as f64,
+        ));
+        let yaw_now = yaw_of(&ee_rot);
+        match self.kind {
+            ActionKind::EeDelta => {
+                out[..3].copy_from_slice(&[d.x as f32, d.y as f32, d.z as f32]);
+                out[3] = t.opening as f32;
+            }
+            ActionKind::EeDeltaYaw => {
+                out[..3].copy_from_slice(&[d.x as f32, d.y as f32, d.z as f32]);
+                out[3] = wrap(t.yaw - yaw_now) as f32;
+                out[4] = t.opening as f32;
+            }
+            ActionKind::JointAbs | ActionKind::JointDelta => {
+                let jp = &obs.state[self.f.joint_pos.clone()];
+                let q_now = [
+                    jp[0] as f64,
+                    jp[1] as f64,
+                    jp[2] as f64,
+                    jp[3] as f64,
+                    jp[4] as f64,
+                ];
+                let target = Isometry3::from_parts(Translation3::from(ee + d), top_down(t.yaw));
+                let sol = self.model.ik_chain.ik(&target, &q_now, &self.ik);
+                for i in 0..5 {
+                    out[i] = if self.kind == ActionKind::JointAbs {
+                        sol.q[i] as f32
+                    } else {
+                        (sol.q[i] - q_now[i]) as f32
+                    };
+                }
+                out[5] = if self.kind == ActionKind::JointAbs {
+                    t.opening as f32
+                } else {
+                    (t.opening - jp[5] as f64) as f32
+                };
+            }
+            ActionKind::Box => unreachable!("sim robots have no box actions"),
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            if self.noise > 0.0 {
+                let half = 0.5 * (self.high[i] - self.low[i]) as f64;
+                let z: f64 = StandardNormal.sample(&mut self.rng);
+                *o += (self.noise * half * z) as f32;
+            }
+            *o = o.clamp(self.low[i], self.high[i]);
+        }
+    }
+}

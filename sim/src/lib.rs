@@ -1,0 +1,25 @@
+//! reflex-sim: a tabletop arm modelled on the SO-101, simulated with rapier3d.
+//!
+//! - [`world`]: the physical scene (arm multibody from the shipped URDF, servo model, table,
+//!   objects).
+//! - [`task`]: reach, push, pick and insert: seeded layouts and sparse success.
+//! - [`env`]: [`SimEnv`], the simulator as a [`reflex_runtime::robot::Robot`].
+//! - [`expert`]: scripted experts with a noise knob.
+//! - [`camera`]: CPU-rendered front and wrist cameras.
+//! - [`demos`]: the on-disk format of recorded episodes.
+//!
+//! docs/sim.md describes the model, the tasks and their numbers.
+#![warn(missing_docs)]
+
+pub mod camera;
+pub mod config;
+pub mod demos;
+pub mod env;
+pub mod expert;
+pub mod task;
+pub mod world;
+
+pub use config::SimConfig;
+pub use env::SimEnv;
+pub use expert::Expert;
+pub use task::TaskKind;

@@ -1,0 +1,753 @@
+//! The physical scene: an SO-101-like arm on a table, with the objects of a task, simulated by
+//! rapier3d.
+//!
+//! The arm is one rapier multibody (reduced coordinates) built from `assets/so101.urdf` by
+//! rapier3d-urdf. Every joint is position-controlled like a hobby servo: a motor with stiffness,
+//! damping and an effort limit pulls the joint towards a target, and the target itself moves
+//! towards the commanded position no faster than the servo's speed limit. The reflected rotor
+//! inertia of the geared servo is modelled as joint armature, which is also what keeps the light
+//! links stable at a 200 Hz physics step.
+
+use nalgebra::{Isometry3, Quaternion, Translation3, UnitQuaternion, Vector3};
+use rapier3d::prelude::*;
+use rapier3d_urdf::{UrdfLoaderOptions, UrdfMultibodyOptions, UrdfRobot};
+use reflex_runtime::kinematics::Chain;
+
+/// The arm's URDF, shipped in the crate.
+pub const ARM_URDF: &str = include_str!("../assets/so101.urdf");
+/// Arm joints in command order.
+pub const ARM_JOINTS: [&str; 5] = [
+    "shoulder_pan",
+    "shoulder_lift",
+    "elbow_flex",
+    "wrist_flex",
+    "wrist_roll",
+];
+/// The two gripper fingers (prismatic, each 0..=`finger_max_m`).
+pub const FINGER_JOINTS: [&str; 2] = ["finger_left", "finger_right"];
+/// Number of commanded actuators: five arm joints and the gripper opening.
+pub const NUM_ACTUATORS: usize = 6;
+
+/// Collision groups, so that only contacts that matter are computed.
+pub mod groups {
+    use rapier3d::prelude::Group;
+    /// The table top.
+    pub const TABLE: Group = Group::GROUP_1;
+    /// Arm links from the base to the wrist.
+    pub const ARM: Group = Group::GROUP_2;
+    /// Palm and fingers.
+    pub const GRIPPER: Group = Group::GROUP_3;
+    /// Movable objects (cube, peg).
+    pub const OBJECT: Group = Group::GROUP_4;
+    /// Fixed task fixtures (the hole).
+    pub const FIXTURE: Group = Group::GROUP_5;
+}
+
+/// The arm's kinematic model and actuator limits, read from the URDF once.
+#[derive(Clone, Debug)]
+pub struct ArmModel {
+    /// Parsed URDF.
+    pub urdf: urdf_rs::Robot,
+    /// Chain from `base` to the tool centre point `tcp`, with the URDF's limits.
+    pub chain: Chain,
+    /// The same chain with the elbow kept 10 degrees short of straight, so that damped
+    /// least-squares IK never crosses the stretched-out singularity onto the elbow-down branch.
+    pub ik_chain: Chain,
+    /// Position limits of the five arm joints, rad.
+    pub limits: [(f64, f64); 5],
+    /// Effort limits of the five arm joints, N m.
+    pub efforts: [f32; 5],
+    /// Speed limits of the five arm joints, rad/s.
+    pub speeds: [f32; 5],
+    /// Travel of one finger, m (the opening is twice this).
+    pub finger_max_m: f32,
+    /// Finger force limit, N.
+    pub finger_effort: f32,
+    /// Finger speed limit, m/s.
+    pub finger_speed: f32,
+}
+
+impl ArmModel {
+    /// Parses the shipped URDF.
+    pub fn so101() -> Self {
+        let urdf = urdf_rs::read_from_string(ARM_URDF).expect("the shipped URDF parses");
+        let chain = Chain::from_urdf(&urdf, "sim/assets/so101.urdf", "base", "tcp")
+            .expect("the shipped URDF has a base->tcp chain");
+        let joint = |name: &str| {
+            urdf.joints
+                .iter()
+                .find(|j| j.name == name)
+                .expect("joint in shipped URDF")
+        };
+        let mut limits = [(0.0, 0.0); 5];
+        let mut efforts = [0.0; 5];
+        let mut speeds = [0.0; 5];
+        for (i, name) in ARM_JOINTS.iter().enumerate() {
+            let j = joint(name);
+            limits[i] = (j.limit.lower, j.limit.upper);
+            efforts[i] = j.limit.effort as f32;
+            speeds[i] = j.limit.velocity as f32;
+        }
+        let f = joint(FINGER_JOINTS[0]);
+        let mut ik_chain = chain.clone();
+        // Elbow zero is the right-angle "L" pose. The upper arm's link is tilted 13.9 degrees
+        // forward by its 28 mm offset, so the arm is straight at -(pi/2 - 0.2428) = -1.328 rad.
+        let straight = -(std::f64::consts::FRAC_PI_2 - (0.028f64).atan2(0.113));
+        ik_chain.set_limits(2, straight + 0.17, limits[2].1);
+        ArmModel {
+            ik_chain,
+            chain,
+            limits,
+            efforts,
+            speeds,
+            finger_max_m: f.limit.upper as f32,
+            finger_effort: f.limit.effort as f32,
+            finger_speed: f.limit.velocity as f32,
+            urdf,
+        }
+    }
+
+    /// Largest gripper opening (distance between the finger pads), m.
+    pub fn max_opening_m(&self) -> f32 {
+        2.0 * self.finger_max_m
+    }
+}
+
+/// Servo model parameters (config `[sim.servo]`).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServoParams {
+    /// Position gain of the arm joints, N m / rad.
+    pub stiffness: f32,
+    /// Velocity gain of the arm joints, N m s / rad.
+    pub damping: f32,
+    /// Reflected rotor inertia of each arm joint, kg m^2.
+    pub armature: f32,
+    /// Position gain of the fingers, N / m.
+    pub finger_stiffness: f32,
+    /// Velocity gain of the fingers, N s / m.
+    pub finger_damping: f32,
+}
+
+impl Default for ServoParams {
+    fn default() -> Self {
+        // The STS3215 has a 1:345 gearbox; its rotor inertia reflected through it is of the order
+        // of 0.01 kg m^2. Gains give a ~10 Hz closed-loop bandwidth on the heaviest joint.
+        ServoParams {
+            stiffness: 60.0,
+            damping: 1.5,
+            armature: 0.01,
+            finger_stiffness: 1000.0,
+            finger_damping: 10.0,
+        }
+    }
+}
+
+/// Physics solver parameters (config `[sim.solver]`).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SolverParams {
+    /// rapier solver iterations (small steps) per physics step.
+    pub iterations: usize,
+    /// Speculative contact margin, m.
+    pub prediction_distance_m: f32,
+    /// Natural frequency of contact springs, Hz (rapier's default is 30).
+    pub contact_hz: f32,
+}
+
+impl Default for SolverParams {
+    fn default() -> Self {
+        SolverParams {
+            iterations: 1,
+            prediction_distance_m: 0.002,
+            contact_hz: 30.0,
+        }
+    }
+}
+
+/// What a body in the scene is, for rendering and bookkeeping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The table.
+    Table,
+    /// An arm link.
+    Link,
+    /// A finger.
+    Finger,
+    /// The task's movable object.
+    Object,
+    /// A fixed fixture.
+    Fixture,
+}
+
+/// One collider with what it is, for the renderer.
+#[derive(Clone, Copy, Debug)]
+pub struct ColliderInfo {
+    /// Collider handle.
+    pub handle: ColliderHandle,
+    /// What it belongs to.
+    pub part: Part,
+    /// Colour, linear RGB 0..1.
+    pub color: [f32; 3],
+}
+
+/// The simulated world of one episode. Rebuilt from scratch on every reset, so that an episode
+/// depends only on its seed and actions, never on earlier episodes.
+pub struct Scene {
+    /// rapier world.
+    pub world: PhysicsWorld,
+    joints: [MultibodyJointHandle; 7],
+    link_ids: [usize; 7],
+    /// Rigid body of every URDF link, by link name.
+    pub links: Vec<(String, RigidBodyHandle)>,
+    /// The task's movable object, if any.
+    pub object: Option<RigidBodyHandle>,
+    /// Every collider, for rendering.
+    pub colliders: Vec<ColliderInfo>,
+    /// Servo targets in effect now (rate-limited towards `commanded`): 5 joints (rad) and the
+    /// gripper opening (m).
+    pub targets: [f32; NUM_ACTUATORS],
+    /// Last commanded actuator positions.
+    pub commanded: [f32; NUM_ACTUATORS],
+    servo: ServoParams,
+    efforts: [f32; 5],
+    speeds: [f32; 5],
+    finger: (f32, f32, f32),
+}
+
+/// Converts a rapier pose to nalgebra (f64).
+pub fn to_iso(p: &Pose) -> Isometry3<f64> {
+    let t = p.translation;
+    let r = p.rotation;
+    Isometry3::from_parts(
+        Translation3::new(t.x as f64, t.y as f64, t.z as f64),
+        UnitQuaternion::from_quaternion(Quaternion::new(
+            r.w as f64, r.x as f64, r.y as f64, r.z as f64,
+        )),
+    )
+}
+
+/// Converts a nalgebra pose to rapier's.
+pub fn to_pose(p: &Isometry3<f64>) -> Pose {
+    let t = p.translation.vector;
+    let q = p.rotation.quaternion();
+    Pose::from_parts(
+        Vector::new(t.x as f32, t.y as f32, t.z as f32),
+        Rotation::from_xyzw(q.i as f32, q.j as f32, q.k as f32, q.w as f32),
+    )
+}
+
+/// A movable or fixed box to add to the scene.
+#[derive(Clone, Copy, Debug)]
+pub struct BoxSpec {
+    /// Half extents, m.
+    pub half: [f32; 3],
+    /// Pose in the base frame.
+    pub pose: Isometry3<f64>,
+    /// Mass, kg (ignored for fixed boxes).
+    pub mass: f32,
+    /// Friction coefficient.
+    pub friction: f32,
+    /// Colour.
+    pub color: [f32; 3],
+}
+
+impl Scene {
+    /// Builds the table and the arm at joint positions `q` (5 joints, rad) with the gripper at
+    /// `opening` (m), and the servo targets equal to that state.
+    pub fn new(
+        model: &ArmModel,
+        servo: &ServoParams,
+        solver: &SolverParams,
+        physics_dt: f32,
+        q: &[f64; 5],
+        opening: f32,
+    ) -> Self {
+        let mut world = PhysicsWorld::new();
+        world.gravity = Vector::new(0.0, 0.0, -9.81);
+        world.integration_parameters.dt = physics_dt;
+        world.integration_parameters.num_solver_iterations = solver.iterations;
+        // rapier's default speculative margin is 2 cm; at the hole's 2 mm clearance it produces
+        // ghost contacts on the rim that hold an aligned peg up (pinned by
+        // `aligned_peg_drops_into_the_hole`).
+        world.integration_parameters.normalized_prediction_distance = solver.prediction_distance_m;
+        world
+            .integration_parameters
+            .contact_softness
+            .natural_frequency = solver.contact_hz;
+        let mut colliders = Vec::new();
+
+        // Table: top surface at z = 0.
+        let table = world
+            .bodies
+            .insert(RigidBodyBuilder::fixed().translation(Vector::new(0.2, 0.0, -0.02)));
+        let h = world.colliders.insert_with_parent(
+            ColliderBuilder::cuboid(0.45, 0.45, 0.02)
+                .friction(0.8)
+                .collision_groups(InteractionGroups::new(
+                    groups::TABLE,
+                    groups::GRIPPER | groups::OBJECT,
+                    InteractionTestMode::And,
+                )),
+            table,
+            &mut world.bodies,
+        );
+        colliders.push(ColliderInfo {
+            handle: h,
+            part: Part::Table,
+            color: [0.55, 0.45, 0.35],
+        });
+
+        // Arm from the URDF.
+        let options = UrdfLoaderOptions {
+            make_roots_fixed: true,
+            rigid_body_blueprint: RigidBodyBuilder::dynamic().can_sleep(false),
+            collider_blueprint: ColliderBuilder::default().density(0.0).friction(1.2),
+            ..Default::default()
+        };
+        let (robot, urdf) = UrdfRobot::from_str(ARM_URDF, options, std::path::Path::new("."))
+            .expect("shipped URDF loads");
+        // The loader drops frame-only links (the `tcp`), so map its elements back by index.
+        let link_names: Vec<String> = robot
+            .links
+            .iter()
+            .map(|l| urdf.links[l.urdf_link_index].name.clone())
+            .collect();
+        let joint_names: Vec<String> = robot
+            .joints
+            .iter()
+            .map(|j| urdf.joints[j.urdf_joint_index].name.clone())
+            .collect();
+        let handles = robot.insert_using_multibody_joints(
+            &mut world.bodies,
+            &mut world.colliders,
+            &mut world.multibody_joints,
+            UrdfMultibodyOptions::DISABLE_SELF_CONTACTS,
+        );
+        let mut links = Vec::new();
+        for (link, name) in handles.links.iter().zip(link_names) {
+            let (part, groups, color) = match name.as_str() {
+                "finger_left" | "finger_right" => (
+                    Part::Finger,
+                    InteractionGroups::new(
+                        groups::GRIPPER,
+                        groups::TABLE | groups::OBJECT | groups::FIXTURE,
+                        InteractionTestMode::And,
+                    ),
+                    [0.15, 0.15, 0.15],
+                ),
+                "gripper" => (
+                    Part::Link,
+                    InteractionGroups::new(
+                        groups::GRIPPER,
+                        groups::TABLE | groups::OBJECT | groups::FIXTURE,
+                        InteractionTestMode::And,
+                    ),
+                    [0.95, 0.78, 0.15],
+                ),
+                _ => (
+                    Part::Link,
+                    InteractionGroups::new(
+                        groups::ARM,
+                        groups::OBJECT | groups::FIXTURE,
+                        InteractionTestMode::And,
+                    ),
+                    [0.95, 0.78, 0.15],
+                ),
+            };
+            for c in &link.colliders {
+                if let Some(col) = world.colliders.get_mut(c.handle) {
+                    col.set_collision_groups(groups);
+                }
+                colliders.push(ColliderInfo {
+                    handle: c.handle,
+                    part,
+                    color,
+                });
+            }
+            links.push((name, link.body));
+        }
+        let joint_of = |name: &str| -> MultibodyJointHandle {
+            let i = joint_names
+                .iter()
+                .position(|n| n == name)
+                .expect("joint in shipped URDF");
+            handles.joints[i]
+                .joint
+                .expect("movable joint inserted as a multibody joint")
+        };
+        let joints = [
+            joint_of(ARM_JOINTS[0]),
+            joint_of(ARM_JOINTS[1]),
+            joint_of(ARM_JOINTS[2]),
+            joint_of(ARM_JOINTS[3]),
+            joint_of(ARM_JOINTS[4]),
+            joint_of(FINGER_JOINTS[0]),
+            joint_of(FINGER_JOINTS[1]),
+        ];
+        let link_ids = joints.map(|h| world.multibody_joints.get(h).expect("arm joint").1);
+        let mut targets = [0.0; NUM_ACTUATORS];
+        for i in 0..5 {
+            targets[i] = q[i] as f32;
+        }
+        targets[5] = opening;
+        let mut scene = Scene {
+            world,
+            joints,
+            link_ids,
+            links,
+            object: None,
+            colliders,
+            targets,
+            commanded: targets,
+            servo: servo.clone(),
+            efforts: model.efforts,
+            speeds: model.speeds,
+            finger: (model.finger_max_m, model.finger_effort, model.finger_speed),
+        };
+        scene.place_arm(&targets);
+        scene.configure_motors();
+        scene
+    }
+
+    /// Sets the arm's joint coordinates directly (used at reset only; physics does the rest).
+    fn place_arm(&mut self, pos: &[f32; NUM_ACTUATORS]) {
+        let PhysicsWorld {
+            multibody_joints,
+            bodies,
+            ..
+        } = &mut self.world;
+        let (mb, _) = multibody_joints
+            .get_mut(self.joints[0])
+            .expect("arm multibody");
+        let mut disp = vec![0.0; mb.ndofs()];
+        for k in 0..7 {
+            let value = if k < 5 { pos[k] } else { 0.5 * pos[5] };
+            let link = mb.link(self.link_ids[k]).expect("arm link");
+            disp[link.assembly_id()] = value;
+        }
+        mb.apply_displacements(&disp);
+        mb.forward_kinematics(bodies, false);
+        mb.update_rigid_bodies(bodies, false);
+    }
+
+    fn configure_motors(&mut self) {
+        let (mb, _) = self
+            .world
+            .multibody_joints
+            .get_mut(self.joints[0])
+            .expect("arm multibody");
+        for k in 0..7 {
+            let arm = k < 5;
+            let link = mb.link_mut(self.link_ids[k]).expect("arm link");
+            let axis = if arm {
+                JointAxis::AngX
+            } else {
+                JointAxis::LinX
+            };
+            let (kp, kd, max) = if arm {
+                (self.servo.stiffness, self.servo.damping, self.efforts[k])
+            } else {
+                (
+                    self.servo.finger_stiffness,
+                    self.servo.finger_damping,
+                    self.finger.1,
+                )
+            };
+            let target = if arm {
+                self.targets[k]
+            } else {
+                0.5 * self.targets[5]
+            };
+            link.joint
+                .data
+                .set_motor_model(axis, MotorModel::ForceBased);
+            link.joint.data.set_motor_position(axis, target, kp, kd);
+            link.joint.data.set_motor_max_force(axis, max);
+        }
+        let armature = self.servo.armature;
+        let dofs: Vec<(usize, bool)> = (0..7)
+            .map(|k| {
+                (
+                    mb.link(self.link_ids[k]).expect("arm link").assembly_id(),
+                    k < 5,
+                )
+            })
+            .collect();
+        let arm_armature = mb.armature_mut();
+        for (dof, arm) in dofs {
+            // Fingers: a lead-screw-like reflected mass, small next to the arm joints.
+            arm_armature[dof] = if arm { armature } else { 0.05 };
+        }
+    }
+
+    /// Adds a dynamic box (a task object) and remembers it as the scene's object.
+    pub fn add_object(&mut self, b: &BoxSpec) -> RigidBodyHandle {
+        let body = self
+            .world
+            .bodies
+            .insert(RigidBodyBuilder::dynamic().pose(to_pose(&b.pose)));
+        let h = self.world.colliders.insert_with_parent(
+            ColliderBuilder::cuboid(b.half[0], b.half[1], b.half[2])
+                .mass(b.mass)
+                .friction(b.friction)
+                .collision_groups(InteractionGroups::new(
+                    groups::OBJECT,
+                    Group::ALL,
+                    InteractionTestMode::And,
+                )),
+            body,
+            &mut self.world.bodies,
+        );
+        self.colliders.push(ColliderInfo {
+            handle: h,
+            part: Part::Object,
+            color: b.color,
+        });
+        self.object = Some(body);
+        body
+    }
+
+    /// Adds fixed boxes forming one fixture.
+    pub fn add_fixture(&mut self, boxes: &[BoxSpec]) {
+        let body = self.world.bodies.insert(RigidBodyBuilder::fixed());
+        for b in boxes {
+            let h = self.world.colliders.insert_with_parent(
+                ColliderBuilder::cuboid(b.half[0], b.half[1], b.half[2])
+                    .position(to_pose(&b.pose))
+                    .friction(b.friction)
+                    .collision_groups(InteractionGroups::new(
+                        groups::FIXTURE,
+                        groups::OBJECT | groups::GRIPPER | groups::ARM,
+                        InteractionTestMode::And,
+                    )),
+                body,
+                &mut self.world.bodies,
+            );
+            self.colliders.push(ColliderInfo {
+                handle: h,
+                part: Part::Fixture,
+                color: b.color,
+            });
+        }
+    }
+
+    /// Sets new commanded actuator positions (5 joints in rad, gripper opening in m), clamped to
+    /// the joint limits by the caller.
+    pub fn command(&mut self, cmd: &[f32; NUM_ACTUATORS]) {
+        self.commanded = *cmd;
+    }
+
+    /// Advances physics by one step of `dt`, moving the servo targets towards the commanded
+    /// positions within the speed limits.
+    pub fn step_physics(&mut self) {
+        let dt = self.world.integration_parameters.dt;
+        for k in 0..NUM_ACTUATORS {
+            let vmax = if k < 5 {
+                self.speeds[k]
+            } else {
+                2.0 * self.finger.2
+            };
+            let d = (self.commanded[k] - self.targets[k]).clamp(-vmax * dt, vmax * dt);
+            self.targets[k] += d;
+        }
+        let (mb, _) = self
+            .world
+            .multibody_joints
+            .get_mut(self.joints[0])
+            .expect("arm multibody");
+        for k in 0..7 {
+            let arm = k < 5;
+            let link = mb.link_mut(self.link_ids[k]).expect("arm link");
+            let (axis, target, kp, kd) = if arm {
+                (
+                    JointAxis::AngX,
+                    self.targets[k],
+                    self.servo.stiffness,
+                    self.servo.damping,
+                )
+            } else {
+                (
+                    JointAxis::LinX,
+                    0.5 * self.targets[5],
+                    self.servo.finger_stiffness,
+                    self.servo.finger_damping,
+                )
+            };
+            link.joint.data.set_motor_position(axis, target, kp, kd);
+        }
+        self.world.step();
+    }
+
+    /// Measured joint positions: five arm joints (rad) and the gripper opening (m).
+    pub fn joint_positions(&self) -> [f32; NUM_ACTUATORS] {
+        let (mb, _) = self
+            .world
+            .multibody_joints
+            .get(self.joints[0])
+            .expect("arm multibody");
+        let mut out = [0.0; NUM_ACTUATORS];
+        for k in 0..7 {
+            let j = mb.link(self.link_ids[k]).expect("arm link").joint();
+            if k < 5 {
+                out[k] = j.coords()[3];
+            } else {
+                out[5] += j.coords()[0];
+            }
+        }
+        out
+    }
+
+    /// Measured joint velocities: five arm joints (rad/s) and the gripper opening rate (m/s).
+    pub fn joint_velocities(&self) -> [f32; NUM_ACTUATORS] {
+        let (mb, _) = self
+            .world
+            .multibody_joints
+            .get(self.joints[0])
+            .expect("arm multibody");
+        let mut out = [0.0; NUM_ACTUATORS];
+        for k in 0..7 {
+            let link = mb.link(self.link_ids[k]).expect("arm link");
+            let v = mb.joint_velocity(link)[0];
+            if k < 5 {
+                out[k] = v;
+            } else {
+                out[5] += v;
+            }
+        }
+        out
+    }
+
+    /// Pose of a rigid body in the base frame.
+    pub fn body_pose(&self, h: RigidBodyHandle) -> Isometry3<f64> {
+        to_iso(self.world.bodies[h].position())
+    }
+
+    /// Pose of a URDF link in the base frame.
+    pub fn link_pose(&self, name: &str) -> Option<Isometry3<f64>> {
+        self.links
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, h)| self.body_pose(*h))
+    }
+
+    /// Linear velocity of a body, m/s.
+    pub fn body_linvel(&self, h: RigidBodyHandle) -> Vector3<f64> {
+        let v = self.world.bodies[h].linvel();
+        Vector3::new(v.x as f64, v.y as f64, v.z as f64)
+    }
+
+    /// `true` while both fingers touch the object.
+    pub fn object_grasped(&self) -> bool {
+        let Some(obj) = self.object else { return false };
+        let obj_colliders = self.world.bodies[obj].colliders();
+        let mut touching = [false; 2];
+        for (i, name) in FINGER_JOINTS.iter().enumerate() {
+            let Some((_, fh)) = self.links.iter().find(|(n, _)| n == name) else {
+                continue;
+            };
+            for fc in self.world.bodies[*fh].colliders() {
+                for oc in obj_colliders {
+                    if let Some(pair) = self.world.narrow_phase.contact_pair(*fc, *oc) {
+                        if pair.has_any_active_contact() {
+                            touching[i] = true;
+                        }
+                    }
+                }
+            }
+        }
+        touching[0] && touching[1]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::{HOLE_DEPTH_M, PEG_LENGTH_M, TaskKind, TaskLayout};
+    use rand::SeedableRng;
+
+    fn scene() -> (ArmModel, Scene) {
+        let model = ArmModel::so101();
+        let s = Scene::new(
+            &model,
+            &ServoParams::default(),
+            &SolverParams::default(),
+            1.0 / 200.0,
+            &[0.0; 5],
+            0.04,
+        );
+        (model, s)
+    }
+
+    #[test]
+    fn urdf_fk_matches_rapier_link_poses() {
+        // Regression guard: the shared kinematics and the physics must agree on what a joint
+        // vector means, or IK actions would land somewhere else than the simulator puts the arm.
+        let model = ArmModel::so101();
+        let q = [0.3, -0.4, 0.5, 0.6, -0.7];
+        let s = Scene::new(
+            &model,
+            &ServoParams::default(),
+            &SolverParams::default(),
+            1.0 / 200.0,
+            &q,
+            0.04,
+        );
+        let mut poses = [Isometry3::identity(); 5];
+        model.chain.link_poses(&q, &mut poses);
+        for (i, j) in model.chain.joints().iter().enumerate() {
+            let rapier = s.link_pose(&j.child_link).unwrap();
+            let d = (rapier.translation.vector - poses[i].translation.vector).norm();
+            let a = rapier.rotation.angle_to(&poses[i].rotation);
+            assert!(d < 1e-5 && a < 1e-4, "{}: {d} m, {a} rad", j.child_link);
+        }
+        let measured = s.joint_positions();
+        for i in 0..5 {
+            assert!((measured[i] as f64 - q[i]).abs() < 1e-6);
+        }
+        assert!((measured[5] - 0.04).abs() < 1e-6);
+    }
+
+    #[test]
+    fn aligned_peg_drops_into_the_hole() {
+        let (_, mut s) = scene();
+        let mut layout = TaskLayout::sample(
+            TaskKind::Insert,
+            &mut rand_chacha::ChaCha8Rng::seed_from_u64(1),
+        );
+        let tcp = Isometry3::translation(0.0, 0.3, 0.5); // far away: only the fixture matters
+        layout.populate(&mut s, &tcp);
+        let h = s.object.unwrap();
+        let c = layout.target;
+        let off: f64 = std::env::var("OFF")
+            .ok()
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(0.001);
+        let start = Isometry3::translation(
+            c.x + off,
+            c.y - off,
+            HOLE_DEPTH_M + PEG_LENGTH_M / 2.0 + 0.005,
+        );
+        s.world.bodies[h].set_position(to_pose(&start), true);
+        for i in 0..200 {
+            s.step_physics();
+            if i < 12 {
+                eprintln!(
+                    "step {i}: {:?}",
+                    s.body_pose(h).translation.vector.as_slice()
+                );
+            }
+        }
+        let z = s.body_pose(h).translation.z;
+        for info in &s.colliders {
+            let c = &s.world.colliders[info.handle];
+            eprintln!("{:?} aabb {:?}", info.part, c.compute_aabb());
+        }
+        for pair in s.world.narrow_phase.contact_pairs() {
+            if pair.has_any_active_contact() {
+                eprintln!("contact {:?} {:?}", pair.collider1, pair.collider2);
+            }
+        }
+        assert!(z < PEG_LENGTH_M / 2.0 + 0.002, "peg stuck at z = {z}");
+    }
+}

@@ -1,0 +1,231 @@
+//! `reflex bench bus`: observation -> command round trip between two processes on loopback.
+//!
+//! The parent plays the robot: it publishes an [`Observation`] on `reflex/<robot>/obs` and waits
+//! for the [`Command`] that a child process (the controller, `--echo`) publishes on
+//! `reflex/<robot>/cmd` after decoding it. Both ends encode and decode the real messages, so the
+//! figure is what a remote controller sees: serialisation, Zenoh, TCP on loopback, and back.
+
+use crate::cli::{BusArgs, percentile};
+use anyhow::{Context, bail};
+use clap::Args;
+use reflex_runtime::bus::BusConfig;
+use reflex_runtime::msg::{self, Command, Image, Observation, PROTOCOL_VERSION};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use zenoh::Wait;
+
+#[derive(Args)]
+pub struct BusBenchArgs {
+    /// Round trips per payload.
+    #[arg(long, default_value_t = 5000)]
+    iters: usize,
+    /// Round trips before timing starts.
+    #[arg(long, default_value_t = 500)]
+    warmup: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Internal: run as the echoing controller.
+    #[arg(long, hide = true)]
+    echo: bool,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+const ROBOT: &str = "bench";
+
+fn free_port() -> anyhow::Result<u16> {
+    // The OS picks a free loopback port; Zenoh binds it a moment later.
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn echo(a: &BusBenchArgs) -> anyhow::Result<()> {
+    let session = a.bus.config().open()?;
+    let keys = reflex_runtime::bus::Keys::new(ROBOT)?;
+    let sub = session
+        .declare_subscriber(keys.obs.clone())
+        .wait()
+        .map_err(anyhow::Error::msg)?;
+    let publisher = session
+        .declare_publisher(keys.cmd.clone())
+        .express(true)
+        .wait()
+        .map_err(anyhow::Error::msg)?;
+    let _token = session
+        .liveliness()
+        .declare_token(format!("reflex/{ROBOT}/alive/echo"))
+        .wait()
+        .map_err(anyhow::Error::msg)?;
+    let mut buf = Vec::with_capacity(256);
+    let mut cmd = Command {
+        v: PROTOCOL_VERSION,
+        seq: 0,
+        action: vec![0.0; 6],
+    };
+    loop {
+        let Some(sample) = sub
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(anyhow::Error::msg)?
+        else {
+            return Ok(()); // the parent went away
+        };
+        let obs: Observation = msg::decode(&keys.obs, &sample.payload().to_bytes())?;
+        cmd.seq = obs.seq;
+        cmd.action[0] = obs.state.first().copied().unwrap_or(0.0);
+        msg::encode_into(&cmd, &mut buf);
+        publisher
+            .put(buf.as_slice())
+            .wait()
+            .map_err(anyhow::Error::msg)?;
+    }
+}
+
+struct KillOnDrop(Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn measure(
+    session: &zenoh::Session,
+    obs: &mut Observation,
+    warmup: usize,
+    iters: usize,
+) -> anyhow::Result<(usize, Vec<f64>)> {
+    let keys = reflex_runtime::bus::Keys::new(ROBOT)?;
+    let publisher = session
+        .declare_publisher(keys.obs.clone())
+        .express(true)
+        .wait()
+        .map_err(anyhow::Error::msg)?;
+    let sub = session
+        .declare_subscriber(keys.cmd.clone())
+        .wait()
+        .map_err(anyhow::Error::msg)?;
+    let mut buf = Vec::new();
+    let mut lat = Vec::with_capacity(iters);
+    let mut bytes = 0;
+    for i in 0..warmup + iters {
+        obs.seq += 1;
+        let t0 = Instant::now();
+        msg::encode_into(obs, &mut buf);
+        bytes = buf.len();
+        publisher
+            .put(buf.as_slice())
+            .wait()
+            .map_err(anyhow::Error::msg)?;
+        loop {
+            let Some(s) = sub
+                .recv_timeout(Duration::from_secs(5))
+                .map_err(anyhow::Error::msg)?
+            else {
+                bail!(
+                    "no command back on {} within 5 s (the echo process stopped?)",
+                    keys.cmd
+                );
+            };
+            let c: Command = msg::decode(&keys.cmd, &s.payload().to_bytes())?;
+            if c.seq == obs.seq {
+                break;
+            }
+        }
+        if i >= warmup {
+            lat.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    Ok((bytes, lat))
+}
+
+pub fn run(a: BusBenchArgs) -> anyhow::Result<()> {
+    if a.echo {
+        return echo(&a);
+    }
+    let endpoint = if a.bus.listen.is_empty() {
+        format!("tcp/127.0.0.1:{}", free_port()?)
+    } else {
+        a.bus.listen[0].clone()
+    };
+    let session = BusConfig::hermetic(vec![endpoint.clone()], vec![]).open()?;
+    let exe = std::env::current_exe().context("finding the reflex executable")?;
+    let child = std::process::Command::new(exe)
+        .args([
+            "bench",
+            "bus",
+            "--echo",
+            "--no-multicast",
+            "--connect",
+            &endpoint,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting the echo process")?;
+    let _child = KillOnDrop(child);
+    // Wait for the echo process to appear on the bus.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = session
+            .liveliness()
+            .get(format!("reflex/{ROBOT}/alive/echo"))
+            .timeout(Duration::from_millis(200))
+            .wait()
+            .map_err(anyhow::Error::msg)?;
+        if r.recv().is_ok() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the echo process did not join the bus on {endpoint} within 20 s");
+        }
+    }
+    // Let its subscriber's declaration propagate before the first put.
+    std::thread::sleep(Duration::from_millis(200));
+
+    // A ~1 KB observation: 200 f32 of state (about 1 KB of MessagePack).
+    let mut small = Observation {
+        v: PROTOCOL_VERSION,
+        state: (0..200).map(|i| i as f32 * 0.5).collect(),
+        ..Default::default()
+    };
+    let (small_bytes, small_lat) = measure(&session, &mut small, a.warmup, a.iters)?;
+    let mut image = Observation {
+        v: PROTOCOL_VERSION,
+        state: vec![0.1; 30],
+        images: vec![Image {
+            camera: "front".into(),
+            width: 128,
+            height: 128,
+            encoding: "rgb8".into(),
+            data: (0..128 * 128 * 3).map(|i| (i % 251) as u8).collect(),
+        }],
+        ..Default::default()
+    };
+    let (image_bytes, image_lat) = measure(&session, &mut image, a.warmup / 5, a.iters / 5)?;
+    let figure = |bytes: usize, l: &[f64]| serde_json::json!({"bytes": bytes, "iters": l.len(), "p50_us": percentile(l, 50.0), "p99_us": percentile(l, 99.0), "max_us": l.last().copied().unwrap_or(f64::NAN)});
+    let out = serde_json::json!({
+        "transport": endpoint,
+        "obs_1kb": figure(small_bytes, &small_lat),
+        "obs_image_128": figure(image_bytes, &image_lat),
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("bus round trip obs -> cmd between two processes over {endpoint}:");
+        for (name, b, l) in [
+            ("1 KB obs", small_bytes, &small_lat),
+            ("128x128 image", image_bytes, &image_lat),
+        ] {
+            println!(
+                "  {name:>14} ({b} B): p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} round trips",
+                percentile(l, 50.0),
+                percentile(l, 99.0),
+                l.last().copied().unwrap_or(f64::NAN),
+                l.len()
+            );
+        }
+    }
+    Ok(())
+}

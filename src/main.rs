@@ -1,0 +1,54 @@
+//! `reflex`: the command-line entry point. Wires the crates together; every subcommand's logic
+//! lives in a module of its own.
+
+mod bench_bus;
+mod cli;
+mod sim_cmd;
+
+use clap::{Parser, Subcommand};
+
+/// reflex: a real-time runtime for robots that learn on the job.
+#[derive(Parser)]
+#[command(name = "reflex", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The simulator: serve it as a robot, benchmark it, record expert demonstrations.
+    Sim {
+        #[command(subcommand)]
+        command: sim_cmd::SimCommand,
+    },
+    /// Benchmarks that print medians and percentiles (`--json` for machines).
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
+    Doctor,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Observation -> command round trip between two processes over Zenoh on loopback.
+    Bus(bench_bus::BusBenchArgs),
+}
+
+fn main() {
+    cli::init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Sim { command } => sim_cmd::run(command),
+        Command::Bench {
+            command: BenchCommand::Bus(a),
+        } => bench_bus::run(a),
+        Command::Doctor => cli::doctor(),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
