@@ -19,9 +19,6 @@ pub struct BusBenchArgs {
     /// Round trips per payload.
     #[arg(long, default_value_t = 5000)]
     iters: usize,
-    /// Round trips before timing starts.
-    #[arg(long, default_value_t = 500)]
-    warmup: usize,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -43,13 +40,34 @@ fn free_port() -> anyhow::Result<u16> {
 fn echo(a: &BusBenchArgs) -> anyhow::Result<()> {
     let session = a.bus.config().open()?;
     let keys = reflex_runtime::bus::Keys::new(ROBOT)?;
-    let sub = session
-        .declare_subscriber(keys.obs.clone())
-        .wait()
-        .map_err(anyhow::Error::msg)?;
     let publisher = session
         .declare_publisher(keys.cmd.clone())
         .express(true)
+        .wait()
+        .map_err(anyhow::Error::msg)?;
+    // Answer from Zenoh's receive callback: no hand-over to another thread on the way back.
+    let obs_key = keys.obs.clone();
+    let state = std::sync::Mutex::new((
+        Vec::<u8>::with_capacity(256),
+        Command {
+            v: PROTOCOL_VERSION,
+            seq: 0,
+            action: vec![0.0; 6],
+        },
+    ));
+    let _sub = session
+        .declare_subscriber(keys.obs.clone())
+        .callback(move |sample| {
+            let Ok(obs) = msg::decode::<Observation>(&obs_key, &sample.payload().to_bytes()) else {
+                return;
+            };
+            let mut st = state.lock().expect("echo state");
+            let (buf, cmd) = &mut *st;
+            cmd.seq = obs.seq;
+            cmd.action[0] = obs.state.first().copied().unwrap_or(0.0);
+            msg::encode_into(cmd, buf);
+            let _ = publisher.put(buf.as_slice()).wait();
+        })
         .wait()
         .map_err(anyhow::Error::msg)?;
     let _token = session
@@ -57,28 +75,9 @@ fn echo(a: &BusBenchArgs) -> anyhow::Result<()> {
         .declare_token(format!("reflex/{ROBOT}/alive/echo"))
         .wait()
         .map_err(anyhow::Error::msg)?;
-    let mut buf = Vec::with_capacity(256);
-    let mut cmd = Command {
-        v: PROTOCOL_VERSION,
-        seq: 0,
-        action: vec![0.0; 6],
-    };
-    loop {
-        let Some(sample) = sub
-            .recv_timeout(Duration::from_secs(30))
-            .map_err(anyhow::Error::msg)?
-        else {
-            return Ok(()); // the parent went away
-        };
-        let obs: Observation = msg::decode(&keys.obs, &sample.payload().to_bytes())?;
-        cmd.seq = obs.seq;
-        cmd.action[0] = obs.state.first().copied().unwrap_or(0.0);
-        msg::encode_into(&cmd, &mut buf);
-        publisher
-            .put(buf.as_slice())
-            .wait()
-            .map_err(anyhow::Error::msg)?;
-    }
+    // Runs until the parent kills it (or for at most an hour if it is orphaned).
+    std::thread::sleep(Duration::from_secs(3600));
+    Ok(())
 }
 
 struct KillOnDrop(Child);
@@ -94,6 +93,7 @@ fn measure(
     obs: &mut Observation,
     warmup: usize,
     iters: usize,
+    spin: bool,
 ) -> anyhow::Result<(usize, Vec<f64>)> {
     let keys = reflex_runtime::bus::Keys::new(ROBOT)?;
     let publisher = session
@@ -117,11 +117,22 @@ fn measure(
             .put(buf.as_slice())
             .wait()
             .map_err(anyhow::Error::msg)?;
+        let wait_start = Instant::now();
         loop {
-            let Some(s) = sub
-                .recv_timeout(Duration::from_secs(5))
-                .map_err(anyhow::Error::msg)?
-            else {
+            let next = if spin {
+                // Spin on the queue: the transport without the wake-up of a sleeping thread, as
+                // a loop that polls its inbox every tick sees it.
+                let mut got = None;
+                while got.is_none() && wait_start.elapsed() < Duration::from_secs(5) {
+                    got = sub.try_recv().map_err(anyhow::Error::msg)?;
+                    std::hint::spin_loop();
+                }
+                got
+            } else {
+                sub.recv_timeout(Duration::from_secs(5))
+                    .map_err(anyhow::Error::msg)?
+            };
+            let Some(s) = next else {
                 bail!(
                     "no command back on {} within 5 s (the echo process stopped?)",
                     keys.cmd
@@ -184,13 +195,12 @@ pub fn run(a: BusBenchArgs) -> anyhow::Result<()> {
     // Let its subscriber's declaration propagate before the first put.
     std::thread::sleep(Duration::from_millis(200));
 
-    // A ~1 KB observation: 200 f32 of state (about 1 KB of MessagePack).
+    // A ~1 KB observation: 200 f32 of state (about 1 KB of MessagePack), and one with a camera.
     let mut small = Observation {
         v: PROTOCOL_VERSION,
         state: (0..200).map(|i| i as f32 * 0.5).collect(),
         ..Default::default()
     };
-    let (small_bytes, small_lat) = measure(&session, &mut small, a.warmup, a.iters)?;
     let mut image = Observation {
         v: PROTOCOL_VERSION,
         state: vec![0.1; 30],
@@ -203,23 +213,32 @@ pub fn run(a: BusBenchArgs) -> anyhow::Result<()> {
         }],
         ..Default::default()
     };
-    let (image_bytes, image_lat) = measure(&session, &mut image, a.warmup / 5, a.iters / 5)?;
-    let figure = |bytes: usize, l: &[f64]| serde_json::json!({"bytes": bytes, "iters": l.len(), "p50_us": percentile(l, 50.0), "p99_us": percentile(l, 99.0), "max_us": l.last().copied().unwrap_or(f64::NAN)});
-    let out = serde_json::json!({
-        "transport": endpoint,
-        "obs_1kb": figure(small_bytes, &small_lat),
-        "obs_image_128": figure(image_bytes, &image_lat),
-    });
+    let mut rows = Vec::new();
+    for (name, obs, iters) in [
+        ("obs_1kb", &mut small, a.iters),
+        ("obs_image_128", &mut image, a.iters / 5),
+    ] {
+        // Two ways to wait for the answer: poll the queue (as the control loop does every tick)
+        // or sleep on it (a thread that blocks); the difference is one thread wake-up.
+        for (wait, spin) in [("poll", true), ("block", false)] {
+            let (bytes, lat) = measure(&session, obs, (iters / 10).max(50), iters, spin)?;
+            rows.push((format!("{name}_{wait}"), bytes, lat));
+        }
+    }
+    let mut out = serde_json::json!({ "transport": endpoint });
+    for (key, bytes, l) in &rows {
+        out[key.as_str()] = serde_json::json!({
+            "bytes": bytes, "iters": l.len(), "p50_us": percentile(l, 50.0), "p99_us": percentile(l, 99.0),
+            "max_us": l.last().copied().unwrap_or(f64::NAN),
+        });
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!("bus round trip obs -> cmd between two processes over {endpoint}:");
-        for (name, b, l) in [
-            ("1 KB obs", small_bytes, &small_lat),
-            ("128x128 image", image_bytes, &image_lat),
-        ] {
+        for (key, b, l) in &rows {
             println!(
-                "  {name:>14} ({b} B): p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} round trips",
+                "  {key:>20} ({b:>5} B): p50 {:>4.0} us, p99 {:>4.0} us, max {:>5.0} us over {} round trips",
                 percentile(l, 50.0),
                 percentile(l, 99.0),
                 l.last().copied().unwrap_or(f64::NAN),

@@ -24,6 +24,23 @@ pub enum SimCommand {
     Demos(DemosArgs),
     /// Run the scripted expert and report its success rate.
     Expert(ExpertArgs),
+    /// Write the camera images (PNG) after N expert steps of a seeded episode.
+    Snapshot(SnapshotArgs),
+}
+
+#[derive(Args)]
+pub struct SnapshotArgs {
+    #[command(flatten)]
+    sim: SimSelect,
+    /// Episode seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Expert steps before the snapshot.
+    #[arg(long, default_value_t = 0)]
+    steps: u32,
+    /// Output directory (one PNG per camera).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 /// Which simulator to build: a config file, or a task with defaults.
@@ -165,6 +182,7 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
         SimCommand::Bench(a) => bench(a),
         SimCommand::Demos(a) => demos(a),
         SimCommand::Expert(a) => expert(a),
+        SimCommand::Snapshot(a) => snapshot(a),
     }
 }
 
@@ -413,6 +431,45 @@ fn expert(a: ExpertArgs) -> anyhow::Result<()> {
         if !failed.is_empty() {
             println!("failed seeds: {:?}", &failed[..failed.len().min(10)]);
         }
+    }
+    Ok(())
+}
+
+/// Writes an rgb8 image as PNG.
+pub fn write_png(
+    path: &std::path::Path,
+    width: u32,
+    height: u32,
+    rgb: &[u8],
+) -> anyhow::Result<()> {
+    let mut bytes = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut bytes, width, height);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut w = enc.write_header()?;
+        w.write_image_data(rgb)?;
+    }
+    reflex_runtime::fsio::atomic_write(path, &bytes)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
+    let mut cfg = a.sim.load()?;
+    cfg.cameras.enabled = true;
+    let mut env = SimEnv::new(cfg)?;
+    let mut expert = Expert::new(env.spec(), 0.0, 0)?;
+    let mut action = vec![0.0f32; env.spec().action.dim()];
+    let mut obs = env.reset(Some(a.seed))?.clone();
+    for _ in 0..a.steps {
+        expert.act(&obs, &mut action);
+        obs.copy_from(env.step(&action)?);
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    for img in &obs.images {
+        let p = a.out.join(format!("{}.png", img.camera));
+        write_png(&p, img.width, img.height, &img.data)?;
+        println!("{}", p.display());
     }
     Ok(())
 }

@@ -187,10 +187,10 @@ pub fn default_roots() -> Vec<PathBuf> {
     if let Ok(cwd) = std::env::current_dir() {
         push_ancestors(&cwd);
     }
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(dir) = exe.parent() {
-            push_ancestors(dir);
-        }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        push_ancestors(dir);
     }
     roots
 }

@@ -102,8 +102,6 @@ impl BusConfig {
         }
         if !self.multicast_scouting {
             set(&mut c, "scouting/multicast/enabled", "false".into())?;
-            // Gossip would otherwise tell peers about each other's (possibly non-loopback) locators.
-            set(&mut c, "scouting/gossip/enabled", "false".into())?;
         }
         Ok(c)
     }
@@ -194,6 +192,7 @@ pub struct RemoteRobot {
     have_obs: bool,
     seq: u64,
     timeout: Duration,
+    poll_window: Duration,
     buf: Vec<u8>,
     _obs_sub: zenoh::pubsub::Subscriber<()>,
 }
@@ -244,6 +243,7 @@ impl RemoteRobot {
             have_obs: false,
             seq: 0,
             timeout,
+            poll_window: Duration::from_micros(500),
             buf: Vec::with_capacity(1024),
             _obs_sub: obs_sub,
         })
@@ -257,6 +257,30 @@ impl RemoteRobot {
     /// The key expressions in use.
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// How long `observe` polls its queue before it sleeps on it (default 0.5 ms). Polling
+    /// saves one thread wake-up per exchange, about 60-90 us on a small VM (`reflex bench bus`
+    /// shows both); zero sleeps at once.
+    pub fn set_poll_window(&mut self, window: Duration) {
+        self.poll_window = window;
+    }
+
+    fn recv_until(&self, deadline: Instant) -> Option<Observation> {
+        let poll_end = Instant::now() + self.poll_window;
+        loop {
+            if let Ok(o) = self.obs_rx.try_recv() {
+                return Some(o);
+            }
+            let now = Instant::now();
+            if now >= poll_end || now >= deadline {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.obs_rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .ok()
     }
 
     fn timeout_err(&self, key: &str) -> RobotError {
@@ -315,23 +339,25 @@ fn query<T: serde::de::DeserializeOwned + msg::Versioned>(
         .timeout(timeout)
         .wait()
         .map_err(|e| bus_err(key, e))?;
-    match replies.recv() {
-        Ok(reply) => match reply.into_result() {
-            Ok(sample) => Ok(msg::decode::<T>(key, &sample.payload().to_bytes())?),
-            Err(e) => Err(RobotError::Device {
-                robot: robot.into(),
-                message: format!(
-                    "`{key}` answered with an error: {}",
-                    String::from_utf8_lossy(&e.payload().to_bytes())
-                ),
-            }),
+    // Take the first good answer; remember an error reply in case no good one follows.
+    let mut error = None;
+    while let Ok(reply) = replies.recv() {
+        match reply.into_result() {
+            Ok(sample) => return Ok(msg::decode::<T>(key, &sample.payload().to_bytes())?),
+            Err(e) => error = Some(String::from_utf8_lossy(&e.payload().to_bytes()).into_owned()),
+        }
+    }
+    Err(match error {
+        Some(message) if message != "Timeout" => RobotError::Device {
+            robot: robot.into(),
+            message: format!("`{key}` answered with an error: {message}"),
         },
-        Err(_) => Err(RobotError::Timeout {
+        _ => RobotError::Timeout {
             robot: robot.into(),
             key: key.into(),
             timeout,
-        }),
-    }
+        },
+    })
 }
 
 impl Robot for RemoteRobot {
@@ -379,14 +405,13 @@ impl Robot for RemoteRobot {
         if self.spec.lockstep {
             // The answer to the last command carries its sequence number.
             loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match self.obs_rx.recv_timeout(left) {
-                    Ok(o) if o.seq >= self.seq => {
+                match self.recv_until(deadline) {
+                    Some(o) if o.seq >= self.seq => {
                         self.obs = o;
                         return Ok(&self.obs);
                     }
-                    Ok(_) => continue,
-                    Err(_) => return Err(self.timeout_err(&self.keys.obs)),
+                    Some(_) => continue,
+                    None => return Err(self.timeout_err(&self.keys.obs)),
                 }
             }
         }

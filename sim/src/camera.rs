@@ -239,12 +239,11 @@ impl Renderer {
                     } else {
                         [0.55, 0.45, 0.36]
                     };
-                    if let Some(g) = goal_disc {
-                        if (Vector3::new(pt.x - g.x, pt.y - g.y, 0.0)).norm()
+                    if let Some(g) = goal_disc
+                        && (Vector3::new(pt.x - g.x, pt.y - g.y, 0.0)).norm()
                             < PUSH_TOLERANCE_M as f32
-                        {
-                            col = [0.3, 0.75, 0.35];
-                        }
+                    {
+                        col = [0.3, 0.75, 0.35];
                     }
                     color = Some(col);
                 }

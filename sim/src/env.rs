@@ -344,10 +344,14 @@ impl SimEnv {
 
     fn apply_command(&mut self) {
         let mut cmd = [0.0f32; NUM_ACTUATORS];
-        for i in 0..5 {
-            let (lo, hi) = self.model.limits[i];
-            self.q_cmd[i] = self.q_cmd[i].clamp(lo, hi);
-            cmd[i] = self.q_cmd[i] as f32;
+        for ((q, c), (lo, hi)) in self
+            .q_cmd
+            .iter_mut()
+            .zip(cmd.iter_mut())
+            .zip(self.model.limits)
+        {
+            *q = q.clamp(lo, hi);
+            *c = *q as f32;
         }
         self.opening_cmd = self
             .opening_cmd
@@ -474,8 +478,8 @@ impl Robot for SimEnv {
             ActionKind::EeDelta => out[3] = self.opening_cmd as f32,
             ActionKind::EeDeltaYaw => out[4] = self.opening_cmd as f32,
             ActionKind::JointAbs => {
-                for i in 0..5 {
-                    out[i] = self.q_cmd[i] as f32;
+                for (o, q) in out.iter_mut().zip(self.q_cmd) {
+                    *o = q as f32;
                 }
                 out[5] = self.opening_cmd as f32;
             }

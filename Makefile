@@ -1,0 +1,45 @@
+# reflex: `make demo` runs the main job, `make test` runs every test. Both work on a fresh machine
+# with only the Rust toolchain and Python 3: they create ./.venv with the pinned Python peers
+# (ONNX Runtime's shared library among them) on first use.
+
+PYTHON ?= python3
+VENV := .venv
+CARGO ?= cargo
+
+.PHONY: demo test venv build bench fmt clippy clean-venv
+
+## The pinned Python environment (onnxruntime, eclipse-zenoh, gymnasium, msgpack).
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: tests/requirements.txt
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -r tests/requirements.txt
+	@touch $@
+
+build:
+	$(CARGO) build --release
+
+## The main job. Until the learning demo lands, it runs the simulator with its scripted expert.
+demo: venv build
+	@echo "reflex demo: the human-in-the-loop learning demo is not built yet;"
+	@echo "running the simulator's scripted expert on every task instead."
+	@for t in reach push pick insert; do \
+		$(CARGO) run --release --quiet -- sim expert --task $$t --episodes 50 || exit 1; \
+	done
+
+## Every test: unit tests of every crate and the system tests (one release build profile).
+test: venv
+	$(CARGO) test --release --workspace
+
+bench: build
+	$(CARGO) run --release --quiet -- sim bench --task pick
+	$(CARGO) run --release --quiet -- bench bus
+
+fmt:
+	$(CARGO) fmt --all
+
+clippy:
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+
+clean-venv:
+	rm -rf $(VENV)

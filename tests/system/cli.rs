@@ -1,0 +1,197 @@
+//! The command line: documented commands work and bad input gets errors that say what to fix.
+
+use crate::common::reflex;
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = reflex().args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn config_with_unknown_key_names_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("bad.toml");
+    std::fs::write(&f, "[sim]\ntask = \"pick\"\ncontrol_hertz = 20\n").unwrap();
+    let (ok, _, err) = run(&[
+        "sim",
+        "expert",
+        "--episodes",
+        "1",
+        "--config",
+        f.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("bad.toml") && err.contains("control_hertz") && err.contains("control_hz"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_with_wrong_type_or_range_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("c.toml");
+    std::fs::write(&f, "[sim]\ntask = \"pick\"\ncontrol_hz = \"fast\"\n").unwrap();
+    let (ok, _, err) = run(&[
+        "sim",
+        "expert",
+        "--episodes",
+        "1",
+        "--config",
+        f.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("sim.control_hz"), "{err}");
+    std::fs::write(&f, "[sim]\ntask = \"pick\"\n[sim.cameras]\nwidth = 4096\n").unwrap();
+    let (ok, _, err) = run(&[
+        "sim",
+        "expert",
+        "--episodes",
+        "1",
+        "--config",
+        f.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("sim.cameras.width") && err.contains("16 ..= 1024"),
+        "{err}"
+    );
+    std::fs::write(&f, "[sim]\ntask = \"stack\"\n").unwrap();
+    let (ok, _, err) = run(&[
+        "sim",
+        "expert",
+        "--episodes",
+        "1",
+        "--config",
+        f.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("sim.task") && err.contains("insert"),
+        "{err}"
+    );
+}
+
+#[test]
+fn shipped_configs_parse() {
+    for entry in std::fs::read_dir(crate::common::repo().join("configs/sim")).unwrap() {
+        let p = entry.unwrap().path();
+        let (ok, out, err) = run(&[
+            "sim",
+            "expert",
+            "--episodes",
+            "2",
+            "--json",
+            "--config",
+            p.to_str().unwrap(),
+        ]);
+        assert!(ok, "{}: {err}", p.display());
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["episodes"], 2);
+    }
+}
+
+#[test]
+fn sim_demos_writes_the_documented_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demos");
+    let (ok, stdout, err) = run(&[
+        "sim",
+        "demos",
+        "--task",
+        "reach",
+        "--episodes",
+        "3",
+        "--noise",
+        "0.1",
+        "--seed",
+        "5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("wrote 3 episodes"), "{stdout}");
+    let m = reflex_sim::demos::read_manifest(&out).unwrap();
+    assert_eq!(m.episodes.len(), 3);
+    assert_eq!(m.spec.kind, "sim/reach");
+    for e in &m.episodes {
+        let ep = reflex_sim::demos::read_episode(&out, e).unwrap();
+        assert_eq!(ep.observations.len(), ep.actions.len() + 1);
+        assert_eq!(ep.rewards.len(), ep.actions.len());
+        assert_eq!(ep.observations[0].len(), m.spec.state_dim());
+        assert_eq!(ep.seed, e.seed);
+    }
+    // Same command, same seed: the same episodes, byte for byte.
+    let out2 = dir.path().join("demos2");
+    let (ok, _, _) = run(&[
+        "sim",
+        "demos",
+        "--task",
+        "reach",
+        "--episodes",
+        "3",
+        "--noise",
+        "0.1",
+        "--seed",
+        "5",
+        "--out",
+        out2.to_str().unwrap(),
+    ]);
+    assert!(ok);
+    for e in &m.episodes {
+        assert_eq!(
+            std::fs::read(out.join(&e.file)).unwrap(),
+            std::fs::read(out2.join(&e.file)).unwrap()
+        );
+    }
+}
+
+#[test]
+fn sim_bench_prints_json_with_units_in_the_keys() {
+    let (ok, out, err) = run(&["sim", "bench", "--task", "pick", "--steps", "200", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["state_only"]["steps_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["cameras"]["steps_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["state_only"]["wall_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn doctor_finds_onnxruntime_in_the_project_environment() {
+    let out = reflex()
+        .arg("doctor")
+        .current_dir(crate::common::repo())
+        .env_remove("ORT_DYLIB_PATH")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("libonnxruntime.so.1.31.1") && stdout.contains("loads: ok"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn doctor_without_onnxruntime_says_how_to_install_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // No project environment above a temp dir, no python3 on PATH, a bad ORT_DYLIB_PATH unset.
+    let out = reflex()
+        .arg("doctor")
+        .current_dir(dir.path())
+        .env_remove("ORT_DYLIB_PATH")
+        .env("PATH", dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("pip install onnxruntime==1.31.1") && err.contains("Jetson"),
+        "{err}"
+    );
+}
