@@ -8,14 +8,30 @@
 //! - [`config`]: TOML loading with errors that name the file, the key and the allowed values.
 //! - [`bus`]: the Zenoh robot protocol: key expressions, [`bus::RemoteRobot`] and
 //!   [`bus::RobotServer`].
+//! - [`control`]: the fixed-rate control loop, with [`clock`], [`schedule`], [`chunk`],
+//!   [`safety`], [`teleop`], [`residual`], [`policy`], [`outbox`], [`status`], [`rt`] and the
+//!   lock-free [`triple`] buffer it is built from.
 #![warn(missing_docs)]
 
 pub mod bus;
+pub mod chunk;
+pub mod clock;
 pub mod config;
+pub mod control;
 pub mod fsio;
+pub mod hist;
 pub mod kinematics;
 pub mod msg;
+pub mod outbox;
+pub mod policy;
+pub mod residual;
 pub mod robot;
+pub mod rt;
+pub mod safety;
+pub mod schedule;
+pub mod status;
+pub mod teleop;
+pub mod triple;
 
 /// The types most users need, in one import.
 pub mod prelude {

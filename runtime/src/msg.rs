@@ -273,6 +273,48 @@ pub struct TeleopMsg {
     pub reset: bool,
 }
 
+/// The actor's status. Published on `reflex/<robot>/status` at a low rate (default 5 Hz).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusMsg {
+    /// Protocol version.
+    pub v: u16,
+    /// Robot name.
+    pub robot: String,
+    /// Loop time, s.
+    pub t_s: f64,
+    /// Control steps run.
+    pub ticks: u64,
+    /// Loop rate achieved over the last status period, Hz.
+    pub rate_hz: f64,
+    /// Wake-up lateness percentiles since start, us.
+    pub lateness_p50_us: f64,
+    /// 99th percentile.
+    pub lateness_p99_us: f64,
+    /// Maximum.
+    pub lateness_max_us: f64,
+    /// 99th percentile of the step duration, us.
+    pub step_p99_us: f64,
+    /// Steps that ended after the next deadline.
+    pub overruns: u64,
+    /// Ticks skipped after overruns.
+    pub missed: u64,
+    /// Steps held for want of a policy action.
+    pub holds_no_chunk: u64,
+    /// Safety interventions by kind: estop, obs_stale, policy_stale, teleop_stale, non_finite,
+    /// position_limit, step_limit, workspace.
+    pub safety: Vec<(String, u64)>,
+    /// Age of the action chunk used in the last step, ms.
+    pub chunk_age_ms: f64,
+    /// A person is driving.
+    pub intervening: bool,
+    /// Episode counter.
+    pub episode: u64,
+    /// Transitions the outbox dropped (consumers behind).
+    pub outbox_dropped: u64,
+    /// Residual weight version in use.
+    pub residual_version: u64,
+}
+
 /// Why a message could not be decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -324,6 +366,7 @@ versioned!(
     ResetRequest => "ResetRequest",
     EpisodeEvent => "EpisodeEvent",
     TeleopMsg => "TeleopMsg",
+    StatusMsg => "StatusMsg",
 );
 
 /// Encodes a message as MessagePack with named fields.

@@ -1,0 +1,717 @@
+//! The fixed-rate control loop.
+//!
+//! Each tick: wait for the deadline -> read the newest observation -> take new chunks from the
+//! policy and ask for the next one -> choose the action (a person's command while they intervene,
+//! otherwise the chunk's action plus the residual, otherwise hold) -> safety -> command the robot
+//! -> hand the transition to the outbox. Nothing on this path waits for inference, logging, the
+//! network or the learner, and after warm-up nothing on it allocates (a test counts).
+
+use crate::chunk::{ActionChunk, ChunkMode, ChunkQueue};
+use crate::clock::Clock;
+use crate::config::{Invalid, Validate, in_range, key};
+use crate::hist::Histogram;
+use crate::kinematics::Chain;
+use crate::msg::{Observation, RobotSpec};
+use crate::outbox::{OutboxSender, Source};
+use crate::policy::{ChunkSpec, Policy, PolicyThread};
+use crate::residual::ResidualHook;
+use crate::robot::{Robot, RobotError};
+use crate::safety::{Safety, SafetyConfig, SafetyCounters, SafetyInput};
+use crate::schedule::{CatchUp, Schedule};
+use crate::teleop::TeleopReader;
+use crate::triple::Writer;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Deserialize;
+use std::ops::Range;
+use std::time::Duration;
+
+fn d_catch_up() -> CatchUp {
+    CatchUp::Skip
+}
+fn d_chunks() -> ChunkMode {
+    ChunkMode::NewestWins
+}
+fn d_capacity() -> usize {
+    8
+}
+fn d_status() -> f64 {
+    200.0
+}
+
+/// `[loop]` in a config.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopConfig {
+    /// Loop rate, Hz (10-1000).
+    pub hz: f64,
+    /// What to do after an overrun.
+    #[serde(default = "d_catch_up")]
+    pub catch_up: CatchUp,
+    /// How chunks are executed: `{ mode = "newest_wins" }` or `{ mode = "ensemble", m = 0.01 }`.
+    #[serde(default = "d_chunks")]
+    pub chunks: ChunkMode,
+    /// Chunks kept for ensembling.
+    #[serde(default = "d_capacity")]
+    pub chunk_capacity: usize,
+    /// How often the loop publishes a status snapshot, ms.
+    #[serde(default = "d_status")]
+    pub status_period_ms: f64,
+    /// Real-time settings of the loop thread.
+    #[serde(default)]
+    pub rt: crate::rt::RtConfig,
+    /// Spin (instead of sleeping) for the last part of each wait, us (wall clock only).
+    #[serde(default = "d_spin")]
+    pub spin_us: f64,
+}
+
+fn d_spin() -> f64 {
+    50.0
+}
+
+impl LoopConfig {
+    /// Defaults at `hz`.
+    pub fn at(hz: f64) -> Self {
+        LoopConfig {
+            hz,
+            catch_up: d_catch_up(),
+            chunks: d_chunks(),
+            chunk_capacity: d_capacity(),
+            status_period_ms: d_status(),
+            rt: Default::default(),
+            spin_us: d_spin(),
+        }
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / self.hz)
+    }
+}
+
+impl Validate for LoopConfig {
+    fn validate(&self, p: &str) -> Result<(), Invalid> {
+        in_range(p, "hz", self.hz, 10.0, 1000.0)?;
+        in_range(p, "chunk_capacity", self.chunk_capacity, 1, 64)?;
+        in_range(p, "status_period_ms", self.status_period_ms, 10.0, 60_000.0)?;
+        in_range(p, "spin_us", self.spin_us, 0.0, 1000.0)?;
+        if let ChunkMode::Ensemble { m } = self.chunks {
+            in_range(&key(p, "chunks"), "m", m, 0.0, 10.0)?;
+        }
+        if let Some(prio) = self.rt.fifo_priority {
+            in_range(&key(p, "rt"), "fifo_priority", prio, 1, 99)?;
+        }
+        Ok(())
+    }
+}
+
+/// How the policy runs.
+pub enum PolicyDriver {
+    /// On its own thread (real time).
+    Thread(PolicyThread),
+    /// Called by the loop when a chunk is due (simulated time only).
+    Inline {
+        /// The policy.
+        policy: Box<dyn Policy>,
+        /// Its output buffer.
+        chunk: ActionChunk,
+    },
+    /// No base policy: the loop holds unless a person drives.
+    None,
+}
+
+impl PolicyDriver {
+    /// Runs `policy` inline (for simulated time).
+    pub fn inline(policy: Box<dyn Policy>) -> Self {
+        let s = policy.chunk_spec();
+        let mut chunk = ActionChunk::with_capacity(s.len, s.dim);
+        chunk.data.resize(s.len * s.dim, 0.0);
+        PolicyDriver::Inline { policy, chunk }
+    }
+
+    fn spec(&self) -> Option<ChunkSpec> {
+        match self {
+            PolicyDriver::Thread(t) => Some(t.spec()),
+            PolicyDriver::Inline { policy, .. } => Some(policy.chunk_spec()),
+            PolicyDriver::None => None,
+        }
+    }
+}
+
+/// Timing and counters of the loop.
+#[derive(Clone, Debug, Default)]
+pub struct LoopStats {
+    /// Wake-up lateness (time between the deadline and the start of the step).
+    pub lateness: Histogram,
+    /// Time from wake-up to the end of the step (the loop's own work plus the robot I/O).
+    pub step: Histogram,
+    /// Steps run.
+    pub ticks: u64,
+    /// Steps that ended after the next deadline.
+    pub overruns: u64,
+    /// Ticks skipped after overruns.
+    pub missed: u64,
+    /// Steps that held because no chunk covered the time.
+    pub holds_no_chunk: u64,
+    /// Chunks received from the policy.
+    pub chunks: u64,
+    /// Chunks discarded because they came from before a reset or a hand-back.
+    pub stale_chunks: u64,
+    /// Steps driven by a person.
+    pub teleop_steps: u64,
+    /// Episodes finished.
+    pub episodes: u64,
+    /// Residual weight version in use.
+    pub residual_version: u64,
+}
+
+/// A low-rate snapshot for the status publisher.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoopStatus {
+    /// Loop time, s.
+    pub t_s: f64,
+    /// Steps run.
+    pub ticks: u64,
+    /// Rate achieved over the last status period, Hz.
+    pub rate_hz: f64,
+    /// Lateness percentiles over the run, us.
+    pub lateness_p50_us: f64,
+    /// 99th percentile.
+    pub lateness_p99_us: f64,
+    /// Maximum.
+    pub lateness_max_us: f64,
+    /// Step duration 99th percentile, us.
+    pub step_p99_us: f64,
+    /// Overruns.
+    pub overruns: u64,
+    /// Missed ticks.
+    pub missed: u64,
+    /// Holds for want of a chunk.
+    pub holds_no_chunk: u64,
+    /// Safety counters.
+    pub safety: SafetyCounters,
+    /// Age of the chunk used in the last step, ms.
+    pub chunk_age_ms: f64,
+    /// A person is driving.
+    pub intervening: bool,
+    /// Episode counter.
+    pub episode: u64,
+    /// Transitions dropped by the outbox.
+    pub outbox_dropped: u64,
+    /// Residual weight version.
+    pub residual_version: u64,
+}
+
+/// How an episode went.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EpisodeSummary {
+    /// Episode counter of the robot.
+    pub episode: u64,
+    /// Seed it was reset with.
+    pub seed: Option<u64>,
+    /// Steps.
+    pub steps: u32,
+    /// Sum of rewards.
+    pub ret: f32,
+    /// Success (from the task, or a person's label).
+    pub success: bool,
+    /// Times a person took over.
+    pub interventions: u32,
+    /// Steps a person drove.
+    pub intervention_steps: u32,
+    /// Ended by a person's label or reset rather than by the robot.
+    pub labelled: bool,
+}
+
+/// Errors that stop the loop.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    /// The robot failed.
+    #[error(transparent)]
+    Robot(#[from] RobotError),
+    /// The policy's chunks do not fit the robot.
+    #[error("policy chunk dimension {policy} does not match robot `{robot}` action dimension {want}")]
+    Dim {
+        /// Policy action dimension.
+        policy: usize,
+        /// Robot name.
+        robot: String,
+        /// Robot action dimension.
+        want: usize,
+    },
+    /// The config is out of range.
+    #[error("loop config: key `{}` = {} is out of range; allowed: {}", .0.key, .0.value, .0.allowed)]
+    Config(Invalid),
+}
+
+/// The control loop of one robot.
+pub struct ControlLoop<R: Robot, C: Clock> {
+    robot: R,
+    clock: C,
+    cfg: LoopConfig,
+    schedule: Schedule,
+    driver: PolicyDriver,
+    chunk_spec: Option<ChunkSpec>,
+    chunks: ChunkQueue,
+    safety: Safety,
+    residual: Option<Box<dyn ResidualHook>>,
+    teleop: Option<TeleopReader>,
+    outbox: Option<OutboxSender>,
+    status: Option<Writer<LoopStatus>>,
+    spec: RobotSpec,
+    obs: Observation,
+    base: Vec<f32>,
+    res: Vec<f32>,
+    action: Vec<f32>,
+    hold: Vec<f32>,
+    ee_field: Option<Range<usize>>,
+    joint_field: Option<Range<usize>>,
+    generation: u64,
+    last_obs_key: (u64, u32, u64, u64),
+    last_obs_change: Duration,
+    last_policy_ok: Duration,
+    last_teleop_change: Duration,
+    teleop_seq: u64,
+    teleop_seen: bool,
+    intervening: bool,
+    since_chunk: usize,
+    request_pending: bool,
+    chunk_age: Duration,
+    stats: LoopStats,
+    last_status: (Duration, u64),
+    seeds: ChaCha8Rng,
+    episode: EpisodeSummary,
+    finished: Vec<EpisodeSummary>,
+    started: bool,
+}
+
+impl<R: Robot, C: Clock> ControlLoop<R, C> {
+    /// Builds a loop. `chain` (the arm's kinematics) enables the workspace check for joint action
+    /// spaces. `seed` fixes the sequence of episode seeds.
+    pub fn new(
+        robot: R,
+        clock: C,
+        cfg: LoopConfig,
+        safety: SafetyConfig,
+        driver: PolicyDriver,
+        chain: Option<Chain>,
+        seed: u64,
+    ) -> Result<Self, LoopError> {
+        cfg.validate("loop").map_err(LoopError::Config)?;
+        safety.validate("safety").map_err(LoopError::Config)?;
+        let spec = robot.spec().clone();
+        let dim = spec.action.dim();
+        let chunk_spec = driver.spec();
+        if let Some(cs) = chunk_spec {
+            if cs.dim != dim {
+                return Err(LoopError::Dim { policy: cs.dim, robot: spec.name.clone(), want: dim });
+            }
+        }
+        let len = chunk_spec.map_or(1, |c| c.len);
+        let start = clock.now();
+        Ok(ControlLoop {
+            schedule: Schedule::new(cfg.period(), cfg.catch_up, start),
+            chunks: ChunkQueue::new(cfg.chunk_capacity, len, dim, cfg.chunks),
+            safety: Safety::new(safety, &spec.action, chain),
+            residual: None,
+            teleop: None,
+            outbox: None,
+            status: None,
+            obs: Observation { state: vec![0.0; spec.state_dim()], ..Default::default() },
+            base: vec![0.0; dim],
+            res: vec![0.0; dim],
+            action: vec![0.0; dim],
+            hold: vec![0.0; dim],
+            ee_field: spec.field("ee_pos"),
+            joint_field: spec.field("joint_pos"),
+            generation: 0,
+            last_obs_key: (u64::MAX, 0, 0, 0),
+            last_obs_change: start,
+            last_policy_ok: start,
+            last_teleop_change: start,
+            teleop_seq: 0,
+            teleop_seen: false,
+            intervening: false,
+            since_chunk: 0,
+            request_pending: false,
+            chunk_age: Duration::ZERO,
+            stats: LoopStats::default(),
+            last_status: (start, 0),
+            seeds: ChaCha8Rng::seed_from_u64(seed),
+            episode: EpisodeSummary::default(),
+            finished: Vec::new(),
+            started: false,
+            chunk_spec,
+            spec,
+            driver,
+            robot,
+            clock,
+            cfg,
+        })
+    }
+
+    /// Adds the residual hook.
+    pub fn set_residual(&mut self, r: Box<dyn ResidualHook>) {
+        self.residual = Some(r);
+    }
+
+    /// Adds a teleop input.
+    pub fn set_teleop(&mut self, t: TeleopReader) {
+        self.teleop = Some(t);
+    }
+
+    /// Adds the outbox.
+    pub fn set_outbox(&mut self, o: OutboxSender) {
+        self.outbox = Some(o);
+    }
+
+    /// Adds a status snapshot writer.
+    pub fn set_status(&mut self, w: Writer<LoopStatus>) {
+        self.status = Some(w);
+    }
+
+    /// Latches the emergency stop (e.g. from an `estop` event on the bus).
+    pub fn estop(&mut self) {
+        self.safety.estop();
+    }
+
+    /// The robot.
+    pub fn robot(&self) -> &R {
+        &self.robot
+    }
+
+    /// The robot, mutably.
+    pub fn robot_mut(&mut self) -> &mut R {
+        &mut self.robot
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Timing and counters.
+    pub fn stats(&self) -> &LoopStats {
+        &self.stats
+    }
+
+    /// Safety counters.
+    pub fn safety_counters(&self) -> SafetyCounters {
+        self.safety.counters()
+    }
+
+    /// The outbox, if any (for its counters).
+    pub fn outbox(&self) -> Option<&OutboxSender> {
+        self.outbox.as_ref()
+    }
+
+    /// Episodes finished so far.
+    pub fn episodes(&self) -> &[EpisodeSummary] {
+        &self.finished
+    }
+
+    /// The last action sent to the robot.
+    pub fn last_action(&self) -> &[f32] {
+        &self.action
+    }
+
+    /// Whether a person is driving.
+    pub fn intervening(&self) -> bool {
+        self.intervening
+    }
+
+    /// Starts a new episode (resets the robot with the next seed).
+    pub fn start_episode(&mut self) -> Result<(), LoopError> {
+        let seed: u64 = self.seeds.random();
+        let o = self.robot.reset(Some(seed))?;
+        self.obs.copy_from(o);
+        let now = self.clock.now();
+        self.generation += 1;
+        self.chunks.clear();
+        self.request_pending = false;
+        self.since_chunk = 0;
+        self.last_policy_ok = now;
+        self.last_obs_change = now;
+        self.last_obs_key = (self.obs.episode, self.obs.step, self.obs.seq, self.obs.time_ns);
+        self.safety.reset();
+        self.safety.clear_estop();
+        if let PolicyDriver::Inline { policy, .. } = &mut self.driver {
+            policy.reset();
+        }
+        self.episode = EpisodeSummary { episode: self.obs.episode, seed: Some(seed), ..Default::default() };
+        self.started = true;
+        Ok(())
+    }
+
+    fn end_episode(&mut self, success: bool, labelled: bool) -> Result<(), LoopError> {
+        self.episode.success = success;
+        self.episode.labelled = labelled;
+        self.stats.episodes += 1;
+        tracing::debug!(
+            "episode {} ended after {} steps: success {}, return {:.2}",
+            self.episode.episode,
+            self.episode.steps,
+            success,
+            self.episode.ret
+        );
+        self.finished.push(self.episode.clone());
+        self.start_episode()
+    }
+
+    fn push_chunk(&mut self) {
+        match &mut self.driver {
+            PolicyDriver::Thread(pt) => {
+                while let Some(c) = pt.poll() {
+                    if c.generation == self.generation {
+                        self.chunks.push(&c.chunk);
+                        self.stats.chunks += 1;
+                        self.request_pending = false;
+                        self.since_chunk = 0;
+                    } else {
+                        self.stats.stale_chunks += 1;
+                    }
+                }
+            }
+            PolicyDriver::Inline { .. } | PolicyDriver::None => {}
+        }
+    }
+
+    fn maybe_request(&mut self, t: Duration) {
+        let Some(cs) = self.chunk_spec else { return };
+        let need = self.chunks.is_empty() || self.since_chunk >= cs.execute;
+        if !need || self.intervening {
+            return;
+        }
+        match &mut self.driver {
+            PolicyDriver::Thread(pt) => {
+                // Keep the newest observation flowing to the policy while a request is open: it
+                // always infers from the freshest state.
+                pt.request(t, &self.obs, self.generation);
+                self.request_pending = true;
+            }
+            PolicyDriver::Inline { policy, chunk } => match policy.infer(&self.obs, &mut chunk.data) {
+                Ok(()) => {
+                    chunk.t_start = t;
+                    chunk.dt = self.schedule.period();
+                    chunk.len = cs.len;
+                    chunk.dim = cs.dim;
+                    chunk.seq += 1;
+                    self.chunks.push(chunk);
+                    self.stats.chunks += 1;
+                    self.since_chunk = 0;
+                }
+                Err(e) => tracing::warn!("{e}"),
+            },
+            PolicyDriver::None => {}
+        }
+    }
+
+    /// Runs one tick: waits for its deadline, then observes, decides, filters and commands.
+    pub fn step(&mut self) -> Result<(), LoopError> {
+        if !self.started {
+            self.start_episode()?;
+        }
+        let deadline = self.schedule.deadline();
+        let woke = self.clock.sleep_until(deadline);
+        let lateness = woke.saturating_sub(deadline);
+        let t = woke;
+
+        // Observe.
+        let o = self.robot.observe()?;
+        self.obs.copy_from(o);
+        let k = (self.obs.episode, self.obs.step, self.obs.seq, self.obs.time_ns);
+        if k != self.last_obs_key {
+            self.last_obs_key = k;
+            self.last_obs_change = t;
+        }
+
+        // A person's input: takeover, hand-back, labels.
+        let mut label: Option<bool> = None;
+        let mut reset_requested = false;
+        if let Some(tr) = &mut self.teleop {
+            if tr.update() {
+                let m = tr.get();
+                if !self.teleop_seen || m.seq != self.teleop_seq {
+                    self.teleop_seen = true;
+                    self.teleop_seq = m.seq;
+                    self.last_teleop_change = t;
+                    if m.success {
+                        label = Some(true);
+                    } else if m.failure {
+                        label = Some(false);
+                    }
+                    reset_requested = m.reset;
+                }
+            }
+            let want = self.teleop_seen && tr.get().intervene;
+            if want && !self.intervening {
+                self.episode.interventions += 1;
+            }
+            if !want && self.intervening {
+                // Hand-back: chunks computed before the takeover describe a state that is gone.
+                self.chunks.clear();
+                self.generation += 1;
+                self.request_pending = false;
+                self.last_policy_ok = t;
+            }
+            self.intervening = want;
+        }
+
+        // Chunks.
+        self.push_chunk();
+        self.maybe_request(t);
+        self.chunks.expire(t);
+
+        // Choose.
+        let mut source;
+        if self.intervening {
+            let m = self.teleop.as_ref().expect("intervening implies a teleop input").get();
+            if m.action.len() == self.action.len() {
+                self.action.copy_from_slice(&m.action);
+            } else {
+                self.action.fill(f32::NAN); // rejected by safety as non-finite
+            }
+            self.base.fill(0.0);
+            self.res.fill(0.0);
+            source = Source::Teleop;
+            self.stats.teleop_steps += 1;
+            self.episode.intervention_steps += 1;
+        } else if let Some(b) = self.chunks.action_at(t, &mut self.base) {
+            self.chunk_age = b.age;
+            self.last_policy_ok = t;
+            if let Some(r) = &mut self.residual {
+                self.stats.residual_version = r.refresh();
+                r.residual(&self.obs.state, &self.base, &mut self.res);
+            } else {
+                self.res.fill(0.0);
+            }
+            let a = &self.spec.action;
+            for i in 0..self.action.len() {
+                self.action[i] = (self.base[i] + self.res[i]).clamp(a.low[i], a.high[i]);
+            }
+            source = Source::Policy;
+        } else {
+            self.robot.hold_action(&mut self.action);
+            self.base.fill(0.0);
+            self.res.fill(0.0);
+            source = Source::Hold;
+            self.stats.holds_no_chunk += 1;
+        }
+        self.since_chunk += 1;
+
+        // Safety.
+        self.robot.hold_action(&mut self.hold);
+        let ee = self.ee_field.as_ref().map(|r| {
+            let s = &self.obs.state[r.clone()];
+            [s[0] as f64, s[1] as f64, s[2] as f64]
+        });
+        let input = SafetyInput {
+            joint_pos: self.joint_field.as_ref().map(|r| &self.obs.state[r.clone()]),
+            ee_pos: ee,
+            obs_age: t.saturating_sub(self.last_obs_change),
+            policy_age: (!self.intervening && self.chunk_spec.is_some()).then(|| t.saturating_sub(self.last_policy_ok)),
+            teleop_age: self.intervening.then(|| t.saturating_sub(self.last_teleop_change)),
+        };
+        let verdict = self.safety.filter(&mut self.action, &self.hold, &input);
+        if verdict.held {
+            source = Source::Hold;
+        }
+
+        // Command.
+        self.robot.command(&self.action)?;
+
+        // Outbox.
+        if let Some(ob) = &mut self.outbox {
+            if let Some(mut tr) = ob.slot() {
+                tr.episode = self.obs.episode;
+                tr.step = self.obs.step;
+                tr.t = t;
+                tr.obs.clone_from(&self.obs.state);
+                tr.base.copy_from_slice(&self.base);
+                tr.residual.copy_from_slice(&self.res);
+                tr.action.copy_from_slice(&self.action);
+                tr.source = source;
+                tr.reward = self.obs.reward;
+                tr.terminated = self.obs.terminated;
+                tr.truncated = self.obs.truncated;
+                tr.success = self.obs.success;
+                tr.safety_flags = verdict.flags;
+                tr.lateness = lateness;
+                tr.chunk_age = self.chunk_age;
+                ob.send(tr);
+            }
+        }
+
+        // Episode bookkeeping from the observation that follows the command.
+        self.episode.steps += 1;
+        let after = self.robot.observe()?;
+        let (done, success, reward) = (after.done(), after.success, after.reward);
+        self.episode.ret += reward;
+
+        // Timing.
+        let end = self.clock.now();
+        self.stats.lateness.record(lateness);
+        self.stats.step.record(end.saturating_sub(t));
+        self.stats.ticks += 1;
+        let next = self.schedule.finish(end);
+        self.stats.missed += next.missed;
+        self.stats.overruns += next.overrun as u64;
+        self.publish_status(end);
+
+        if let Some(s) = label {
+            self.end_episode(s, true)?;
+        } else if reset_requested {
+            self.end_episode(false, true)?;
+        } else if done {
+            self.end_episode(success, false)?;
+        }
+        Ok(())
+    }
+
+    fn publish_status(&mut self, now: Duration) {
+        let Some(w) = &mut self.status else { return };
+        let period = Duration::from_secs_f64(self.cfg.status_period_ms / 1e3);
+        if now.saturating_sub(self.last_status.0) < period {
+            return;
+        }
+        let dt = (now - self.last_status.0).as_secs_f64();
+        let dticks = self.stats.ticks - self.last_status.1;
+        self.last_status = (now, self.stats.ticks);
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let s = w.slot();
+        s.t_s = now.as_secs_f64();
+        s.ticks = self.stats.ticks;
+        s.rate_hz = dticks as f64 / dt;
+        s.lateness_p50_us = us(self.stats.lateness.percentile(50.0));
+        s.lateness_p99_us = us(self.stats.lateness.percentile(99.0));
+        s.lateness_max_us = us(self.stats.lateness.max());
+        s.step_p99_us = us(self.stats.step.percentile(99.0));
+        s.overruns = self.stats.overruns;
+        s.missed = self.stats.missed;
+        s.holds_no_chunk = self.stats.holds_no_chunk;
+        s.safety = self.safety.counters();
+        s.chunk_age_ms = self.chunk_age.as_secs_f64() * 1e3;
+        s.intervening = self.intervening;
+        s.episode = self.obs.episode;
+        s.outbox_dropped = self.outbox.as_ref().map_or(0, |o| o.dropped());
+        s.residual_version = self.stats.residual_version;
+        w.publish();
+    }
+
+    /// Runs `n` ticks.
+    pub fn run_ticks(&mut self, n: u64) -> Result<(), LoopError> {
+        for _ in 0..n {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// Runs until `n` more episodes have finished; returns their summaries.
+    pub fn run_episodes(&mut self, n: usize) -> Result<Vec<EpisodeSummary>, LoopError> {
+        let start = self.finished.len();
+        while self.finished.len() < start + n {
+            self.step()?;
+        }
+        Ok(self.finished[start..start + n].to_vec())
+    }
+}

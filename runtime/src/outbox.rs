@@ -1,0 +1,194 @@
+//! The loop's outbox: a bounded, non-blocking hand-off of transitions to the recorder, the bus
+//! and the learner.
+//!
+//! Transitions live in buffers allocated once, up front. The loop takes a free buffer, fills it in
+//! place and sends it; the consumer reads it and gives it back. When the consumer falls behind,
+//! no free buffer is available and the loop drops the transition and counts it: the loop never
+//! waits and never allocates.
+
+use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender, TrySendError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Who produced the executed action.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Source {
+    /// The base policy (plus residual).
+    #[default]
+    Policy,
+    /// A person through a teleop device.
+    Teleop,
+    /// Nobody: the robot held (no chunk yet, or the safety layer replaced the action).
+    Hold,
+}
+
+impl Source {
+    /// Name in logs and recordings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Policy => "policy",
+            Source::Teleop => "teleop",
+            Source::Hold => "hold",
+        }
+    }
+}
+
+/// One control step as the loop saw it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Transition {
+    /// Episode counter of the robot.
+    pub episode: u64,
+    /// Step in the episode.
+    pub step: u32,
+    /// Loop time of the step.
+    pub t: Duration,
+    /// Observation state the action was chosen from.
+    pub obs: Vec<f32>,
+    /// The base policy's action (zeros when there was none).
+    pub base: Vec<f32>,
+    /// The residual added to it (zeros when none).
+    pub residual: Vec<f32>,
+    /// The action sent to the robot, after safety.
+    pub action: Vec<f32>,
+    /// Who produced `action`.
+    pub source: Source,
+    /// Reward reported with the observation.
+    pub reward: f32,
+    /// The observation ended the episode (terminal).
+    pub terminated: bool,
+    /// The observation ended the episode (time limit).
+    pub truncated: bool,
+    /// The task reported success.
+    pub success: bool,
+    /// Safety events of this step ([`crate::safety::SafetyEvent`] bits).
+    pub safety_flags: u32,
+    /// Wake-up lateness of this step.
+    pub lateness: Duration,
+    /// Age of the newest chunk used (zero when none).
+    pub chunk_age: Duration,
+}
+
+impl Transition {
+    /// A transition with buffers sized for `state_dim` and `action_dim`.
+    pub fn with_dims(state_dim: usize, action_dim: usize) -> Self {
+        Transition {
+            obs: vec![0.0; state_dim],
+            base: vec![0.0; action_dim],
+            residual: vec![0.0; action_dim],
+            action: vec![0.0; action_dim],
+            ..Default::default()
+        }
+    }
+}
+
+/// The loop's end.
+pub struct OutboxSender {
+    free: Receiver<Box<Transition>>,
+    tx: Sender<Box<Transition>>,
+    dropped: Arc<AtomicU64>,
+    sent: u64,
+}
+
+/// The consumer's end.
+pub struct OutboxReceiver {
+    rx: Receiver<Box<Transition>>,
+    free: Sender<Box<Transition>>,
+    dropped: Arc<AtomicU64>,
+}
+
+/// An outbox of `capacity` transition buffers sized for the given dimensions.
+pub fn outbox(capacity: usize, state_dim: usize, action_dim: usize) -> (OutboxSender, OutboxReceiver) {
+    let (tx, rx) = channel::bounded(capacity);
+    let (free_tx, free_rx) = channel::bounded(capacity);
+    for _ in 0..capacity {
+        free_tx.send(Box::new(Transition::with_dims(state_dim, action_dim))).expect("room for every buffer");
+    }
+    let dropped = Arc::new(AtomicU64::new(0));
+    (OutboxSender { free: free_rx, tx, dropped: dropped.clone(), sent: 0 }, OutboxReceiver { rx, free: free_tx, dropped })
+}
+
+impl OutboxSender {
+    /// A free buffer to fill, or `None` (counted as a drop) when the consumer holds them all.
+    pub fn slot(&mut self) -> Option<Box<Transition>> {
+        match self.free.try_recv() {
+            Ok(b) => Some(b),
+            Err(_) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Sends a filled buffer. Never blocks: the queue holds as many entries as there are buffers.
+    pub fn send(&mut self, t: Box<Transition>) {
+        match self.tx.try_send(t) {
+            Ok(()) => self.sent += 1,
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                // Only possible when the consumer is gone; the buffer is simply dropped.
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Transitions sent.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// Transitions dropped because the consumer was behind (or gone).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl OutboxReceiver {
+    /// The next transition, waiting up to `timeout`. Give it back with [`OutboxReceiver::recycle`].
+    pub fn recv_timeout(&self, timeout: Duration) -> Option<Box<Transition>> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(t) => Some(t),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    /// The next transition if one is waiting.
+    pub fn try_recv(&self) -> Option<Box<Transition>> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Returns a buffer to the loop.
+    pub fn recycle(&self, t: Box<Transition>) {
+        let _ = self.free.try_send(t);
+    }
+
+    /// Drops counted by the loop so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_consumer_makes_the_loop_drop_and_count_never_wait() {
+        let (mut tx, rx) = outbox(4, 3, 2);
+        for i in 0..10u32 {
+            if let Some(mut t) = tx.slot() {
+                t.step = i;
+                tx.send(t);
+            }
+        }
+        assert_eq!((tx.sent(), tx.dropped()), (4, 6));
+        // The consumer catches up and recycles: the loop can send again.
+        let mut got = vec![];
+        while let Some(t) = rx.try_recv() {
+            got.push(t.step);
+            rx.recycle(t);
+        }
+        assert_eq!(got, vec![0, 1, 2, 3]);
+        let t = tx.slot().expect("a recycled buffer");
+        assert_eq!(t.obs.len(), 3);
+    }
+}
