@@ -2,7 +2,9 @@
 //! lives in a module of its own.
 
 mod bench_bus;
+mod bench_loop;
 mod cli;
+mod run_cmd;
 mod sim_cmd;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +29,8 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// The actor: runs the control loop against a robot with a policy (config file).
+    Run(run_cmd::RunArgs),
     /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
     Doctor,
 }
@@ -35,6 +39,8 @@ enum Command {
 enum BenchCommand {
     /// Observation -> command round trip between two processes over Zenoh on loopback.
     Bus(bench_bus::BusBenchArgs),
+    /// The control loop's wake-up lateness, misses and per-step overhead.
+    Loop(bench_loop::LoopBenchArgs),
 }
 
 fn main() {
@@ -45,6 +51,10 @@ fn main() {
         Command::Bench {
             command: BenchCommand::Bus(a),
         } => bench_bus::run(a),
+        Command::Bench {
+            command: BenchCommand::Loop(a),
+        } => bench_loop::run(a),
+        Command::Run(a) => run_cmd::run(a),
         Command::Doctor => cli::doctor(),
     };
     if let Err(e) = result {

@@ -32,7 +32,14 @@ pub struct ActionChunk {
 impl ActionChunk {
     /// An empty chunk with room for `len` actions of `dim` values.
     pub fn with_capacity(len: usize, dim: usize) -> Self {
-        ActionChunk { t_start: Duration::ZERO, dt: Duration::ZERO, len: 0, dim, data: Vec::with_capacity(len * dim), seq: 0 }
+        ActionChunk {
+            t_start: Duration::ZERO,
+            dt: Duration::ZERO,
+            len: 0,
+            dim,
+            data: Vec::with_capacity(len * dim),
+            seq: 0,
+        }
     }
 
     /// Index of the action due at `t`, if the chunk covers `t`.
@@ -99,7 +106,17 @@ impl ChunkQueue {
     /// Room for `capacity` chunks of up to `len` actions of `dim` values (allocated here, once).
     pub fn new(capacity: usize, len: usize, dim: usize, mode: ChunkMode) -> Self {
         assert!(capacity > 0);
-        ChunkQueue { ring: vec![ActionChunk::with_capacity(len, dim); capacity], order: (0..capacity).collect(), len: 0, mode }
+        // Not `vec![x; n]`: cloning an empty Vec drops its capacity, and every slot must own
+        // its full buffer before the loop starts (the zero-allocation test caught this).
+        let ring = (0..capacity)
+            .map(|_| ActionChunk::with_capacity(len, dim))
+            .collect();
+        ChunkQueue {
+            ring,
+            order: (0..capacity).collect(),
+            len: 0,
+            mode,
+        }
     }
 
     /// Execution mode.
@@ -157,7 +174,11 @@ impl ChunkQueue {
                     let c = &self.ring[self.order[k]];
                     if let Some(i) = c.index_at(t) {
                         out.copy_from_slice(c.action(i));
-                        return Some(Blend { chunks: 1, age: t - c.t_start, seq: c.seq });
+                        return Some(Blend {
+                            chunks: 1,
+                            age: t - c.t_start,
+                            seq: c.seq,
+                        });
                     }
                 }
                 None
@@ -181,7 +202,11 @@ impl ChunkQueue {
                 for o in out.iter_mut() {
                     *o /= wsum;
                 }
-                Some(Blend { chunks: n, age: t - c.t_start, seq: c.seq })
+                Some(Blend {
+                    chunks: n,
+                    age: t - c.t_start,
+                    seq: c.seq,
+                })
             }
         }
     }
@@ -194,7 +219,14 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     fn chunk(t_ms: u32, values: &[f32], seq: u64) -> ActionChunk {
-        ActionChunk { t_start: t_ms * MS, dt: 10 * MS, len: values.len(), dim: 1, data: values.to_vec(), seq }
+        ActionChunk {
+            t_start: t_ms * MS,
+            dt: 10 * MS,
+            len: values.len(),
+            dim: 1,
+            data: values.to_vec(),
+            seq,
+        }
     }
 
     #[test]
@@ -226,7 +258,14 @@ mod tests {
         // Three chunks cover t = 20 ms: A (from 0 ms) at index 2, B (from 10 ms) at index 1,
         // C (from 20 ms) at index 0. With m = 0.5 the weights are 1, e^-0.5, e^-1 (oldest first).
         let mut q = ChunkQueue::new(4, 8, 2, ChunkMode::Ensemble { m: 0.5 });
-        let two = |t, v: &[f32], s| ActionChunk { t_start: t * MS, dt: 10 * MS, len: v.len() / 2, dim: 2, data: v.to_vec(), seq: s };
+        let two = |t, v: &[f32], s| ActionChunk {
+            t_start: t * MS,
+            dt: 10 * MS,
+            len: v.len() / 2,
+            dim: 2,
+            data: v.to_vec(),
+            seq: s,
+        };
         q.push(&two(0, &[0.0, 0.0, 0.0, 0.0, 1.0, -1.0, 9.0, 9.0], 1));
         q.push(&two(10, &[0.0, 0.0, 2.0, -2.0, 9.0, 9.0, 9.0, 9.0], 2));
         q.push(&two(20, &[4.0, -4.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0], 3));

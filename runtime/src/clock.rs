@@ -33,7 +33,10 @@ impl WallClock {
     /// A wall clock starting now, spinning for the last `spin` before each deadline.
     pub fn new(spin: Duration) -> Self {
         set_timer_slack_ns(1);
-        WallClock { start: Instant::now(), spin }
+        WallClock {
+            start: Instant::now(),
+            spin,
+        }
     }
 
     /// The instant this clock counts from.
@@ -86,13 +89,19 @@ pub struct SimClock {
 impl SimClock {
     /// A simulated clock at t = 0 with exact wake-ups.
     pub fn new() -> Self {
-        SimClock { now_ns: Arc::new(AtomicU64::new(0)), jitter: None }
+        SimClock {
+            now_ns: Arc::new(AtomicU64::new(0)),
+            jitter: None,
+        }
     }
 
     /// A simulated clock whose wake-ups are late by a uniform random amount in `[0, max)` drawn
     /// from `seed`.
     pub fn with_jitter(seed: u64, max: Duration) -> Self {
-        SimClock { now_ns: Arc::new(AtomicU64::new(0)), jitter: Some((ChaCha8Rng::seed_from_u64(seed), max)) }
+        SimClock {
+            now_ns: Arc::new(AtomicU64::new(0)),
+            jitter: Some((ChaCha8Rng::seed_from_u64(seed), max)),
+        }
     }
 
     /// Moves time forward by `d` (a test's way to let time pass, e.g. a slow step).
@@ -119,7 +128,9 @@ impl Clock for SimClock {
 
     fn sleep_until(&mut self, deadline: Duration) -> Duration {
         let late = match &mut self.jitter {
-            Some((rng, max)) if !max.is_zero() => Duration::from_nanos(rng.random_range(0..max.as_nanos() as u64)),
+            Some((rng, max)) if !max.is_zero() => {
+                Duration::from_nanos(rng.random_range(0..max.as_nanos() as u64))
+            }
             _ => Duration::ZERO,
         };
         let now = self.now();
@@ -141,22 +152,34 @@ mod tests {
     fn sim_clock_moves_only_when_sleeping_or_advanced() {
         let mut c = SimClock::new();
         assert_eq!(c.now(), Duration::ZERO);
-        assert_eq!(c.sleep_until(Duration::from_millis(10)), Duration::from_millis(10));
+        assert_eq!(
+            c.sleep_until(Duration::from_millis(10)),
+            Duration::from_millis(10)
+        );
         c.advance(Duration::from_millis(3));
         assert_eq!(c.now(), Duration::from_millis(13));
         // A deadline in the past does not move time backwards.
-        assert_eq!(c.sleep_until(Duration::from_millis(5)), Duration::from_millis(13));
+        assert_eq!(
+            c.sleep_until(Duration::from_millis(5)),
+            Duration::from_millis(13)
+        );
     }
 
     #[test]
     fn jittered_sim_clock_is_reproducible_from_its_seed() {
         let run = |seed| {
             let mut c = SimClock::with_jitter(seed, Duration::from_micros(50));
-            (1..100).map(|i| c.sleep_until(Duration::from_millis(i))).collect::<Vec<_>>()
+            (1..100)
+                .map(|i| c.sleep_until(Duration::from_millis(i)))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
         let r = run(7);
-        assert!(r.iter().enumerate().all(|(i, t)| *t >= Duration::from_millis(i as u64 + 1)));
+        assert!(
+            r.iter()
+                .enumerate()
+                .all(|(i, t)| *t >= Duration::from_millis(i as u64 + 1))
+        );
     }
 }

@@ -230,7 +230,9 @@ pub enum LoopError {
     #[error(transparent)]
     Robot(#[from] RobotError),
     /// The policy's chunks do not fit the robot.
-    #[error("policy chunk dimension {policy} does not match robot `{robot}` action dimension {want}")]
+    #[error(
+        "policy chunk dimension {policy} does not match robot `{robot}` action dimension {want}"
+    )]
     Dim {
         /// Policy action dimension.
         policy: usize,
@@ -283,6 +285,7 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     episode: EpisodeSummary,
     finished: Vec<EpisodeSummary>,
     started: bool,
+    estop_flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl<R: Robot, C: Clock> ControlLoop<R, C> {
@@ -304,7 +307,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let chunk_spec = driver.spec();
         if let Some(cs) = chunk_spec {
             if cs.dim != dim {
-                return Err(LoopError::Dim { policy: cs.dim, robot: spec.name.clone(), want: dim });
+                return Err(LoopError::Dim {
+                    policy: cs.dim,
+                    robot: spec.name.clone(),
+                    want: dim,
+                });
             }
         }
         let len = chunk_spec.map_or(1, |c| c.len);
@@ -317,7 +324,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop: None,
             outbox: None,
             status: None,
-            obs: Observation { state: vec![0.0; spec.state_dim()], ..Default::default() },
+            obs: Observation {
+                state: vec![0.0; spec.state_dim()],
+                ..Default::default()
+            },
             base: vec![0.0; dim],
             res: vec![0.0; dim],
             action: vec![0.0; dim],
@@ -341,6 +351,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             episode: EpisodeSummary::default(),
             finished: Vec::new(),
             started: false,
+            estop_flag: None,
             chunk_spec,
             spec,
             driver,
@@ -373,6 +384,12 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// Latches the emergency stop (e.g. from an `estop` event on the bus).
     pub fn estop(&mut self) {
         self.safety.estop();
+    }
+
+    /// A flag another thread sets to latch the emergency stop (checked every tick, never waited
+    /// on); the loop clears it when it starts the next episode.
+    pub fn set_estop_flag(&mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        self.estop_flag = Some(flag);
     }
 
     /// The robot.
@@ -432,13 +449,25 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         self.since_chunk = 0;
         self.last_policy_ok = now;
         self.last_obs_change = now;
-        self.last_obs_key = (self.obs.episode, self.obs.step, self.obs.seq, self.obs.time_ns);
+        self.last_obs_key = (
+            self.obs.episode,
+            self.obs.step,
+            self.obs.seq,
+            self.obs.time_ns,
+        );
         self.safety.reset();
         self.safety.clear_estop();
+        if let Some(f) = &self.estop_flag {
+            f.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         if let PolicyDriver::Inline { policy, .. } = &mut self.driver {
             policy.reset();
         }
-        self.episode = EpisodeSummary { episode: self.obs.episode, seed: Some(seed), ..Default::default() };
+        self.episode = EpisodeSummary {
+            episode: self.obs.episode,
+            seed: Some(seed),
+            ..Default::default()
+        };
         self.started = true;
         Ok(())
     }
@@ -478,7 +507,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
 
     fn maybe_request(&mut self, t: Duration) {
         let Some(cs) = self.chunk_spec else { return };
-        let need = self.chunks.is_empty() || self.since_chunk >= cs.execute;
+        // A thread delivers its chunk a tick or more after the request, so it is asked one tick
+        // early; an inline policy answers at once.
+        let lead = matches!(self.driver, PolicyDriver::Thread(_)) as usize;
+        let need = self.chunks.is_empty() || self.since_chunk + lead >= cs.execute;
         if !need || self.intervening {
             return;
         }
@@ -486,22 +518,24 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             PolicyDriver::Thread(pt) => {
                 // Keep the newest observation flowing to the policy while a request is open: it
                 // always infers from the freshest state.
-                pt.request(t, &self.obs, self.generation);
+                pt.request(t, self.schedule.period(), &self.obs, self.generation);
                 self.request_pending = true;
             }
-            PolicyDriver::Inline { policy, chunk } => match policy.infer(&self.obs, &mut chunk.data) {
-                Ok(()) => {
-                    chunk.t_start = t;
-                    chunk.dt = self.schedule.period();
-                    chunk.len = cs.len;
-                    chunk.dim = cs.dim;
-                    chunk.seq += 1;
-                    self.chunks.push(chunk);
-                    self.stats.chunks += 1;
-                    self.since_chunk = 0;
+            PolicyDriver::Inline { policy, chunk } => {
+                match policy.infer(&self.obs, &mut chunk.data) {
+                    Ok(()) => {
+                        chunk.t_start = t;
+                        chunk.dt = self.schedule.period();
+                        chunk.len = cs.len;
+                        chunk.dim = cs.dim;
+                        chunk.seq += 1;
+                        self.chunks.push(chunk);
+                        self.stats.chunks += 1;
+                        self.since_chunk = 0;
+                    }
+                    Err(e) => tracing::warn!("{e}"),
                 }
-                Err(e) => tracing::warn!("{e}"),
-            },
+            }
             PolicyDriver::None => {}
         }
     }
@@ -516,10 +550,22 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let lateness = woke.saturating_sub(deadline);
         let t = woke;
 
+        if let Some(f) = &self.estop_flag {
+            if f.load(std::sync::atomic::Ordering::Relaxed) && !self.safety.estopped() {
+                tracing::warn!("emergency stop: holding until the next episode");
+                self.safety.estop();
+            }
+        }
+
         // Observe.
         let o = self.robot.observe()?;
         self.obs.copy_from(o);
-        let k = (self.obs.episode, self.obs.step, self.obs.seq, self.obs.time_ns);
+        let k = (
+            self.obs.episode,
+            self.obs.step,
+            self.obs.seq,
+            self.obs.time_ns,
+        );
         if k != self.last_obs_key {
             self.last_obs_key = k;
             self.last_obs_change = t;
@@ -565,7 +611,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         // Choose.
         let mut source;
         if self.intervening {
-            let m = self.teleop.as_ref().expect("intervening implies a teleop input").get();
+            let m = self
+                .teleop
+                .as_ref()
+                .expect("intervening implies a teleop input")
+                .get();
             if m.action.len() == self.action.len() {
                 self.action.copy_from_slice(&m.action);
             } else {
@@ -606,11 +656,17 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             [s[0] as f64, s[1] as f64, s[2] as f64]
         });
         let input = SafetyInput {
-            joint_pos: self.joint_field.as_ref().map(|r| &self.obs.state[r.clone()]),
+            joint_pos: self
+                .joint_field
+                .as_ref()
+                .map(|r| &self.obs.state[r.clone()]),
             ee_pos: ee,
             obs_age: t.saturating_sub(self.last_obs_change),
-            policy_age: (!self.intervening && self.chunk_spec.is_some()).then(|| t.saturating_sub(self.last_policy_ok)),
-            teleop_age: self.intervening.then(|| t.saturating_sub(self.last_teleop_change)),
+            policy_age: (!self.intervening && self.chunk_spec.is_some())
+                .then(|| t.saturating_sub(self.last_policy_ok)),
+            teleop_age: self
+                .intervening
+                .then(|| t.saturating_sub(self.last_teleop_change)),
         };
         let verdict = self.safety.filter(&mut self.action, &self.hold, &input);
         if verdict.held {

@@ -19,7 +19,11 @@ pub struct Histogram {
 
 impl std::fmt::Debug for Histogram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Histogram").field("count", &self.count).field("min_ns", &self.min_ns).field("max_ns", &self.max_ns).finish()
+        f.debug_struct("Histogram")
+            .field("count", &self.count)
+            .field("min_ns", &self.min_ns)
+            .field("max_ns", &self.max_ns)
+            .finish()
     }
 }
 
@@ -51,7 +55,13 @@ fn bucket_low(b: usize) -> u64 {
 impl Histogram {
     /// An empty histogram (allocates its fixed bucket array once).
     pub fn new() -> Self {
-        Histogram { counts: Box::new([0; BUCKETS]), count: 0, sum_ns: 0, min_ns: u64::MAX, max_ns: 0 }
+        Histogram {
+            counts: Box::new([0; BUCKETS]),
+            count: 0,
+            sum_ns: 0,
+            min_ns: u64::MAX,
+            max_ns: 0,
+        }
     }
 
     /// Records one value.
@@ -77,7 +87,11 @@ impl Histogram {
 
     /// Mean of the values recorded.
     pub fn mean(&self) -> Duration {
-        if self.count == 0 { Duration::ZERO } else { Duration::from_nanos((self.sum_ns / self.count as u128) as u64) }
+        if self.count == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_nanos((self.sum_ns / self.count as u128) as u64)
+        }
     }
 
     /// The `p`-th percentile (0-100): the lower edge of the bucket holding that rank, clamped to
@@ -135,7 +149,10 @@ mod tests {
                 last = b;
             }
             assert!(bucket_low(b) <= v, "low edge {} above {v}", bucket_low(b));
-            assert!(b + 1 >= BUCKETS || bucket_low(b + 1) > v, "value {v} beyond bucket {b}");
+            assert!(
+                b + 1 >= BUCKETS || bucket_low(b + 1) > v,
+                "value {v} beyond bucket {b}"
+            );
         }
     }
 

@@ -31,6 +31,7 @@ pub mod safety;
 pub mod schedule;
 pub mod status;
 pub mod teleop;
+pub mod testkit;
 pub mod triple;
 
 /// The types most users need, in one import.

@@ -98,14 +98,32 @@ pub struct OutboxReceiver {
 }
 
 /// An outbox of `capacity` transition buffers sized for the given dimensions.
-pub fn outbox(capacity: usize, state_dim: usize, action_dim: usize) -> (OutboxSender, OutboxReceiver) {
+pub fn outbox(
+    capacity: usize,
+    state_dim: usize,
+    action_dim: usize,
+) -> (OutboxSender, OutboxReceiver) {
     let (tx, rx) = channel::bounded(capacity);
     let (free_tx, free_rx) = channel::bounded(capacity);
     for _ in 0..capacity {
-        free_tx.send(Box::new(Transition::with_dims(state_dim, action_dim))).expect("room for every buffer");
+        free_tx
+            .send(Box::new(Transition::with_dims(state_dim, action_dim)))
+            .expect("room for every buffer");
     }
     let dropped = Arc::new(AtomicU64::new(0));
-    (OutboxSender { free: free_rx, tx, dropped: dropped.clone(), sent: 0 }, OutboxReceiver { rx, free: free_tx, dropped })
+    (
+        OutboxSender {
+            free: free_rx,
+            tx,
+            dropped: dropped.clone(),
+            sent: 0,
+        },
+        OutboxReceiver {
+            rx,
+            free: free_tx,
+            dropped,
+        },
+    )
 }
 
 impl OutboxSender {

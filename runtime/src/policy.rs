@@ -56,6 +56,8 @@ pub struct TimedObs {
     pub obs: Observation,
     /// Episode generation: chunks from an older generation are discarded by the loop.
     pub generation: u64,
+    /// The loop period: the spacing of the chunk's actions.
+    pub dt: Duration,
 }
 
 /// A chunk with the generation of the observation it came from.
@@ -95,8 +97,17 @@ impl PolicyThread {
     /// does not allocate when it hands observations over).
     pub fn spawn(mut policy: Box<dyn Policy>, obs_template: &Observation) -> Self {
         let spec = policy.chunk_spec();
-        let (obs_tx, mut obs_rx) = triple(TimedObs { t: Duration::ZERO, obs: obs_template.clone(), generation: 0 });
-        let mut chunk_template = TimedChunk { chunk: ActionChunk::with_capacity(spec.len, spec.dim), generation: 0, latency: Duration::ZERO };
+        let (obs_tx, mut obs_rx) = triple(TimedObs {
+            t: Duration::ZERO,
+            obs: obs_template.clone(),
+            generation: 0,
+            dt: Duration::ZERO,
+        });
+        let mut chunk_template = TimedChunk {
+            chunk: ActionChunk::with_capacity(spec.len, spec.dim),
+            generation: 0,
+            latency: Duration::ZERO,
+        };
         chunk_template.chunk.data.resize(spec.len * spec.dim, 0.0);
         let (mut chunk_tx, chunk_rx) = triple(chunk_template);
         let stop = Arc::new(AtomicBool::new(false));
@@ -120,12 +131,14 @@ impl PolicyThread {
                         Ok(()) => {
                             seq += 1;
                             slot.chunk.t_start = o.t;
+                            slot.chunk.dt = o.dt;
                             slot.chunk.len = spec.len;
                             slot.chunk.dim = spec.dim;
                             slot.chunk.seq = seq;
                             slot.generation = o.generation;
                             slot.latency = t0.elapsed();
-                            st.last_latency_ns.store(slot.latency.as_nanos() as u64, Ordering::Relaxed);
+                            st.last_latency_ns
+                                .store(slot.latency.as_nanos() as u64, Ordering::Relaxed);
                             st.chunks.fetch_add(1, Ordering::Relaxed);
                             chunk_tx.publish();
                         }
@@ -137,7 +150,14 @@ impl PolicyThread {
                 }
             })
             .expect("spawn the policy thread");
-        PolicyThread { obs_tx, chunk_rx, stop, stats, thread: Some(thread), spec }
+        PolicyThread {
+            obs_tx,
+            chunk_rx,
+            stop,
+            stats,
+            thread: Some(thread),
+            spec,
+        }
     }
 
     /// The chunk shape.
@@ -145,10 +165,12 @@ impl PolicyThread {
         self.spec
     }
 
-    /// Hands the newest observation to the policy (never blocks; copies into a preallocated slot).
-    pub fn request(&mut self, t: Duration, obs: &Observation, generation: u64) {
+    /// Hands the newest observation (taken at loop time `t`; the loop ticks every `dt`) to the
+    /// policy. Never blocks; copies into a preallocated slot.
+    pub fn request(&mut self, t: Duration, dt: Duration, obs: &Observation, generation: u64) {
         let slot = self.obs_tx.slot();
         slot.t = t;
+        slot.dt = dt;
         slot.generation = generation;
         slot.obs.copy_from(obs);
         self.obs_tx.publish();
@@ -159,7 +181,11 @@ impl PolicyThread {
 
     /// A new chunk, if one arrived since the last call.
     pub fn poll(&mut self) -> Option<&TimedChunk> {
-        if self.chunk_rx.update() { Some(self.chunk_rx.get()) } else { None }
+        if self.chunk_rx.update() {
+            Some(self.chunk_rx.get())
+        } else {
+            None
+        }
     }
 
     /// Counters.

@@ -48,8 +48,19 @@ impl LinearResidual {
     /// A residual starting at exactly zero (all weights zero), and the writer for new weights.
     pub fn new(obs_dim: usize, dim: usize, scale: f32) -> (Self, WeightsWriter) {
         let n = dim * (obs_dim + dim) + dim;
-        let (w, r) = triple(Weights { version: 0, values: vec![0.0; n] });
-        (LinearResidual { obs_dim, dim, scale, weights: r }, WeightsWriter(w))
+        let (w, r) = triple(Weights {
+            version: 0,
+            values: vec![0.0; n],
+        });
+        (
+            LinearResidual {
+                obs_dim,
+                dim,
+                scale,
+                weights: r,
+            },
+            WeightsWriter(w),
+        )
     }
 
     /// Number of parameters.

@@ -46,7 +46,14 @@ pub fn apply(cfg: &RtConfig) -> Vec<RtReport> {
             out.push(RtReport {
                 setting: format!("SCHED_FIFO priority {p}"),
                 ok: r == 0,
-                detail: if r == 0 { "set".into() } else { format!("refused ({}); give the process CAP_SYS_NICE or an rtprio limit", errno()) },
+                detail: if r == 0 {
+                    "set".into()
+                } else {
+                    format!(
+                        "refused ({}); give the process CAP_SYS_NICE or an rtprio limit",
+                        errno()
+                    )
+                },
             });
         }
         if let Some(cpu) = cfg.cpu {
@@ -60,7 +67,11 @@ pub fn apply(cfg: &RtConfig) -> Vec<RtReport> {
             out.push(RtReport {
                 setting: format!("pin to CPU {cpu}"),
                 ok: r == 0,
-                detail: if r == 0 { "pinned".into() } else { format!("refused ({})", errno()) },
+                detail: if r == 0 {
+                    "pinned".into()
+                } else {
+                    format!("refused ({})", errno())
+                },
             });
         }
         if cfg.mlockall {
@@ -69,14 +80,25 @@ pub fn apply(cfg: &RtConfig) -> Vec<RtReport> {
             out.push(RtReport {
                 setting: "mlockall".into(),
                 ok: r == 0,
-                detail: if r == 0 { "memory locked".into() } else { format!("refused ({}); raise the memlock limit or add CAP_IPC_LOCK", errno()) },
+                detail: if r == 0 {
+                    "memory locked".into()
+                } else {
+                    format!(
+                        "refused ({}); raise the memlock limit or add CAP_IPC_LOCK",
+                        errno()
+                    )
+                },
             });
         }
     }
     #[cfg(not(target_os = "linux"))]
     {
         if cfg.fifo_priority.is_some() || cfg.cpu.is_some() || cfg.mlockall {
-            out.push(RtReport { setting: "real-time settings".into(), ok: false, detail: "only implemented on Linux".into() });
+            out.push(RtReport {
+                setting: "real-time settings".into(),
+                ok: false,
+                detail: "only implemented on Linux".into(),
+            });
         }
     }
     for r in &out {

@@ -89,14 +89,29 @@ impl Validate for SafetyConfig {
         in_range(p, "max_ee_step_m", self.max_ee_step_m, 1e-4, 0.5)?;
         in_range(p, "max_gripper_step_m", self.max_gripper_step_m, 1e-4, 1.0)?;
         in_range(p, "obs_timeout_ms", self.obs_timeout_ms, 1.0, 60_000.0)?;
-        in_range(p, "policy_timeout_ms", self.policy_timeout_ms, 1.0, 60_000.0)?;
-        in_range(p, "teleop_timeout_ms", self.teleop_timeout_ms, 1.0, 60_000.0)?;
+        in_range(
+            p,
+            "policy_timeout_ms",
+            self.policy_timeout_ms,
+            1.0,
+            60_000.0,
+        )?;
+        in_range(
+            p,
+            "teleop_timeout_ms",
+            self.teleop_timeout_ms,
+            1.0,
+            60_000.0,
+        )?;
         for i in 0..3 {
             if self.workspace_min_m[i] >= self.workspace_max_m[i] {
                 return Err(Invalid {
                     key: key(p, "workspace_min_m"),
                     value: format!("{:?}", self.workspace_min_m),
-                    allowed: format!("each component below workspace_max_m = {:?}", self.workspace_max_m),
+                    allowed: format!(
+                        "each component below workspace_max_m = {:?}",
+                        self.workspace_max_m
+                    ),
                 });
             }
         }
@@ -161,7 +176,10 @@ pub struct SafetyCounters(pub [u64; 8]);
 impl SafetyCounters {
     /// Count of one kind.
     pub fn get(&self, e: SafetyEvent) -> u64 {
-        self.0[SafetyEvent::ALL.iter().position(|x| *x == e).expect("listed")]
+        self.0[SafetyEvent::ALL
+            .iter()
+            .position(|x| *x == e)
+            .expect("listed")]
     }
 
     fn bump(&mut self, flags: u32) {
@@ -286,10 +304,16 @@ impl Safety {
         if Self::ms(input.obs_age) > self.cfg.obs_timeout_ms {
             flags |= SafetyEvent::ObsStale as u32;
         }
-        if input.policy_age.is_some_and(|a| Self::ms(a) > self.cfg.policy_timeout_ms) {
+        if input
+            .policy_age
+            .is_some_and(|a| Self::ms(a) > self.cfg.policy_timeout_ms)
+        {
             flags |= SafetyEvent::PolicyStale as u32;
         }
-        if input.teleop_age.is_some_and(|a| Self::ms(a) > self.cfg.teleop_timeout_ms) {
+        if input
+            .teleop_age
+            .is_some_and(|a| Self::ms(a) > self.cfg.teleop_timeout_ms)
+        {
             flags |= SafetyEvent::TeleopStale as u32;
         }
         if action.iter().any(|x| !x.is_finite()) {
@@ -349,10 +373,18 @@ impl Safety {
             }
             ActionKind::JointAbs => {
                 // Relative to the last command, or to the measured position at an episode start.
-                let reference: Option<&[f32]> = if self.have_last { Some(&self.last) } else { input.joint_pos };
+                let reference: Option<&[f32]> = if self.have_last {
+                    Some(&self.last)
+                } else {
+                    input.joint_pos
+                };
                 if let Some(r) = reference {
                     for (i, v) in action.iter_mut().enumerate().take(r.len().min(n)) {
-                        let max = if i + 1 == n { self.cfg.max_gripper_step_m } else { self.cfg.max_joint_step_rad };
+                        let max = if i + 1 == n {
+                            self.cfg.max_gripper_step_m
+                        } else {
+                            self.cfg.max_joint_step_rad
+                        };
                         let mut d = *v - r[i];
                         clip(&mut d, max);
                         *v = r[i] + d;
@@ -361,7 +393,11 @@ impl Safety {
             }
             ActionKind::Box => {}
         }
-        if hit { SafetyEvent::StepLimit as u32 } else { 0 }
+        if hit {
+            SafetyEvent::StepLimit as u32
+        } else {
+            0
+        }
     }
 
     fn in_box(&self, p: [f64; 3]) -> bool {
@@ -376,14 +412,19 @@ impl Safety {
                 let mut hit = false;
                 for i in 0..3 {
                     let target = p[i] + action[i] as f64;
-                    let clamped = target.clamp(self.cfg.workspace_min_m[i], self.cfg.workspace_max_m[i]);
+                    let clamped =
+                        target.clamp(self.cfg.workspace_min_m[i], self.cfg.workspace_max_m[i]);
                     if clamped != target {
                         // Outside already: allow only steps back towards the box.
                         action[i] = (clamped - p[i]) as f32;
                         hit = true;
                     }
                 }
-                if hit { SafetyEvent::Workspace as u32 } else { 0 }
+                if hit {
+                    SafetyEvent::Workspace as u32
+                } else {
+                    0
+                }
             }
             ActionKind::JointAbs | ActionKind::JointDelta => {
                 let Some(chain) = &self.chain else { return 0 };
@@ -423,7 +464,13 @@ mod tests {
     }
 
     fn input(ee: [f64; 3]) -> SafetyInput<'static> {
-        SafetyInput { joint_pos: None, ee_pos: Some(ee), obs_age: Duration::ZERO, policy_age: Some(Duration::ZERO), teleop_age: None }
+        SafetyInput {
+            joint_pos: None,
+            ee_pos: Some(ee),
+            obs_age: Duration::ZERO,
+            policy_age: Some(Duration::ZERO),
+            teleop_age: None,
+        }
     }
 
     const HOLD: [f32; 4] = [0.0, 0.0, 0.0, 0.03];
@@ -455,7 +502,10 @@ mod tests {
 
     #[test]
     fn workspace_box_clips_steps_that_leave_it() {
-        let cfg = SafetyConfig { workspace_max_m: [0.3, 0.3, 0.3], ..Default::default() };
+        let cfg = SafetyConfig {
+            workspace_max_m: [0.3, 0.3, 0.3],
+            ..Default::default()
+        };
         let mut s = Safety::new(cfg, &ee_spec(), None);
         let mut a = [0.02, 0.0, -0.01, 0.03];
         let v = s.filter(&mut a, &HOLD, &input([0.29, 0.0, 0.1]));
@@ -466,11 +516,25 @@ mod tests {
 
     #[test]
     fn position_limits_clamp_absolute_joint_targets_and_step_limits_apply() {
-        let spec = ActionSpec { kind: ActionKind::JointAbs, names: vec!["j".into(), "g".into()], low: vec![-1.0, 0.0], high: vec![1.0, 0.07] };
-        let cfg = SafetyConfig { max_joint_step_rad: 0.1, ..Default::default() };
+        let spec = ActionSpec {
+            kind: ActionKind::JointAbs,
+            names: vec!["j".into(), "g".into()],
+            low: vec![-1.0, 0.0],
+            high: vec![1.0, 0.07],
+        };
+        let cfg = SafetyConfig {
+            max_joint_step_rad: 0.1,
+            ..Default::default()
+        };
         let mut s = Safety::new(cfg, &spec, None);
         let q = [0.95f32, 0.03];
-        let inp = SafetyInput { joint_pos: Some(&q), ee_pos: None, obs_age: Duration::ZERO, policy_age: None, teleop_age: None };
+        let inp = SafetyInput {
+            joint_pos: Some(&q),
+            ee_pos: None,
+            obs_age: Duration::ZERO,
+            policy_age: None,
+            teleop_age: None,
+        };
         let mut a = [1.5, 0.03];
         let v = s.filter(&mut a, &[0.95, 0.03], &inp);
         assert!(v.has(SafetyEvent::PositionLimit));
@@ -486,13 +550,35 @@ mod tests {
         let mut s = Safety::new(SafetyConfig::default(), &ee_spec(), None);
         let base = input([0.2, 0.0, 0.1]);
         let mut a = [0.01, 0.0, 0.0, 0.03];
-        let v = s.filter(&mut a, &HOLD, &SafetyInput { obs_age: Duration::from_millis(101), ..base });
+        let v = s.filter(
+            &mut a,
+            &HOLD,
+            &SafetyInput {
+                obs_age: Duration::from_millis(101),
+                ..base
+            },
+        );
         assert!(v.held && v.has(SafetyEvent::ObsStale));
         let mut a = [0.01, 0.0, 0.0, 0.03];
-        let v = s.filter(&mut a, &HOLD, &SafetyInput { policy_age: Some(Duration::from_millis(600)), ..base });
+        let v = s.filter(
+            &mut a,
+            &HOLD,
+            &SafetyInput {
+                policy_age: Some(Duration::from_millis(600)),
+                ..base
+            },
+        );
         assert!(v.held && v.has(SafetyEvent::PolicyStale));
         let mut a = [0.01, 0.0, 0.0, 0.03];
-        let v = s.filter(&mut a, &HOLD, &SafetyInput { policy_age: None, teleop_age: Some(Duration::from_millis(250)), ..base });
+        let v = s.filter(
+            &mut a,
+            &HOLD,
+            &SafetyInput {
+                policy_age: None,
+                teleop_age: Some(Duration::from_millis(250)),
+                ..base
+            },
+        );
         assert!(v.held && v.has(SafetyEvent::TeleopStale));
         s.estop();
         let mut a = [0.01, 0.0, 0.0, 0.03];
@@ -510,10 +596,26 @@ mod tests {
             <axis xyz="0 1 0"/><limit lower="-3" upper="3" effort="1" velocity="1"/></joint>
           <joint name="t" type="fixed"><parent link="l1"/><child link="tip"/><origin xyz="0 0 0.2"/></joint></robot>"#;
         let chain = Chain::from_urdf_str(ARM, "t", "base", "tip").unwrap();
-        let spec = ActionSpec { kind: ActionKind::JointAbs, names: vec!["j".into(), "g".into()], low: vec![-3.0, 0.0], high: vec![3.0, 0.1] };
-        let cfg = SafetyConfig { max_joint_step_rad: 3.0, workspace_min_m: [0.05, -1.0, 0.0], workspace_max_m: [1.0, 1.0, 1.0], ..Default::default() };
+        let spec = ActionSpec {
+            kind: ActionKind::JointAbs,
+            names: vec!["j".into(), "g".into()],
+            low: vec![-3.0, 0.0],
+            high: vec![3.0, 0.1],
+        };
+        let cfg = SafetyConfig {
+            max_joint_step_rad: 3.0,
+            workspace_min_m: [0.05, -1.0, 0.0],
+            workspace_max_m: [1.0, 1.0, 1.0],
+            ..Default::default()
+        };
         let mut s = Safety::new(cfg, &spec, Some(chain));
-        let inp = SafetyInput { joint_pos: None, ee_pos: None, obs_age: Duration::ZERO, policy_age: None, teleop_age: None };
+        let inp = SafetyInput {
+            joint_pos: None,
+            ee_pos: None,
+            obs_age: Duration::ZERO,
+            policy_age: None,
+            teleop_age: None,
+        };
         // Tip at (0.2 sin q, 0, 0.1 + 0.2 cos q): q = 1 is in front (x = 0.168), q = -1 behind.
         let mut a = [1.0, 0.0];
         assert_eq!(s.filter(&mut a, &[0.5, 0.0], &inp).flags, 0);

@@ -41,7 +41,14 @@ impl Schedule {
     /// A schedule whose first tick is due at `start`.
     pub fn new(period: Duration, catch_up: CatchUp, start: Duration) -> Self {
         assert!(!period.is_zero(), "period must be positive");
-        Schedule { period, catch_up, next: start, tick: 0, missed: 0, overruns: 0 }
+        Schedule {
+            period,
+            catch_up,
+            next: start,
+            tick: 0,
+            missed: 0,
+            overruns: 0,
+        }
     }
 
     /// The period.
@@ -87,7 +94,11 @@ impl Schedule {
         }
         self.missed += missed;
         self.next = next;
-        Next { deadline: next, missed, overrun }
+        Next {
+            deadline: next,
+            missed,
+            overrun,
+        }
     }
 }
 
@@ -102,7 +113,14 @@ mod tests {
         let mut s = Schedule::new(10 * MS, CatchUp::Skip, Duration::ZERO);
         for i in 1..=5u32 {
             let n = s.finish((i - 1) * 10 * MS + 2 * MS);
-            assert_eq!(n, Next { deadline: i * 10 * MS, missed: 0, overrun: false });
+            assert_eq!(
+                n,
+                Next {
+                    deadline: i * 10 * MS,
+                    missed: 0,
+                    overrun: false
+                }
+            );
         }
         assert_eq!((s.ticks(), s.missed(), s.overruns()), (5, 0, 0));
     }
@@ -112,10 +130,24 @@ mod tests {
         let mut s = Schedule::new(10 * MS, CatchUp::Skip, Duration::ZERO);
         // The step due at 0 runs until 35 ms: ticks at 10, 20 and 30 are gone.
         let n = s.finish(35 * MS);
-        assert_eq!(n, Next { deadline: 40 * MS, missed: 3, overrun: true });
+        assert_eq!(
+            n,
+            Next {
+                deadline: 40 * MS,
+                missed: 3,
+                overrun: true
+            }
+        );
         // Finishing exactly on the next deadline is not an overrun.
         let n = s.finish(50 * MS);
-        assert_eq!(n, Next { deadline: 50 * MS, missed: 0, overrun: false });
+        assert_eq!(
+            n,
+            Next {
+                deadline: 50 * MS,
+                missed: 0,
+                overrun: false
+            }
+        );
         assert_eq!((s.missed(), s.overruns()), (3, 1));
     }
 
@@ -123,12 +155,26 @@ mod tests {
     fn burst_runs_missed_ticks_back_to_back() {
         let mut s = Schedule::new(10 * MS, CatchUp::Burst, Duration::ZERO);
         let n = s.finish(35 * MS);
-        assert_eq!(n, Next { deadline: 10 * MS, missed: 0, overrun: true });
+        assert_eq!(
+            n,
+            Next {
+                deadline: 10 * MS,
+                missed: 0,
+                overrun: true
+            }
+        );
         // Deadlines at 10, 20, 30 are already past: the loop does not sleep until it is back.
         assert_eq!(s.finish(36 * MS).deadline, 20 * MS);
         assert_eq!(s.finish(37 * MS).deadline, 30 * MS);
         assert_eq!(s.finish(38 * MS).deadline, 40 * MS);
-        assert_eq!(s.finish(41 * MS), Next { deadline: 50 * MS, missed: 0, overrun: false });
+        assert_eq!(
+            s.finish(41 * MS),
+            Next {
+                deadline: 50 * MS,
+                missed: 0,
+                overrun: false
+            }
+        );
         assert_eq!(s.missed(), 0);
     }
 }

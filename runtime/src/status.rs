@@ -28,7 +28,10 @@ pub fn to_msg(robot: &str, s: &LoopStatus) -> StatusMsg {
         overruns: s.overruns,
         missed: s.missed,
         holds_no_chunk: s.holds_no_chunk,
-        safety: SafetyEvent::ALL.iter().map(|e| (e.name().to_string(), s.safety.get(*e))).collect(),
+        safety: SafetyEvent::ALL
+            .iter()
+            .map(|e| (e.name().to_string(), s.safety.get(*e)))
+            .collect(),
         chunk_age_ms: s.chunk_age_ms,
         intervening: s.intervening,
         episode: s.episode,
@@ -49,7 +52,12 @@ pub struct StatusPublisher {
 }
 
 /// Publishes each new snapshot on `reflex/<robot>/status`, checking every `poll`.
-pub fn spawn_publisher(session: zenoh::Session, keys: Keys, mut reader: Reader<LoopStatus>, poll: Duration) -> StatusPublisher {
+pub fn spawn_publisher(
+    session: zenoh::Session,
+    keys: Keys,
+    mut reader: Reader<LoopStatus>,
+    poll: Duration,
+) -> StatusPublisher {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::Builder::new()
@@ -73,7 +81,10 @@ pub fn spawn_publisher(session: zenoh::Session, keys: Keys, mut reader: Reader<L
             }
         })
         .expect("spawn the status thread");
-    StatusPublisher { stop, thread: Some(thread) }
+    StatusPublisher {
+        stop,
+        thread: Some(thread),
+    }
 }
 
 impl Drop for StatusPublisher {

@@ -17,7 +17,11 @@ pub struct TeleopReader(Reader<TeleopMsg>);
 
 /// A teleop channel for actions of `dim` components.
 pub fn teleop_channel(dim: usize) -> (TeleopWriter, TeleopReader) {
-    let (w, r) = triple(TeleopMsg { v: msg::PROTOCOL_VERSION, action: vec![0.0; dim], ..Default::default() });
+    let (w, r) = triple(TeleopMsg {
+        v: msg::PROTOCOL_VERSION,
+        action: vec![0.0; dim],
+        ..Default::default()
+    });
     (TeleopWriter(w), TeleopReader(r))
 }
 
@@ -59,13 +63,15 @@ pub fn subscribe(
     let writer = Arc::new(Mutex::new(writer));
     session
         .declare_subscriber(keys.teleop.clone())
-        .callback(move |sample| match msg::decode::<TeleopMsg>(&key, &sample.payload().to_bytes()) {
-            Ok(m) => {
-                if let Ok(mut w) = writer.lock() {
-                    w.send(&m);
+        .callback(move |sample| {
+            match msg::decode::<TeleopMsg>(&key, &sample.payload().to_bytes()) {
+                Ok(m) => {
+                    if let Ok(mut w) = writer.lock() {
+                        w.send(&m);
+                    }
                 }
+                Err(e) => tracing::warn!("{e}"),
             }
-            Err(e) => tracing::warn!("{e}"),
         })
         .wait()
 }

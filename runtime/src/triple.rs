@@ -39,10 +39,20 @@ unsafe impl<T: Send> Send for Reader<T> {}
 /// A triple buffer whose three slots start as clones of `initial` (preallocate buffers here).
 pub fn triple<T: Clone + Send>(initial: T) -> (Writer<T>, Reader<T>) {
     let shared = Arc::new(Shared {
-        slots: [UnsafeCell::new(initial.clone()), UnsafeCell::new(initial.clone()), UnsafeCell::new(initial)],
+        slots: [
+            UnsafeCell::new(initial.clone()),
+            UnsafeCell::new(initial.clone()),
+            UnsafeCell::new(initial),
+        ],
         middle: AtomicU8::new(1),
     });
-    (Writer { shared: shared.clone(), index: 0 }, Reader { shared, index: 2 })
+    (
+        Writer {
+            shared: shared.clone(),
+            index: 0,
+        },
+        Reader { shared, index: 2 },
+    )
 }
 
 impl<T> Writer<T> {
@@ -54,7 +64,10 @@ impl<T> Writer<T> {
 
     /// Makes the slot visible to the reader; the writer continues in another slot.
     pub fn publish(&mut self) {
-        let prev = self.shared.middle.swap(self.index | DIRTY, Ordering::AcqRel);
+        let prev = self
+            .shared
+            .middle
+            .swap(self.index | DIRTY, Ordering::AcqRel);
         self.index = prev & INDEX;
     }
 
@@ -118,7 +131,10 @@ mod tests {
         let mut last = 0;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while last < 20_000 {
-            assert!(std::time::Instant::now() < deadline, "reader never saw the last value");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "reader never saw the last value"
+            );
             if r.update() {
                 let v = r.get();
                 assert!(v.iter().all(|x| *x == v[0]), "torn read");

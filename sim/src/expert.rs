@@ -447,3 +447,54 @@ impl Expert {
         }
     }
 }
+
+/// The scripted expert behind the loop's [`reflex_runtime::policy::Policy`] interface: each chunk
+/// is the expert's action for the observation, repeated `len` times (the loop asks again after
+/// one step, so a late chunk still has an action for the next tick).
+pub struct ExpertPolicy {
+    expert: Expert,
+    dim: usize,
+    len: usize,
+}
+
+impl ExpertPolicy {
+    /// An expert policy for the robot described by `spec`.
+    pub fn new(spec: &RobotSpec, noise: f64, seed: u64, len: usize) -> Result<Self, ExpertError> {
+        Ok(ExpertPolicy {
+            expert: Expert::new(spec, noise, seed)?,
+            dim: spec.action.dim(),
+            len: len.max(1),
+        })
+    }
+}
+
+impl reflex_runtime::policy::Policy for ExpertPolicy {
+    fn name(&self) -> &str {
+        "scripted-expert"
+    }
+
+    fn chunk_spec(&self) -> reflex_runtime::policy::ChunkSpec {
+        reflex_runtime::policy::ChunkSpec {
+            len: self.len,
+            execute: 1,
+            dim: self.dim,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.expert.reset();
+    }
+
+    fn infer(
+        &mut self,
+        obs: &Observation,
+        out: &mut [f32],
+    ) -> Result<(), reflex_runtime::policy::PolicyError> {
+        let (first, rest) = out.split_at_mut(self.dim);
+        self.expert.act(obs, first);
+        for chunk in rest.chunks_mut(self.dim) {
+            chunk.copy_from_slice(first);
+        }
+        Ok(())
+    }
+}

@@ -1,8 +1,15 @@
 //! Whole-system tests of reflex. One test binary (every file directly in tests/ would link the
 //! whole dependency tree again); each module is one subject.
 
+mod alloc_count;
 mod bus;
 mod cli;
 mod common;
+mod control;
 mod gym_bridge;
 mod sim_tasks;
+
+/// Every allocation in this test binary goes through a counter that only counts on threads that
+/// asked for it (see `alloc_count`).
+#[global_allocator]
+static ALLOCATOR: alloc_count::Counting = alloc_count::Counting;

@@ -1,0 +1,161 @@
+//! Robots and policies for tests and benchmarks of the loop itself: they do no work and allocate
+//! nothing per step, so what is measured is the runtime.
+
+use crate::msg::{ActionKind, ActionSpec, Observation, PROTOCOL_VERSION, RobotSpec, StateField};
+use crate::policy::{ChunkSpec, Policy, PolicyError};
+use crate::robot::{Robot, RobotError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// A robot with an `ee_delta`-shaped action space that integrates its commands into a position,
+/// publishes a new observation per command, and can be told to freeze its observations (to test
+/// the watchdog) from another thread.
+pub struct NullRobot {
+    spec: RobotSpec,
+    obs: Observation,
+    /// Commands received.
+    pub commands: Arc<AtomicU64>,
+    /// While set, `observe` keeps returning the last observation unchanged.
+    pub freeze: Arc<AtomicBool>,
+    last: Vec<f32>,
+    episode_steps: u32,
+}
+
+impl NullRobot {
+    /// A robot with `state_dim` state values (the first three are the end-effector position) and
+    /// an action of 4 components (dx, dy, dz, gripper). `episode_steps` = 0 means never-ending
+    /// episodes.
+    pub fn new(name: &str, state_dim: usize, episode_steps: u32) -> Self {
+        assert!(state_dim >= 3);
+        let mut state = vec![StateField {
+            name: "ee_pos".into(),
+            size: 3,
+            unit: "m".into(),
+        }];
+        if state_dim > 3 {
+            state.push(StateField {
+                name: "rest".into(),
+                size: (state_dim - 3) as u32,
+                unit: "".into(),
+            });
+        }
+        let spec = RobotSpec {
+            v: PROTOCOL_VERSION,
+            name: name.into(),
+            kind: "test/null".into(),
+            control_hz: 1000.0,
+            lockstep: false,
+            state,
+            action: ActionSpec {
+                kind: ActionKind::EeDelta,
+                names: vec![
+                    "dx_m".into(),
+                    "dy_m".into(),
+                    "dz_m".into(),
+                    "gripper_m".into(),
+                ],
+                low: vec![-0.02, -0.02, -0.02, 0.0],
+                high: vec![0.02, 0.02, 0.02, 0.07],
+            },
+            cameras: vec![],
+            joints: vec![],
+            max_episode_steps: episode_steps,
+        };
+        let mut obs = Observation {
+            v: PROTOCOL_VERSION,
+            state: vec![0.0; state_dim],
+            ..Default::default()
+        };
+        obs.state[..3].copy_from_slice(&[0.2, 0.0, 0.1]);
+        NullRobot {
+            spec,
+            obs,
+            commands: Arc::new(AtomicU64::new(0)),
+            freeze: Arc::new(AtomicBool::new(false)),
+            last: vec![0.0; 4],
+            episode_steps,
+        }
+    }
+
+    /// The last command received.
+    pub fn last_command(&self) -> &[f32] {
+        &self.last
+    }
+}
+
+impl Robot for NullRobot {
+    fn spec(&self) -> &RobotSpec {
+        &self.spec
+    }
+
+    fn reset(&mut self, _seed: Option<u64>) -> Result<&Observation, RobotError> {
+        self.obs.episode += 1;
+        self.obs.step = 0;
+        self.obs.truncated = false;
+        self.obs.state[..3].copy_from_slice(&[0.2, 0.0, 0.1]);
+        Ok(&self.obs)
+    }
+
+    fn command(&mut self, action: &[f32]) -> Result<(), RobotError> {
+        self.last.copy_from_slice(action);
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        if !self.freeze.load(Ordering::Relaxed) {
+            for i in 0..3 {
+                self.obs.state[i] = (self.obs.state[i] + action[i]).clamp(0.06, 0.34);
+            }
+            self.obs.step += 1;
+            self.obs.seq += 1;
+            self.obs.truncated = self.episode_steps > 0 && self.obs.step >= self.episode_steps;
+        }
+        Ok(())
+    }
+
+    fn observe(&mut self) -> Result<&Observation, RobotError> {
+        Ok(&self.obs)
+    }
+
+    fn hold_action(&self, out: &mut [f32]) {
+        out.fill(0.0);
+        out[3] = self.last[3];
+    }
+}
+
+/// A policy whose chunks sweep the first action component sinusoidally with the observation's
+/// first value: cheap, deterministic, and different every call.
+pub struct SweepPolicy {
+    spec: ChunkSpec,
+    calls: u64,
+}
+
+impl SweepPolicy {
+    /// Chunks of `len` actions of dimension 4, `execute` of them used before the next request.
+    pub fn new(len: usize, execute: usize) -> Self {
+        SweepPolicy {
+            spec: ChunkSpec {
+                len,
+                execute,
+                dim: 4,
+            },
+            calls: 0,
+        }
+    }
+}
+
+impl Policy for SweepPolicy {
+    fn name(&self) -> &str {
+        "sweep"
+    }
+
+    fn chunk_spec(&self) -> ChunkSpec {
+        self.spec
+    }
+
+    fn infer(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
+        self.calls += 1;
+        for i in 0..self.spec.len {
+            let phase = (self.calls as f32 * 0.1 + i as f32 * 0.05 + obs.state[0]).sin();
+            out[i * 4..i * 4 + 4].copy_from_slice(&[0.005 * phase, -0.005 * phase, 0.0, 0.03]);
+        }
+        Ok(())
+    }
+}

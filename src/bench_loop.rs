@@ -1,0 +1,166 @@
+//! `reflex bench loop`: the control loop's timing with a trivial robot and policy, optionally
+//! with busy threads beside it standing in for inference and learning.
+
+use anyhow::Context;
+use clap::Args;
+use reflex_runtime::clock::WallClock;
+use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
+use reflex_runtime::msg::Observation;
+use reflex_runtime::policy::PolicyThread;
+use reflex_runtime::rt::RtConfig;
+use reflex_runtime::safety::SafetyConfig;
+use reflex_runtime::testkit::{NullRobot, SweepPolicy};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct LoopBenchArgs {
+    /// Loop rate, Hz.
+    #[arg(long, default_value_t = 1000.0)]
+    hz: f64,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Run one busy thread per CPU beside the loop (inference and learning stand-ins).
+    #[arg(long)]
+    load: bool,
+    /// SCHED_FIFO priority for the loop thread (warns if not permitted).
+    #[arg(long)]
+    fifo: Option<i32>,
+    /// Pin the loop thread to this CPU.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Lock memory (mlockall).
+    #[arg(long)]
+    mlock: bool,
+    /// Spin for the last part of each wait, us.
+    #[arg(long, default_value_t = 50.0)]
+    spin_us: f64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A thread that keeps a core busy with floating-point work until stopped.
+fn busy(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<f64> {
+    std::thread::Builder::new()
+        .name("load".into())
+        .spawn(move || {
+            let mut x = 1.0f64;
+            let mut v = vec![1.0f64; 4096];
+            while !stop.load(Ordering::Relaxed) {
+                for e in v.iter_mut() {
+                    *e = (*e * 1.000001 + x).sin();
+                    x += *e * 1e-9;
+                }
+            }
+            x
+        })
+        .expect("spawn load thread")
+}
+
+pub fn run(a: LoopBenchArgs) -> anyhow::Result<()> {
+    let mut cfg = LoopConfig::at(a.hz);
+    cfg.spin_us = a.spin_us;
+    cfg.rt = RtConfig {
+        fifo_priority: a.fifo,
+        cpu: a.cpu,
+        mlockall: a.mlock,
+    };
+    cfg.chunks = reflex_runtime::chunk::ChunkMode::Ensemble { m: 0.01 };
+    let robot = NullRobot::new("bench", 32, 0);
+    let template = Observation {
+        state: vec![0.0; 32],
+        ..Default::default()
+    };
+    // A 16-action chunk, 8 executed per request, like the shipped diffusion policies.
+    let policy = PolicyThread::spawn(Box::new(SweepPolicy::new(16, 8)), &template);
+    let clock = WallClock::new(Duration::from_secs_f64(a.spin_us / 1e6));
+    let mut lp = ControlLoop::new(
+        robot,
+        clock,
+        cfg.clone(),
+        SafetyConfig::default(),
+        PolicyDriver::Thread(policy),
+        None,
+        0,
+    )
+    .context("building the loop")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let load: Vec<_> = if a.load {
+        (0..cpus).map(|_| busy(stop.clone())).collect()
+    } else {
+        vec![]
+    };
+    let rt = reflex_runtime::rt::apply(&cfg.rt);
+    let ticks = (a.seconds * a.hz).round() as u64;
+    // Warm-up: the first chunk arrives, buffers settle. Not counted.
+    lp.run_ticks((a.hz * 0.2) as u64)?;
+    let warm = lp.stats().clone();
+    let t0 = Instant::now();
+    lp.run_ticks(ticks)?;
+    let wall = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        let _ = t.join();
+    }
+    let s = lp.stats();
+    // Histograms since the warm-up: subtract by rebuilding from the run's own counts.
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let (lat, step) = (&s.lateness, &s.step);
+    let out = serde_json::json!({
+        "hz": a.hz,
+        "seconds": wall,
+        "load_threads": if a.load { cpus } else { 0 },
+        "ticks": s.ticks - warm.ticks,
+        "rate_hz": (s.ticks - warm.ticks) as f64 / wall,
+        "lateness_p50_us": us(lat.percentile(50.0)),
+        "lateness_p99_us": us(lat.percentile(99.0)),
+        "lateness_max_us": us(lat.max()),
+        "missed": s.missed - warm.missed,
+        "overruns": s.overruns - warm.overruns,
+        "step_p50_us": us(step.percentile(50.0)),
+        "step_p99_us": us(step.percentile(99.0)),
+        "step_mean_us": us(step.mean()),
+        "holds_no_chunk": s.holds_no_chunk - warm.holds_no_chunk,
+        "chunks": s.chunks,
+        "rt": rt.iter().map(|r| serde_json::json!({"setting": r.setting, "ok": r.ok, "detail": r.detail})).collect::<Vec<_>>(),
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "loop at {} Hz for {:.1} s{}: {} ticks ({:.1} Hz achieved)",
+            a.hz,
+            wall,
+            if a.load {
+                format!(" with {cpus} busy threads")
+            } else {
+                String::new()
+            },
+            out["ticks"],
+            out["rate_hz"].as_f64().unwrap_or(0.0)
+        );
+        println!(
+            "  wake-up lateness: p50 {:.1} us, p99 {:.1} us, max {:.1} us; missed {}, overruns {}",
+            out["lateness_p50_us"].as_f64().unwrap_or(0.0),
+            out["lateness_p99_us"].as_f64().unwrap_or(0.0),
+            out["lateness_max_us"].as_f64().unwrap_or(0.0),
+            out["missed"],
+            out["overruns"]
+        );
+        println!(
+            "  per-step work (observe, chunks, residual, safety, command): p50 {:.2} us, p99 {:.2} us, mean {:.2} us",
+            out["step_p50_us"].as_f64().unwrap_or(0.0),
+            out["step_p99_us"].as_f64().unwrap_or(0.0),
+            out["step_mean_us"].as_f64().unwrap_or(0.0)
+        );
+        println!(
+            "  chunks received {}, holds for want of a chunk {}",
+            out["chunks"], out["holds_no_chunk"]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,537 @@
+//! `reflex run --config FILE`: the actor. Runs the control loop against the robot named in the
+//! config (the in-process simulator, or any robot on the bus) with the chosen policy.
+
+use crate::cli::{BusArgs, progress};
+use anyhow::{Context, bail};
+use clap::Args;
+use reflex_runtime::bus::{BusConfig, Keys, RemoteRobot};
+use reflex_runtime::clock::{Clock, SimClock, WallClock};
+use reflex_runtime::config::{Invalid, Validate, in_range, key};
+use reflex_runtime::control::{ControlLoop, EpisodeSummary, LoopConfig, PolicyDriver};
+use reflex_runtime::msg::{EpisodeEvent, EventKind, Image, Observation};
+use reflex_runtime::policy::{Policy, PolicyThread};
+use reflex_runtime::robot::Robot;
+use reflex_runtime::safety::{SafetyConfig, SafetyEvent};
+use reflex_sim::expert::ExpertPolicy;
+use reflex_sim::{SimConfig, SimEnv};
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use zenoh::Wait;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The actor's TOML config (see configs/run/).
+    #[arg(long)]
+    config: PathBuf,
+    /// Episodes to run (overrides `[run] episodes`).
+    #[arg(long)]
+    episodes: Option<u64>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RobotSource {
+    Sim,
+    Remote,
+}
+
+fn d_timeout() -> f64 {
+    2000.0
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RobotSection {
+    /// `sim` (the simulator in this process) or `remote` (a robot on the bus).
+    source: RobotSource,
+    /// Robot name on the bus (default: `[sim] robot`, or required for remote).
+    #[serde(default)]
+    name: Option<String>,
+    /// Deadline of every exchange with a remote robot, ms.
+    #[serde(default = "d_timeout")]
+    timeout_ms: f64,
+    /// URDF of the arm for the safety layer's workspace check on joint actions (default: the
+    /// simulator's arm for `source = "sim"`).
+    #[serde(default)]
+    urdf: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PolicyKind {
+    /// The simulator's scripted expert (sim tasks only).
+    Expert,
+    /// No base policy: the robot holds unless a person drives.
+    None,
+}
+
+fn d_policy_kind() -> PolicyKind {
+    PolicyKind::Expert
+}
+fn d_chunk_len() -> usize {
+    2
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicySection {
+    #[serde(default = "d_policy_kind")]
+    kind: PolicyKind,
+    /// Expert action noise.
+    #[serde(default)]
+    noise: f64,
+    /// Seed of the expert's noise.
+    #[serde(default)]
+    seed: u64,
+    /// Chunk length the expert returns (its action repeated).
+    #[serde(default = "d_chunk_len")]
+    chunk_len: usize,
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        PolicySection {
+            kind: d_policy_kind(),
+            noise: 0.0,
+            seed: 0,
+            chunk_len: d_chunk_len(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ClockKind {
+    /// Simulated time: the loop runs as fast as the robot steps; reproducible.
+    Sim,
+    /// Wall time: the loop runs at its rate in real time.
+    Wall,
+}
+
+fn d_episodes() -> u64 {
+    10
+}
+fn d_clock() -> ClockKind {
+    ClockKind::Sim
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunSection {
+    #[serde(default = "d_episodes")]
+    episodes: u64,
+    /// Seed of the episode seeds.
+    #[serde(default)]
+    seed: u64,
+    #[serde(default = "d_clock")]
+    clock: ClockKind,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        RunSection {
+            episodes: d_episodes(),
+            seed: 0,
+            clock: d_clock(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BusSection {
+    /// Use the bus at all (status, teleop, estop; required for remote robots).
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default)]
+    listen: Vec<String>,
+    #[serde(default)]
+    connect: Vec<String>,
+    #[serde(default)]
+    no_multicast: bool,
+}
+
+/// The whole actor config file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunFile {
+    robot: RobotSection,
+    #[serde(default)]
+    sim: Option<SimConfig>,
+    #[serde(default)]
+    policy: PolicySection,
+    #[serde(rename = "loop", default)]
+    loop_: Option<LoopConfig>,
+    #[serde(default)]
+    safety: SafetyConfig,
+    #[serde(default)]
+    bus: BusSection,
+    #[serde(default)]
+    run: RunSection,
+}
+
+impl Validate for RunFile {
+    fn validate(&self, _: &str) -> Result<(), Invalid> {
+        if self.robot.source == RobotSource::Sim && self.sim.is_none() {
+            return Err(Invalid {
+                key: "sim".into(),
+                value: "(missing)".into(),
+                allowed: "a [sim] table when robot.source = \"sim\"".into(),
+            });
+        }
+        if self.robot.source == RobotSource::Remote && self.robot.name.is_none() {
+            return Err(Invalid {
+                key: "robot.name".into(),
+                value: "(missing)".into(),
+                allowed: "the robot's name on the bus".into(),
+            });
+        }
+        if let Some(s) = &self.sim {
+            s.validate("sim")?;
+        }
+        if let Some(l) = &self.loop_ {
+            l.validate("loop")?;
+        }
+        self.safety.validate("safety")?;
+        in_range("robot", "timeout_ms", self.robot.timeout_ms, 1.0, 600_000.0)?;
+        in_range("policy", "noise", self.policy.noise, 0.0, 10.0)?;
+        in_range("policy", "chunk_len", self.policy.chunk_len, 1, 64)?;
+        in_range("run", "episodes", self.run.episodes, 1, 10_000_000)?;
+        let _ = key("", "");
+        Ok(())
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunReport {
+    pub episodes: Vec<EpisodeSummary>,
+    pub wall_s: f64,
+    pub stats: reflex_runtime::control::LoopStats,
+    pub safety: reflex_runtime::safety::SafetyCounters,
+}
+
+fn obs_template(robot: &dyn Robot) -> Observation {
+    let spec = robot.spec();
+    Observation {
+        state: vec![0.0; spec.state_dim()],
+        images: spec
+            .cameras
+            .iter()
+            .map(|c| Image {
+                camera: c.name.clone(),
+                width: c.width,
+                height: c.height,
+                encoding: "rgb8".into(),
+                data: vec![0; (c.width * c.height * 3) as usize],
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn drive<R: Robot, C: Clock>(
+    robot: R,
+    clock: C,
+    file: &RunFile,
+    policy: Option<Box<dyn Policy>>,
+    inline: bool,
+    session: Option<&zenoh::Session>,
+    episodes: u64,
+    json: bool,
+) -> anyhow::Result<RunReport> {
+    let hz = robot.spec().control_hz;
+    let cfg = file
+        .loop_
+        .clone()
+        .unwrap_or_else(|| LoopConfig::at(hz.clamp(10.0, 1000.0)));
+    let driver = match policy {
+        None => PolicyDriver::None,
+        Some(p) if inline => PolicyDriver::inline(p),
+        Some(p) => PolicyDriver::Thread(PolicyThread::spawn(p, &obs_template(&robot))),
+    };
+    let chain = match (&file.robot.urdf, file.robot.source) {
+        (Some(p), _) => Some(reflex_runtime::kinematics::Chain::from_urdf_file(
+            p, "base", "tcp",
+        )?),
+        (None, RobotSource::Sim) => Some(reflex_sim::world::ArmModel::so101().chain),
+        _ => None,
+    };
+    let name = robot.spec().name.clone();
+    let mut lp = ControlLoop::new(
+        robot,
+        clock,
+        cfg.clone(),
+        file.safety.clone(),
+        driver,
+        chain,
+        file.run.seed,
+    )?;
+    let rt = reflex_runtime::rt::apply(&cfg.rt);
+    let _ = rt;
+    // Bus side: status out, teleop in, estop in. None of it is on the loop's path.
+    let mut _keep = Vec::new();
+    let mut _status = None;
+    if let Some(s) = session {
+        let keys = Keys::new(&name)?;
+        let (w, r) = reflex_runtime::status::status_channel();
+        lp.set_status(w);
+        _status = Some(reflex_runtime::status::spawn_publisher(
+            s.clone(),
+            keys.clone(),
+            r,
+            Duration::from_millis(50),
+        ));
+        let (tw, tr) = reflex_runtime::teleop::teleop_channel(lp.robot().spec().action.dim());
+        lp.set_teleop(tr);
+        _keep.push(reflex_runtime::teleop::subscribe(s, &keys, tw).map_err(anyhow::Error::msg)?);
+        let flag = Arc::new(AtomicBool::new(false));
+        lp.set_estop_flag(flag.clone());
+        let ev_key = keys.events.clone();
+        _keep.push(
+            s.declare_subscriber(keys.events.clone())
+                .callback(move |sample| {
+                    if let Ok(ev) = reflex_runtime::msg::decode::<EpisodeEvent>(
+                        &ev_key,
+                        &sample.payload().to_bytes(),
+                    ) {
+                        if ev.kind == EventKind::Estop {
+                            flag.store(true, Ordering::Relaxed);
+                        }
+                    }
+                })
+                .wait()
+                .map_err(anyhow::Error::msg)?,
+        );
+    }
+    let pb = if json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        progress(episodes, "episodes")
+    };
+    let t0 = Instant::now();
+    let mut done = Vec::new();
+    while (done.len() as u64) < episodes {
+        let ep = lp.run_episodes(1)?;
+        done.extend(ep);
+        let ok = done.iter().filter(|e| e.success).count();
+        pb.set_message(format!("{ok} ok"));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(RunReport {
+        episodes: done,
+        wall_s: t0.elapsed().as_secs_f64(),
+        stats: lp.stats().clone(),
+        safety: lp.safety_counters(),
+    })
+}
+
+fn load(path: &PathBuf) -> anyhow::Result<RunFile> {
+    Ok(reflex_runtime::config::load::<RunFile>(path)?)
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<()> {
+    let file = load(&a.config)?;
+    let episodes = a.episodes.unwrap_or(file.run.episodes);
+    // Bus: from the file, with command-line endpoints added.
+    let mut bus = BusConfig {
+        listen: file.bus.listen.clone(),
+        connect: file.bus.connect.clone(),
+        multicast_scouting: !file.bus.no_multicast,
+        config_file: a.bus.zenoh_config.clone(),
+    };
+    bus.listen.extend(a.bus.listen.clone());
+    bus.connect.extend(a.bus.connect.clone());
+    if a.bus.no_multicast {
+        bus.multicast_scouting = false;
+    }
+    let use_bus = file.bus.enabled
+        || file.robot.source == RobotSource::Remote
+        || !a.bus.listen.is_empty()
+        || !a.bus.connect.is_empty();
+    let session = if use_bus { Some(bus.open()?) } else { None };
+    let inline = file.run.clock == ClockKind::Sim;
+    let report = match file.robot.source {
+        RobotSource::Sim => {
+            let mut sim = file.sim.clone().expect("validated");
+            if let Some(n) = &file.robot.name {
+                sim.robot = n.clone();
+            }
+            let env = SimEnv::new(sim)?;
+            let policy = make_policy(&file, env.spec())?;
+            run_with_clock(
+                env,
+                &file,
+                policy,
+                inline,
+                session.as_ref(),
+                episodes,
+                a.json,
+            )?
+        }
+        RobotSource::Remote => {
+            let name = file.robot.name.clone().expect("validated");
+            let s = session.as_ref().expect("remote robots need the bus");
+            let robot = RemoteRobot::connect(
+                s,
+                &name,
+                Duration::from_secs_f64(file.robot.timeout_ms / 1e3),
+            )
+            .with_context(|| format!("connecting to robot `{name}`"))?;
+            if inline && !robot.spec().lockstep {
+                bail!(
+                    "config `{}`: run.clock = \"sim\" needs a lockstep robot; `{name}` runs on its own clock, use run.clock = \"wall\"",
+                    a.config.display()
+                );
+            }
+            let policy = make_policy(&file, robot.spec())?;
+            run_with_clock(
+                robot,
+                &file,
+                policy,
+                inline,
+                session.as_ref(),
+                episodes,
+                a.json,
+            )?
+        }
+    };
+    print_report(&report, a.json);
+    Ok(())
+}
+
+fn make_policy(
+    file: &RunFile,
+    spec: &reflex_runtime::msg::RobotSpec,
+) -> anyhow::Result<Option<Box<dyn Policy>>> {
+    Ok(match file.policy.kind {
+        PolicyKind::None => None,
+        PolicyKind::Expert => Some(Box::new(
+            ExpertPolicy::new(
+                spec,
+                file.policy.noise,
+                file.policy.seed,
+                file.policy.chunk_len,
+            )
+            .context("policy.kind = \"expert\" drives the simulator's tasks only")?,
+        )),
+    })
+}
+
+fn run_with_clock<R: Robot>(
+    robot: R,
+    file: &RunFile,
+    policy: Option<Box<dyn Policy>>,
+    inline: bool,
+    session: Option<&zenoh::Session>,
+    episodes: u64,
+    json: bool,
+) -> anyhow::Result<RunReport> {
+    if inline {
+        drive(
+            robot,
+            SimClock::new(),
+            file,
+            policy,
+            true,
+            session,
+            episodes,
+            json,
+        )
+    } else {
+        let spin = file.loop_.as_ref().map_or(50.0, |l| l.spin_us);
+        drive(
+            robot,
+            WallClock::new(Duration::from_secs_f64(spin / 1e6)),
+            file,
+            policy,
+            false,
+            session,
+            episodes,
+            json,
+        )
+    }
+}
+
+fn print_report(r: &RunReport, json: bool) {
+    let n = r.episodes.len().max(1) as f64;
+    let ok = r.episodes.iter().filter(|e| e.success).count();
+    let steps: u32 = r.episodes.iter().map(|e| e.steps).sum();
+    let ret: f32 = r.episodes.iter().map(|e| e.ret).sum();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let safety: serde_json::Map<String, serde_json::Value> = SafetyEvent::ALL
+        .iter()
+        .map(|e| (e.name().to_string(), r.safety.get(*e).into()))
+        .collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "episodes": r.episodes.len(),
+                "success_rate": ok as f64 / n,
+                "mean_return": ret as f64 / n,
+                "mean_steps": steps as f64 / n,
+                "wall_s": r.wall_s,
+                "ticks": r.stats.ticks,
+                "lateness_p50_us": us(r.stats.lateness.percentile(50.0)),
+                "lateness_p99_us": us(r.stats.lateness.percentile(99.0)),
+                "lateness_max_us": us(r.stats.lateness.max()),
+                "step_p50_us": us(r.stats.step.percentile(50.0)),
+                "step_p99_us": us(r.stats.step.percentile(99.0)),
+                "overruns": r.stats.overruns,
+                "missed": r.stats.missed,
+                "holds_no_chunk": r.stats.holds_no_chunk,
+                "chunks": r.stats.chunks,
+                "stale_chunks": r.stats.stale_chunks,
+                "safety": safety,
+                "seeds": r.episodes.iter().map(|e| e.seed).collect::<Vec<_>>(),
+            })
+        );
+    } else {
+        println!(
+            "{} episodes: {ok} successful ({:.1}%), mean return {:.2}, {:.1} steps per episode, {:.1} s",
+            r.episodes.len(),
+            100.0 * ok as f64 / n,
+            ret as f64 / n,
+            steps as f64 / n,
+            r.wall_s
+        );
+        println!(
+            "loop: {} ticks, lateness p50 {:.0} us / p99 {:.0} us / max {:.0} us, step p99 {:.0} us, {} overruns, {} missed, {} holds (no chunk)",
+            r.stats.ticks,
+            us(r.stats.lateness.percentile(50.0)),
+            us(r.stats.lateness.percentile(99.0)),
+            us(r.stats.lateness.max()),
+            us(r.stats.step.percentile(99.0)),
+            r.stats.overruns,
+            r.stats.missed,
+            r.stats.holds_no_chunk
+        );
+        println!(
+            "policy: {} chunks used, {} discarded as stale (from before a reset or hand-back)",
+            r.stats.chunks, r.stats.stale_chunks
+        );
+        let acted: Vec<String> = SafetyEvent::ALL
+            .iter()
+            .filter(|e| r.safety.get(**e) > 0)
+            .map(|e| format!("{} {}", e.name(), r.safety.get(*e)))
+            .collect();
+        println!(
+            "safety: {}",
+            if acted.is_empty() {
+                "no interventions".into()
+            } else {
+                acted.join(", ")
+            }
+        );
+    }
+}

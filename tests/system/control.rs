@@ -1,0 +1,514 @@
+//! The control loop: zero allocation in steady state, watchdog, NaN rejection, teleop override
+//! and hand-back, overruns under synthetic time, status on the bus, and `reflex run`.
+
+use crate::alloc_count;
+use crate::common::reflex;
+use reflex_runtime::chunk::ChunkMode;
+use reflex_runtime::clock::{Clock, SimClock};
+use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
+use reflex_runtime::msg::{Observation, RobotSpec, TeleopMsg};
+use reflex_runtime::outbox::{Source, outbox};
+use reflex_runtime::policy::{ChunkSpec, Policy, PolicyError, PolicyThread};
+use reflex_runtime::residual::LinearResidual;
+use reflex_runtime::robot::{Robot, RobotError};
+use reflex_runtime::safety::{SafetyConfig, SafetyEvent};
+use reflex_runtime::teleop::teleop_channel;
+use reflex_runtime::testkit::{NullRobot, SweepPolicy};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+fn cfg(hz: f64, chunks: ChunkMode) -> LoopConfig {
+    let mut c = LoopConfig::at(hz);
+    c.chunks = chunks;
+    c
+}
+
+#[test]
+fn steady_state_allocates_nothing_on_the_loop_thread() {
+    // Everything a step can do, at once: a policy thread delivering 16-action chunks that are
+    // ensembled, a residual whose weights another thread swaps, a person taking over and handing
+    // back, the safety layer clipping, and a consumer recycling the outbox.
+    let robot = NullRobot::new("alloc", 32, 0);
+    let template = Observation {
+        state: vec![0.0; 32],
+        ..Default::default()
+    };
+    let policy = PolicyThread::spawn(Box::new(SweepPolicy::new(16, 8)), &template);
+    let clock = SimClock::new();
+    let safety = SafetyConfig {
+        max_ee_step_m: 0.004,
+        obs_timeout_ms: 1e4,
+        policy_timeout_ms: 1e4,
+        teleop_timeout_ms: 1e4,
+        ..Default::default()
+    };
+    let mut lp = ControlLoop::new(
+        robot,
+        clock.clone(),
+        cfg(1000.0, ChunkMode::Ensemble { m: 0.01 }),
+        safety,
+        PolicyDriver::Thread(policy),
+        None,
+        1,
+    )
+    .unwrap();
+    let (residual, mut weights) = LinearResidual::new(32, 4, 0.01);
+    let n_weights = residual.len();
+    lp.set_residual(Box::new(residual));
+    let (mut teleop_tx, teleop_rx) = teleop_channel(4);
+    lp.set_teleop(teleop_rx);
+    let (tx, rx) = outbox(64, 32, 4);
+    lp.set_outbox(tx);
+    let (status_w, _status_r) = reflex_runtime::status::status_channel();
+    lp.set_status(status_w);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let consumer = std::thread::spawn(move || {
+        let mut seen = 0u64;
+        while !s.load(Ordering::Relaxed) {
+            if let Some(t) = rx.recv_timeout(Duration::from_millis(5)) {
+                seen += 1;
+                rx.recycle(t);
+            }
+        }
+        seen
+    });
+    let s = stop.clone();
+    let swapper = std::thread::spawn(move || {
+        let mut v = 0;
+        while !s.load(Ordering::Relaxed) {
+            v += 1;
+            weights.publish(v, &vec![0.001 * (v % 7) as f32; n_weights]);
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    });
+
+    // Built before the measurement: the test's own code runs on the loop thread too.
+    let mut takeover = TeleopMsg {
+        v: 1,
+        seq: 0,
+        action: vec![0.03, 0.0, 0.0, 0.03],
+        intervene: true,
+        ..Default::default()
+    };
+    let mut run = |lp: &mut ControlLoop<NullRobot, SimClock>, ticks: u64| {
+        for i in 0..ticks {
+            // A person holds the control for 50 of every 400 ticks, at a step the safety layer
+            // clips; the simulated time gives the policy thread a moment now and then.
+            if i % 400 == 0 || i % 400 == 50 {
+                takeover.seq += 1;
+                takeover.intervene = i % 400 == 0;
+                teleop_tx.send(&takeover);
+            }
+            if i % 16 == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            lp.step().unwrap();
+            clock.advance(Duration::from_micros(1));
+        }
+    };
+    // Warm-up: buffers reach their working sizes.
+    run(&mut lp, 2000);
+    let (_, allocs) = alloc_count::count(|| run(&mut lp, 10_000));
+    stop.store(true, Ordering::Relaxed);
+    let consumed = consumer.join().unwrap();
+    swapper.join().unwrap();
+    let st = lp.stats();
+    assert_eq!(
+        allocs, 0,
+        "the loop thread allocated {allocs} times in 10,000 steady-state steps"
+    );
+    // Every path was exercised.
+    assert!(st.chunks > 100, "chunks {}", st.chunks);
+    assert!(st.teleop_steps > 1000, "teleop steps {}", st.teleop_steps);
+    assert!(st.residual_version > 0, "residual weights never swapped in");
+    assert!(lp.safety_counters().get(SafetyEvent::StepLimit) > 100);
+    assert!(consumed > 1000, "outbox consumer saw {consumed}");
+}
+
+/// A policy that returns a fixed action, or NaN when told to.
+struct Fixed {
+    action: [f32; 4],
+    nan: Arc<AtomicBool>,
+}
+
+impl Policy for Fixed {
+    fn name(&self) -> &str {
+        "fixed"
+    }
+    fn chunk_spec(&self) -> ChunkSpec {
+        ChunkSpec {
+            len: 4,
+            execute: 2,
+            dim: 4,
+        }
+    }
+    fn infer(&mut self, _: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
+        for c in out.chunks_mut(4) {
+            c.copy_from_slice(&self.action);
+            if self.nan.load(Ordering::Relaxed) {
+                c[1] = f32::NAN;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fixed_loop(
+    safety: SafetyConfig,
+) -> (
+    ControlLoop<NullRobot, SimClock>,
+    Arc<AtomicBool>,
+    Arc<AtomicBool>,
+    SimClock,
+) {
+    let robot = NullRobot::new("w", 8, 0);
+    let freeze = robot.freeze.clone();
+    let nan = Arc::new(AtomicBool::new(false));
+    let policy = Fixed {
+        action: [0.001, 0.0, 0.0, 0.03],
+        nan: nan.clone(),
+    };
+    let clock = SimClock::new();
+    let lp = ControlLoop::new(
+        robot,
+        clock.clone(),
+        cfg(100.0, ChunkMode::NewestWins),
+        safety,
+        PolicyDriver::inline(Box::new(policy)),
+        None,
+        0,
+    )
+    .unwrap();
+    (lp, freeze, nan, clock)
+}
+
+#[test]
+fn watchdog_holds_within_two_periods_when_observations_stop() {
+    // 100 Hz: a 10 ms period, observations declared stale after 15 ms.
+    let (mut lp, freeze, _, _) = fixed_loop(SafetyConfig {
+        obs_timeout_ms: 15.0,
+        ..Default::default()
+    });
+    lp.run_ticks(20).unwrap();
+    assert_eq!(
+        lp.robot().last_command()[0],
+        0.001,
+        "policy in charge before the fault"
+    );
+    freeze.store(true, Ordering::Relaxed);
+    // The robot's last observation (produced by the command before the freeze) is read in the
+    // first step after it; from then on nothing new arrives.
+    lp.step().unwrap();
+    assert_eq!(
+        lp.robot().last_command()[0],
+        0.001,
+        "the last fresh observation is still acted on"
+    );
+    let mut held_after = None;
+    for k in 1..=5 {
+        lp.step().unwrap();
+        if lp.robot().last_command()[0] == 0.0 && held_after.is_none() {
+            held_after = Some(k);
+        }
+    }
+    let k = held_after.expect("the robot never held");
+    assert!(
+        k <= 2,
+        "held only {k} periods after the last fresh observation"
+    );
+    assert!(lp.safety_counters().get(SafetyEvent::ObsStale) >= 3);
+    // Observations return: the policy is in charge again.
+    freeze.store(false, Ordering::Relaxed);
+    lp.run_ticks(3).unwrap();
+    assert_eq!(lp.robot().last_command()[0], 0.001);
+}
+
+#[test]
+fn nan_from_the_policy_is_replaced_by_hold() {
+    let (mut lp, _, nan, _) = fixed_loop(SafetyConfig::default());
+    lp.run_ticks(5).unwrap();
+    nan.store(true, Ordering::Relaxed);
+    lp.run_ticks(4).unwrap();
+    assert_eq!(
+        &lp.robot().last_command()[..3],
+        &[0.0, 0.0, 0.0],
+        "a NaN reached the robot or was not held"
+    );
+    assert!(lp.robot().last_command().iter().all(|x| x.is_finite()));
+    assert!(lp.safety_counters().get(SafetyEvent::NonFinite) >= 1);
+}
+
+#[test]
+fn teleop_overrides_at_once_and_hand_back_restarts_the_chunks() {
+    let (mut lp, _, _, _) = fixed_loop(SafetyConfig::default());
+    let (mut tx, rx) = teleop_channel(4);
+    lp.set_teleop(rx);
+    let (otx, orx) = outbox(128, 8, 4);
+    lp.set_outbox(otx);
+    lp.run_ticks(5).unwrap();
+    let chunks_before = lp.stats().chunks;
+    tx.send(&TeleopMsg {
+        v: 1,
+        seq: 1,
+        action: vec![-0.01, 0.005, 0.0, 0.01],
+        intervene: true,
+        ..Default::default()
+    });
+    lp.step().unwrap();
+    assert_eq!(
+        lp.robot().last_command(),
+        &[-0.01, 0.005, 0.0, 0.01],
+        "takeover not immediate"
+    );
+    assert!(lp.intervening());
+    // Keep the stream alive for a while: the policy is not asked for chunks meanwhile.
+    for s in 2..10 {
+        tx.send(&TeleopMsg {
+            v: 1,
+            seq: s,
+            action: vec![-0.01, 0.005, 0.0, 0.01],
+            intervene: true,
+            ..Default::default()
+        });
+        lp.step().unwrap();
+    }
+    let chunks_during = lp.stats().chunks;
+    assert_eq!(
+        chunks_during, chunks_before,
+        "the policy ran while a person drove"
+    );
+    tx.send(&TeleopMsg {
+        v: 1,
+        seq: 10,
+        action: vec![0.0; 4],
+        intervene: false,
+        ..Default::default()
+    });
+    lp.step().unwrap();
+    assert!(!lp.intervening());
+    assert_eq!(
+        lp.robot().last_command()[0],
+        0.001,
+        "policy not back in charge on hand-back"
+    );
+    assert!(
+        lp.stats().chunks > chunks_during,
+        "no fresh chunk after hand-back"
+    );
+    let mut sources = vec![];
+    while let Some(t) = orx.try_recv() {
+        sources.push(t.source);
+        orx.recycle(t);
+    }
+    assert_eq!(sources.iter().filter(|s| **s == Source::Teleop).count(), 9);
+    assert_eq!(lp.episodes().len(), 0);
+    assert_eq!(lp.stats().teleop_steps, 9);
+}
+
+#[test]
+fn stale_teleop_stream_while_intervening_holds() {
+    let (mut lp, _, _, clock) = fixed_loop(SafetyConfig {
+        teleop_timeout_ms: 25.0,
+        ..Default::default()
+    });
+    let (mut tx, rx) = teleop_channel(4);
+    lp.set_teleop(rx);
+    lp.run_ticks(3).unwrap();
+    tx.send(&TeleopMsg {
+        v: 1,
+        seq: 1,
+        action: vec![0.01, 0.0, 0.0, 0.02],
+        intervene: true,
+        ..Default::default()
+    });
+    lp.run_ticks(2).unwrap();
+    assert_eq!(lp.robot().last_command()[0], 0.01);
+    // The device goes silent with the button held: hold once the stream is 25 ms old.
+    clock.advance(Duration::from_millis(30));
+    lp.step().unwrap();
+    assert_eq!(lp.robot().last_command()[0], 0.0);
+    assert!(lp.safety_counters().get(SafetyEvent::TeleopStale) >= 1);
+}
+
+/// A robot whose commands sometimes take longer than a period (in simulated time).
+struct Slow {
+    inner: NullRobot,
+    clock: SimClock,
+    n: u64,
+}
+
+impl Robot for Slow {
+    fn spec(&self) -> &RobotSpec {
+        self.inner.spec()
+    }
+    fn reset(&mut self, seed: Option<u64>) -> Result<&Observation, RobotError> {
+        self.inner.reset(seed)
+    }
+    fn command(&mut self, a: &[f32]) -> Result<(), RobotError> {
+        self.n += 1;
+        if self.n % 10 == 0 {
+            self.clock.advance(Duration::from_millis(25));
+        }
+        self.inner.command(a)
+    }
+    fn observe(&mut self) -> Result<&Observation, RobotError> {
+        self.inner.observe()
+    }
+    fn hold_action(&self, out: &mut [f32]) {
+        self.inner.hold_action(out)
+    }
+}
+
+#[test]
+fn overruns_skip_whole_periods_and_are_counted_under_synthetic_time() {
+    let clock = SimClock::new();
+    let robot = Slow {
+        inner: NullRobot::new("slow", 8, 0),
+        clock: clock.clone(),
+        n: 0,
+    };
+    let policy = Fixed {
+        action: [0.0, 0.0, 0.0, 0.03],
+        nan: Arc::new(AtomicBool::new(false)),
+    };
+    let mut lp = ControlLoop::new(
+        robot,
+        clock.clone(),
+        cfg(100.0, ChunkMode::NewestWins),
+        SafetyConfig::default(),
+        PolicyDriver::inline(Box::new(policy)),
+        None,
+        0,
+    )
+    .unwrap();
+    lp.run_ticks(100).unwrap();
+    // Every 10th step takes 25 ms of a 10 ms period: it ends after two further deadlines.
+    assert_eq!(lp.stats().overruns, 10);
+    assert_eq!(lp.stats().missed, 20);
+    // The schedule stays on the 10 ms grid: 100 steps + 20 skipped ticks = 1.2 s.
+    // A slow step uses three periods (its own and two skipped). The 100th step (slow) started
+    // after 90 normal steps and 9 slow ones: 90 + 27 = 117 periods = 1170 ms, and took 25 ms.
+    assert_eq!(lp.clock().now(), Duration::from_millis(1195));
+}
+
+#[test]
+fn status_is_published_on_the_bus() {
+    use reflex_runtime::bus::{BusConfig, Keys};
+    use zenoh::Wait;
+    let dir = tempfile::tempdir().unwrap();
+    let ep = crate::common::unix_endpoint(&dir, "status");
+    let a = BusConfig::hermetic(vec![ep.clone()], vec![])
+        .open()
+        .unwrap();
+    let b = BusConfig::hermetic(vec![], vec![ep]).open().unwrap();
+    let sub = b.declare_subscriber("reflex/w/status").wait().unwrap();
+    let (mut lp, _, _, _) = fixed_loop(SafetyConfig::default());
+    let (w, r) = reflex_runtime::status::status_channel();
+    lp.set_status(w);
+    let _publisher = reflex_runtime::status::spawn_publisher(
+        a.clone(),
+        Keys::new("w").unwrap(),
+        r,
+        Duration::from_millis(10),
+    );
+    // 100 Hz simulated for 1 s, with real pauses so the publisher thread runs.
+    for _ in 0..10 {
+        lp.run_ticks(10).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let mut last = None;
+    while let Ok(Some(s)) = sub.recv_timeout(Duration::from_millis(300)) {
+        last = Some(
+            reflex_runtime::msg::decode::<reflex_runtime::msg::StatusMsg>(
+                "reflex/w/status",
+                &s.payload().to_bytes(),
+            )
+            .unwrap(),
+        );
+    }
+    let m = last.expect("no status message arrived");
+    assert!(m.ticks >= 80, "{m:?}");
+    assert_eq!(m.robot, "w");
+    assert_eq!(m.safety.len(), 8);
+    assert!(m.rate_hz > 50.0, "{m:?}");
+}
+
+#[test]
+fn reflex_run_drives_pick_with_the_expert_at_95_percent_or_more() {
+    let out = reflex()
+        .args(["run", "--config"])
+        .arg(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
+        .args(["--episodes", "100", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["episodes"], 100);
+    let rate = v["success_rate"].as_f64().unwrap();
+    assert!(rate >= 0.95, "success rate {rate}");
+    assert_eq!(
+        v["holds_no_chunk"], 0,
+        "lockstep inline policy should never leave the loop without a chunk"
+    );
+}
+
+#[test]
+fn reflex_run_rejects_a_config_without_its_sim_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("run.toml");
+    std::fs::write(&f, "[robot]\nsource = \"sim\"\n").unwrap();
+    let out = reflex().args(["run", "--config"]).arg(&f).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("run.toml") && err.contains("`sim`"),
+        "{err}"
+    );
+    std::fs::write(
+        &f,
+        "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[loop]\nhz = 5000.0\n",
+    )
+    .unwrap();
+    let out = reflex().args(["run", "--config"]).arg(&f).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("loop.hz") && err.contains("10 ..= 1000"),
+        "{err}"
+    );
+}
+
+#[test]
+fn physics_allocations_are_measured_separately() {
+    // The runtime's own per-step work allocates nothing (above); rapier's step does allocate.
+    // This measures how much, per control step of the in-process simulator, so it is known
+    // rather than hidden. The figure is printed and documented in docs/runtime.md.
+    use reflex_sim::{Expert, SimConfig, SimEnv, TaskKind};
+    let mut env = SimEnv::new(SimConfig::for_task(TaskKind::Pick)).unwrap();
+    let mut expert = Expert::new(env.spec(), 0.0, 0).unwrap();
+    let mut action = vec![0.0; 4];
+    let mut obs = env.reset(Some(5)).unwrap().clone();
+    for _ in 0..5 {
+        expert.act(&obs, &mut action);
+        obs.copy_from(env.step(&action).unwrap());
+    }
+    let steps = 15;
+    let (_, allocs) = alloc_count::count(|| {
+        for _ in 0..steps {
+            env.step(&action).unwrap();
+        }
+    });
+    let per_step = allocs as f64 / steps as f64;
+    eprintln!(
+        "in-process simulator: {per_step:.1} allocations per control step (10 physics steps, IK, observation)"
+    );
+    assert!(
+        per_step > 0.0,
+        "if the simulator stopped allocating, update docs/runtime.md"
+    );
+}
