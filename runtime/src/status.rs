@@ -70,8 +70,24 @@ pub fn spawn_publisher(
                     return;
                 }
             };
+            let mut last_safety = crate::safety::SafetyCounters::default();
             while !s.load(Ordering::Relaxed) {
                 if reader.update() {
+                    // The loop cannot log (formatting allocates); this thread logs for it.
+                    let now = reader.get().safety;
+                    for (i, e) in SafetyEvent::ALL.iter().enumerate() {
+                        let d = now.0[i].saturating_sub(last_safety.0[i]);
+                        if d > 0 {
+                            tracing::warn!(
+                                "safety on `{}`: {} x {} (total {})",
+                                keys.robot,
+                                d,
+                                e.name(),
+                                now.0[i]
+                            );
+                        }
+                    }
+                    last_safety = now;
                     let m = to_msg(&keys.robot, reader.get());
                     if let Err(e) = publisher.put(msg::encode(&m)).wait() {
                         tracing::warn!("status on {}: {e}", keys.status);

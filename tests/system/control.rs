@@ -512,3 +512,25 @@ fn physics_allocations_are_measured_separately() {
         "if the simulator stopped allocating, update docs/runtime.md"
     );
 }
+
+#[test]
+fn estop_flag_holds_until_the_next_episode() {
+    let (mut lp, _, _, _) = fixed_loop(SafetyConfig::default());
+    let flag = Arc::new(AtomicBool::new(false));
+    lp.set_estop_flag(flag.clone());
+    lp.run_ticks(3).unwrap();
+    assert_eq!(lp.robot().last_command()[0], 0.001);
+    flag.store(true, Ordering::Relaxed);
+    lp.run_ticks(5).unwrap();
+    assert_eq!(
+        lp.robot().last_command()[0],
+        0.0,
+        "still moving after the emergency stop"
+    );
+    assert_eq!(lp.safety_counters().get(SafetyEvent::Estop), 5);
+    // Only a new episode releases it.
+    lp.start_episode().unwrap();
+    assert!(!flag.load(Ordering::Relaxed));
+    lp.run_ticks(2).unwrap();
+    assert_eq!(lp.robot().last_command()[0], 0.001);
+}
