@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Logs go to stderr through `tracing`; `RUST_LOG` selects levels (default `info`).
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,zenoh=warn,zenoh_transport=warn")
+        tracing_subscriber::EnvFilter::new("info,zenoh=warn,zenoh_transport=warn,ort=warn")
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -4,6 +4,7 @@
 mod bench_bus;
 mod bench_loop;
 mod cli;
+mod policy_cmd;
 mod run_cmd;
 mod sim_cmd;
 
@@ -28,6 +29,16 @@ enum Command {
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
+    },
+    /// Base policies on ONNX Runtime: check a model against its spec, benchmark it.
+    Policy {
+        #[command(subcommand)]
+        command: policy_cmd::PolicyCommand,
+    },
+    /// Imitation learning: train a diffusion policy from recorded episodes.
+    Bc {
+        #[command(subcommand)]
+        command: policy_cmd::BcCommand,
     },
     /// The actor: runs the control loop against a robot with a policy (config file).
     Run(run_cmd::RunArgs),
@@ -55,6 +66,15 @@ fn main() {
             command: BenchCommand::Loop(a),
         } => bench_loop::run(a),
         Command::Run(a) => run_cmd::run(a),
+        Command::Policy {
+            command: policy_cmd::PolicyCommand::Check(a),
+        } => policy_cmd::check(a),
+        Command::Policy {
+            command: policy_cmd::PolicyCommand::Bench(a),
+        } => policy_cmd::bench(a),
+        Command::Bc {
+            command: policy_cmd::BcCommand::Train(a),
+        } => policy_cmd::bc_train(a),
         Command::Doctor => cli::doctor(),
     };
     if let Err(e) = result {

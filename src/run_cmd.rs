@@ -69,6 +69,8 @@ struct RobotSection {
 enum PolicyKind {
     /// The simulator's scripted expert (sim tasks only).
     Expert,
+    /// An ONNX model with its spec (`model`).
+    Onnx,
     /// No base policy: the robot holds unless a person drives.
     None,
 }
@@ -94,6 +96,20 @@ struct PolicySection {
     /// Chunk length the expert returns (its action repeated).
     #[serde(default = "d_chunk_len")]
     chunk_len: usize,
+    /// The .onnx file (kind = "onnx"); its spec is NAME.policy.toml beside it. Relative paths are
+    /// relative to the config file.
+    #[serde(default)]
+    model: Option<PathBuf>,
+    /// Execution provider (kind = "onnx").
+    #[serde(default)]
+    provider: reflex_policies::onnx_policy::Provider,
+    /// ONNX Runtime intra-op threads.
+    #[serde(default = "d_threads")]
+    intra_threads: usize,
+}
+
+fn d_threads() -> usize {
+    1
 }
 
 impl Default for PolicySection {
@@ -103,6 +119,9 @@ impl Default for PolicySection {
             noise: 0.0,
             seed: 0,
             chunk_len: d_chunk_len(),
+            model: None,
+            provider: Default::default(),
+            intra_threads: d_threads(),
         }
     }
 }
@@ -205,6 +224,14 @@ impl Validate for RunFile {
         in_range("policy", "noise", self.policy.noise, 0.0, 10.0)?;
         in_range("policy", "chunk_len", self.policy.chunk_len, 1, 64)?;
         in_range("run", "episodes", self.run.episodes, 1, 10_000_000)?;
+        in_range("policy", "intra_threads", self.policy.intra_threads, 1, 256)?;
+        if self.policy.kind == PolicyKind::Onnx && self.policy.model.is_none() {
+            return Err(Invalid {
+                key: "policy.model".into(),
+                value: "(missing)".into(),
+                allowed: "the .onnx file when policy.kind = \"onnx\"".into(),
+            });
+        }
         let _ = key("", "");
         Ok(())
     }
@@ -340,7 +367,15 @@ fn load(path: &PathBuf) -> anyhow::Result<RunFile> {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let file = load(&a.config)?;
+    let mut file = load(&a.config)?;
+    // Paths in the config are relative to the config file.
+    if let Some(m) = &file.policy.model {
+        if m.is_relative() && !m.exists() {
+            if let Some(dir) = a.config.parent() {
+                file.policy.model = Some(dir.join(m));
+            }
+        }
+    }
     let episodes = a.episodes.unwrap_or(file.run.episodes);
     // Bus: from the file, with command-line endpoints added.
     let mut bus = BusConfig {
@@ -415,6 +450,17 @@ fn make_policy(
 ) -> anyhow::Result<Option<Box<dyn Policy>>> {
     Ok(match file.policy.kind {
         PolicyKind::None => None,
+        PolicyKind::Onnx => {
+            let model = file.policy.model.clone().expect("validated");
+            let opts = reflex_policies::onnx_policy::RunOptions {
+                provider: file.policy.provider.clone(),
+                intra_threads: file.policy.intra_threads,
+                seed: file.policy.seed,
+            };
+            Some(Box::new(reflex_policies::onnx_policy::OnnxPolicy::load(
+                &model, spec, &opts,
+            )?))
+        }
         PolicyKind::Expert => Some(Box::new(
             ExpertPolicy::new(
                 spec,

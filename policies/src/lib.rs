@@ -1,6 +1,18 @@
-//! reflex-policies: base policies on ONNX Runtime and the learners that refine them.
+//! reflex-policies: base policies on ONNX Runtime and what makes them.
 //!
-//! Today: [`ort_env`], which finds and loads ONNX Runtime at start-up.
+//! - [`ort_env`]: find and load ONNX Runtime at start-up.
+//! - [`spec`]: the policy spec file beside each model.
+//! - [`onnx_policy`]: running a model (chunk, diffusion or flow) as a loop [`reflex_runtime::policy::Policy`].
+//! - [`sampler`]: DDIM and flow-matching samplers with injectable noise.
+//! - [`vla`]: image and language inputs, and the tiny VLA used in tests.
+//! - [`onnx_write`]: reflex's own ONNX writer.
+//! - [`bc`]: imitation training of diffusion policies in candle, exported to ONNX.
 #![warn(missing_docs)]
 
+pub mod bc;
+pub mod onnx_policy;
+pub mod onnx_write;
 pub mod ort_env;
+pub mod sampler;
+pub mod spec;
+pub mod vla;

@@ -1,0 +1,794 @@
+//! Base policies on ONNX Runtime: loading a model with its spec, checking one against the other,
+//! preparing inputs from robot observations, running the sampler, and returning action chunks.
+
+use crate::sampler::Ddim;
+use crate::spec::{InputSource, PolicyKind, PolicySpec, spec_path};
+use ort::session::{Session, SessionInputValue};
+use ort::value::TensorRef;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use reflex_runtime::msg::{Observation, RobotSpec};
+use reflex_runtime::policy::{ChunkSpec, Policy, PolicyError};
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Where the network runs (`[policy.provider]`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Provider {
+    /// The CPU provider (everywhere).
+    #[default]
+    Cpu,
+    /// NVIDIA CUDA (Jetson, workstation GPUs).
+    Cuda {
+        /// GPU index.
+        #[serde(default)]
+        device_id: i32,
+    },
+    /// NVIDIA TensorRT, with CUDA behind it for unsupported nodes.
+    Tensorrt {
+        /// GPU index.
+        #[serde(default)]
+        device_id: i32,
+        /// Build fp16 engines.
+        #[serde(default)]
+        fp16: bool,
+        /// Directory where built engines are cached (building one takes minutes on a Jetson).
+        #[serde(default)]
+        engine_cache_dir: Option<PathBuf>,
+    },
+}
+
+impl Provider {
+    /// Parses the command-line spelling: `cpu`, `cuda`, `tensorrt`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Provider::Cpu),
+            "cuda" => Ok(Provider::Cuda { device_id: 0 }),
+            "tensorrt" => Ok(Provider::Tensorrt {
+                device_id: 0,
+                fp16: true,
+                engine_cache_dir: None,
+            }),
+            o => Err(format!(
+                "provider `{o}`: allowed values are cpu, cuda, tensorrt"
+            )),
+        }
+    }
+
+    /// Name in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Provider::Cpu => "cpu",
+            Provider::Cuda { .. } => "cuda",
+            Provider::Tensorrt { .. } => "tensorrt",
+        }
+    }
+}
+
+/// How to run a model.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunOptions {
+    /// Execution provider.
+    #[serde(default)]
+    pub provider: Provider,
+    /// Threads ONNX Runtime may use inside one operator (keep it below the core count so the
+    /// control loop keeps a core).
+    #[serde(default = "d_threads")]
+    pub intra_threads: usize,
+    /// Seed of the sampler's noise.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn d_threads() -> usize {
+    1
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            provider: Provider::Cpu,
+            intra_threads: 1,
+            seed: 0,
+        }
+    }
+}
+
+/// Why a policy could not be loaded. Each variant names the file, input or provider at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// ONNX Runtime itself is missing.
+    #[error(transparent)]
+    Runtime(#[from] crate::ort_env::OrtError),
+    /// The model file is missing.
+    #[error("model `{0}` does not exist")]
+    Missing(String),
+    /// The spec file is missing or invalid.
+    #[error(transparent)]
+    Spec(#[from] reflex_runtime::config::ConfigError),
+    /// ONNX Runtime could not load the model (corrupt file, unsupported operator, ...).
+    #[error("model `{path}` could not be loaded by ONNX Runtime: {message}")]
+    Model {
+        /// Model file.
+        path: String,
+        /// ONNX Runtime's message.
+        message: String,
+    },
+    /// The execution provider could not be registered. reflex never falls back silently.
+    #[error(
+        "execution provider `{provider}` could not be registered for `{path}`: {message}. It needs an ONNX Runtime \
+         build with that provider (on a Jetson: NVIDIA's onnxruntime-gpu wheel) and a working GPU; \
+         choose provider = \"cpu\" to run on the CPU"
+    )]
+    Provider {
+        /// Provider name.
+        provider: &'static str,
+        /// Model file.
+        path: String,
+        /// ONNX Runtime's message.
+        message: String,
+    },
+    /// The spec and the graph disagree.
+    #[error("model `{path}` does not match its spec `{spec}`:\n  - {}", problems.join("\n  - "))]
+    Mismatch {
+        /// Model file.
+        path: String,
+        /// Spec file.
+        spec: String,
+        /// One line per mismatch.
+        problems: Vec<String>,
+    },
+    /// The policy does not fit the robot.
+    #[error("policy `{policy}` does not fit robot `{robot}`: {message}")]
+    Robot {
+        /// Policy name.
+        policy: String,
+        /// Robot name.
+        robot: String,
+        /// What does not fit.
+        message: String,
+    },
+    /// The tokenizer could not be loaded.
+    #[error("tokenizer `{path}`: {message}")]
+    Tokenizer {
+        /// File.
+        path: String,
+        /// Message.
+        message: String,
+    },
+}
+
+/// Opens an ONNX Runtime session with the chosen provider.
+pub fn open_session(path: &Path, opts: &RunOptions) -> Result<Session, LoadError> {
+    if !path.exists() {
+        return Err(LoadError::Missing(path.display().to_string()));
+    }
+    let env = crate::ort_env::ensure()?;
+    let p = path.display().to_string();
+    let model_err = |e: &dyn std::fmt::Display| LoadError::Model {
+        path: p.clone(),
+        message: e.to_string(),
+    };
+    let mut b = Session::builder(env).map_err(|e| model_err(&e))?;
+    b = b
+        .with_intra_threads(opts.intra_threads.max(1))
+        .map_err(|e| model_err(&e))?;
+    b = b.with_inter_threads(1).map_err(|e| model_err(&e))?;
+    let eps = match &opts.provider {
+        Provider::Cpu => vec![],
+        Provider::Cuda { device_id } => vec![
+            ort::ep::CUDA::default()
+                .with_device_id(*device_id)
+                .build()
+                .error_on_failure(),
+        ],
+        Provider::Tensorrt {
+            device_id,
+            fp16,
+            engine_cache_dir,
+        } => {
+            let mut trt = ort::ep::TensorRT::default()
+                .with_device_id(*device_id)
+                .with_fp16(*fp16);
+            if let Some(dir) = engine_cache_dir {
+                trt = trt
+                    .with_engine_cache(true)
+                    .with_engine_cache_path(dir.display());
+            }
+            vec![
+                trt.build().error_on_failure(),
+                ort::ep::CUDA::default()
+                    .with_device_id(*device_id)
+                    .build()
+                    .error_on_failure(),
+            ]
+        }
+    };
+    if !eps.is_empty() {
+        b = b
+            .with_execution_providers(eps)
+            .map_err(|e| LoadError::Provider {
+                provider: opts.provider.name(),
+                path: p.clone(),
+                message: e.to_string(),
+            })?;
+    }
+    b.commit_from_file(path).map_err(|e| {
+        let m = e.to_string();
+        if opts.provider != Provider::Cpu
+            && (m.contains("provider")
+                || m.contains("Provider")
+                || m.contains("CUDA")
+                || m.contains("TensorRT"))
+        {
+            LoadError::Provider {
+                provider: opts.provider.name(),
+                path: p.clone(),
+                message: m,
+            }
+        } else {
+            model_err(&m)
+        }
+    })
+}
+
+/// What one graph input or output looks like: element type and shape (-1 = dynamic).
+#[derive(Clone, Debug, PartialEq)]
+pub struct IoShape {
+    /// Name.
+    pub name: String,
+    /// Element type, as ONNX Runtime names it.
+    pub elem: String,
+    /// Dimensions, -1 for dynamic.
+    pub dims: Vec<i64>,
+}
+
+fn describe(o: &ort::value::Outlet) -> IoShape {
+    let t = o.dtype();
+    IoShape {
+        name: o.name().to_string(),
+        elem: t
+            .tensor_type()
+            .map(|e| format!("{e:?}").to_lowercase())
+            .unwrap_or_else(|| "non-tensor".into()),
+        dims: t
+            .tensor_shape()
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default(),
+    }
+}
+
+/// The graph's inputs and outputs.
+pub fn graph_io(session: &Session) -> (Vec<IoShape>, Vec<IoShape>) {
+    (
+        session.inputs().iter().map(describe).collect(),
+        session.outputs().iter().map(describe).collect(),
+    )
+}
+
+/// The shape (without the batch dimension) and element type the spec expects for each graph
+/// input, given the robot's state layout (`None`: not known without a robot).
+fn expected_inputs(
+    spec: &PolicySpec,
+    robot: Option<&RobotSpec>,
+) -> Vec<(String, &'static str, Option<Vec<i64>>)> {
+    let mut v = vec![];
+    let (t, a) = (spec.chunk_len as i64, spec.action_dim as i64);
+    if let Some(s) = &spec.graph.sample_input {
+        v.push((s.clone(), "float32", Some(vec![t, a])));
+    }
+    if let Some(s) = &spec.graph.time_input {
+        v.push((s.clone(), "float32", Some(vec![1])));
+    }
+    for i in &spec.inputs {
+        match i {
+            InputSource::State {
+                name,
+                fields,
+                history,
+                ..
+            } => {
+                let n = robot.map(|r| {
+                    if fields.is_empty() {
+                        r.state_dim()
+                    } else {
+                        fields
+                            .iter()
+                            .filter_map(|f| r.field(f))
+                            .map(|r| r.len())
+                            .sum()
+                    }
+                });
+                v.push((
+                    name.clone(),
+                    "float32",
+                    n.map(|n| vec![(n * history) as i64]),
+                ));
+            }
+            InputSource::Image {
+                name,
+                width,
+                height,
+                ..
+            } => v.push((
+                name.clone(),
+                "float32",
+                Some(vec![3, *height as i64, *width as i64]),
+            )),
+            InputSource::Language {
+                name,
+                max_len,
+                mask_input,
+                ..
+            } => {
+                v.push((name.clone(), "int64", Some(vec![*max_len as i64])));
+                if let Some(m) = mask_input {
+                    v.push((m.clone(), "int64", Some(vec![*max_len as i64])));
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Every way the graph disagrees with the spec (empty when they agree). `robot` lets the state
+/// input sizes be checked too.
+pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpec>) -> Vec<String> {
+    let (inputs, outputs) = graph_io(session);
+    let mut problems = vec![];
+    let expected = expected_inputs(spec, robot);
+    for (name, elem, dims) in &expected {
+        let Some(g) = inputs.iter().find(|g| &g.name == name) else {
+            problems.push(format!(
+                "input `{name}` named in the spec is not in the graph (graph inputs: {})",
+                inputs
+                    .iter()
+                    .map(|g| g.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            continue;
+        };
+        if g.elem != *elem {
+            problems.push(format!(
+                "input `{name}`: the graph takes {}, the spec feeds {elem}",
+                g.elem
+            ));
+        }
+        if let Some(d) = dims {
+            let graph_tail: Vec<i64> = g.dims.iter().skip(1).copied().collect();
+            let fits = graph_tail.len() == d.len()
+                && graph_tail.iter().zip(d).all(|(g, e)| *g == -1 || g == e);
+            if !fits {
+                problems.push(format!(
+                    "input `{name}`: the graph's shape is {:?}, the spec feeds [batch, {}]",
+                    g.dims,
+                    d.iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+    }
+    for g in &inputs {
+        if !expected.iter().any(|(n, _, _)| n == &g.name) {
+            problems.push(format!(
+                "graph input `{}` ({} {:?}) is not fed by any spec input",
+                g.name, g.elem, g.dims
+            ));
+        }
+    }
+    match outputs.iter().find(|o| o.name == spec.graph.output) {
+        None => problems.push(format!(
+            "output `{}` named in the spec is not in the graph (graph outputs: {})",
+            spec.graph.output,
+            outputs
+                .iter()
+                .map(|g| g.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Some(o) => {
+            if o.elem != "float32" {
+                problems.push(format!(
+                    "output `{}` is {}, expected float32",
+                    o.name, o.elem
+                ));
+            }
+            let want = [spec.chunk_len as i64, spec.action_dim as i64];
+            let tail: Vec<i64> = o.dims.iter().skip(1).copied().collect();
+            let fits = tail.len() == 2 && tail.iter().zip(&want).all(|(g, e)| *g == -1 || g == e);
+            if !fits {
+                problems.push(format!("output `{}`: the graph's shape is {:?}, the spec expects [batch, {}, {}] (chunk_len, action_dim)", o.name, o.dims, want[0], want[1]));
+            }
+        }
+    }
+    problems
+}
+
+enum Prepared {
+    State {
+        data: Vec<f32>,
+        ranges: Vec<Range<usize>>,
+        history: usize,
+        filled: bool,
+        normalize: crate::spec::Normalize,
+    },
+    Image {
+        data: Vec<f32>,
+        camera: String,
+        width: u32,
+        height: u32,
+        mean: [f32; 3],
+        std: [f32; 3],
+    },
+    Tokens {
+        ids: Vec<i64>,
+        mask: Option<(String, Vec<i64>)>,
+    },
+}
+
+/// An ONNX policy ready to run for one robot.
+pub struct OnnxPolicy {
+    spec: PolicySpec,
+    session: Session,
+    inputs: Vec<(String, Prepared)>,
+    ddim: Option<Ddim>,
+    noise: Vec<f32>,
+    next_noise: Option<Vec<f32>>,
+    x: Vec<f32>,
+    out: Vec<f32>,
+    time: [f32; 1],
+    rng: ChaCha8Rng,
+}
+
+impl OnnxPolicy {
+    /// Loads `model` and the spec beside it, checks both against each other and against `robot`.
+    pub fn load(model: &Path, robot: &RobotSpec, opts: &RunOptions) -> Result<Self, LoadError> {
+        if !model.exists() {
+            return Err(LoadError::Missing(model.display().to_string()));
+        }
+        let spec = PolicySpec::load_for(model)?;
+        let session = open_session(model, opts)?;
+        let problems = check_graph(&spec, &session, Some(robot));
+        if !problems.is_empty() {
+            return Err(LoadError::Mismatch {
+                path: model.display().to_string(),
+                spec: spec_path(model).display().to_string(),
+                problems,
+            });
+        }
+        let bad = |m: String| LoadError::Robot {
+            policy: spec.name.clone(),
+            robot: robot.name.clone(),
+            message: m,
+        };
+        if robot.action.dim() != spec.action_dim {
+            return Err(bad(format!(
+                "the policy outputs {} action components, the robot takes {}",
+                spec.action_dim,
+                robot.action.dim()
+            )));
+        }
+        if let Some(k) = &spec.robot_kind {
+            if k != &robot.kind {
+                return Err(bad(format!(
+                    "the policy was made for robot kind `{k}`, this robot is `{}`",
+                    robot.kind
+                )));
+            }
+        }
+        let dir = model.parent().unwrap_or(Path::new("."));
+        let mut inputs = vec![];
+        for i in &spec.inputs {
+            let prepared = match i {
+                InputSource::State {
+                    fields,
+                    history,
+                    normalize,
+                    ..
+                } => {
+                    let ranges: Vec<Range<usize>> = if fields.is_empty() {
+                        vec![0..robot.state_dim()]
+                    } else {
+                        fields
+                            .iter()
+                            .map(|f| robot.field(f).ok_or_else(|| bad(format!("input `{}` needs the state field `{f}`, which the robot does not have", i.name()))))
+                            .collect::<Result<_, _>>()?
+                    };
+                    let n: usize = ranges.iter().map(|r| r.len()).sum();
+                    Prepared::State {
+                        data: vec![0.0; n * history],
+                        ranges,
+                        history: *history,
+                        filled: false,
+                        normalize: normalize.clone(),
+                    }
+                }
+                InputSource::Image {
+                    camera,
+                    width,
+                    height,
+                    mean,
+                    std,
+                    ..
+                } => {
+                    if !robot.cameras.iter().any(|c| &c.name == camera) {
+                        return Err(bad(format!(
+                            "input `{}` needs camera `{camera}`; the robot has {:?} (enable its cameras?)",
+                            i.name(),
+                            robot.cameras.iter().map(|c| &c.name).collect::<Vec<_>>()
+                        )));
+                    }
+                    Prepared::Image {
+                        data: vec![0.0; (3 * width * height) as usize],
+                        camera: camera.clone(),
+                        width: *width,
+                        height: *height,
+                        mean: *mean,
+                        std: *std,
+                    }
+                }
+                InputSource::Language {
+                    tokenizer,
+                    instruction,
+                    max_len,
+                    pad_id,
+                    mask_input,
+                    ..
+                } => {
+                    let path = dir.join(tokenizer);
+                    let (ids, mask) = crate::vla::tokenize(&path, instruction, *max_len, *pad_id)?;
+                    Prepared::Tokens {
+                        ids,
+                        mask: mask_input.clone().map(|m| (m, mask)),
+                    }
+                }
+            };
+            inputs.push((i.name().to_string(), prepared));
+        }
+        let n = spec.chunk_len * spec.action_dim;
+        let ddim = (spec.kind == PolicyKind::Diffusion)
+            .then(|| spec.diffusion.clone().unwrap_or_default().ddim());
+        Ok(OnnxPolicy {
+            spec,
+            session,
+            inputs,
+            ddim,
+            noise: vec![0.0; n],
+            next_noise: None,
+            x: vec![0.0; n],
+            out: vec![0.0; n],
+            time: [0.0],
+            rng: ChaCha8Rng::seed_from_u64(opts.seed),
+        })
+    }
+
+    /// The spec.
+    pub fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+
+    /// Uses `noise` (chunk_len x action_dim, standard normal units) as the initial sample of the
+    /// next inference instead of drawing it (deterministic tests; diffusion steering).
+    pub fn set_next_noise(&mut self, noise: Vec<f32>) {
+        self.next_noise = Some(noise);
+    }
+
+    fn prepare(&mut self, obs: &Observation) -> Result<(), PolicyError> {
+        let name = self.spec.name.clone();
+        for (input, p) in &mut self.inputs {
+            match p {
+                Prepared::State {
+                    data,
+                    ranges,
+                    history,
+                    filled,
+                    normalize,
+                } => {
+                    let n: usize = ranges.iter().map(|r| r.len()).sum();
+                    let mut cur = Vec::with_capacity(n);
+                    for r in ranges.iter() {
+                        cur.extend_from_slice(obs.state.get(r.clone()).ok_or_else(|| {
+                            PolicyError {
+                                policy: name.clone(),
+                                message: format!("observation too short for input `{input}`"),
+                            }
+                        })?);
+                    }
+                    normalize.apply(&mut cur);
+                    if !*filled || obs.step == 0 {
+                        for h in 0..*history {
+                            data[h * n..(h + 1) * n].copy_from_slice(&cur);
+                        }
+                        *filled = true;
+                    } else {
+                        data.copy_within(n.., 0);
+                        let k = data.len() - n;
+                        data[k..].copy_from_slice(&cur);
+                    }
+                }
+                Prepared::Image {
+                    data,
+                    camera,
+                    width,
+                    height,
+                    mean,
+                    std,
+                } => {
+                    let img = obs
+                        .images
+                        .iter()
+                        .find(|i| &i.camera == camera)
+                        .ok_or_else(|| PolicyError {
+                            policy: name.clone(),
+                            message: format!("no image from camera `{camera}` in the observation"),
+                        })?;
+                    crate::vla::image_to_nchw(img, *width, *height, mean, std, data);
+                }
+                Prepared::Tokens { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn run_graph(&mut self, sample: bool) -> Result<(), PolicyError> {
+        let err = |e: ort::Error| PolicyError {
+            policy: self.spec.name.clone(),
+            message: e.to_string(),
+        };
+        let (t, a) = (self.spec.chunk_len, self.spec.action_dim);
+        let mut feeds: Vec<(Cow<str>, SessionInputValue)> =
+            Vec::with_capacity(self.inputs.len() + 2);
+        if sample {
+            let s = self.spec.graph.sample_input.as_deref().expect("validated");
+            feeds.push((
+                s.into(),
+                TensorRef::from_array_view(([1usize, t, a], &self.x[..]))
+                    .map_err(err)?
+                    .into(),
+            ));
+            let tn = self.spec.graph.time_input.as_deref().expect("validated");
+            feeds.push((
+                tn.into(),
+                TensorRef::from_array_view(([1usize, 1], &self.time[..]))
+                    .map_err(err)?
+                    .into(),
+            ));
+        }
+        for (name, p) in &self.inputs {
+            match p {
+                Prepared::State { data, .. } => feeds.push((
+                    name.as_str().into(),
+                    TensorRef::from_array_view(([1usize, data.len()], &data[..]))
+                        .map_err(err)?
+                        .into(),
+                )),
+                Prepared::Image {
+                    data,
+                    width,
+                    height,
+                    ..
+                } => feeds.push((
+                    name.as_str().into(),
+                    TensorRef::from_array_view((
+                        [1usize, 3, *height as usize, *width as usize],
+                        &data[..],
+                    ))
+                    .map_err(err)?
+                    .into(),
+                )),
+                Prepared::Tokens { ids, mask } => {
+                    feeds.push((
+                        name.as_str().into(),
+                        TensorRef::from_array_view(([1usize, ids.len()], &ids[..]))
+                            .map_err(err)?
+                            .into(),
+                    ));
+                    if let Some((m, v)) = mask {
+                        feeds.push((
+                            m.as_str().into(),
+                            TensorRef::from_array_view(([1usize, v.len()], &v[..]))
+                                .map_err(err)?
+                                .into(),
+                        ));
+                    }
+                }
+            }
+        }
+        let output = self.spec.graph.output.clone();
+        let outputs = self.session.run(feeds).map_err(err)?;
+        let (_, data) = outputs[output.as_str()]
+            .try_extract_tensor::<f32>()
+            .map_err(err)?;
+        self.out.copy_from_slice(&data[..t * a]);
+        Ok(())
+    }
+
+    /// Computes a chunk (in robot action units) for `obs` into `out`.
+    pub fn infer_chunk(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
+        self.prepare(obs)?;
+        match self.spec.kind {
+            PolicyKind::Chunk => {
+                self.run_graph(false)?;
+                out.copy_from_slice(&self.out);
+            }
+            PolicyKind::Diffusion | PolicyKind::Flow => {
+                match self.next_noise.take() {
+                    Some(n) if n.len() == self.noise.len() => self.noise.copy_from_slice(&n),
+                    Some(n) => {
+                        return Err(PolicyError {
+                            policy: self.spec.name.clone(),
+                            message: format!(
+                                "injected noise has {} values, the chunk has {}",
+                                n.len(),
+                                self.noise.len()
+                            ),
+                        });
+                    }
+                    None => {
+                        for v in self.noise.iter_mut() {
+                            *v = StandardNormal.sample(&mut self.rng);
+                        }
+                    }
+                }
+                self.x.copy_from_slice(&self.noise);
+                if self.spec.kind == PolicyKind::Diffusion {
+                    let ddim = self.ddim.clone().expect("diffusion has a schedule");
+                    for &t in &ddim.timesteps {
+                        self.time[0] = t as f32;
+                        self.run_graph(true)?;
+                        let out = std::mem::take(&mut self.out);
+                        ddim.step(t, &out, &mut self.x);
+                        self.out = out;
+                    }
+                } else {
+                    let steps = self.spec.flow_steps;
+                    for k in 0..steps {
+                        self.time[0] = k as f32 / steps as f32;
+                        self.run_graph(true)?;
+                        let dt = 1.0 / steps as f32;
+                        for (x, v) in self.x.iter_mut().zip(&self.out) {
+                            *x += dt * v;
+                        }
+                    }
+                }
+                out.copy_from_slice(&self.x);
+            }
+        }
+        self.spec.action_normalize.invert(out);
+        Ok(())
+    }
+}
+
+impl Policy for OnnxPolicy {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    fn chunk_spec(&self) -> ChunkSpec {
+        ChunkSpec {
+            len: self.spec.chunk_len,
+            execute: self.spec.execute,
+            dim: self.spec.action_dim,
+        }
+    }
+
+    fn reset(&mut self) {
+        for (_, p) in &mut self.inputs {
+            if let Prepared::State { filled, .. } = p {
+                *filled = false;
+            }
+        }
+    }
+
+    fn infer(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
+        self.infer_chunk(obs, out)
+    }
+}

@@ -1,0 +1,390 @@
+//! The policy spec: a TOML file beside each ONNX model that says what the network is, what it
+//! eats and what it returns (docs/policy-spec.md is the reference for users).
+
+use crate::sampler::{BetaSchedule, Ddim, Prediction};
+use reflex_runtime::config::{Invalid, Validate, in_range, key};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// What the network computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Observation -> action chunk in one call (ACT-style).
+    Chunk,
+    /// A denoiser; reflex runs the DDIM sampler around it.
+    Diffusion,
+    /// A velocity field; reflex integrates Euler steps (pi0, SmolVLA).
+    Flow,
+}
+
+/// Normalisation of a vector.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Normalize {
+    /// No normalisation.
+    None,
+    /// `2 (x - low) / (high - low) - 1`, to [-1, 1] (Diffusion Policy's convention).
+    MinMax {
+        /// Lower bound per component.
+        low: Vec<f32>,
+        /// Upper bound per component.
+        high: Vec<f32>,
+    },
+    /// `(x - mean) / std`.
+    MeanStd {
+        /// Mean per component.
+        mean: Vec<f32>,
+        /// Standard deviation per component.
+        std: Vec<f32>,
+    },
+}
+
+impl Normalize {
+    /// Normalises `x` in place (component `i` uses entry `i % len`, so one set of stats covers a
+    /// stacked history or a chunk).
+    pub fn apply(&self, x: &mut [f32]) {
+        match self {
+            Normalize::None => {}
+            Normalize::MinMax { low, high } => {
+                for (i, v) in x.iter_mut().enumerate() {
+                    let (l, h) = (low[i % low.len()], high[i % high.len()]);
+                    let r = (h - l).max(1e-6);
+                    *v = 2.0 * (*v - l) / r - 1.0;
+                }
+            }
+            Normalize::MeanStd { mean, std } => {
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v = (*v - mean[i % mean.len()]) / std[i % std.len()].max(1e-6);
+                }
+            }
+        }
+    }
+
+    /// Inverse of [`Normalize::apply`].
+    pub fn invert(&self, x: &mut [f32]) {
+        match self {
+            Normalize::None => {}
+            Normalize::MinMax { low, high } => {
+                for (i, v) in x.iter_mut().enumerate() {
+                    let (l, h) = (low[i % low.len()], high[i % high.len()]);
+                    let r = (h - l).max(1e-6);
+                    *v = (*v + 1.0) * 0.5 * r + l;
+                }
+            }
+            Normalize::MeanStd { mean, std } => {
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v = *v * std[i % std.len()].max(1e-6) + mean[i % mean.len()];
+                }
+            }
+        }
+    }
+
+    fn len(&self) -> Option<usize> {
+        match self {
+            Normalize::None => None,
+            Normalize::MinMax { low, high } => Some(low.len().min(high.len())),
+            Normalize::MeanStd { mean, std } => Some(mean.len().min(std.len())),
+        }
+    }
+}
+
+fn d_norm() -> Normalize {
+    Normalize::None
+}
+fn d_history() -> usize {
+    1
+}
+
+/// Where an input's values come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "source", rename_all = "snake_case", deny_unknown_fields)]
+pub enum InputSource {
+    /// Named fields of the robot's state vector, concatenated (all of it when empty), stacked over
+    /// `history` observations (oldest first).
+    State {
+        /// Graph input name.
+        name: String,
+        /// State fields, in order.
+        #[serde(default)]
+        fields: Vec<String>,
+        /// Observations stacked.
+        #[serde(default = "d_history")]
+        history: usize,
+        /// Normalisation of one observation's values.
+        #[serde(default = "d_norm")]
+        normalize: Normalize,
+    },
+    /// A camera image, resized (bilinear) and normalised per channel, NCHW float32.
+    Image {
+        /// Graph input name.
+        name: String,
+        /// Camera name in the robot spec.
+        camera: String,
+        /// Width the network expects.
+        width: u32,
+        /// Height the network expects.
+        height: u32,
+        /// Per-channel mean (after scaling to [0, 1]).
+        mean: [f32; 3],
+        /// Per-channel std.
+        std: [f32; 3],
+    },
+    /// A language instruction tokenised with a Hugging Face `tokenizer.json` (int64 ids, padded).
+    Language {
+        /// Graph input name (the token ids).
+        name: String,
+        /// Tokenizer file, relative to the spec.
+        tokenizer: PathBuf,
+        /// The instruction (a run can override it).
+        instruction: String,
+        /// Sequence length (padded / truncated).
+        max_len: usize,
+        /// Id used for padding.
+        #[serde(default)]
+        pad_id: i64,
+        /// Graph input that takes the attention mask (1 for tokens, 0 for padding), if any.
+        #[serde(default)]
+        mask_input: Option<String>,
+    },
+}
+
+/// One graph input fed from the robot (`[[inputs]]` with its `source`).
+pub type InputSpec = InputSource;
+
+impl InputSource {
+    /// The graph input name.
+    pub fn name(&self) -> &str {
+        match self {
+            InputSource::State { name, .. }
+            | InputSource::Image { name, .. }
+            | InputSource::Language { name, .. } => name,
+        }
+    }
+}
+
+fn d_train() -> usize {
+    100
+}
+fn d_infer() -> usize {
+    10
+}
+fn d_sched() -> BetaSchedule {
+    BetaSchedule::SquaredcosCapV2
+}
+fn d_bstart() -> f64 {
+    1e-4
+}
+fn d_bend() -> f64 {
+    0.02
+}
+fn d_clip() -> f64 {
+    1.0
+}
+fn d_pred() -> Prediction {
+    Prediction::Epsilon
+}
+
+/// The DDPM/DDIM schedule of a diffusion policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffusionSpec {
+    /// Training steps of the noise schedule.
+    #[serde(default = "d_train")]
+    pub train_steps: usize,
+    /// DDIM steps at inference.
+    #[serde(default = "d_infer")]
+    pub inference_steps: usize,
+    /// Beta schedule.
+    #[serde(default = "d_sched")]
+    pub schedule: BetaSchedule,
+    /// First beta (linear schedule).
+    #[serde(default = "d_bstart")]
+    pub beta_start: f64,
+    /// Last beta (linear schedule).
+    #[serde(default = "d_bend")]
+    pub beta_end: f64,
+    /// Clip the predicted clean sample to [-clip, clip] (0 = off).
+    #[serde(default = "d_clip")]
+    pub clip_sample: f64,
+    /// What the network predicts.
+    #[serde(default = "d_pred")]
+    pub prediction: Prediction,
+}
+
+impl Default for DiffusionSpec {
+    fn default() -> Self {
+        DiffusionSpec {
+            train_steps: d_train(),
+            inference_steps: d_infer(),
+            schedule: d_sched(),
+            beta_start: d_bstart(),
+            beta_end: d_bend(),
+            clip_sample: d_clip(),
+            prediction: d_pred(),
+        }
+    }
+}
+
+impl DiffusionSpec {
+    /// The sampler.
+    pub fn ddim(&self) -> Ddim {
+        Ddim::new(
+            self.schedule,
+            self.train_steps,
+            self.inference_steps,
+            self.beta_start,
+            self.beta_end,
+            self.clip_sample,
+            self.prediction,
+        )
+    }
+}
+
+fn d_flow_steps() -> usize {
+    10
+}
+
+/// Names of the graph's sampler-facing inputs and its output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GraphIo {
+    /// Input that takes the noisy chunk (`[B, T, A]`; diffusion and flow).
+    #[serde(default)]
+    pub sample_input: Option<String>,
+    /// Input that takes the timestep (`[B, 1]` float32; diffusion: the training step, flow: t in [0, 1]).
+    #[serde(default)]
+    pub time_input: Option<String>,
+    /// Output: the chunk (chunk), the noise or sample prediction (diffusion), or the velocity (flow).
+    pub output: String,
+}
+
+/// The policy spec file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Always `reflex-policy`.
+    pub format: String,
+    /// Spec format version (1).
+    pub version: u16,
+    /// A name for logs.
+    pub name: String,
+    /// Network kind.
+    pub kind: PolicyKind,
+    /// Action dimension.
+    pub action_dim: usize,
+    /// Actions per chunk.
+    pub chunk_len: usize,
+    /// Actions executed per chunk before the next inference.
+    pub execute: usize,
+    /// Robot kind the policy was made for (e.g. `sim/pick`); checked when given.
+    #[serde(default)]
+    pub robot_kind: Option<String>,
+    /// Normalisation of actions (the network works in normalised units).
+    #[serde(default = "d_norm")]
+    pub action_normalize: Normalize,
+    /// Graph I/O names.
+    pub graph: GraphIo,
+    /// Inputs fed from the robot.
+    pub inputs: Vec<InputSpec>,
+    /// Diffusion schedule (kind = diffusion).
+    #[serde(default)]
+    pub diffusion: Option<DiffusionSpec>,
+    /// Euler steps (kind = flow).
+    #[serde(default = "d_flow_steps")]
+    pub flow_steps: usize,
+    /// How the model was made (command line, seed), for the record.
+    #[serde(default)]
+    pub provenance: Option<String>,
+}
+
+impl Validate for PolicySpec {
+    fn validate(&self, p: &str) -> Result<(), Invalid> {
+        if self.format != "reflex-policy" {
+            return Err(Invalid {
+                key: key(p, "format"),
+                value: format!("{:?}", self.format),
+                allowed: "\"reflex-policy\"".into(),
+            });
+        }
+        in_range(p, "version", self.version, 1, 1)?;
+        in_range(p, "action_dim", self.action_dim, 1, 1024)?;
+        in_range(p, "chunk_len", self.chunk_len, 1, 1024)?;
+        in_range(p, "execute", self.execute, 1, self.chunk_len)?;
+        if let Some(n) = self.action_normalize.len() {
+            if n != self.action_dim {
+                return Err(Invalid {
+                    key: key(p, "action_normalize"),
+                    value: format!("{n} components"),
+                    allowed: format!("action_dim = {} components", self.action_dim),
+                });
+            }
+        }
+        match self.kind {
+            PolicyKind::Chunk => {}
+            PolicyKind::Diffusion | PolicyKind::Flow => {
+                for (k, v) in [
+                    ("sample_input", &self.graph.sample_input),
+                    ("time_input", &self.graph.time_input),
+                ] {
+                    if v.is_none() {
+                        return Err(Invalid {
+                            key: key(&key(p, "graph"), k),
+                            value: "(missing)".into(),
+                            allowed: format!(
+                                "the graph input name; required for kind = {:?}",
+                                self.kind
+                            ),
+                        });
+                    }
+                }
+                if self.kind == PolicyKind::Diffusion {
+                    let d = self.diffusion.clone().unwrap_or_default();
+                    let dk = key(p, "diffusion");
+                    in_range(&dk, "train_steps", d.train_steps, 1, 10_000)?;
+                    in_range(&dk, "inference_steps", d.inference_steps, 1, d.train_steps)?;
+                } else {
+                    in_range(p, "flow_steps", self.flow_steps, 1, 1000)?;
+                }
+            }
+        }
+        for (i, inp) in self.inputs.iter().enumerate() {
+            let k = format!(
+                "{}inputs[{i}]",
+                if p.is_empty() {
+                    String::new()
+                } else {
+                    format!("{p}.")
+                }
+            );
+            match inp {
+                InputSource::State { history, .. } => in_range(&k, "history", *history, 1, 64)?,
+                InputSource::Image { width, height, .. } => {
+                    in_range(&k, "width", *width, 1, 4096)?;
+                    in_range(&k, "height", *height, 1, 4096)?;
+                }
+                InputSource::Language { max_len, .. } => {
+                    in_range(&k, "max_len", *max_len, 1, 4096)?
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the spec of a model lives: `M.policy.toml` beside `M.onnx`.
+pub fn spec_path(model: &Path) -> PathBuf {
+    model.with_extension("policy.toml")
+}
+
+impl PolicySpec {
+    /// Reads and validates the spec beside `model`.
+    pub fn load_for(model: &Path) -> Result<Self, reflex_runtime::config::ConfigError> {
+        reflex_runtime::config::load(&spec_path(model))
+    }
+
+    /// Writes the spec as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a spec serialises")
+    }
+}
