@@ -341,6 +341,24 @@ fn expected_inputs(
 pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpec>) -> Vec<String> {
     let (inputs, outputs) = graph_io(session);
     let mut problems = vec![];
+    if let Some(r) = robot {
+        for i in &spec.inputs {
+            if let InputSource::State { name, fields, .. } = i {
+                for f in fields {
+                    if r.field(f).is_none() {
+                        problems.push(format!(
+                            "input `{name}` needs the state field `{f}`, which robot `{}` does not have (fields: {})",
+                            r.name,
+                            r.state.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                        ));
+                    }
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return problems;
+        }
+    }
     let expected = expected_inputs(spec, robot);
     for (name, elem, dims) in &expected {
         let Some(g) = inputs.iter().find(|g| &g.name == name) else {

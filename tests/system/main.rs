@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod control;
 mod gym_bridge;
+mod policies;
 mod sim_tasks;
 
 /// Every allocation in this test binary goes through a counter that only counts on threads that

@@ -1,0 +1,53 @@
+"""Builds a chunk policy with the `onnx` package (no reflex code involved), writes it with its
+reflex spec, and prints what the `onnxruntime` Python package computes for a given state.
+
+usage: make_onnx_model.py OUT_DIR STATE_JSON
+"""
+import json
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+out_dir, state = sys.argv[1], json.loads(sys.argv[2])
+S, T, A = len(state), 4, 3
+rng = np.random.default_rng(42)
+w = rng.normal(0, 0.5, size=(S, T * A)).astype(np.float32)
+b = rng.normal(0, 0.1, size=(T * A,)).astype(np.float32)
+graph = helper.make_graph(
+    [
+        helper.make_node("MatMul", ["state", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["hb"]),
+        helper.make_node("Tanh", ["hb"], ["t"]),
+        helper.make_node("Reshape", ["t", "shape"], ["actions"]),
+    ],
+    "python_chunk_policy",
+    [helper.make_tensor_value_info("state", TensorProto.FLOAT, ["batch", S])],
+    [helper.make_tensor_value_info("actions", TensorProto.FLOAT, ["batch", T, A])],
+    [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array([-1, T, A], dtype=np.int64), "shape")],
+)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 8
+onnx.checker.check_model(model)
+onnx.save(model, f"{out_dir}/py.onnx")
+with open(f"{out_dir}/py.policy.toml", "w") as f:
+    f.write(f"""format = "reflex-policy"
+version = 1
+name = "python-built"
+kind = "chunk"
+action_dim = {A}
+chunk_len = {T}
+execute = 2
+
+[graph]
+output = "actions"
+
+[[inputs]]
+source = "state"
+name = "state"
+""")
+sess = ort.InferenceSession(f"{out_dir}/py.onnx", providers=["CPUExecutionProvider"])
+(y,) = sess.run(["actions"], {"state": np.asarray([state], dtype=np.float32)})
+print(json.dumps([float(v) for v in y.ravel()]))
