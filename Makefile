@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 CARGO ?= cargo
 
-.PHONY: demo test venv build bench fmt clippy clean-venv
+.PHONY: demo test venv build bench fmt clippy clean-venv models
 
 ## The pinned Python environment (onnxruntime, eclipse-zenoh, gymnasium, msgpack).
 venv: $(VENV)/.installed
@@ -30,6 +30,18 @@ demo: venv build
 ## Every test: unit tests of every crate and the system tests (one release build profile).
 test: venv
 	$(CARGO) test --release --workspace
+
+## Remake the shipped base policies in models/ (the exact commands and seeds are also recorded
+## in each model's spec as `provenance`, and in docs/policies.md).
+REFLEX := $(CARGO) run --release --quiet --
+models: build
+	rm -rf demos/pick demos/insert
+	$(REFLEX) sim demos --task pick --episodes 30 --noise 0.2 --seed 1 --out demos/pick
+	$(REFLEX) bc train --demos demos/pick --out models/pick.onnx --steps 2000 --seed 1
+	$(REFLEX) sim demos --task insert --episodes 120 --noise 0.03 --seed 1 --out demos/insert
+	$(REFLEX) bc train --demos demos/insert --out models/insert.onnx --steps 10000 --seed 1
+	$(REFLEX) run --config configs/run/sim-pick-bc.toml --episodes 100
+	$(REFLEX) run --config configs/run/sim-insert-bc.toml --episodes 100
 
 bench: build
 	$(CARGO) run --release --quiet -- sim bench --task pick

@@ -269,7 +269,7 @@ pub fn bc_train(a: TrainArgs) -> anyhow::Result<()> {
     pb.finish_and_clear();
     trained.spec.provenance = Some(format!(
         "{} (demos: {}; {take} episodes, {} samples; trained in {:.0} s)",
-        std::env::args().collect::<Vec<_>>().join(" "),
+        crate::cli::command_line(),
         m.command,
         samples.len(),
         t0.elapsed().as_secs_f64()

@@ -344,7 +344,7 @@ fn demos(a: DemosArgs) -> anyhow::Result<()> {
     let cfg = a.sim.load()?;
     let mut env = SimEnv::new(cfg)?;
     let mut expert = Expert::new(env.spec(), a.noise, a.seed ^ 0x5eed)?;
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let command = crate::cli::command_line();
     let mut writer = DemoWriter::create(&a.out, env.spec(), &command)?;
     let mut seeds = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
     let pb = progress(a.episodes, "episodes");

@@ -466,7 +466,7 @@ pub fn train(
         if let Some(e) = &mut ema {
             let d = cfg.ema.min((1.0 + step as f64) / (10.0 + step as f64));
             for (ev, v) in e.iter_mut().zip(net.vars()) {
-                *ev = ((&*ev * d)? + (v.as_tensor() * (1.0 - d))?)?;
+                *ev = ((&*ev * d)? + (v.as_tensor().detach() * (1.0 - d))?)?.detach();
             }
         }
         acc_loss += loss.to_scalar::<f32>()?;

@@ -7,12 +7,15 @@
 //! - [`vla`]: image and language inputs, and the tiny VLA used in tests.
 //! - [`onnx_write`]: reflex's own ONNX writer.
 //! - [`bc`]: imitation training of diffusion policies in candle, exported to ONNX.
+//! - [`sac`]: the residual / full / noise-steering SAC learner, replay and checkpoints.
 #![warn(missing_docs)]
 
 pub mod bc;
 pub mod onnx_policy;
 pub mod onnx_write;
 pub mod ort_env;
+pub mod pendulum;
+pub mod sac;
 pub mod sampler;
 pub mod spec;
 pub mod vla;

@@ -98,6 +98,15 @@ pub fn state_fields(task: TaskKind) -> Vec<StateField> {
             TaskKind::Insert => "m, centre of the hole's opening, base frame",
         },
     ));
+    v.push(f(
+        "to_target",
+        3,
+        match task {
+            TaskKind::Reach => "m, target_pos - ee_pos, base frame",
+            TaskKind::Push | TaskKind::Pick => "m, target_pos - object_pos, base frame",
+            TaskKind::Insert => "m, target_pos - the peg's lower tip, base frame",
+        },
+    ));
     v
 }
 
@@ -433,6 +442,19 @@ impl SimEnv {
         }
         let g = self.layout.target;
         s.extend_from_slice(&[g.x as f32, g.y as f32, g.z as f32]);
+        // The vector a policy has to close, given directly: what moves towards the target.
+        let from = match (self.cfg.task, obj.as_ref()) {
+            (TaskKind::Reach, _) | (_, None) => t,
+            (TaskKind::Insert, Some(p)) => {
+                let half =
+                    p.rotation * nalgebra::Vector3::new(0.0, 0.0, crate::task::PEG_LENGTH_M / 2.0);
+                let (a, b) = (p.translation.vector + half, p.translation.vector - half);
+                if a.z < b.z { a } else { b }
+            }
+            (_, Some(p)) => p.translation.vector,
+        };
+        let d = g - from;
+        s.extend_from_slice(&[d.x as f32, d.y as f32, d.z as f32]);
         o.success = success;
         o.reward = reward.max(if success && self.step > 0 { 1.0 } else { 0.0 });
         o.terminated = success;

@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod control;
 mod gym_bridge;
+mod learner;
 mod policies;
 mod sim_tasks;
 

@@ -4,7 +4,9 @@
 use crate::common::{python, reflex, repo};
 use reflex_policies::bc::{Denoiser, DenoiserShape};
 use reflex_policies::onnx_policy::{LoadError, OnnxPolicy, Provider, RunOptions};
-use reflex_policies::spec::{DiffusionSpec, GraphIo, InputSpec, Normalize, PolicyKind, PolicySpec, spec_path};
+use reflex_policies::spec::{
+    DiffusionSpec, GraphIo, InputSpec, Normalize, PolicyKind, PolicySpec, spec_path,
+};
 use reflex_runtime::msg::Observation;
 use reflex_runtime::robot::Robot;
 use reflex_runtime::testkit::NullRobot;
@@ -21,8 +23,17 @@ fn diffusion_spec(obs_dim_fields: Vec<String>, chunk: usize, dim: usize) -> Poli
         execute: chunk / 2,
         robot_kind: None,
         action_normalize: Normalize::None,
-        graph: GraphIo { sample_input: Some("noisy_actions".into()), time_input: Some("timestep".into()), output: "eps".into() },
-        inputs: vec![InputSpec::State { name: "obs".into(), fields: obs_dim_fields, history: 1, normalize: Normalize::None }],
+        graph: GraphIo {
+            sample_input: Some("noisy_actions".into()),
+            time_input: Some("timestep".into()),
+            output: "eps".into(),
+        },
+        inputs: vec![InputSpec::State {
+            name: "obs".into(),
+            fields: obs_dim_fields,
+            history: 1,
+            normalize: Normalize::None,
+        }],
         diffusion: Some(DiffusionSpec::default()),
         flow_steps: 10,
         provenance: None,
@@ -37,7 +48,18 @@ fn write(dir: &Path, name: &str, onnx: &[u8], spec: &PolicySpec) -> PathBuf {
 }
 
 fn denoiser() -> Denoiser {
-    Denoiser::new(DenoiserShape { obs_dim: 8, action_dim: 4, horizon: 16, hidden: 64, layers: 3, temb: 32 }, 3).unwrap()
+    Denoiser::new(
+        DenoiserShape {
+            obs_dim: 8,
+            action_dim: 4,
+            horizon: 16,
+            hidden: 64,
+            layers: 3,
+            temb: 32,
+        },
+        3,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -50,14 +72,28 @@ fn exported_model_through_onnxruntime_matches_candle_within_1e_5() {
     let mut policy = OnnxPolicy::load(&model, robot.spec(), &RunOptions::default()).unwrap();
     let ddim = spec.diffusion.clone().unwrap().ddim();
     for seed in 0..3u64 {
-        let obs = Observation { state: (0..8).map(|i| ((i as f32 + seed as f32) * 0.37).sin()).collect(), ..Default::default() };
-        let noise: Vec<f32> = (0..64).map(|i| (i as f32 * 1.3 + seed as f32).cos() * 1.5).collect();
+        let obs = Observation {
+            state: (0..8)
+                .map(|i| ((i as f32 + seed as f32) * 0.37).sin())
+                .collect(),
+            ..Default::default()
+        };
+        let noise: Vec<f32> = (0..64)
+            .map(|i| (i as f32 * 1.3 + seed as f32).cos() * 1.5)
+            .collect();
         let candle = net.sample(&ddim, &obs.state, &noise).unwrap();
         policy.set_next_noise(noise);
         let mut ort = vec![0.0f32; 64];
         policy.infer_chunk(&obs, &mut ort).unwrap();
-        let worst = candle.iter().zip(&ort).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        assert!(worst < 1e-5, "seed {seed}: candle and ONNX Runtime differ by {worst}");
+        let worst = candle
+            .iter()
+            .zip(&ort)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-5,
+            "seed {seed}: candle and ONNX Runtime differ by {worst}"
+        );
     }
 }
 
@@ -79,9 +115,18 @@ fn spec_check_catches_each_kind_of_mismatch() {
     let _ = robot;
     // A spec input the graph does not have (and the graph input it leaves unfed).
     let mut s = good.clone();
-    s.inputs = vec![InputSpec::State { name: "observation".into(), fields: vec![], history: 1, normalize: Normalize::None }];
+    s.inputs = vec![InputSpec::State {
+        name: "observation".into(),
+        fields: vec![],
+        history: 1,
+        normalize: Normalize::None,
+    }];
     let e = load(&s, 8);
-    assert!(e.contains("input `observation` named in the spec is not in the graph") && e.contains("graph input `obs`"), "{e}");
+    assert!(
+        e.contains("input `observation` named in the spec is not in the graph")
+            && e.contains("graph input `obs`"),
+        "{e}"
+    );
     // The wrong output name.
     let mut s = good.clone();
     s.graph.output = "noise".into();
@@ -92,26 +137,50 @@ fn spec_check_catches_each_kind_of_mismatch() {
     s.chunk_len = 8;
     s.execute = 4;
     let e = load(&s, 8);
-    assert!(e.contains("noisy_actions") && e.contains("[batch, 8, 4]"), "{e}");
+    assert!(
+        e.contains("noisy_actions") && e.contains("[batch, 8, 4]"),
+        "{e}"
+    );
     // The state the robot gives does not fit the graph's observation input.
     let e = load(&good, 12);
-    assert!(e.contains("input `obs`") && e.contains("[batch, 12]"), "{e}");
+    assert!(
+        e.contains("input `obs`") && e.contains("[batch, 12]"),
+        "{e}"
+    );
     // A state field the robot does not have.
     let mut s = good.clone();
-    s.inputs = vec![InputSpec::State { name: "obs".into(), fields: vec!["joint_pos".into()], history: 1, normalize: Normalize::None }];
+    s.inputs = vec![InputSpec::State {
+        name: "obs".into(),
+        fields: vec!["joint_pos".into()],
+        history: 1,
+        normalize: Normalize::None,
+    }];
     let e = load(&s, 8);
     assert!(e.contains("joint_pos"), "{e}");
     // The action dimension of the robot.
     let mut s = good.clone();
     s.action_dim = 3;
     let e = load(&s, 8);
-    assert!(e.contains("[batch, 16, 3]") || e.contains("3 action components"), "{e}");
+    assert!(
+        e.contains("[batch, 16, 3]") || e.contains("3 action components"),
+        "{e}"
+    );
     // An element type mismatch: the spec feeds tokens (int64) where the graph takes float32.
     let mut s = good.clone();
     std::fs::write(dir.path().join("tok.json"), TOKENIZER).unwrap();
-    s.inputs = vec![InputSpec::Language { name: "obs".into(), tokenizer: "tok.json".into(), instruction: "pick".into(), max_len: 8, pad_id: 0, mask_input: None }];
+    s.inputs = vec![InputSpec::Language {
+        name: "obs".into(),
+        tokenizer: "tok.json".into(),
+        instruction: "pick".into(),
+        max_len: 8,
+        pad_id: 0,
+        mask_input: None,
+    }];
     let e = load(&s, 8);
-    assert!(e.contains("input `obs`: the graph takes float32, the spec feeds int64"), "{e}");
+    assert!(
+        e.contains("input `obs`: the graph takes float32, the spec feeds int64"),
+        "{e}"
+    );
     // Missing sampler input names for a diffusion spec are caught when the spec is read.
     let mut s = good.clone();
     s.graph.sample_input = None;
@@ -124,15 +193,30 @@ fn reflex_policy_check_reports_mismatches_and_passes_good_models() {
     let dir = tempfile::tempdir().unwrap();
     let onnx = denoiser().to_onnx().unwrap();
     let p = write(dir.path(), "m", &onnx, &diffusion_spec(vec![], 16, 4));
-    let out = reflex().args(["policy", "check", "--model"]).arg(&p).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = reflex()
+        .args(["policy", "check", "--model"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("matches its spec"));
     let mut bad = diffusion_spec(vec![], 16, 4);
     bad.graph.time_input = Some("t".into());
     let p = write(dir.path(), "bad", &onnx, &bad);
-    let out = reflex().args(["policy", "check", "--model"]).arg(&p).output().unwrap();
+    let out = reflex()
+        .args(["policy", "check", "--model"])
+        .arg(&p)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("input `t`") && err.contains("bad.policy.toml"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("input `t`") && err.contains("bad.policy.toml"),
+        "{err}"
+    );
 }
 
 const TOKENIZER: &str = r#"{
@@ -157,7 +241,14 @@ fn vla_inputs_tokens_and_images_reach_the_network() {
     assert_eq!(ids, vec![2, 3, 4, 6], "truncated to max_len");
 
     // A VLA-shaped flow policy fed from the simulator's front camera, an instruction and state.
-    let v = TinyVla { image: 32, vocab: 8, max_len: 8, state_dim: 6, chunk_len: 8, action_dim: 4 };
+    let v = TinyVla {
+        image: 32,
+        vocab: 8,
+        max_len: 8,
+        state_dim: 6,
+        chunk_len: 8,
+        action_dim: 4,
+    };
     let onnx = build_tiny_vla(&v, 11);
     let spec_text = format!(
         r#"format = "reflex-policy"
@@ -218,7 +309,11 @@ fields = ["joint_pos"]
     };
     let a1 = run(&mut policy, &obs_a);
     assert!(a1.iter().all(|x| x.is_finite()));
-    assert_eq!(a1, run(&mut policy, &obs_a), "same inputs, same noise: same chunk");
+    assert_eq!(
+        a1,
+        run(&mut policy, &obs_a),
+        "same inputs, same noise: same chunk"
+    );
     // Another scene (different cube position and arm pose) changes the chunk.
     assert_ne!(a1, run(&mut policy, &obs_b));
     // Only the image changes: the camera input is used.
@@ -226,11 +321,23 @@ fields = ["joint_pos"]
     for p in obs_img.images[0].data.iter_mut() {
         *p = 255 - *p;
     }
-    assert_ne!(a1, run(&mut policy, &obs_img), "the image does not reach the network");
+    assert_ne!(
+        a1,
+        run(&mut policy, &obs_img),
+        "the image does not reach the network"
+    );
     // Only the instruction changes: the language input is used.
-    std::fs::write(spec_path(&model), spec_text.replace("pick up the red cube", "push the cube")).unwrap();
+    std::fs::write(
+        spec_path(&model),
+        spec_text.replace("pick up the red cube", "push the cube"),
+    )
+    .unwrap();
     let mut other = OnnxPolicy::load(&model, env.spec(), &opts).unwrap();
-    assert_ne!(a1, run(&mut other, &obs_a), "the instruction does not reach the network");
+    assert_ne!(
+        a1,
+        run(&mut other, &obs_a),
+        "the instruction does not reach the network"
+    );
 }
 
 #[test]
@@ -243,8 +350,16 @@ fn a_model_built_by_the_onnx_package_runs_in_reflex_like_in_onnxruntime_python()
         .arg(serde_json::to_string(&state).unwrap())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let py: Vec<f32> = serde_json::from_slice::<Vec<f64>>(&out.stdout).unwrap().into_iter().map(|x| x as f32).collect();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let py: Vec<f32> = serde_json::from_slice::<Vec<f64>>(&out.stdout)
+        .unwrap()
+        .into_iter()
+        .map(|x| x as f32)
+        .collect();
     let mut robot = NullRobot::new("r", 5, 0);
     // NullRobot's action space has 4 components; this policy has 3: a robot spec of its own.
     let mut spec = robot.spec().clone();
@@ -252,8 +367,12 @@ fn a_model_built_by_the_onnx_package_runs_in_reflex_like_in_onnxruntime_python()
     spec.action.low.truncate(3);
     spec.action.high.truncate(3);
     let _ = robot.reset(None);
-    let mut policy = OnnxPolicy::load(&dir.path().join("py.onnx"), &spec, &RunOptions::default()).unwrap();
-    let obs = Observation { state: state.clone(), ..Default::default() };
+    let mut policy =
+        OnnxPolicy::load(&dir.path().join("py.onnx"), &spec, &RunOptions::default()).unwrap();
+    let obs = Observation {
+        state: state.clone(),
+        ..Default::default()
+    };
     let mut got = vec![0.0f32; 12];
     policy.infer_chunk(&obs, &mut got).unwrap();
     assert_eq!(got, py, "reflex and onnxruntime (Python) disagree");
@@ -262,11 +381,26 @@ fn a_model_built_by_the_onnx_package_runs_in_reflex_like_in_onnxruntime_python()
 #[test]
 fn an_unavailable_provider_is_an_error_that_names_it_never_a_fallback() {
     let dir = tempfile::tempdir().unwrap();
-    let p = write(dir.path(), "m", &denoiser().to_onnx().unwrap(), &diffusion_spec(vec![], 16, 4));
+    let p = write(
+        dir.path(),
+        "m",
+        &denoiser().to_onnx().unwrap(),
+        &diffusion_spec(vec![], 16, 4),
+    );
     let robot = NullRobot::new("r", 8, 0);
-    for provider in [Provider::Cuda { device_id: 0 }, Provider::Tensorrt { device_id: 0, fp16: true, engine_cache_dir: None }] {
+    for provider in [
+        Provider::Cuda { device_id: 0 },
+        Provider::Tensorrt {
+            device_id: 0,
+            fp16: true,
+            engine_cache_dir: None,
+        },
+    ] {
         let name = provider.name();
-        let opts = RunOptions { provider, ..Default::default() };
+        let opts = RunOptions {
+            provider,
+            ..Default::default()
+        };
         match OnnxPolicy::load(&p, robot.spec(), &opts) {
             Err(LoadError::Provider { provider, .. }) => assert_eq!(provider, name),
             Err(e) => panic!("{name}: wrong error: {e}"),
@@ -274,28 +408,65 @@ fn an_unavailable_provider_is_an_error_that_names_it_never_a_fallback() {
         }
     }
     assert_eq!(Provider::parse("tensorrt").unwrap().name(), "tensorrt");
-    assert!(Provider::parse("tpu").unwrap_err().contains("cpu, cuda, tensorrt"));
+    assert!(
+        Provider::parse("tpu")
+            .unwrap_err()
+            .contains("cpu, cuda, tensorrt")
+    );
 }
 
 #[test]
 fn missing_corrupt_or_specless_models_fail_at_load_with_the_file_named() {
     let dir = tempfile::tempdir().unwrap();
     let robot = NullRobot::new("r", 8, 0);
-    let e = OnnxPolicy::load(&dir.path().join("nope.onnx"), robot.spec(), &RunOptions::default()).err().unwrap().to_string();
-    assert!(e.contains("nope.onnx") && e.contains("does not exist"), "{e}");
-    let corrupt = write(dir.path(), "corrupt", b"\x08\x01not a model at all", &diffusion_spec(vec![], 16, 4));
-    let e = OnnxPolicy::load(&corrupt, robot.spec(), &RunOptions::default()).err().unwrap().to_string();
-    assert!(e.contains("corrupt.onnx") && e.contains("could not be loaded"), "{e}");
+    let e = OnnxPolicy::load(
+        &dir.path().join("nope.onnx"),
+        robot.spec(),
+        &RunOptions::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("nope.onnx") && e.contains("does not exist"),
+        "{e}"
+    );
+    let corrupt = write(
+        dir.path(),
+        "corrupt",
+        b"\x08\x01not a model at all",
+        &diffusion_spec(vec![], 16, 4),
+    );
+    let e = OnnxPolicy::load(&corrupt, robot.spec(), &RunOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("corrupt.onnx") && e.contains("could not be loaded"),
+        "{e}"
+    );
     let specless = dir.path().join("specless.onnx");
     std::fs::write(&specless, denoiser().to_onnx().unwrap()).unwrap();
-    let e = OnnxPolicy::load(&specless, robot.spec(), &RunOptions::default()).err().unwrap().to_string();
+    let e = OnnxPolicy::load(&specless, robot.spec(), &RunOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("specless.policy.toml"), "{e}");
 }
 
 /// Runs a shipped policy through `reflex run` for 100 seeded episodes.
 fn shipped_success(config: &str) -> f64 {
-    let out = reflex().args(["run", "--config"]).arg(repo().join(config)).args(["--episodes", "100", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = reflex()
+        .args(["run", "--config"])
+        .arg(repo().join(config))
+        .args(["--episodes", "100", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["success_rate"].as_f64().unwrap()
 }
@@ -303,8 +474,14 @@ fn shipped_success(config: &str) -> f64 {
 #[test]
 fn shipped_base_policies_succeed_in_their_documented_range() {
     // docs/policies.md states the measured rates; the base must leave the learner work to do.
-    for (config, lo, hi) in [("configs/run/sim-pick-bc.toml", 0.25, 0.65), ("configs/run/sim-insert-bc.toml", 0.25, 0.65)] {
+    for (config, lo, hi) in [
+        ("configs/run/sim-pick-bc.toml", 0.25, 0.65),
+        ("configs/run/sim-insert-bc.toml", 0.25, 0.65),
+    ] {
         let rate = shipped_success(config);
-        assert!((lo..=hi).contains(&rate), "{config}: success {rate} outside {lo}..{hi}");
+        assert!(
+            (lo..=hi).contains(&rate),
+            "{config}: success {rate} outside {lo}..{hi}"
+        );
     }
 }

@@ -1,0 +1,555 @@
+//! Soft actor-critic in candle, in three modes over the same machinery:
+//!
+//! - `residual` (default, ResFiT-style): the actor sees observation + base action and outputs
+//!   `action_scale * tanh(.)`, its mean head starting at exactly zero; the combined action
+//!   `clamp(base + residual, -1, 1)` is what the critic scores and what is stored.
+//! - `full`: ordinary SAC on the whole action (the from-scratch baseline).
+//! - `noise` (DSRL): the actor chooses the base sampler's initial noise, bounded by `noise_bound`;
+//!   the critic scores the noise.
+//!
+//! Defaults follow RLPD / HIL-SERL (../shared/design/recipes.md; docs/learner.md says which value
+//! comes from where). All randomness (batches, ensemble subsets, actor noise, initialisation) comes
+//! from one seeded generator, so the same seed gives the same parameters.
+
+pub mod adam;
+pub mod checkpoint;
+pub mod nets;
+pub mod pendulum_run;
+pub mod replay;
+
+use adam::{Adam, AdamConfig};
+use candle_core::{Device, Tensor, Var};
+use nets::{Actor, Ensemble, randn};
+use rand::Rng;
+use rand::seq::index::sample as sample_indices;
+use rand_chacha::ChaCha8Rng;
+use replay::{Batch, NStep, Replay, sample_mixed};
+use serde::{Deserialize, Serialize};
+
+/// What the actor controls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// A bounded correction added to the base action.
+    Residual,
+    /// The whole action.
+    Full,
+    /// The initial noise of the base policy's sampler.
+    Noise,
+}
+
+fn d_mode() -> Mode {
+    Mode::Residual
+}
+fn d_hidden() -> Vec<usize> {
+    vec![256, 256]
+}
+fn d_critics() -> usize {
+    2
+}
+fn d_lr() -> f64 {
+    3e-4
+}
+fn d_gamma() -> f32 {
+    0.99
+}
+fn d_tau() -> f64 {
+    0.005
+}
+fn d_one() -> usize {
+    1
+}
+fn d_temp() -> f64 {
+    1.0
+}
+fn d_true() -> bool {
+    true
+}
+fn d_batch() -> usize {
+    256
+}
+fn d_ratio() -> f64 {
+    0.5
+}
+fn d_scale() -> f32 {
+    0.1
+}
+fn d_bound() -> f32 {
+    1.5
+}
+fn d_log_std() -> (f32, f32) {
+    (-20.0, 2.0)
+}
+fn d_cap() -> usize {
+    1_000_000
+}
+
+/// Learner settings (`[learner]` in a config). Defaults: RLPD's SAC core with HIL-SERL's buffer
+/// ratio; see docs/learner.md.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SacConfig {
+    /// residual | full | noise.
+    #[serde(default = "d_mode")]
+    pub mode: Mode,
+    /// Hidden widths of actor and critics.
+    #[serde(default = "d_hidden")]
+    pub hidden: Vec<usize>,
+    /// Critics in the ensemble.
+    #[serde(default = "d_critics")]
+    pub critics: usize,
+    /// Critics the target takes the minimum over (a random subset, redrawn every update).
+    #[serde(default = "d_critics")]
+    pub critic_subset: usize,
+    /// LayerNorm after every hidden layer of the critics.
+    #[serde(default = "d_true")]
+    pub critic_layer_norm: bool,
+    /// LayerNorm in the actor.
+    #[serde(default)]
+    pub actor_layer_norm: bool,
+    /// Actor learning rate.
+    #[serde(default = "d_lr")]
+    pub actor_lr: f64,
+    /// Critic learning rate.
+    #[serde(default = "d_lr")]
+    pub critic_lr: f64,
+    /// Temperature learning rate.
+    #[serde(default = "d_lr")]
+    pub temperature_lr: f64,
+    /// Decoupled weight decay (0 = Adam).
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Gradient-norm clip (None = off).
+    #[serde(default)]
+    pub max_grad_norm: Option<f64>,
+    /// Discount.
+    #[serde(default = "d_gamma")]
+    pub discount: f32,
+    /// Polyak rate of the target critics.
+    #[serde(default = "d_tau")]
+    pub tau: f64,
+    /// n-step returns.
+    #[serde(default = "d_one")]
+    pub n_step: usize,
+    /// Bootstrap through time-limit truncations.
+    #[serde(default = "d_true")]
+    pub bootstrap_truncation: bool,
+    /// Initial temperature.
+    #[serde(default = "d_temp")]
+    pub init_temperature: f64,
+    /// Target entropy (default -|A|/2).
+    #[serde(default)]
+    pub target_entropy: Option<f64>,
+    /// Subtract `alpha log pi` in the critic target.
+    #[serde(default = "d_true")]
+    pub entropy_in_target: bool,
+    /// Critic updates per environment step (update-to-data ratio).
+    #[serde(default = "d_one")]
+    pub utd: usize,
+    /// Actor and temperature update every this many environment steps.
+    #[serde(default = "d_one")]
+    pub actor_every: usize,
+    /// Batch size.
+    #[serde(default = "d_batch")]
+    pub batch: usize,
+    /// Fraction of each batch from the demonstration/intervention buffer.
+    #[serde(default = "d_ratio")]
+    pub demo_ratio: f64,
+    /// Residual bound (residual mode), in normalised action units.
+    #[serde(default = "d_scale")]
+    pub action_scale: f32,
+    /// Noise bound (noise mode).
+    #[serde(default = "d_bound")]
+    pub noise_bound: f32,
+    /// Log-std clip of the actor.
+    #[serde(default = "d_log_std")]
+    pub log_std: (f32, f32),
+    /// Capacity of each buffer.
+    #[serde(default = "d_cap")]
+    pub capacity: usize,
+    /// Environment steps before the first update.
+    #[serde(default)]
+    pub warmup_steps: usize,
+    /// Seed.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+impl Default for SacConfig {
+    fn default() -> Self {
+        toml::from_str("").expect("defaults deserialize")
+    }
+}
+
+/// Counters of the learner.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Environment steps seen.
+    pub env_steps: u64,
+    /// Critic updates.
+    pub critic_updates: u64,
+    /// Actor updates.
+    pub actor_updates: u64,
+    /// Temperature updates.
+    pub temperature_updates: u64,
+    /// Target-network updates.
+    pub target_updates: u64,
+}
+
+/// Losses and diagnostics of the last update.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct UpdateInfo {
+    /// Critic loss.
+    pub critic_loss: f32,
+    /// Actor loss.
+    pub actor_loss: f32,
+    /// Temperature.
+    pub temperature: f32,
+    /// Policy entropy estimate (-mean log pi).
+    pub entropy: f32,
+    /// Mean Q of the batch.
+    pub q_mean: f32,
+}
+
+/// Draws `m` distinct critics of `n` uniformly (RLPD's random subset for the target minimum).
+pub fn draw_subset(rng: &mut ChaCha8Rng, n: usize, m: usize) -> Vec<u32> {
+    sample_indices(rng, n, m)
+        .into_iter()
+        .map(|i| i as u32)
+        .collect()
+}
+
+/// Minimum over the critics `idx` of `q` `[N, B]` -> `[B]`.
+pub fn subset_min(q: &Tensor, idx: &[u32]) -> Result<Tensor> {
+    q.index_select(&Tensor::from_slice(idx, idx.len(), q.device())?, 0)?
+        .min(0)
+}
+
+/// The agent: networks, optimisers, temperature, buffers, generator, counters.
+pub struct Sac {
+    /// Settings.
+    pub cfg: SacConfig,
+    /// Observation size (the network's state input, without the base action).
+    pub obs_dim: usize,
+    /// Dimension of the learner's action (action dim; chunk x action for noise mode).
+    pub act_dim: usize,
+    /// Base action dimension stored with transitions (residual mode).
+    pub base_dim: usize,
+    /// The actor.
+    pub actor: Actor,
+    /// The critic ensemble.
+    pub critic: Ensemble,
+    /// Its target copy.
+    pub target: Ensemble,
+    /// log of the temperature.
+    pub log_alpha: Var,
+    /// Actor optimiser.
+    pub actor_opt: Adam,
+    /// Critic optimiser.
+    pub critic_opt: Adam,
+    /// Temperature optimiser.
+    pub alpha_opt: Adam,
+    /// Online buffer.
+    pub online: Replay,
+    /// Demonstration / intervention buffer.
+    pub demo: Replay,
+    /// The one generator.
+    pub rng: ChaCha8Rng,
+    /// Counters.
+    pub counters: Counters,
+    batch: Batch,
+    dev: Device,
+}
+
+/// Errors of the learner.
+pub type Result<T> = candle_core::Result<T>;
+
+impl Sac {
+    /// A fresh agent for observations of `obs_dim` and actions of `act_dim` (in residual mode the
+    /// actor also sees a base action of `act_dim`).
+    pub fn new(cfg: SacConfig, obs_dim: usize, act_dim: usize) -> Result<Self> {
+        let dev = Device::Cpu;
+        let mut rng = nets::init_rng(cfg.seed);
+        let base_dim = if cfg.mode == Mode::Residual {
+            act_dim
+        } else {
+            0
+        };
+        let actor_in = obs_dim + base_dim;
+        let actor = Actor::new(
+            actor_in,
+            &cfg.hidden,
+            act_dim,
+            cfg.actor_layer_norm,
+            cfg.mode == Mode::Residual,
+            cfg.log_std,
+            &mut rng,
+            &dev,
+        )?;
+        let mut dims = vec![actor_in + act_dim];
+        dims.extend_from_slice(&cfg.hidden);
+        dims.push(1);
+        let critic = Ensemble::new(cfg.critics, &dims, cfg.critic_layer_norm, &mut rng, &dev)?;
+        let target = Ensemble::new(cfg.critics, &dims, cfg.critic_layer_norm, &mut rng, &dev)?;
+        target.polyak_from(&critic, 1.0)?;
+        let log_alpha = Var::from_tensor(&Tensor::new(&[cfg.init_temperature.ln() as f32], &dev)?)?;
+        let mk = |lr: f64| AdamConfig {
+            lr,
+            weight_decay: cfg.weight_decay,
+            max_grad_norm: cfg.max_grad_norm,
+            ..AdamConfig::adam(lr)
+        };
+        let actor_opt = Adam::new(actor.net.vars(), mk(cfg.actor_lr))?;
+        let critic_opt = Adam::new(critic.vars(), mk(cfg.critic_lr))?;
+        let alpha_opt = Adam::new(
+            vec![log_alpha.clone()],
+            AdamConfig::adam(cfg.temperature_lr),
+        )?;
+        let online = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
+        let demo = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
+        Ok(Sac {
+            obs_dim,
+            act_dim,
+            base_dim,
+            actor,
+            critic,
+            target,
+            log_alpha,
+            actor_opt,
+            critic_opt,
+            alpha_opt,
+            online,
+            demo,
+            rng,
+            counters: Counters::default(),
+            batch: Batch::default(),
+            dev,
+            cfg,
+        })
+    }
+
+    /// The temperature.
+    pub fn temperature(&self) -> Result<f32> {
+        self.log_alpha
+            .as_tensor()
+            .exp()?
+            .squeeze(0)?
+            .to_scalar::<f32>()
+    }
+
+    /// Target entropy in use.
+    pub fn target_entropy(&self) -> f64 {
+        self.cfg
+            .target_entropy
+            .unwrap_or(-(self.act_dim as f64) / 2.0)
+    }
+
+    fn nstep(&self) -> NStep {
+        NStep {
+            n: self.cfg.n_step,
+            gamma: self.cfg.discount,
+            bootstrap_truncation: self.cfg.bootstrap_truncation,
+        }
+    }
+
+    /// The actor's input: observation, plus the base action in residual mode.
+    fn actor_input(&self, obs: &Tensor, base: &Tensor) -> Result<Tensor> {
+        if self.base_dim > 0 {
+            Tensor::cat(&[obs, base], 1)
+        } else {
+            Ok(obs.clone())
+        }
+    }
+
+    /// Maps the actor's squashed output to the learner's action: `clamp(base + scale * a)`
+    /// (residual), `a` (full), `bound * a` (noise).
+    fn to_action(&self, a: &Tensor, base: &Tensor) -> Result<Tensor> {
+        match self.cfg.mode {
+            Mode::Residual => (base + (a * self.cfg.action_scale as f64)?)?.clamp(-1f32, 1f32),
+            Mode::Full => Ok(a.clone()),
+            Mode::Noise => a * self.cfg.noise_bound as f64,
+        }
+    }
+
+    /// The action for one observation (and base action in residual mode), `[act_dim]`:
+    /// deterministic (the mean) or sampled for exploration.
+    pub fn act(&mut self, obs: &[f32], base: &[f32], deterministic: bool) -> Result<Vec<f32>> {
+        let o = Tensor::from_slice(obs, (1, self.obs_dim), &self.dev)?;
+        let b = if self.base_dim > 0 {
+            Tensor::from_slice(base, (1, self.base_dim), &self.dev)?
+        } else {
+            Tensor::zeros((1, self.act_dim), candle_core::DType::F32, &self.dev)?
+        };
+        let x = self.actor_input(&o, &b)?;
+        let a = if deterministic {
+            self.actor.mean_action(&x)?
+        } else {
+            let eps = randn(&mut self.rng, (1, self.act_dim), &self.dev)?;
+            self.actor.sample(&x, &eps)?.action
+        };
+        self.to_action(&a, &b)?.flatten_all()?.to_vec1::<f32>()
+    }
+
+    /// Records an environment step (drives the update cadence).
+    pub fn observe_step(&mut self) {
+        self.counters.env_steps += 1;
+    }
+
+    fn tensors(&self, b: &Batch) -> Result<[Tensor; 7]> {
+        let n = b.size;
+        let d = &self.dev;
+        let base = |v: &Vec<f32>| {
+            if self.base_dim > 0 {
+                Tensor::from_slice(v, (n, self.base_dim), d)
+            } else {
+                Tensor::zeros((n, self.act_dim), candle_core::DType::F32, d)
+            }
+        };
+        Ok([
+            Tensor::from_slice(&b.obs, (n, self.obs_dim), d)?,
+            base(&b.base)?,
+            Tensor::from_slice(&b.action, (n, self.act_dim), d)?,
+            Tensor::from_slice(&b.reward, n, d)?,
+            Tensor::from_slice(&b.next_obs, (n, self.obs_dim), d)?,
+            base(&b.next_base)?,
+            Tensor::from_slice(&b.discount, n, d)?,
+        ])
+    }
+
+    /// One critic update on `batch`; returns (loss, mean Q).
+    pub fn critic_update(&mut self, batch: &Batch) -> Result<(f32, f32)> {
+        let [obs, base, act, rew, nobs, nbase, disc] = self.tensors(batch)?;
+        let n = batch.size;
+        let alpha = self.log_alpha.as_tensor().exp()?.detach();
+        // Target: r + discount * (min over a random subset of target critics - alpha log pi).
+        let nx = self.actor_input(&nobs, &nbase)?;
+        let eps = randn(&mut self.rng, (n, self.act_dim), &self.dev)?;
+        let s = self.actor.sample(&nx, &eps)?;
+        let na = self.to_action(&s.action, &nbase)?;
+        let qn = self
+            .target
+            .forward(&Tensor::cat(&[&nx, &na], 1)?)?
+            .squeeze(2)?; // [N, B]
+        let m = self.cfg.critic_subset.min(self.cfg.critics);
+        let mut v = if m < self.cfg.critics {
+            let idx = draw_subset(&mut self.rng, self.cfg.critics, m);
+            subset_min(&qn, &idx)?
+        } else {
+            qn.min(0)?
+        };
+        if self.cfg.entropy_in_target {
+            v = (v - s.log_prob.broadcast_mul(&alpha)?)?;
+        }
+        let y = (rew + (disc * v)?)?.detach();
+        let x = self.actor_input(&obs, &base)?;
+        let q = self
+            .critic
+            .forward(&Tensor::cat(&[&x, &act], 1)?)?
+            .squeeze(2)?; // [N, B]
+        let loss = q.broadcast_sub(&y)?.sqr()?.mean_all()?;
+        let grads = loss.backward()?;
+        self.critic_opt.step(&grads)?;
+        self.target.polyak_from(&self.critic, self.cfg.tau)?;
+        self.counters.critic_updates += 1;
+        self.counters.target_updates += 1;
+        Ok((loss.to_scalar::<f32>()?, q.mean_all()?.to_scalar::<f32>()?))
+    }
+
+    /// One actor and temperature update on `batch`; returns (actor loss, entropy, temperature).
+    pub fn actor_update(&mut self, batch: &Batch) -> Result<(f32, f32, f32)> {
+        let [obs, base, ..] = self.tensors(batch)?;
+        let n = batch.size;
+        let x = self.actor_input(&obs, &base)?;
+        let eps = randn(&mut self.rng, (n, self.act_dim), &self.dev)?;
+        let s = self.actor.sample(&x, &eps)?;
+        let a = self.to_action(&s.action, &base)?;
+        let q = self
+            .critic
+            .forward(&Tensor::cat(&[&x, &a], 1)?)?
+            .squeeze(2)?
+            .mean(0)?; // mean over the ensemble
+        let alpha = self.log_alpha.as_tensor().exp()?.detach();
+        let loss = (s.log_prob.broadcast_mul(&alpha)? - q)?.mean_all()?;
+        let grads = loss.backward()?;
+        // Only the actor's parameters move here; the critic's gradients are discarded.
+        self.actor_opt.step(&grads)?;
+        self.counters.actor_updates += 1;
+        // Temperature: loss = alpha * (entropy - target).
+        let entropy = s.log_prob.detach().mean_all()?.neg()?;
+        let t_loss = self
+            .log_alpha
+            .as_tensor()
+            .exp()?
+            .broadcast_mul(&(entropy.clone() - self.target_entropy())?)?
+            .sum_all()?;
+        let g = t_loss.backward()?;
+        self.alpha_opt.step(&g)?;
+        self.counters.temperature_updates += 1;
+        Ok((
+            loss.to_scalar::<f32>()?,
+            entropy.to_scalar::<f32>()?,
+            self.temperature()?,
+        ))
+    }
+
+    /// The updates due after one environment step: `utd` critic updates, then (every
+    /// `actor_every` steps) one actor and temperature update on the last batch.
+    pub fn train_step(&mut self) -> Result<Option<UpdateInfo>> {
+        self.observe_step();
+        if (self.counters.env_steps as usize) < self.cfg.warmup_steps
+            || (self.online.is_empty() && self.demo.is_empty())
+        {
+            return Ok(None);
+        }
+        let mut info = UpdateInfo::default();
+        let ns = self.nstep();
+        let mut batch = std::mem::take(&mut self.batch);
+        for _ in 0..self.cfg.utd {
+            sample_mixed(
+                &self.online,
+                &self.demo,
+                self.cfg.batch,
+                self.cfg.demo_ratio,
+                &ns,
+                &mut self.rng,
+                &mut batch,
+            );
+            let (l, q) = self.critic_update(&batch)?;
+            info.critic_loss = l;
+            info.q_mean = q;
+        }
+        if self.counters.env_steps % self.cfg.actor_every as u64 == 0 {
+            let (l, e, t) = self.actor_update(&batch)?;
+            info.actor_loss = l;
+            info.entropy = e;
+            info.temperature = t;
+        }
+        self.batch = batch;
+        Ok(Some(info))
+    }
+
+    /// Every parameter of actor, critics, targets and temperature, flattened in a fixed order
+    /// (for determinism tests and checksums).
+    pub fn parameters(&self) -> Result<Vec<f32>> {
+        let mut out = vec![];
+        for v in self
+            .actor
+            .net
+            .vars()
+            .iter()
+            .chain(self.critic.vars().iter())
+            .chain(self.target.vars().iter())
+            .chain(std::iter::once(&self.log_alpha))
+        {
+            out.extend(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(out)
+    }
+
+    /// A uniformly random action in the learner's action space (warm-up exploration).
+    pub fn random_action(&mut self) -> Vec<f32> {
+        (0..self.act_dim)
+            .map(|_| self.rng.random::<f32>() * 2.0 - 1.0)
+            .collect()
+    }
+}

@@ -1,0 +1,243 @@
+//! The networks of the learner, in candle: a critic ensemble evaluated as batched matrix
+//! products (one GEMM per layer for all members, not N separate networks) and a tanh-squashed
+//! Gaussian actor.
+
+use candle_core::{D, Device, Result, Tensor, Var};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn uniform(rng: &mut ChaCha8Rng, n: usize, k: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * k)
+        .collect()
+}
+
+/// Layer normalisation over the last dimension (differentiable basic ops).
+fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    let xn = xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
+    xn.broadcast_mul(gamma)?.broadcast_add(beta)
+}
+
+/// N MLPs with the same shape evaluated together.
+pub struct Ensemble {
+    /// Members.
+    pub n: usize,
+    /// Weights per layer: `[N, in, out]` (the first layer is `[in, N * out]`, shared input).
+    pub ws: Vec<Var>,
+    /// Biases per layer: `[N, 1, out]`.
+    pub bs: Vec<Var>,
+    /// Layer-norm gains and offsets per hidden layer, `[N, 1, out]`.
+    pub ln: Option<Vec<(Var, Var)>>,
+    dims: Vec<usize>,
+}
+
+impl Ensemble {
+    /// `n` MLPs `dims[0] -> dims[1] -> ... -> dims.last()`, ReLU between layers (after
+    /// LayerNorm when `layer_norm`).
+    pub fn new(
+        n: usize,
+        dims: &[usize],
+        layer_norm: bool,
+        rng: &mut ChaCha8Rng,
+        dev: &Device,
+    ) -> Result<Self> {
+        let mut ws = vec![];
+        let mut bs = vec![];
+        let mut ln = vec![];
+        for (l, w) in dims.windows(2).enumerate() {
+            let (i, o) = (w[0], w[1]);
+            let k = 1.0 / (i as f32).sqrt();
+            let wt = if l == 0 {
+                // Member-major blocks side by side: column j*o..(j+1)*o belongs to member j.
+                Tensor::from_vec(uniform(rng, n * i * o, k), (n, i, o), dev)?
+                    .permute((1, 0, 2))?
+                    .reshape((i, n * o))?
+                    .contiguous()?
+            } else {
+                Tensor::from_vec(uniform(rng, n * i * o, k), (n, i, o), dev)?
+            };
+            ws.push(Var::from_tensor(&wt)?);
+            bs.push(Var::from_tensor(&Tensor::from_vec(
+                uniform(rng, n * o, k),
+                (n, 1, o),
+                dev,
+            )?)?);
+            if l + 2 < dims.len() && layer_norm {
+                ln.push((
+                    Var::from_tensor(&Tensor::ones((n, 1, o), candle_core::DType::F32, dev)?)?,
+                    Var::from_tensor(&Tensor::zeros((n, 1, o), candle_core::DType::F32, dev)?)?,
+                ));
+            }
+        }
+        Ok(Ensemble {
+            n,
+            ws,
+            bs,
+            ln: layer_norm.then_some(ln),
+            dims: dims.to_vec(),
+        })
+    }
+
+    /// Every parameter.
+    pub fn vars(&self) -> Vec<Var> {
+        let mut v: Vec<Var> = self.ws.iter().chain(&self.bs).cloned().collect();
+        if let Some(ln) = &self.ln {
+            for (g, b) in ln {
+                v.push(g.clone());
+                v.push(b.clone());
+            }
+        }
+        v
+    }
+
+    /// `x` `[B, in]` -> `[N, B, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let b = x.dim(0)?;
+        let o0 = self.dims[1];
+        // First layer: one GEMM for every member.
+        let mut h = x
+            .matmul(self.ws[0].as_tensor())?
+            .reshape((b, self.n, o0))?
+            .transpose(0, 1)?
+            .contiguous()?;
+        h = h.broadcast_add(self.bs[0].as_tensor())?;
+        let last = self.ws.len() - 1;
+        for l in 0..=last {
+            if l > 0 {
+                h = h
+                    .matmul(self.ws[l].as_tensor())?
+                    .broadcast_add(self.bs[l].as_tensor())?;
+            }
+            if l < last {
+                if let Some(ln) = &self.ln {
+                    h = layer_norm(&h, ln[l].0.as_tensor(), ln[l].1.as_tensor())?;
+                }
+                h = h.relu()?;
+            }
+        }
+        Ok(h)
+    }
+
+    /// Copies `other`'s parameters into this one, or moves towards them: `self = tau other +
+    /// (1 - tau) self` (Polyak averaging of target networks).
+    pub fn polyak_from(&self, other: &Ensemble, tau: f64) -> Result<()> {
+        for (t, s) in self.vars().iter().zip(other.vars()) {
+            let (sv, tv) = (s.as_tensor().detach(), t.as_tensor().detach());
+            let next = if tau >= 1.0 {
+                sv.copy()?
+            } else {
+                ((sv * tau)? + (tv * (1.0 - tau))?)?
+            };
+            t.set(&next)?;
+        }
+        Ok(())
+    }
+}
+
+/// A tanh-squashed diagonal Gaussian actor.
+pub struct Actor {
+    /// Trunk and head as a one-member ensemble: `in -> hidden... -> 2 A` (means, then log stds).
+    pub net: Ensemble,
+    /// Action dimension.
+    pub action_dim: usize,
+    /// Log-std bounds.
+    pub log_std: (f32, f32),
+}
+
+/// A sampled action with its log-probability.
+pub struct ActorSample {
+    /// `tanh(u)` in [-1, 1], `[B, A]`.
+    pub action: Tensor,
+    /// `log pi(action | s)` of the squashed distribution, `[B]`.
+    pub log_prob: Tensor,
+}
+
+impl Actor {
+    /// An actor `obs_dim -> hidden -> 2 A`. `zero_head` starts the mean head (weights and bias)
+    /// at exactly zero, so the initial deterministic action is `tanh(0) = 0`.
+    pub fn new(
+        obs_dim: usize,
+        hidden: &[usize],
+        action_dim: usize,
+        layer_norm: bool,
+        zero_head: bool,
+        log_std: (f32, f32),
+        rng: &mut ChaCha8Rng,
+        dev: &Device,
+    ) -> Result<Self> {
+        let mut dims = vec![obs_dim];
+        dims.extend_from_slice(hidden);
+        dims.push(2 * action_dim);
+        let net = Ensemble::new(1, &dims, layer_norm, rng, dev)?;
+        if zero_head {
+            let l = net.ws.len() - 1;
+            let w = net.ws[l].as_tensor().to_vec3::<f32>()?;
+            let (i, o) = (w[0].len(), w[0][0].len());
+            let mut flat: Vec<f32> = w[0].iter().flatten().copied().collect();
+            let mut b = net.bs[l].as_tensor().flatten_all()?.to_vec1::<f32>()?;
+            for r in 0..i {
+                for c in 0..action_dim {
+                    flat[r * o + c] = 0.0;
+                }
+            }
+            for c in b.iter_mut().take(action_dim) {
+                *c = 0.0;
+            }
+            net.ws[l].set(&Tensor::from_vec(flat, (1, i, o), dev)?)?;
+            net.bs[l].set(&Tensor::from_vec(b, (1, 1, o), dev)?)?;
+        }
+        Ok(Actor {
+            net,
+            action_dim,
+            log_std,
+        })
+    }
+
+    /// Means and clamped log-stds of the pre-squash Gaussian, each `[B, A]`.
+    pub fn heads(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let out = self.net.forward(x)?.squeeze(0)?;
+        let mean = out.narrow(1, 0, self.action_dim)?;
+        let log_std = out
+            .narrow(1, self.action_dim, self.action_dim)?
+            .clamp(self.log_std.0, self.log_std.1)?;
+        Ok((mean, log_std))
+    }
+
+    /// The deterministic action `tanh(mean)`, `[B, A]`.
+    pub fn mean_action(&self, x: &Tensor) -> Result<Tensor> {
+        self.heads(x)?.0.tanh()
+    }
+
+    /// A reparameterised sample with standard-normal noise `eps` `[B, A]` and its log-probability.
+    pub fn sample(&self, x: &Tensor, eps: &Tensor) -> Result<ActorSample> {
+        let (mean, log_std) = self.heads(x)?;
+        let u = (&mean + (log_std.exp()? * eps)?)?;
+        let action = u.tanh()?;
+        // log N(u; mean, std) = -eps^2/2 - log std - log(2 pi)/2, per component.
+        let ln2pi = (2.0 * std::f64::consts::PI).ln();
+        let gauss = ((eps.sqr()? * -0.5)? - &log_std)?.affine(1.0, -0.5 * ln2pi)?;
+        // log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), the numerically stable form.
+        let m2u = (&u * -2.0)?;
+        let softplus = (m2u.relu()? + (m2u.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+        let log_det = ((u.neg()? - softplus)?.affine(2.0, 2.0 * std::f64::consts::LN_2))?;
+        let log_prob = (gauss - log_det)?.sum(1)?;
+        Ok(ActorSample { action, log_prob })
+    }
+}
+
+/// A seeded standard-normal tensor (candle's own RNG is not seedable on the CPU).
+pub fn randn(rng: &mut ChaCha8Rng, shape: (usize, usize), dev: &Device) -> Result<Tensor> {
+    use rand_distr::{Distribution, StandardNormal};
+    let v: Vec<f32> = (0..shape.0 * shape.1)
+        .map(|_| StandardNormal.sample(rng))
+        .collect();
+    Tensor::from_vec(v, shape, dev)
+}
+
+/// A seeded generator for network initialisation.
+pub fn init_rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}

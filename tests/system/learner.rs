@@ -1,0 +1,498 @@
+//! The learner, against the table of tests in recipes.md: residual initialisation and bounds,
+//! ensemble targets, the squashed Gaussian's log-probability, temperature, cadence, determinism,
+//! resume, and learning (Pendulum; a weakened base lifted by the residual; noise mode).
+
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use reflex_policies::pendulum::{MAX_TORQUE, Pendulum};
+use reflex_policies::sac::pendulum_run::{base_success, train_dense, train_sparse};
+use reflex_policies::sac::replay::Transition;
+use reflex_policies::sac::{Mode, Sac, SacConfig, draw_subset, subset_min};
+
+fn small(mode: Mode, seed: u64) -> SacConfig {
+    SacConfig {
+        mode,
+        hidden: vec![32, 32],
+        batch: 32,
+        seed,
+        ..Default::default()
+    }
+}
+
+/// Fills an agent's online buffer with random Pendulum transitions.
+fn fill(sac: &mut Sac, n: usize, seed: u64) {
+    let mut env = Pendulum::new(seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut obs = env.reset();
+    for _ in 0..n {
+        let a = vec![rng.random::<f32>() * 2.0 - 1.0];
+        let s = env.step(a[0] as f64 * MAX_TORQUE);
+        let base = if sac.base_dim > 0 {
+            vec![rng.random::<f32>() * 1.6 - 0.8]
+        } else {
+            vec![]
+        };
+        sac.online.push(&Transition {
+            obs: obs.to_vec(),
+            base: base.clone(),
+            action: a,
+            reward: s.reward as f32,
+            next_obs: s.obs.to_vec(),
+            next_base: base,
+            truncated: s.truncated,
+            ..Default::default()
+        });
+        obs = if s.truncated { env.reset() } else { s.obs };
+    }
+}
+
+#[test]
+fn zero_init_residual_leaves_the_base_exactly_unchanged() {
+    let mut sac = Sac::new(
+        SacConfig {
+            mode: Mode::Residual,
+            action_scale: 0.2,
+            seed: 4,
+            ..Default::default()
+        },
+        10,
+        4,
+    )
+    .unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for _ in 0..1000 {
+        let obs: Vec<f32> = (0..10).map(|_| rng.random::<f32>() * 6.0 - 3.0).collect();
+        let base: Vec<f32> = (0..4).map(|_| rng.random::<f32>() * 1.6 - 0.8).collect();
+        let a = sac.act(&obs, &base, true).unwrap();
+        assert_eq!(a, base, "step-0 combined action differs from the base");
+    }
+}
+
+#[test]
+fn residual_actions_stay_in_bounds_and_normalisation_round_trips() {
+    // Normalisation over the range widened by (1 + s): x -> (x - c) / (w (1 + s)), and back.
+    let (lo, hi, s) = (-2.0f64, 2.0f64, 0.1f64);
+    let (c, w) = (0.5 * (lo + hi), 0.5 * (hi - lo) * (1.0 + s));
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for _ in 0..1000 {
+        let x = lo + (hi - lo) * rng.random::<f64>();
+        let back = ((x - c) / w) * w + c;
+        assert!((back - x).abs() < 1e-6);
+        assert!(
+            ((x - c) / w).abs() <= 1.0 / (1.0 + s) + 1e-12,
+            "the base lives inside the widened range"
+        );
+    }
+    // Sampled (exploring) residual actions of an untrained and a trained actor.
+    let mut sac = Sac::new(
+        SacConfig {
+            mode: Mode::Residual,
+            action_scale: 0.1,
+            hidden: vec![32, 32],
+            batch: 32,
+            seed: 2,
+            ..Default::default()
+        },
+        3,
+        1,
+    )
+    .unwrap();
+    fill(&mut sac, 500, 2);
+    for round in 0..2 {
+        for _ in 0..500 {
+            let obs: Vec<f32> = (0..3).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+            let base = vec![rng.random::<f32>() * 2.0 - 1.0];
+            let a = sac.act(&obs, &base, false).unwrap()[0];
+            assert!((-1.0..=1.0).contains(&a), "combined {a}");
+            let clamped_base = base[0].clamp(-1.0, 1.0);
+            assert!(
+                (a - clamped_base).abs() <= 0.1 + 1e-6 || a.abs() == 1.0,
+                "residual {} beyond 0.1 (round {round})",
+                a - base[0]
+            );
+        }
+        for _ in 0..100 {
+            sac.train_step().unwrap();
+        }
+    }
+}
+
+#[test]
+fn ensemble_target_is_the_min_over_a_uniformly_drawn_pair() {
+    let dev = Device::Cpu;
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let q: Vec<f32> = (0..10 * 6)
+        .map(|_| rng.random::<f32>() * 10.0 - 5.0)
+        .collect();
+    let qt = Tensor::from_vec(q.clone(), (10, 6), &dev).unwrap();
+    let mut counts = std::collections::HashMap::new();
+    for _ in 0..10_000 {
+        let idx = draw_subset(&mut rng, 10, 2);
+        assert_ne!(idx[0], idx[1], "a pair must be two distinct critics");
+        let got = subset_min(&qt, &idx).unwrap().to_vec1::<f32>().unwrap();
+        for b in 0..6 {
+            let want = q[idx[0] as usize * 6 + b].min(q[idx[1] as usize * 6 + b]);
+            assert_eq!(got[b], want);
+        }
+        let key = (idx[0].min(idx[1]), idx[0].max(idx[1]));
+        *counts.entry(key).or_insert(0u32) += 1;
+    }
+    assert_eq!(counts.len(), 45, "every pair of 10 critics is drawn");
+    let expected = 10_000.0 / 45.0;
+    let chi2: f64 = counts
+        .values()
+        .map(|c| (*c as f64 - expected).powi(2) / expected)
+        .sum();
+    // 44 degrees of freedom: the 99.9% quantile is 78.7.
+    assert!(chi2 < 78.7, "pairs are not uniform: chi2 = {chi2}");
+}
+
+#[test]
+fn squashed_gaussian_log_prob_matches_the_analytic_form_and_finite_differences() {
+    let sac = Sac::new(
+        SacConfig {
+            mode: Mode::Full,
+            seed: 3,
+            ..Default::default()
+        },
+        5,
+        3,
+    )
+    .unwrap();
+    let dev = Device::Cpu;
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let x: Vec<f32> = (0..4 * 5)
+        .map(|_| rng.random::<f32>() * 4.0 - 2.0)
+        .collect();
+    let eps: Vec<f32> = (0..4 * 3)
+        .map(|_| rng.random::<f32>() * 4.0 - 2.0)
+        .collect();
+    let xt = Tensor::from_vec(x, (4, 5), &dev).unwrap();
+    let et = Tensor::from_vec(eps.clone(), (4, 3), &dev).unwrap();
+    let s = sac.actor.sample(&xt, &et).unwrap();
+    let (mean, log_std) = sac.actor.heads(&xt).unwrap();
+    let (mean, log_std) = (
+        mean.to_vec2::<f32>().unwrap(),
+        log_std.to_vec2::<f32>().unwrap(),
+    );
+    let lp = s.log_prob.to_vec1::<f32>().unwrap();
+    for r in 0..4 {
+        let (mut analytic, mut fd) = (0.0f64, 0.0f64);
+        for c in 0..3 {
+            let (m, ls, e) = (
+                mean[r][c] as f64,
+                log_std[r][c] as f64,
+                eps[r * 3 + c] as f64,
+            );
+            let sd = ls.exp();
+            let u = m + sd * e;
+            let gauss =
+                -0.5 * ((u - m) / sd).powi(2) - ls - 0.5 * (2.0 * std::f64::consts::PI).ln();
+            analytic += gauss - (1.0 - u.tanh().powi(2)).ln();
+            let h = 1e-5;
+            fd += gauss - (((u + h).tanh() - (u - h).tanh()) / (2.0 * h)).ln();
+        }
+        assert!(
+            (lp[r] as f64 - analytic).abs() < 1e-4,
+            "row {r}: {} vs analytic {analytic}",
+            lp[r]
+        );
+        assert!(
+            (lp[r] as f64 - fd).abs() < 1e-4,
+            "row {r}: {} vs finite differences {fd}",
+            lp[r]
+        );
+    }
+}
+
+#[test]
+fn temperature_rises_when_entropy_is_below_target_and_falls_above() {
+    for (target, rises) in [(10.0, true), (-100.0, false)] {
+        let mut sac = Sac::new(
+            SacConfig {
+                target_entropy: Some(target),
+                ..small(Mode::Full, 1)
+            },
+            3,
+            1,
+        )
+        .unwrap();
+        fill(&mut sac, 200, 1);
+        let before = sac.temperature().unwrap();
+        sac.train_step().unwrap();
+        let after = sac.temperature().unwrap();
+        assert_eq!(
+            after > before,
+            rises,
+            "target {target}: {before} -> {after}"
+        );
+    }
+}
+
+#[test]
+fn update_cadence_matches_the_config() {
+    let mut sac = Sac::new(
+        SacConfig {
+            utd: 3,
+            actor_every: 2,
+            ..small(Mode::Full, 1)
+        },
+        3,
+        1,
+    )
+    .unwrap();
+    fill(&mut sac, 200, 1);
+    for _ in 0..10 {
+        sac.train_step().unwrap();
+    }
+    let c = sac.counters;
+    assert_eq!(
+        (
+            c.env_steps,
+            c.critic_updates,
+            c.target_updates,
+            c.actor_updates,
+            c.temperature_updates
+        ),
+        (10, 30, 30, 5, 5)
+    );
+    // Warm-up: no updates before it ends.
+    let mut sac = Sac::new(
+        SacConfig {
+            warmup_steps: 5,
+            ..small(Mode::Full, 1)
+        },
+        3,
+        1,
+    )
+    .unwrap();
+    fill(&mut sac, 200, 1);
+    for _ in 0..7 {
+        sac.train_step().unwrap();
+    }
+    assert_eq!(sac.counters.critic_updates, 3);
+}
+
+fn trained(seed: u64, updates: usize) -> Vec<f32> {
+    let mut sac = Sac::new(
+        SacConfig {
+            critics: 4,
+            critic_subset: 2,
+            n_step: 3,
+            ..small(Mode::Residual, seed)
+        },
+        3,
+        1,
+    )
+    .unwrap();
+    fill(&mut sac, 300, 7);
+    for _ in 0..updates {
+        sac.train_step().unwrap();
+    }
+    sac.parameters().unwrap()
+}
+
+#[test]
+fn same_seed_gives_identical_parameters_after_1k_updates() {
+    let a = trained(11, 1000);
+    let b = trained(11, 1000);
+    assert!(
+        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "same seed, different parameters"
+    );
+    let c = trained(12, 1000);
+    assert_ne!(a, c, "a different seed should give different parameters");
+}
+
+#[test]
+fn resume_from_a_checkpoint_continues_exactly_as_if_uninterrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = SacConfig {
+        critics: 4,
+        critic_subset: 2,
+        n_step: 3,
+        ..small(Mode::Residual, 21)
+    };
+    let mut straight = Sac::new(cfg.clone(), 3, 1).unwrap();
+    fill(&mut straight, 300, 7);
+    let mut first = Sac::new(cfg, 3, 1).unwrap();
+    fill(&mut first, 300, 7);
+    for _ in 0..200 {
+        straight.train_step().unwrap();
+        first.train_step().unwrap();
+    }
+    let ckpt = dir.path().join("learner.ckpt");
+    first.save(&ckpt).unwrap();
+    drop(first); // the learner process dies
+    let mut resumed = Sac::load(&ckpt).unwrap();
+    assert_eq!(
+        resumed.parameters().unwrap(),
+        straight.parameters().unwrap(),
+        "state differs right after restore"
+    );
+    assert_eq!(
+        resumed.temperature().unwrap(),
+        straight.temperature().unwrap()
+    );
+    assert_eq!(resumed.counters, straight.counters);
+    assert_eq!(resumed.online.total(), straight.online.total());
+    for _ in 0..200 {
+        straight.train_step().unwrap();
+        resumed.train_step().unwrap();
+    }
+    let (a, b) = (
+        straight.parameters().unwrap(),
+        resumed.parameters().unwrap(),
+    );
+    assert!(
+        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "resumed run diverged from the uninterrupted one"
+    );
+    assert!(
+        Sac::load(&dir.path().join("missing.ckpt"))
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("missing.ckpt")
+    );
+}
+
+/// Pendulum settings used by the learning tests and docs/learner.md.
+pub fn pendulum_cfg(seed: u64) -> SacConfig {
+    SacConfig {
+        mode: Mode::Full,
+        hidden: vec![64, 64],
+        batch: 128,
+        actor_lr: 1e-3,
+        critic_lr: 1e-3,
+        temperature_lr: 1e-3,
+        critic_layer_norm: false,
+        warmup_steps: 500,
+        seed,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn sac_solves_pendulum_within_15k_steps_on_4_of_5_seeds() {
+    let results: Vec<f64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..5u64)
+            .map(|seed| {
+                s.spawn(move || {
+                    train_dense(pendulum_cfg(seed), 15_000, 100 + seed, 10)
+                        .unwrap()
+                        .final_eval
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut sorted = results.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let median = sorted[2];
+    let good = results.iter().filter(|r| **r >= -250.0).count();
+    eprintln!("Pendulum final returns over 5 seeds: {results:?}");
+    assert!(
+        median >= -200.0 && good >= 4,
+        "median {median}, {good}/5 seeds >= -250: {results:?}"
+    );
+}
+
+#[test]
+fn noise_mode_with_an_identity_base_is_plain_sac() {
+    let full = train_dense(
+        SacConfig {
+            mode: Mode::Full,
+            ..pendulum_cfg(3)
+        },
+        1500,
+        9,
+        2,
+    )
+    .unwrap();
+    let noise = train_dense(
+        SacConfig {
+            mode: Mode::Noise,
+            noise_bound: 1.0,
+            ..pendulum_cfg(3)
+        },
+        1500,
+        9,
+        2,
+    )
+    .unwrap();
+    assert_eq!(full.episode_returns, noise.episode_returns);
+    assert_eq!(full.final_eval, noise.final_eval);
+}
+
+/// The residual-learning settings used by the test and docs/learner.md.
+pub fn residual_cfg(mode: Mode, seed: u64) -> SacConfig {
+    SacConfig {
+        mode,
+        hidden: vec![64, 64],
+        batch: 128,
+        action_scale: 0.3,
+        actor_lr: 1e-3,
+        critic_lr: 1e-3,
+        temperature_lr: 1e-3,
+        init_temperature: 0.01,
+        discount: 0.97,
+        n_step: 3,
+        warmup_steps: 200,
+        seed,
+        ..Default::default()
+    }
+}
+
+/// Gain of the weakened base controller.
+pub const WEAK_GAIN: f64 = 0.15;
+
+#[test]
+fn residual_lifts_a_weak_base_and_beats_learning_from_scratch() {
+    let base = base_success(WEAK_GAIN, 500, 200);
+    assert!(
+        (0.2..=0.4).contains(&base),
+        "the weakened base should succeed 20-40% of the time, got {base}"
+    );
+    let episodes = 60;
+    let run = |mode: Mode| -> Vec<(f64, f32)> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..5u64)
+                .map(|seed| {
+                    s.spawn(move || {
+                        let r = train_sparse(
+                            residual_cfg(mode, seed),
+                            episodes,
+                            WEAK_GAIN,
+                            500 + seed,
+                            50,
+                        )
+                        .unwrap();
+                        (r.final_eval, r.max_residual)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let residual = run(Mode::Residual);
+    let full = run(Mode::Full);
+    eprintln!("base {base}; residual {residual:?}; full (scratch) {full:?}");
+    let lifted = residual.iter().filter(|(s, _)| *s >= 0.9).count();
+    assert!(
+        lifted >= 4,
+        "residual reached 90% in only {lifted}/5 seeds: {residual:?}"
+    );
+    assert!(
+        residual.iter().all(|(_, m)| *m <= 0.3 + 1e-6),
+        "residual left its bound: {residual:?}"
+    );
+    let mean = |v: &[(f64, f32)]| v.iter().map(|x| x.0).sum::<f64>() / v.len() as f64;
+    assert!(
+        mean(&residual) >= mean(&full) + 0.3,
+        "residual {:.2} vs scratch {:.2}",
+        mean(&residual),
+        mean(&full)
+    );
+}
