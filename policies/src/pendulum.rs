@@ -78,6 +78,15 @@ impl Pendulum {
         self.obs()
     }
 
+    /// Starts an episode hanging down: angle within 0.3 rad of the bottom, speed within 0.5 rad/s
+    /// (the sparse swing-up task, where the reward can only be found by a full swing-up).
+    pub fn reset_hanging(&mut self) -> [f32; 3] {
+        self.th = std::f64::consts::PI + self.rng.random_range(-0.3..0.3);
+        self.thdot = self.rng.random_range(-0.5..0.5);
+        self.steps = 0;
+        self.obs()
+    }
+
     /// Starts an episode at a given state (to compare with gymnasium).
     pub fn reset_to(&mut self, th: f64, thdot: f64) -> [f32; 3] {
         self.th = th;
@@ -109,22 +118,25 @@ impl Pendulum {
     }
 }
 
-/// A competent swing-up controller (energy pumping, then a PD catch near the top), with its
-/// gains multiplied by `gain`: at `gain = 1` it balances from almost every start; a gain error
-/// makes it overshoot or fall short. The weakened base of the residual-learning test.
-pub fn swing_up(obs: &[f32; 3], gain: f64) -> f64 {
+/// A competent swing-up controller: energy pumping at full torque until the pendulum has the
+/// energy of the upright state, then a PD catch near the top. `catch_gain` scales the catch's
+/// gains: at 1 it swings up and balances from a hanging start; a gain error lets the pendulum
+/// arrive at the top and fall through. The weakened base of the residual-learning test.
+pub fn swing_up(obs: &[f32; 3], catch_gain: f64) -> f64 {
     let (c, s, w) = (obs[0] as f64, obs[1] as f64, obs[2] as f64);
     let th = s.atan2(c);
-    if c > 0.85 {
-        // Near the top: PD on the angle (with the torque's 3/(m l^2) factor, these gains
-        // overcome gravity's 15 sin th).
-        (-(10.0 * gain) * th - 2.0 * gain * w).clamp(-MAX_TORQUE, MAX_TORQUE)
+    if c > 0.9 {
+        // Near the top: PD on the angle (gravity pulls with 15 sin th; the torque enters as 3 u).
+        (-(12.0 * catch_gain) * th - 2.5 * catch_gain * w).clamp(-MAX_TORQUE, MAX_TORQUE)
     } else {
-        // Energy pumping: E = 0.5 w^2 / 3 + g/2 (cos th - 1) ... push along w while below the
-        // energy of the upright state.
+        // Energy (per unit inertia, zero when upright at rest): pump while below it, brake above.
         let e = w * w / 6.0 + G / 2.0 * (c - 1.0);
-        let push = if e < 0.0 { 1.0 } else { -0.3 };
-        (push * MAX_TORQUE * gain * w.signum()).clamp(-MAX_TORQUE, MAX_TORQUE)
+        let dir = if w.abs() < 1e-3 { 1.0 } else { w.signum() };
+        if e < 0.0 {
+            MAX_TORQUE * dir
+        } else {
+            -0.5 * MAX_TORQUE * dir
+        }
     }
 }
 

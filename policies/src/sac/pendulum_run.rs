@@ -89,8 +89,8 @@ pub fn train_dense(
     Ok(out)
 }
 
-/// The sparse task: reward 1 and the episode ends when the pendulum is upright and still
-/// (`Pendulum::upright`), 0 otherwise, 200-step limit.
+/// The sparse task: from a hanging start, reward 1 and the episode ends when the pendulum is
+/// upright and still (`Pendulum::upright`), 0 otherwise, 200-step limit.
 /// The base is `swing_up` with gain `base_gain`. Returns the per-episode success.
 ///
 /// Residual mode: the learner sees the observation and the base action normalised over the range
@@ -190,7 +190,7 @@ pub fn base_success(base_gain: f64, env_seed: u64, episodes: usize) -> f64 {
     let mut env = Pendulum::new(env_seed ^ 0xe7a1);
     let mut wins = 0;
     for _ in 0..episodes {
-        let mut o = env.reset();
+        let mut o = env.reset_hanging();
         loop {
             let s = env.step(swing_up(&o, base_gain));
             if env.upright() {
