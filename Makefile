@@ -19,13 +19,10 @@ $(VENV)/.installed: tests/requirements.txt
 build:
 	$(CARGO) build --release
 
-## The main job. Until the learning demo lands, it runs the simulator with its scripted expert.
+## The main job: the shipped base policy on the simulator, the residual SAC learner and a
+## simulated person, in one process (docs/training.md). Writes runs/<run-id>/.
 demo: venv build
-	@echo "reflex demo: the human-in-the-loop learning demo is not built yet;"
-	@echo "running the simulator's scripted expert on every task instead."
-	@for t in reach push pick insert; do \
-		$(CARGO) run --release --quiet -- sim expert --task $$t --episodes 50 || exit 1; \
-	done
+	$(CARGO) run --release --quiet -- demo
 
 ## Every test: unit tests of every crate and the system tests (one release build profile).
 test: venv

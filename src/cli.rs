@@ -82,6 +82,15 @@ pub fn doctor() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The command line as a person would retype it: `reflex` followed by the arguments (the
+/// executable's own path differs between machines).
+pub fn command_line() -> String {
+    std::iter::once("reflex".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::percentile;
@@ -94,13 +103,4 @@ mod tests {
         assert_eq!(percentile(&v, 100.0), 100.0);
         assert_eq!(percentile(&[3.0], 99.0), 3.0);
     }
-}
-
-/// The command line as a person would retype it: `reflex` followed by the arguments (the
-/// executable's own path differs between machines).
-pub fn command_line() -> String {
-    std::iter::once("reflex".to_string())
-        .chain(std::env::args().skip(1))
-        .collect::<Vec<_>>()
-        .join(" ")
 }

@@ -5,6 +5,8 @@ mod bench_bus;
 mod bench_learner;
 mod bench_loop;
 mod cli;
+mod demo;
+mod plot;
 mod policy_cmd;
 mod run_cmd;
 mod sim_cmd;
@@ -21,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole mission on the simulator: base policy, residual learner, simulated person.
+    Demo(demo::DemoArgs),
     /// The simulator: serve it as a robot, benchmark it, record expert demonstrations.
     Sim {
         #[command(subcommand)]
@@ -85,6 +89,7 @@ fn main() {
             command: BenchCommand::Learner(a),
         } => bench_learner::run(a),
         Command::Run(a) => run_cmd::run(a),
+        Command::Demo(a) => demo::run(a),
         Command::Policy {
             command: policy_cmd::PolicyCommand::Check(a),
         } => policy_cmd::check(a),

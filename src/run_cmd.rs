@@ -265,6 +265,7 @@ fn obs_template(robot: &dyn Robot) -> Observation {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // one call site per clock, every argument named there
 fn drive<R: Robot, C: Clock>(
     robot: R,
     clock: C,
@@ -329,10 +330,9 @@ fn drive<R: Robot, C: Clock>(
                     if let Ok(ev) = reflex_runtime::msg::decode::<EpisodeEvent>(
                         &ev_key,
                         &sample.payload().to_bytes(),
-                    ) {
-                        if ev.kind == EventKind::Estop {
-                            flag.store(true, Ordering::Relaxed);
-                        }
+                    ) && ev.kind == EventKind::Estop
+                    {
+                        flag.store(true, Ordering::Relaxed);
                     }
                 })
                 .wait()
@@ -362,19 +362,19 @@ fn drive<R: Robot, C: Clock>(
     })
 }
 
-fn load(path: &PathBuf) -> anyhow::Result<RunFile> {
+fn load(path: &std::path::Path) -> anyhow::Result<RunFile> {
     Ok(reflex_runtime::config::load::<RunFile>(path)?)
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let mut file = load(&a.config)?;
     // Paths in the config are relative to the config file.
-    if let Some(m) = &file.policy.model {
-        if m.is_relative() && !m.exists() {
-            if let Some(dir) = a.config.parent() {
-                file.policy.model = Some(dir.join(m));
-            }
-        }
+    if let Some(m) = &file.policy.model
+        && m.is_relative()
+        && !m.exists()
+        && let Some(dir) = a.config.parent()
+    {
+        file.policy.model = Some(dir.join(m));
     }
     let episodes = a.episodes.unwrap_or(file.run.episodes);
     // Bus: from the file, with command-line endpoints added.

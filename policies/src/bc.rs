@@ -235,8 +235,11 @@ pub struct Sample {
     pub chunk: Vec<f32>,
 }
 
-/// Cuts episodes (observations and actions) into (observation, chunk) examples.
-pub fn make_samples(episodes: &[(Vec<Vec<f32>>, Vec<Vec<f32>>)], horizon: usize) -> Vec<Sample> {
+/// An episode as (observations, actions).
+pub type EpisodeData = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// Cuts episodes into (observation, chunk) examples.
+pub fn make_samples(episodes: &[EpisodeData], horizon: usize) -> Vec<Sample> {
     let mut out = vec![];
     for (obs, acts) in episodes {
         if acts.is_empty() {
@@ -266,7 +269,7 @@ pub fn min_max(rows: impl Iterator<Item = Vec<f32>>, dim: usize) -> Normalize {
         }
     }
     for i in 0..dim {
-        if !(hi[i] - lo[i] > 1e-4) {
+        if hi[i] - lo[i] <= 1e-4 || hi[i].is_nan() || lo[i].is_nan() {
             let m = 0.5 * (hi[i] + lo[i]);
             lo[i] = m - 1.0;
             hi[i] = m + 1.0;

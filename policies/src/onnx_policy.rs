@@ -494,13 +494,13 @@ impl OnnxPolicy {
                 robot.action.dim()
             )));
         }
-        if let Some(k) = &spec.robot_kind {
-            if k != &robot.kind {
-                return Err(bad(format!(
-                    "the policy was made for robot kind `{k}`, this robot is `{}`",
-                    robot.kind
-                )));
-            }
+        if let Some(k) = &spec.robot_kind
+            && k != &robot.kind
+        {
+            return Err(bad(format!(
+                "the policy was made for robot kind `{k}`, this robot is `{}`",
+                robot.kind
+            )));
         }
         let dir = model.parent().unwrap_or(Path::new("."));
         let mut inputs = vec![];
@@ -513,7 +513,7 @@ impl OnnxPolicy {
                     ..
                 } => {
                     let ranges: Vec<Range<usize>> = if fields.is_empty() {
-                        vec![0..robot.state_dim()]
+                        std::iter::once(0..robot.state_dim()).collect()
                     } else {
                         fields
                             .iter()

@@ -311,14 +311,14 @@ impl Validate for PolicySpec {
         in_range(p, "action_dim", self.action_dim, 1, 1024)?;
         in_range(p, "chunk_len", self.chunk_len, 1, 1024)?;
         in_range(p, "execute", self.execute, 1, self.chunk_len)?;
-        if let Some(n) = self.action_normalize.len() {
-            if n != self.action_dim {
-                return Err(Invalid {
-                    key: key(p, "action_normalize"),
-                    value: format!("{n} components"),
-                    allowed: format!("action_dim = {} components", self.action_dim),
-                });
-            }
+        if let Some(n) = self.action_normalize.len()
+            && n != self.action_dim
+        {
+            return Err(Invalid {
+                key: key(p, "action_normalize"),
+                value: format!("{n} components"),
+                allowed: format!("action_dim = {} components", self.action_dim),
+            });
         }
         match self.kind {
             PolicyKind::Chunk => {}

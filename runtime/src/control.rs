@@ -305,14 +305,14 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let spec = robot.spec().clone();
         let dim = spec.action.dim();
         let chunk_spec = driver.spec();
-        if let Some(cs) = chunk_spec {
-            if cs.dim != dim {
-                return Err(LoopError::Dim {
-                    policy: cs.dim,
-                    robot: spec.name.clone(),
-                    want: dim,
-                });
-            }
+        if let Some(cs) = chunk_spec
+            && cs.dim != dim
+        {
+            return Err(LoopError::Dim {
+                policy: cs.dim,
+                robot: spec.name.clone(),
+                want: dim,
+            });
         }
         let len = chunk_spec.map_or(1, |c| c.len);
         let start = clock.now();
@@ -550,11 +550,12 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let lateness = woke.saturating_sub(deadline);
         let t = woke;
 
-        if let Some(f) = &self.estop_flag {
-            if f.load(std::sync::atomic::Ordering::Relaxed) && !self.safety.estopped() {
-                tracing::warn!("emergency stop: holding until the next episode");
-                self.safety.estop();
-            }
+        if let Some(f) = &self.estop_flag
+            && f.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.safety.estopped()
+        {
+            tracing::warn!("emergency stop: holding until the next episode");
+            self.safety.estop();
         }
 
         // Observe.
@@ -676,33 +677,36 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         // Command.
         self.robot.command(&self.action)?;
 
-        // Outbox.
-        if let Some(ob) = &mut self.outbox {
-            if let Some(mut tr) = ob.slot() {
-                tr.episode = self.obs.episode;
-                tr.step = self.obs.step;
-                tr.t = t;
-                tr.obs.clone_from(&self.obs.state);
-                tr.base.copy_from_slice(&self.base);
-                tr.residual.copy_from_slice(&self.res);
-                tr.action.copy_from_slice(&self.action);
-                tr.source = source;
-                tr.reward = self.obs.reward;
-                tr.terminated = self.obs.terminated;
-                tr.truncated = self.obs.truncated;
-                tr.success = self.obs.success;
-                tr.safety_flags = verdict.flags;
-                tr.lateness = lateness;
-                tr.chunk_age = self.chunk_age;
-                ob.send(tr);
-            }
-        }
-
-        // Episode bookkeeping from the observation that follows the command.
+        // The observation that follows the command: reward, end of episode, next state.
         self.episode.steps += 1;
         let after = self.robot.observe()?;
         let (done, success, reward) = (after.done(), after.success, after.reward);
         self.episode.ret += reward;
+
+        // Outbox: the whole step (s, a, r, s', done), with who acted and how the loop fared.
+        if let Some(ob) = &mut self.outbox
+            && let Some(mut tr) = ob.slot()
+        {
+            tr.episode = self.obs.episode;
+            tr.step = self.obs.step;
+            tr.t = t;
+            tr.obs.clone_from(&self.obs.state);
+            tr.base.copy_from_slice(&self.base);
+            tr.residual.copy_from_slice(&self.res);
+            tr.action.copy_from_slice(&self.action);
+            tr.source = source;
+            tr.next_obs.clone_from(&after.state);
+            tr.reward = reward;
+            tr.terminated = after.terminated;
+            tr.truncated = after.truncated;
+            tr.success = success;
+            tr.safety_flags = verdict.flags;
+            tr.lateness = lateness;
+            tr.chunk_age = self.chunk_age;
+            tr.label = label;
+            tr.reset_requested = reset_requested;
+            ob.send(tr);
+        }
 
         // Timing.
         let end = self.clock.now();

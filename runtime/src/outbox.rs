@@ -45,6 +45,8 @@ pub struct Transition {
     pub t: Duration,
     /// Observation state the action was chosen from.
     pub obs: Vec<f32>,
+    /// Observation state after the action.
+    pub next_obs: Vec<f32>,
     /// The base policy's action (zeros when there was none).
     pub base: Vec<f32>,
     /// The residual added to it (zeros when none).
@@ -53,14 +55,18 @@ pub struct Transition {
     pub action: Vec<f32>,
     /// Who produced `action`.
     pub source: Source,
-    /// Reward reported with the observation.
+    /// Reward of the step (reported with the next observation).
     pub reward: f32,
-    /// The observation ended the episode (terminal).
+    /// The step ended the episode in a terminal state.
     pub terminated: bool,
-    /// The observation ended the episode (time limit).
+    /// The step hit the time limit.
     pub truncated: bool,
-    /// The task reported success.
+    /// The task reported success after the step.
     pub success: bool,
+    /// A person's label in this step: `Some(true)` success, `Some(false)` failure.
+    pub label: Option<bool>,
+    /// A person asked for a reset in this step.
+    pub reset_requested: bool,
     /// Safety events of this step ([`crate::safety::SafetyEvent`] bits).
     pub safety_flags: u32,
     /// Wake-up lateness of this step.
@@ -74,6 +80,7 @@ impl Transition {
     pub fn with_dims(state_dim: usize, action_dim: usize) -> Self {
         Transition {
             obs: vec![0.0; state_dim],
+            next_obs: vec![0.0; state_dim],
             base: vec![0.0; action_dim],
             residual: vec![0.0; action_dim],
             action: vec![0.0; action_dim],

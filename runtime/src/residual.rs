@@ -25,6 +25,11 @@ pub struct Weights {
 pub struct WeightsWriter(Writer<Weights>);
 
 impl WeightsWriter {
+    /// Wraps the writing half of a weights triple buffer.
+    pub fn from_writer(w: Writer<Weights>) -> Self {
+        WeightsWriter(w)
+    }
+
     /// Publishes a version (copied into a preallocated slot of the same size).
     pub fn publish(&mut self, version: u64, values: &[f32]) {
         let slot = self.0.slot();

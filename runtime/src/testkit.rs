@@ -100,8 +100,8 @@ impl Robot for NullRobot {
         self.last.copy_from_slice(action);
         self.commands.fetch_add(1, Ordering::Relaxed);
         if !self.freeze.load(Ordering::Relaxed) {
-            for i in 0..3 {
-                self.obs.state[i] = (self.obs.state[i] + action[i]).clamp(0.06, 0.34);
+            for (s, a) in self.obs.state[..3].iter_mut().zip(action) {
+                *s = (*s + a).clamp(0.06, 0.34);
             }
             self.obs.step += 1;
             self.obs.seq += 1;

@@ -309,6 +309,11 @@ impl SimEnv {
         self.model.chain.fk(&q64)
     }
 
+    /// The current observation (what `observe` returns), without a mutable borrow.
+    pub fn obs(&self) -> &Observation {
+        &self.obs
+    }
+
     /// The current end-effector goal (position, yaw) of ee action spaces.
     pub fn ee_goal(&self) -> (Vector3<f64>, f64) {
         (self.ee_goal, self.yaw_goal)

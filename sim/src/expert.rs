@@ -65,6 +65,7 @@ pub struct Expert {
     last_opening: f64,
     start_z: f64,
     ik: IkOptions,
+    resume: bool,
 }
 
 fn wrap(a: f64) -> f64 {
@@ -121,6 +122,7 @@ impl Expert {
             phase_steps: 0,
             last_opening: 0.0,
             start_z: 0.0,
+            resume: false,
             ik: IkOptions {
                 max_iterations: 30,
                 position_tolerance_m: 2e-4,
@@ -134,6 +136,14 @@ impl Expert {
     pub fn reset(&mut self) {
         self.phase = 0;
         self.phase_steps = 0;
+        self.resume = false;
+    }
+
+    /// Takes over mid-episode: the next action starts from the phase the scene is in (for `pick`,
+    /// a cube already between closed fingers is lifted, not let go).
+    pub fn take_over(&mut self) {
+        self.reset();
+        self.resume = true;
     }
 
     /// The phase the state machine is in (for tests and the simulated human).
@@ -180,6 +190,14 @@ impl Expert {
             },
             TaskKind::Pick => {
                 let cube = Self::v3(obs, self.f.object_pos.as_ref().expect("checked in new"));
+                if std::mem::take(&mut self.resume)
+                    && (cube - ee).norm() < 0.02
+                    && opening_now < CUBE_SIZE_M + 0.005
+                {
+                    // Already holding it: keep squeezing and lift.
+                    self.start_z = cube.z;
+                    self.goto(3);
+                }
                 let cube_yaw =
                     object_yaw(&obs.state[self.f.object_quat.clone().expect("checked in new")]);
                 // Fingers close along the tool's y axis: align it with a cube face, choosing the

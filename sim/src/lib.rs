@@ -16,6 +16,7 @@ pub mod config;
 pub mod demos;
 pub mod env;
 pub mod expert;
+pub mod human;
 pub mod task;
 pub mod world;
 

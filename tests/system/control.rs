@@ -349,7 +349,7 @@ impl Robot for Slow {
     }
     fn command(&mut self, a: &[f32]) -> Result<(), RobotError> {
         self.n += 1;
-        if self.n % 10 == 0 {
+        if self.n.is_multiple_of(10) {
             self.clock.advance(Duration::from_millis(25));
         }
         self.inner.command(a)

@@ -6,6 +6,7 @@ mod bus;
 mod cli;
 mod common;
 mod control;
+mod demo;
 mod gym_bridge;
 mod learner;
 mod policies;

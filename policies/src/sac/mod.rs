@@ -13,6 +13,8 @@
 
 pub mod adam;
 pub mod checkpoint;
+pub mod hil;
+pub mod hook;
 pub mod nets;
 pub mod pendulum_run;
 pub mod replay;
@@ -79,6 +81,9 @@ fn d_bound() -> f32 {
 }
 fn d_log_std() -> (f32, f32) {
     (-20.0, 2.0)
+}
+fn d_res_log_std() -> f32 {
+    -2.0
 }
 fn d_cap() -> usize {
     1_000_000
@@ -164,6 +169,10 @@ pub struct SacConfig {
     /// Log-std clip of the actor.
     #[serde(default = "d_log_std")]
     pub log_std: (f32, f32),
+    /// Initial log-std of the residual actor (its last layer starts at zero with this bias): small
+    /// exploration around the base at first.
+    #[serde(default = "d_res_log_std")]
+    pub residual_init_log_std: f32,
     /// Capacity of each buffer.
     #[serde(default = "d_cap")]
     pub capacity: usize,
@@ -281,7 +290,7 @@ impl Sac {
             &cfg.hidden,
             act_dim,
             cfg.actor_layer_norm,
-            cfg.mode == Mode::Residual,
+            (cfg.mode == Mode::Residual).then_some(cfg.residual_init_log_std),
             cfg.log_std,
             &mut rng,
             &dev,
@@ -518,7 +527,11 @@ impl Sac {
             info.critic_loss = l;
             info.q_mean = q;
         }
-        if self.counters.env_steps % self.cfg.actor_every as u64 == 0 {
+        if self
+            .counters
+            .env_steps
+            .is_multiple_of(self.cfg.actor_every as u64)
+        {
             let (l, e, t) = self.actor_update(&batch)?;
             info.actor_loss = l;
             info.entropy = e;

@@ -156,14 +156,16 @@ pub struct ActorSample {
 }
 
 impl Actor {
-    /// An actor `obs_dim -> hidden -> 2 A`. `zero_head` starts the mean head (weights and bias)
-    /// at exactly zero, so the initial deterministic action is `tanh(0) = 0`.
+    /// An actor `obs_dim -> hidden -> 2 A`. `zero_head = Some(s)` starts the last layer at exactly
+    /// zero with the log-std biases at `s`: the initial deterministic action is `tanh(0) = 0`, and
+    /// the initial exploration noise is small (a residual must not drown its base in noise).
+    #[allow(clippy::too_many_arguments)] // one call site, every argument named there
     pub fn new(
         obs_dim: usize,
         hidden: &[usize],
         action_dim: usize,
         layer_norm: bool,
-        zero_head: bool,
+        zero_head: Option<f32>,
         log_std: (f32, f32),
         rng: &mut ChaCha8Rng,
         dev: &Device,
@@ -172,19 +174,15 @@ impl Actor {
         dims.extend_from_slice(hidden);
         dims.push(2 * action_dim);
         let net = Ensemble::new(1, &dims, layer_norm, rng, dev)?;
-        if zero_head {
+        if let Some(init_log_std) = zero_head {
             let l = net.ws.len() - 1;
             let w = net.ws[l].as_tensor().to_vec3::<f32>()?;
             let (i, o) = (w[0].len(), w[0][0].len());
             let mut flat: Vec<f32> = w[0].iter().flatten().copied().collect();
             let mut b = net.bs[l].as_tensor().flatten_all()?.to_vec1::<f32>()?;
-            for r in 0..i {
-                for c in 0..action_dim {
-                    flat[r * o + c] = 0.0;
-                }
-            }
-            for c in b.iter_mut().take(action_dim) {
-                *c = 0.0;
+            flat.iter_mut().for_each(|v| *v = 0.0);
+            for (c, v) in b.iter_mut().enumerate() {
+                *v = if c < action_dim { 0.0 } else { init_log_std };
             }
             net.ws[l].set(&Tensor::from_vec(flat, (1, i, o), dev)?)?;
             net.bs[l].set(&Tensor::from_vec(b, (1, 1, o), dev)?)?;

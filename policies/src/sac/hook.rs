@@ -1,0 +1,202 @@
+//! The learner's actor on the control loop: a plain-Rust MLP evaluated on preallocated buffers
+//! (no candle, no allocation), fed by weights the learner publishes through a triple buffer. It
+//! implements the loop's [`ResidualHook`] for the residual mode.
+//!
+//! Layout of the flat weight vector (what [`export_actor`] writes): for each layer, `W` as
+//! `[in, out]` row-major, then `b` `[out]`, then (hidden layers with LayerNorm) `gamma`, `beta`.
+
+use super::Sac;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use reflex_runtime::residual::{ResidualHook, Weights, WeightsWriter};
+use reflex_runtime::triple::{Reader, triple};
+
+/// Flattens the actor's parameters in the hook's layout.
+pub fn export_actor(sac: &Sac) -> candle_core::Result<Vec<f32>> {
+    let net = &sac.actor.net;
+    let mut out = vec![];
+    for l in 0..net.ws.len() {
+        out.extend(net.ws[l].as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        out.extend(net.bs[l].as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        if let Some(ln) = &net.ln
+            && l < ln.len()
+        {
+            out.extend(ln[l].0.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+            out.extend(ln[l].1.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        }
+    }
+    Ok(out)
+}
+
+/// How the hook maps between robot action units and the learner's normalised units: each
+/// component `x` becomes `(x - center) / half_width`, with the half width of the action range
+/// widened by `1 + action_scale` (ResFiT), so the base sits inside [-1/(1+s), 1/(1+s)] and the
+/// residual can reach beyond it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ActionNorm {
+    /// Centre per component.
+    pub center: Vec<f32>,
+    /// Half width per component (already widened).
+    pub half: Vec<f32>,
+}
+
+impl ActionNorm {
+    /// Normalisation for bounds `low`/`high` widened by `1 + scale`.
+    pub fn new(low: &[f32], high: &[f32], scale: f32) -> Self {
+        ActionNorm {
+            center: low.iter().zip(high).map(|(l, h)| 0.5 * (l + h)).collect(),
+            half: low
+                .iter()
+                .zip(high)
+                .map(|(l, h)| (0.5 * (h - l) * (1.0 + scale)).max(1e-6))
+                .collect(),
+        }
+    }
+
+    /// Robot units -> normalised, in place.
+    pub fn to_norm(&self, x: &mut [f32]) {
+        for ((v, c), h) in x.iter_mut().zip(&self.center).zip(&self.half) {
+            *v = (*v - c) / h;
+        }
+    }
+
+    /// Normalised -> robot units, in place.
+    pub fn to_robot(&self, x: &mut [f32]) {
+        for ((v, c), h) in x.iter_mut().zip(&self.center).zip(&self.half) {
+            *v = *v * h + c;
+        }
+    }
+}
+
+/// The residual actor on the loop thread.
+pub struct ResidualMlp {
+    dims: Vec<usize>,
+    layer_norm: bool,
+    act_dim: usize,
+    scale: f32,
+    log_std: (f32, f32),
+    norm: ActionNorm,
+    weights: Reader<Weights>,
+    explore: bool,
+    rng: ChaCha8Rng,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    base_n: Vec<f32>,
+}
+
+impl ResidualMlp {
+    /// A hook for an actor `obs_dim + act_dim -> hidden -> 2 act_dim` with the learner's
+    /// current weights, and the writer through which the learner publishes new ones.
+    /// `explore` samples from the Gaussian (training); otherwise the mean is used.
+    pub fn new(
+        sac: &Sac,
+        norm: ActionNorm,
+        explore: bool,
+        seed: u64,
+    ) -> candle_core::Result<(Self, WeightsWriter)> {
+        let mut dims = vec![sac.obs_dim + sac.act_dim];
+        dims.extend_from_slice(&sac.cfg.hidden);
+        dims.push(2 * sac.act_dim);
+        let w = export_actor(sac)?;
+        let (mut writer, reader) = triple(Weights {
+            version: 0,
+            values: w.clone(),
+        });
+        let widest = *dims.iter().max().expect("layers");
+        let hook = ResidualMlp {
+            layer_norm: sac.cfg.actor_layer_norm,
+            act_dim: sac.act_dim,
+            scale: sac.cfg.action_scale,
+            log_std: sac.cfg.log_std,
+            norm,
+            weights: reader,
+            explore,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            a: vec![0.0; widest],
+            b: vec![0.0; widest],
+            base_n: vec![0.0; sac.act_dim],
+            dims,
+        };
+        writer.write(|s| s.values.clone_from(&w));
+        Ok((hook, crate::sac::hook::writer(writer)))
+    }
+
+    /// Turns exploration noise on or off.
+    pub fn set_explore(&mut self, on: bool) {
+        self.explore = on;
+    }
+}
+
+/// Wraps a raw triple-buffer writer as the runtime's weights writer.
+fn writer(w: reflex_runtime::triple::Writer<Weights>) -> WeightsWriter {
+    WeightsWriter::from_writer(w)
+}
+
+impl ResidualHook for ResidualMlp {
+    fn residual(&mut self, obs: &[f32], base: &[f32], out: &mut [f32]) {
+        let w = &self.weights.get().values;
+        // Input: observation and normalised base action.
+        self.base_n.copy_from_slice(base);
+        self.norm.to_norm(&mut self.base_n);
+        let n_in = self.dims[0];
+        self.a[..obs.len()].copy_from_slice(obs);
+        self.a[obs.len()..n_in].copy_from_slice(&self.base_n);
+        let mut off = 0;
+        let last = self.dims.len() - 2;
+        for l in 0..=last {
+            let (i, o) = (self.dims[l], self.dims[l + 1]);
+            let (wm, bias) = (&w[off..off + i * o], &w[off + i * o..off + i * o + o]);
+            off += i * o + o;
+            self.b[..o].copy_from_slice(&bias[..o]);
+            for r in 0..i {
+                let x = self.a[r];
+                if x != 0.0 {
+                    let row = &wm[r * o..(r + 1) * o];
+                    for (acc, wv) in self.b[..o].iter_mut().zip(row) {
+                        *acc += x * wv;
+                    }
+                }
+            }
+            if l < last {
+                if self.layer_norm {
+                    let mean = self.b[..o].iter().sum::<f32>() / o as f32;
+                    let var = self.b[..o]
+                        .iter()
+                        .map(|v| (v - mean) * (v - mean))
+                        .sum::<f32>()
+                        / o as f32;
+                    let inv = 1.0 / (var + 1e-5).sqrt();
+                    let (g, be) = (&w[off..off + o], &w[off + o..off + 2 * o]);
+                    off += 2 * o;
+                    for c in 0..o {
+                        self.b[c] = (self.b[c] - mean) * inv * g[c] + be[c];
+                    }
+                }
+                for c in 0..o {
+                    self.a[c] = self.b[c].max(0.0);
+                }
+            }
+        }
+        // Head: means then log-stds; squash, scale, combine in normalised units.
+        let a_dim = self.act_dim;
+        for (k, o) in out.iter_mut().enumerate().take(a_dim) {
+            let mut u = self.b[k];
+            if self.explore {
+                let ls = self.b[a_dim + k].clamp(self.log_std.0, self.log_std.1);
+                let e: f32 = StandardNormal.sample(&mut self.rng);
+                u += ls.exp() * e;
+            }
+            *o = (self.base_n[k] + self.scale * u.tanh()).clamp(-1.0, 1.0);
+        }
+        self.norm.to_robot(&mut out[..a_dim]);
+        for (o, b) in out[..a_dim].iter_mut().zip(base) {
+            *o -= b;
+        }
+    }
+
+    fn refresh(&mut self) -> u64 {
+        self.weights.update();
+        self.weights.get().version
+    }
+}

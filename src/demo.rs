@@ -1,0 +1,439 @@
+//! `reflex demo`: the mission in one process. The shipped diffusion base policy drives the
+//! simulated arm through the control loop; a residual SAC learner refines it from the sparse task
+//! reward; a simulated person corrects the robot when it stalls or strays. Lockstep and
+//! single-threaded in simulated time, so a seed reproduces a run exactly: after every environment
+//! step the learner does its updates and, at episode ends, publishes new residual weights, which
+//! the loop swaps in atomically.
+
+use crate::cli::progress;
+use anyhow::Context;
+use clap::Args;
+use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
+use reflex_policies::sac::hook::{ActionNorm, ResidualMlp, export_actor};
+use reflex_policies::sac::replay::Transition as LTransition;
+use reflex_policies::sac::{Mode, Sac, SacConfig};
+use reflex_runtime::clock::SimClock;
+use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
+use reflex_runtime::msg::{Observation, TeleopMsg};
+use reflex_runtime::outbox::{Source, outbox};
+use reflex_runtime::policy::Policy;
+use reflex_runtime::robot::Robot;
+use reflex_runtime::safety::SafetyConfig;
+use reflex_runtime::teleop::teleop_channel;
+use reflex_sim::human::{HumanConfig, SimHuman};
+use reflex_sim::{SimConfig, SimEnv, TaskKind};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Episodes of training.
+    #[arg(long, default_value_t = 100)]
+    episodes: usize,
+    /// Seed of everything (episodes, learner, person).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Base policy.
+    #[arg(long, default_value = "models/pick.onnx")]
+    model: PathBuf,
+    /// Learner mode: residual (default) or full (SAC from scratch, the baseline).
+    #[arg(long, default_value = "residual")]
+    mode: String,
+    /// No simulated person.
+    #[arg(long)]
+    no_human: bool,
+    /// RLIF: reward -1 on the step before each takeover (in addition to the task's reward).
+    #[arg(long)]
+    rlif: bool,
+    /// Where runs are written (a directory per run).
+    #[arg(long, default_value = "runs")]
+    runs: PathBuf,
+    /// Print a JSON summary at the end (and no progress bar).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Per-episode record of a demo run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EpisodeRow {
+    pub episode: usize,
+    pub success: bool,
+    pub steps: u32,
+    pub ret: f32,
+    pub interventions: u32,
+    pub intervention_steps: u32,
+}
+
+fn rolling(xs: &[f64], k: usize) -> Vec<f64> {
+    (0..xs.len())
+        .map(|i| {
+            let lo = i.saturating_sub(k - 1);
+            xs[lo..=i].iter().sum::<f64>() / (i + 1 - lo) as f64
+        })
+        .collect()
+}
+
+/// The learner's settings for the demo (docs/training.md explains each choice).
+pub fn demo_learner(mode: Mode, seed: u64) -> SacConfig {
+    SacConfig {
+        mode,
+        hidden: vec![128, 128],
+        critics: 2,
+        critic_subset: 2,
+        critic_layer_norm: true,
+        batch: 256,
+        utd: 1,
+        discount: 0.97,
+        n_step: 3,
+        init_temperature: 0.01,
+        entropy_in_target: false,
+        bootstrap_truncation: false,
+        action_scale: 0.3,
+        demo_ratio: 0.5,
+        warmup_steps: 256,
+        capacity: 200_000,
+        seed,
+        ..Default::default()
+    }
+}
+
+pub fn run(a: DemoArgs) -> anyhow::Result<()> {
+    crate::bench_learner::pin_threads(1);
+    let mode = match a.mode.as_str() {
+        "residual" => Mode::Residual,
+        "full" => Mode::Full,
+        o => anyhow::bail!("--mode `{o}`: allowed values are residual, full"),
+    };
+    let t0 = Instant::now();
+    let env = SimEnv::new(SimConfig::for_task(TaskKind::Pick))?;
+    let spec = env.spec().clone();
+    let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
+    let opts = RunOptions {
+        seed: a.seed,
+        ..Default::default()
+    };
+    let base: Box<dyn Policy> = Box::new(
+        OnnxPolicy::load(&a.model, &spec, &opts)
+            .with_context(|| format!("loading the base policy {}", a.model.display()))?,
+    );
+    // A second copy labels person-driven steps with what the base would have done (ResFiT's
+    // relabelling of demonstration transitions).
+    let mut relabel = OnnxPolicy::load(
+        &a.model,
+        &spec,
+        &RunOptions {
+            seed: a.seed ^ 1,
+            ..Default::default()
+        },
+    )?;
+    let mut sac = Sac::new(demo_learner(mode, a.seed), obs_dim, act_dim)?;
+    let scale = if mode == Mode::Residual {
+        sac.cfg.action_scale
+    } else {
+        0.0
+    };
+    let norm = ActionNorm::new(&spec.action.low, &spec.action.high, scale);
+    let (mut teleop_tx, teleop_rx) = teleop_channel(act_dim);
+    let (otx, orx) = outbox(4096, obs_dim, act_dim);
+    let chain = reflex_sim::world::ArmModel::so101().chain;
+    let driver = if mode == Mode::Residual {
+        PolicyDriver::inline(base)
+    } else {
+        PolicyDriver::None
+    };
+    let mut lp = ControlLoop::new(
+        env,
+        SimClock::new(),
+        LoopConfig::at(spec.control_hz),
+        SafetyConfig::default(),
+        driver,
+        Some(chain),
+        a.seed,
+    )?;
+    let mut weights = None;
+    if mode == Mode::Residual {
+        let (hook, w) = ResidualMlp::new(&sac, norm.clone(), true, a.seed ^ 7)?;
+        lp.set_residual(Box::new(hook));
+        weights = Some(w);
+    }
+    lp.set_teleop(teleop_rx);
+    lp.set_outbox(otx);
+    let mut human = (!a.no_human)
+        .then(|| {
+            SimHuman::new(
+                &spec,
+                HumanConfig {
+                    seed: a.seed,
+                    ..Default::default()
+                },
+            )
+        })
+        .transpose()?;
+    let mut msg = TeleopMsg {
+        action: vec![0.0; act_dim],
+        ..Default::default()
+    };
+    let run_id = format!("demo-{}-seed{}", chrono_like_stamp(), a.seed);
+    let dir = a.runs.join(&run_id);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+
+    let pb = if a.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        progress(a.episodes as u64, "episodes")
+    };
+    let mut rows: Vec<EpisodeRow> = vec![];
+    let mut pending: Option<LTransition> = None;
+    let mut version = 0u64;
+    let mut upd_t = Instant::now();
+    let mut upd_n = sac.counters.critic_updates;
+    let mut ups = 0.0;
+    let full_act =
+        |sac: &mut Sac, obs: &[f32]| -> anyhow::Result<Vec<f32>> { Ok(sac.act(obs, &[], false)?) };
+    let mut prev_takeover_flag = false;
+    while rows.len() < a.episodes {
+        // The person looks at the robot and decides.
+        let obs_now: Observation = lp.robot().obs().clone();
+        if let Some(h) = &mut human {
+            h.act(&obs_now, &mut msg);
+        } else {
+            msg.intervene = false;
+        }
+        if mode == Mode::Full && !msg.intervene {
+            // From scratch: the learner's own (exploring) action is the command, through the same
+            // teleop path (the loop has no base policy).
+            let an = if (sac.counters.env_steps as usize) < sac.cfg.warmup_steps {
+                sac.random_action()
+            } else {
+                full_act(&mut sac, &obs_now.state)?
+            };
+            let mut act = an.clone();
+            norm.to_robot(&mut act);
+            msg.action.copy_from_slice(&act);
+            msg.intervene = true;
+            msg.seq += 1;
+            teleop_tx.send(&msg);
+            msg.intervene = false;
+        } else {
+            teleop_tx.send(&msg);
+        }
+        let takeover_now = msg.intervene && !prev_takeover_flag;
+        prev_takeover_flag = msg.intervene;
+        if a.rlif
+            && takeover_now
+            && let Some(p) = &mut pending
+        {
+            // RLIF: the policy step right before the takeover gets -1.
+            p.reward -= 1.0;
+        }
+        let episodes_before = lp.episodes().len();
+        lp.step()?;
+        // Transitions of this step into the buffers.
+        while let Some(tr) = orx.try_recv() {
+            // In `full` mode the learner's own commands also travel the teleop path; only the
+            // simulated person's are interventions.
+            let person = tr.source == Source::Teleop
+                && (mode != Mode::Full || human.as_ref().is_some_and(|h| h.intervening()));
+            let mut base_n = tr.base.clone();
+            if person && mode == Mode::Residual {
+                let o = Observation {
+                    state: tr.obs.clone(),
+                    step: tr.step,
+                    ..Default::default()
+                };
+                let mut chunk = vec![0.0; relabel.spec().chunk_len * act_dim];
+                relabel.infer_chunk(&o, &mut chunk)?;
+                base_n.copy_from_slice(&chunk[..act_dim]);
+            }
+            norm.to_norm(&mut base_n);
+            let mut act_n = tr.action.clone();
+            norm.to_norm(&mut act_n);
+            for v in act_n.iter_mut() {
+                *v = v.clamp(-1.0, 1.0);
+            }
+            let done = tr.terminated || tr.truncated || tr.label.is_some() || tr.reset_requested;
+            let t = LTransition {
+                obs: tr.obs.clone(),
+                base: if mode == Mode::Residual {
+                    base_n.clone()
+                } else {
+                    vec![]
+                },
+                action: act_n,
+                reward: tr.reward,
+                next_obs: tr.next_obs.clone(),
+                next_base: if mode == Mode::Residual {
+                    base_n.clone()
+                } else {
+                    vec![]
+                },
+                terminated: tr.terminated || tr.label == Some(true),
+                truncated: tr.truncated,
+                intervention: person,
+            };
+            if let Some(mut p) = pending.take() {
+                if mode == Mode::Residual {
+                    p.next_base.copy_from_slice(&t.base);
+                }
+                push(&mut sac, &p);
+            }
+            if done {
+                push(&mut sac, &t);
+            } else {
+                pending = Some(t);
+            }
+            orx.recycle(tr);
+        }
+        sac.train_step()?;
+        // Episode ends: record, publish the new residual (swapped in at the episode boundary).
+        if lp.episodes().len() > episodes_before {
+            let e = lp.episodes().last().expect("just finished").clone();
+            rows.push(EpisodeRow {
+                episode: rows.len(),
+                success: e.success,
+                steps: e.steps,
+                ret: e.ret,
+                interventions: e.interventions,
+                intervention_steps: e.intervention_steps,
+            });
+            if let Some(w) = &mut weights {
+                version += 1;
+                w.publish(version, &export_actor(&sac)?);
+            }
+            let dt = upd_t.elapsed().as_secs_f64();
+            if dt > 0.5 {
+                ups = (sac.counters.critic_updates - upd_n) as f64 / dt;
+                upd_t = Instant::now();
+                upd_n = sac.counters.critic_updates;
+            }
+            let last: Vec<&EpisodeRow> = rows.iter().rev().take(20).collect();
+            let sr = last
+                .iter()
+                .filter(|r| r.success && r.interventions == 0)
+                .count() as f64
+                / last.len() as f64;
+            let ir = last.iter().filter(|r| r.interventions > 0).count() as f64 / last.len() as f64;
+            pb.set_message(format!(
+                "success(20) {:>3.0}%  interventions(20) {:>3.0}%  {:>4.0} updates/s",
+                sr * 100.0,
+                ir * 100.0,
+                ups
+            ));
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let wall = t0.elapsed().as_secs_f64();
+    summarize(&a, &dir, &rows, wall, &sac)
+}
+
+fn push(sac: &mut Sac, t: &LTransition) {
+    reflex_policies::sac::hil::route(sac, t);
+}
+
+/// A sortable stamp from the system clock (no date library): seconds since the epoch.
+fn chrono_like_stamp() -> String {
+    let s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{s}")
+}
+
+fn summarize(
+    a: &DemoArgs,
+    dir: &std::path::Path,
+    rows: &[EpisodeRow],
+    wall: f64,
+    sac: &Sac,
+) -> anyhow::Result<()> {
+    // The headline: success without a takeover (the robot's own); `success` counts assisted
+    // episodes too.
+    let succ: Vec<f64> = rows
+        .iter()
+        .map(|r| (r.success && r.interventions == 0) as u8 as f64)
+        .collect();
+    let assisted: Vec<f64> = rows.iter().map(|r| r.success as u8 as f64).collect();
+    let intv: Vec<f64> = rows
+        .iter()
+        .map(|r| (r.interventions > 0) as u8 as f64)
+        .collect();
+    let (s20, i20) = (rolling(&succ, 20), rolling(&intv, 20));
+    crate::plot::curves_png(
+        &dir.join("learning_curve.png"),
+        &[(&s20, [30, 160, 60]), (&i20, [210, 50, 40])],
+    )?;
+    let window = |v: &[f64], from: usize, to: usize| {
+        if to > from {
+            v[from..to].iter().sum::<f64>() / (to - from) as f64
+        } else {
+            f64::NAN
+        }
+    };
+    let n = rows.len();
+    let first = window(&succ, 0, n.min(20));
+    let last = window(&succ, n.saturating_sub(20), n);
+    let first_i = window(&intv, 0, n.min(20));
+    let last_i = window(&intv, n.saturating_sub(20), n);
+    let reached = s20.iter().position(|s| *s >= 0.9).map(|i| i + 1);
+    let summary = serde_json::json!({
+        "episodes": n,
+        "seed": a.seed,
+        "mode": a.mode,
+        "success_rate_first_20": first,
+        "success_rate_last_20": last,
+        "success_rate": last,
+        "success_with_assistance_last_20": window(&assisted, n.saturating_sub(20), n),
+        "intervention_rate_first_20": first_i,
+        "intervention_rate_last_20": last_i,
+        "episode_reaching_90pct_rolling_success": reached,
+        "wall_s": wall,
+        "env_steps": sac.counters.env_steps,
+        "updates": sac.counters.critic_updates,
+        "run_dir": dir.display().to_string(),
+        "learning_curve": dir.join("learning_curve.png").display().to_string(),
+    });
+    let rows_json =
+        serde_json::to_vec_pretty(&serde_json::json!({ "summary": summary, "episodes": rows }))?;
+    reflex_runtime::fsio::atomic_write(&dir.join("summary.json"), &rows_json)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(());
+    }
+    println!(
+        "reflex demo: pick, {} learner, simulated person {}",
+        a.mode,
+        if a.no_human { "off" } else { "on" }
+    );
+    println!("  {:<28} {:>8} {:>8}", "", "first 20", "last 20");
+    println!(
+        "  {:<28} {:>7.0}% {:>7.0}%",
+        "success (robot alone)",
+        first * 100.0,
+        last * 100.0
+    );
+    println!(
+        "  {:<28} {:>7.0}% {:>7.0}%",
+        "success (with takeovers)",
+        window(&assisted, 0, n.min(20)) * 100.0,
+        window(&assisted, n.saturating_sub(20), n) * 100.0
+    );
+    println!(
+        "  {:<28} {:>7.0}% {:>7.0}%",
+        "episodes with a takeover",
+        first_i * 100.0,
+        last_i * 100.0
+    );
+    println!(
+        "  {} episodes, {} environment steps, {} learner updates, {:.0} s",
+        n, sac.counters.env_steps, sac.counters.critic_updates, wall
+    );
+    match reached {
+        Some(e) => println!("  rolling 20-episode success reached 90% at episode {e}"),
+        None => println!("  rolling 20-episode success did not reach 90%"),
+    }
+    println!(
+        "  learning curve (green: success, red: takeovers; last 20 episodes): {}",
+        dir.join("learning_curve.png").display()
+    );
+    Ok(())
+}
