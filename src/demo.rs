@@ -51,6 +51,41 @@ pub struct DemoArgs {
     /// Print a JSON summary at the end (and no progress bar).
     #[arg(long)]
     json: bool,
+    /// A TOML file with `[learner]` (docs/learner.md) and/or `[human]` (docs/training.md) tables
+    /// that replace the demo's defaults.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DemoFile {
+    learner: Option<SacConfig>,
+    human: Option<HumanConfig>,
+}
+
+impl reflex_runtime::config::Validate for DemoFile {
+    fn validate(&self, _: &str) -> Result<(), reflex_runtime::config::Invalid> {
+        use reflex_runtime::config::in_range;
+        if let Some(l) = &self.learner {
+            in_range(
+                "learner",
+                "critic_subset",
+                l.critic_subset,
+                1,
+                l.critics.max(1),
+            )?;
+            in_range("learner", "batch", l.batch, 1, 65_536)?;
+            in_range("learner", "utd", l.utd, 1, 1000)?;
+            in_range("learner", "discount", l.discount, 0.0, 1.0)?;
+            in_range("learner", "demo_ratio", l.demo_ratio, 0.0, 1.0)?;
+            in_range("learner", "action_scale", l.action_scale, 0.0, 2.0)?;
+        }
+        if let Some(h) = &self.human {
+            in_range("human", "rate", h.rate, 0.0, 1.0)?;
+        }
+        Ok(())
+    }
 }
 
 /// Per-episode record of a demo run.
@@ -126,7 +161,20 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     )?;
-    let mut sac = Sac::new(demo_learner(mode, a.seed), obs_dim, act_dim)?;
+    let file: DemoFile = match &a.config {
+        Some(p) => reflex_runtime::config::load(p)?,
+        None => DemoFile::default(),
+    };
+    let learner_cfg = file
+        .learner
+        .clone()
+        .map(|l| SacConfig { mode, ..l })
+        .unwrap_or_else(|| demo_learner(mode, a.seed));
+    let human_cfg = file.human.clone().unwrap_or(HumanConfig {
+        seed: a.seed,
+        ..Default::default()
+    });
+    let mut sac = Sac::new(learner_cfg, obs_dim, act_dim)?;
     let scale = if mode == Mode::Residual {
         sac.cfg.action_scale
     } else {
@@ -159,15 +207,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     lp.set_teleop(teleop_rx);
     lp.set_outbox(otx);
     let mut human = (!a.no_human)
-        .then(|| {
-            SimHuman::new(
-                &spec,
-                HumanConfig {
-                    seed: a.seed,
-                    ..Default::default()
-                },
-            )
-        })
+        .then(|| SimHuman::new(&spec, human_cfg.clone()))
         .transpose()?;
     let mut msg = TeleopMsg {
         action: vec![0.0; act_dim],
