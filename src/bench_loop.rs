@@ -40,6 +40,9 @@ pub struct LoopBenchArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Record every step to RUNS/<id>/episodes (to measure the recording's cost on the loop).
+    #[arg(long, value_name = "RUNS")]
+    record: Option<std::path::PathBuf>,
 }
 
 /// A thread that keeps a core busy with floating-point work until stopped.
@@ -87,6 +90,19 @@ pub fn run(a: LoopBenchArgs) -> anyhow::Result<()> {
         0,
     )
     .context("building the loop")?;
+    let mut tap = None;
+    if let Some(runs) = &a.record {
+        let spec = reflex_runtime::robot::Robot::spec(lp.robot()).clone();
+        let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
+        lp.set_outbox(otx);
+        tap = Some(crate::run_cmd::RecordingTap::start(
+            runs,
+            "bench-loop",
+            reflex_runtime::recorder::Live::Off,
+            &spec,
+            orx,
+        )?);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     let load: Vec<_> = if a.load {
@@ -106,8 +122,8 @@ pub fn run(a: LoopBenchArgs) -> anyhow::Result<()> {
     for t in load {
         let _ = t.join();
     }
+    let recording = tap.map(|t| t.finish());
     let s = lp.stats();
-    // Histograms since the warm-up: subtract by rebuilding from the run's own counts.
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let (lat, step) = (&s.lateness, &s.step);
     let out = serde_json::json!({
@@ -126,6 +142,7 @@ pub fn run(a: LoopBenchArgs) -> anyhow::Result<()> {
         "step_mean_us": us(step.mean()),
         "holds_no_chunk": s.holds_no_chunk - warm.holds_no_chunk,
         "chunks": s.chunks,
+        "recording": recording.map(|(rec, drop, files)| serde_json::json!({"steps_recorded": rec, "steps_dropped": drop, "episode_files": files})),
         "rt": rt.iter().map(|r| serde_json::json!({"setting": r.setting, "ok": r.ok, "detail": r.detail})).collect::<Vec<_>>(),
     });
     if a.json {

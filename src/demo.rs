@@ -372,7 +372,7 @@ fn push(sac: &mut Sac, t: &LTransition) {
 }
 
 /// A sortable stamp from the system clock (no date library): seconds since the epoch.
-fn chrono_like_stamp() -> String {
+pub fn chrono_like_stamp() -> String {
     let s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

@@ -8,6 +8,7 @@ mod cli;
 mod demo;
 mod plot;
 mod policy_cmd;
+mod replay;
 mod run_cmd;
 mod sim_cmd;
 
@@ -47,6 +48,8 @@ enum Command {
     },
     /// The actor: runs the control loop against a robot with a policy (config file).
     Run(run_cmd::RunArgs),
+    /// Open a recorded episode in the Rerun viewer, or print its summary.
+    Replay(replay::ReplayArgs),
     /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
     Doctor,
 }
@@ -90,6 +93,7 @@ fn main() {
         } => bench_learner::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Demo(a) => demo::run(a),
+        Command::Replay(a) => replay::run(a),
         Command::Policy {
             command: policy_cmd::PolicyCommand::Check(a),
         } => policy_cmd::check(a),

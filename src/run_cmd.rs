@@ -32,8 +32,107 @@ pub struct RunArgs {
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
+    /// Record every episode to RUNS/<run-id>/episodes/episode_NNNNNN.rrd.
+    #[arg(long, value_name = "RUNS")]
+    record: Option<PathBuf>,
+    /// Live view: off, spawn (start a viewer), connect or connect=ADDR (a running viewer).
+    #[arg(long, default_value = "off")]
+    rerun: String,
     #[command(flatten)]
     bus: BusArgs,
+}
+
+/// The recorder of a run, fed by a thread that drains the loop's outbox.
+pub struct RecordingTap {
+    /// The recorder.
+    pub recorder: Arc<reflex_runtime::recorder::Recorder>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Directory of the episode files.
+    pub dir: PathBuf,
+}
+
+impl RecordingTap {
+    /// Starts a recorder for `spec` under `runs/<run_id>/episodes` and a thread that feeds it from `rx`.
+    pub fn start(
+        runs: &std::path::Path,
+        run_id: &str,
+        live: reflex_runtime::recorder::Live,
+        spec: &reflex_runtime::msg::RobotSpec,
+        rx: reflex_runtime::outbox::OutboxReceiver,
+    ) -> anyhow::Result<Self> {
+        let dir = runs.join(run_id).join("episodes");
+        let urdf =
+            urdf_rs::read_from_string(reflex_sim::world::ARM_URDF).map_err(anyhow::Error::msg)?;
+        let arm = spec.kind.starts_with("sim/").then(|| {
+            (
+                reflex_sim::world::ArmModel::so101().chain,
+                reflex_runtime::recorder::link_shapes(&urdf),
+            )
+        });
+        let object_half_m = if spec.kind == "sim/insert" {
+            0.01
+        } else {
+            0.015
+        };
+        let recorder = Arc::new(reflex_runtime::recorder::Recorder::spawn(
+            reflex_runtime::recorder::RecorderConfig {
+                dir: dir.clone(),
+                live,
+                queue: 4096,
+                spec: spec.clone(),
+                arm,
+                object_half_m,
+                throttle: None,
+            },
+        )?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, s) = (recorder.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("outbox".into())
+            .spawn(move || {
+                loop {
+                    match rx.recv_timeout(Duration::from_millis(20)) {
+                        Some(t) => {
+                            r.record(&t);
+                            rx.recycle(t);
+                        }
+                        None if s.load(Ordering::Relaxed) => {
+                            while let Some(t) = rx.try_recv() {
+                                r.record(&t);
+                                rx.recycle(t);
+                            }
+                            break;
+                        }
+                        None => {}
+                    }
+                }
+            })
+            .expect("spawn the outbox thread");
+        Ok(RecordingTap {
+            recorder,
+            stop,
+            thread: Some(thread),
+            dir,
+        })
+    }
+
+    /// Drains what is left, finishes the files, returns the recorder's counters.
+    pub fn finish(mut self) -> (u64, u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let st = match Arc::try_unwrap(self.recorder) {
+            Ok(r) => r.finish(),
+            Err(_) => unreachable!("the outbox thread has ended"),
+        };
+        (
+            st.recorded.load(Ordering::Relaxed),
+            st.dropped.load(Ordering::Relaxed),
+            st.episodes.load(Ordering::Relaxed),
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -237,6 +336,20 @@ impl Validate for RunFile {
     }
 }
 
+/// How a run is driven, besides the config file.
+pub struct DriveOpts<'a> {
+    /// The bus, when in use.
+    pub session: Option<&'a zenoh::Session>,
+    /// Episodes to run.
+    pub episodes: u64,
+    /// JSON output (no progress bar).
+    pub json: bool,
+    /// Record episodes under this directory.
+    pub record: Option<&'a std::path::Path>,
+    /// Live viewer.
+    pub live: reflex_runtime::recorder::Live,
+}
+
 /// What a run produced.
 #[derive(Debug)]
 pub struct RunReport {
@@ -244,6 +357,8 @@ pub struct RunReport {
     pub wall_s: f64,
     pub stats: reflex_runtime::control::LoopStats,
     pub safety: reflex_runtime::safety::SafetyCounters,
+    /// Recording directory, steps recorded, steps dropped, episode files.
+    pub recording: Option<(PathBuf, u64, u64, u64)>,
 }
 
 fn obs_template(robot: &dyn Robot) -> Observation {
@@ -265,17 +380,16 @@ fn obs_template(robot: &dyn Robot) -> Observation {
     }
 }
 
-#[allow(clippy::too_many_arguments)] // one call site per clock, every argument named there
 fn drive<R: Robot, C: Clock>(
     robot: R,
     clock: C,
     file: &RunFile,
     policy: Option<Box<dyn Policy>>,
     inline: bool,
-    session: Option<&zenoh::Session>,
-    episodes: u64,
-    json: bool,
+    o: &DriveOpts,
 ) -> anyhow::Result<RunReport> {
+    let (session, episodes, json, record, live) =
+        (o.session, o.episodes, o.json, o.record, &o.live);
     let hz = robot.spec().control_hz;
     let cfg = file
         .loop_
@@ -305,6 +419,25 @@ fn drive<R: Robot, C: Clock>(
     )?;
     let rt = reflex_runtime::rt::apply(&cfg.rt);
     let _ = rt;
+    // Recording: the loop's outbox feeds the recorder's thread; nothing on the loop waits for it.
+    let run_id = format!("run-{}", crate::demo::chrono_like_stamp());
+    let tap = if record.is_some() || *live != reflex_runtime::recorder::Live::Off {
+        let spec = lp.robot().spec().clone();
+        let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
+        lp.set_outbox(otx);
+        let runs = record
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::temp_dir().join("reflex-live"));
+        Some(RecordingTap::start(
+            &runs,
+            &run_id,
+            live.clone(),
+            &spec,
+            orx,
+        )?)
+    } else {
+        None
+    };
     // Bus side: status out, teleop in, estop in. None of it is on the loop's path.
     let mut _keep = Vec::new();
     let mut _status = None;
@@ -317,6 +450,7 @@ fn drive<R: Robot, C: Clock>(
             keys.clone(),
             r,
             Duration::from_millis(50),
+            tap.as_ref().map(|t| t.recorder.stats_handle()),
         ));
         let (tw, tr) = reflex_runtime::teleop::teleop_channel(lp.robot().spec().action.dim());
         lp.set_teleop(tr);
@@ -354,11 +488,18 @@ fn drive<R: Robot, C: Clock>(
         pb.inc(1);
     }
     pb.finish_and_clear();
+    let wall_s = t0.elapsed().as_secs_f64();
+    let recording = tap.map(|t| {
+        let dir = t.dir.clone();
+        let (rec, drop, files) = t.finish();
+        (dir, rec, drop, files)
+    });
     Ok(RunReport {
         episodes: done,
-        wall_s: t0.elapsed().as_secs_f64(),
+        wall_s,
         stats: lp.stats().clone(),
         safety: lp.safety_counters(),
+        recording,
     })
 }
 
@@ -395,6 +536,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         || !a.bus.connect.is_empty();
     let session = if use_bus { Some(bus.open()?) } else { None };
     let inline = file.run.clock == ClockKind::Sim;
+    let opts = DriveOpts {
+        session: session.as_ref(),
+        episodes,
+        json: a.json,
+        record: a.record.as_deref(),
+        live: reflex_runtime::recorder::Live::parse(&a.rerun).map_err(anyhow::Error::msg)?,
+    };
     let report = match file.robot.source {
         RobotSource::Sim => {
             let mut sim = file.sim.clone().expect("validated");
@@ -403,15 +551,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
             }
             let env = SimEnv::new(sim)?;
             let policy = make_policy(&file, env.spec())?;
-            run_with_clock(
-                env,
-                &file,
-                policy,
-                inline,
-                session.as_ref(),
-                episodes,
-                a.json,
-            )?
+            run_with_clock(env, &file, policy, inline, &opts)?
         }
         RobotSource::Remote => {
             let name = file.robot.name.clone().expect("validated");
@@ -429,15 +569,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                 );
             }
             let policy = make_policy(&file, robot.spec())?;
-            run_with_clock(
-                robot,
-                &file,
-                policy,
-                inline,
-                session.as_ref(),
-                episodes,
-                a.json,
-            )?
+            run_with_clock(robot, &file, policy, inline, &opts)?
         }
     };
     print_report(&report, a.json);
@@ -478,21 +610,10 @@ fn run_with_clock<R: Robot>(
     file: &RunFile,
     policy: Option<Box<dyn Policy>>,
     inline: bool,
-    session: Option<&zenoh::Session>,
-    episodes: u64,
-    json: bool,
+    o: &DriveOpts,
 ) -> anyhow::Result<RunReport> {
     if inline {
-        drive(
-            robot,
-            SimClock::new(),
-            file,
-            policy,
-            true,
-            session,
-            episodes,
-            json,
-        )
+        drive(robot, SimClock::new(), file, policy, true, o)
     } else {
         let spin = file.loop_.as_ref().map_or(50.0, |l| l.spin_us);
         drive(
@@ -501,9 +622,7 @@ fn run_with_clock<R: Robot>(
             file,
             policy,
             false,
-            session,
-            episodes,
-            json,
+            o,
         )
     }
 }
@@ -539,6 +658,7 @@ fn print_report(r: &RunReport, json: bool) {
                 "chunks": r.stats.chunks,
                 "stale_chunks": r.stats.stale_chunks,
                 "safety": safety,
+                "recording": r.recording.as_ref().map(|(d, rec, drop, files)| serde_json::json!({"dir": d.display().to_string(), "steps_recorded": rec, "steps_dropped": drop, "episode_files": files})),
                 "seeds": r.episodes.iter().map(|e| e.seed).collect::<Vec<_>>(),
             })
         );

@@ -24,6 +24,7 @@ pub mod kinematics;
 pub mod msg;
 pub mod outbox;
 pub mod policy;
+pub mod recorder;
 pub mod residual;
 pub mod robot;
 pub mod rt;

@@ -311,6 +311,9 @@ pub struct StatusMsg {
     pub episode: u64,
     /// Transitions the outbox dropped (consumers behind).
     pub outbox_dropped: u64,
+    /// Steps the episode recorder dropped (it fell behind); 0 when not recording.
+    #[serde(default)]
+    pub recorder_dropped: u64,
     /// Residual weight version in use.
     pub residual_version: u64,
 }

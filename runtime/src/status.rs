@@ -36,6 +36,7 @@ pub fn to_msg(robot: &str, s: &LoopStatus) -> StatusMsg {
         intervening: s.intervening,
         episode: s.episode,
         outbox_dropped: s.outbox_dropped,
+        recorder_dropped: 0,
         residual_version: s.residual_version,
     }
 }
@@ -57,6 +58,7 @@ pub fn spawn_publisher(
     keys: Keys,
     mut reader: Reader<LoopStatus>,
     poll: Duration,
+    recorder: Option<Arc<crate::recorder::RecorderStats>>,
 ) -> StatusPublisher {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -88,7 +90,10 @@ pub fn spawn_publisher(
                         }
                     }
                     last_safety = now;
-                    let m = to_msg(&keys.robot, reader.get());
+                    let mut m = to_msg(&keys.robot, reader.get());
+                    if let Some(r) = &recorder {
+                        m.recorder_dropped = r.dropped.load(Ordering::Relaxed);
+                    }
                     if let Err(e) = publisher.put(msg::encode(&m)).wait() {
                         tracing::warn!("status on {}: {e}", keys.status);
                     }

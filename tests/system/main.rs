@@ -10,6 +10,7 @@ mod demo;
 mod gym_bridge;
 mod learner;
 mod policies;
+mod replay;
 mod sim_tasks;
 
 /// Every allocation in this test binary goes through a counter that only counts on threads that

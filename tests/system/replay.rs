@@ -1,0 +1,280 @@
+//! Recordings: episodes recorded from the simulator read back with Rerun's own tools, the
+//! recorder never holding the loop up, and `reflex replay`.
+
+use crate::common::{reflex, repo};
+use reflex_runtime::clock::SimClock;
+use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
+use reflex_runtime::outbox::outbox;
+use reflex_runtime::recorder::{Live, Recorder, RecorderConfig};
+use reflex_runtime::robot::Robot;
+use reflex_runtime::safety::SafetyConfig;
+use reflex_runtime::testkit::{NullRobot, SweepPolicy};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn rerun_cli() -> PathBuf {
+    let p = repo().join(".venv/bin/rerun");
+    assert!(
+        p.exists(),
+        "{} is missing: `make venv` installs rerun-sdk 0.36.3 (the version of the rerun crate)",
+        p.display()
+    );
+    p
+}
+
+fn record_pick(runs: &Path, episodes: u32) -> (serde_json::Value, PathBuf) {
+    let out = reflex()
+        .args(["run", "--config"])
+        .arg(repo().join("configs/run/sim-pick-expert.toml"))
+        .args(["--episodes", &episodes.to_string(), "--json", "--record"])
+        .arg(runs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dir = PathBuf::from(
+        v["recording"]["dir"]
+            .as_str()
+            .expect("a recording dir in the summary"),
+    );
+    (v, dir)
+}
+
+#[test]
+fn recorded_episodes_pass_rerun_verify_and_hold_the_expected_entities() {
+    let runs = tempfile::tempdir().unwrap();
+    let (v, dir) = record_pick(runs.path(), 2);
+    assert_eq!(v["recording"]["episode_files"], 2);
+    assert_eq!(v["recording"]["steps_dropped"], 0);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rrd"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    for f in &files {
+        let out = Command::new(rerun_cli())
+            .env("CI", "1")
+            .args(["rrd", "verify"])
+            .arg(f)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rerun rrd verify {}: {}{}",
+            f.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = Command::new(rerun_cli())
+            .env("CI", "1")
+            .args(["rrd", "print", "-v"])
+            .arg(f)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        for entity in [
+            "/world/arm/gripper",
+            "/world/arm/shoulder/shape",
+            "/world/object",
+            "/world/target",
+            "/world/ee_path",
+            "/joints/shoulder_pan/measured",
+            "/action/dx_m/base",
+            "/action/dx_m/residual",
+            "/action/gripper_m/executed",
+            "/episode/intervention",
+            "/episode/reward",
+            "/timing/lateness_us",
+            "/telemetry/dropped",
+            "/events",
+        ] {
+            assert!(
+                text.contains(entity),
+                "{}: entity {entity} missing from `rerun rrd print -v`",
+                f.display()
+            );
+        }
+        // Both timelines index the step data.
+        let out = Command::new(rerun_cli())
+            .env("CI", "1")
+            .args(["rrd", "print", "-vv"])
+            .arg(f)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for timeline in ["index_name: step", "index_name: time"] {
+            assert!(
+                text.contains(timeline),
+                "{}: timeline `{timeline}` missing",
+                f.display()
+            );
+        }
+        // The episode's summary agrees with the run.
+        let s = reflex_runtime::recorder::read_summary(f).unwrap();
+        assert!(s["steps"].as_u64().unwrap() > 5);
+        assert_eq!(
+            s["success"], true,
+            "the scripted expert succeeds on these seeds"
+        );
+    }
+    // A sample of values, read back through `rerun rrd print -vvv`: the reward series is 0 until
+    // the last step, which is 1 with the success event logged at that step.
+    let s = reflex_runtime::recorder::read_summary(&files[0]).unwrap();
+    let last = s["steps"].as_u64().unwrap() - 1;
+    let out = Command::new(rerun_cli())
+        .env("CI", "1")
+        .args(["rrd", "print", "-vvv"])
+        .arg(&files[0])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows = entity_rows(&text, "/episode/reward");
+    assert_eq!(rows.len() as u64, last + 1, "one reward row per step");
+    for (step, v) in &rows {
+        let want = if *step == last { 1.0 } else { 0.0 };
+        assert_eq!(*v, want, "reward at step {step}");
+    }
+    assert!(
+        text.contains(&format!("step {last}: episode ends (success)")),
+        "the success event is missing"
+    );
+}
+
+/// The (step, value) rows of a scalar entity in `rerun rrd print -vvv` output.
+fn entity_rows(text: &str, entity: &str) -> Vec<(u64, f64)> {
+    let head = format!("- {entity} - ");
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with("Chunk(") {
+            inside = line.contains(&head);
+            continue;
+        }
+        if !inside || !line.contains("row_") {
+            continue;
+        }
+        // │ │ row_… ┆ log_time ┆ step ┆ time ┆ [value] │ │
+        let cells: Vec<&str> = line
+            .split('┆')
+            .map(|c| c.trim_matches(|ch: char| ch.is_whitespace() || ch == '│'))
+            .collect();
+        let step = cells[2].parse().unwrap();
+        let v = cells[4]
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse()
+            .unwrap();
+        rows.push((step, v));
+    }
+    rows
+}
+
+#[test]
+fn a_throttled_recorder_drops_only_counted_telemetry_and_never_the_loop_or_the_learner() {
+    let runs = tempfile::tempdir().unwrap();
+    let robot = NullRobot::new("r", 8, 0);
+    let spec = robot.spec().clone();
+    let template = reflex_runtime::msg::Observation {
+        state: vec![0.0; 8],
+        ..Default::default()
+    };
+    let _ = template;
+    let mut lp = ControlLoop::new(
+        robot,
+        SimClock::new(),
+        LoopConfig::at(100.0),
+        SafetyConfig::default(),
+        PolicyDriver::inline(Box::new(SweepPolicy::new(8, 4))),
+        None,
+        0,
+    )
+    .unwrap();
+    let (otx, orx) = outbox(64, 8, 4);
+    lp.set_outbox(otx);
+    // 20 ms per step: far slower than the loop; a queue of 8.
+    let rec = Recorder::spawn(RecorderConfig {
+        dir: runs.path().join("episodes"),
+        live: Live::Off,
+        queue: 8,
+        spec,
+        arm: None,
+        object_half_m: 0.015,
+        throttle: Some(std::time::Duration::from_millis(20)),
+    })
+    .unwrap();
+    let mut learner_seen = 0u64;
+    for _ in 0..300 {
+        lp.step().unwrap();
+        while let Some(t) = orx.try_recv() {
+            learner_seen += 1; // the learner's copy: every step
+            rec.record(&t);
+            orx.recycle(t);
+        }
+    }
+    assert_eq!(lp.stats().ticks, 300);
+    assert_eq!(learner_seen, 300, "the learner must get every step");
+    assert_eq!(lp.outbox().unwrap().dropped(), 0);
+    let stats = rec.finish();
+    let (recorded, dropped) = (
+        stats.recorded.load(std::sync::atomic::Ordering::Relaxed),
+        stats.dropped.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    assert_eq!(recorded + dropped, 300);
+    assert!(
+        dropped > 200,
+        "a 20 ms/step recorder with a queue of 8 should drop most of 300 steps: {dropped}"
+    );
+    let s =
+        reflex_runtime::recorder::read_summary(&runs.path().join("episodes/episode_000001.rrd"))
+            .unwrap();
+    assert_eq!(
+        s["dropped_steps"].as_u64().unwrap(),
+        dropped,
+        "the recording states what it lost"
+    );
+}
+
+#[test]
+fn replay_summary_prints_each_episode_and_a_missing_viewer_says_how_to_install_it() {
+    let runs = tempfile::tempdir().unwrap();
+    let (_, dir) = record_pick(runs.path(), 1);
+    let out = reflex()
+        .args(["replay", "--summary"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("episode_000001.rrd") && text.contains("true"),
+        "{text}"
+    );
+    // No viewer on PATH and no project environment above a temp directory.
+    let empty = tempfile::tempdir().unwrap();
+    let out = reflex()
+        .current_dir(empty.path())
+        .env("PATH", empty.path())
+        .args(["replay"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("rerun-sdk==0.36.3"),
+        "{err}"
+    );
+}
