@@ -142,7 +142,7 @@ pub fn run(a: LoopBenchArgs) -> anyhow::Result<()> {
         "step_mean_us": us(step.mean()),
         "holds_no_chunk": s.holds_no_chunk - warm.holds_no_chunk,
         "chunks": s.chunks,
-        "recording": recording.map(|(rec, drop, files)| serde_json::json!({"steps_recorded": rec, "steps_dropped": drop, "episode_files": files})),
+        "recording": recording.map(|r| serde_json::json!({"steps_recorded": r.recorded, "steps_dropped": r.dropped, "episode_files": r.episodes})),
         "rt": rt.iter().map(|r| serde_json::json!({"setting": r.setting, "ok": r.ok, "detail": r.detail})).collect::<Vec<_>>(),
     });
     if a.json {

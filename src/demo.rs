@@ -51,6 +51,9 @@ pub struct DemoArgs {
     /// Print a JSON summary at the end (and no progress bar).
     #[arg(long)]
     json: bool,
+    /// Do not record the episodes to Rerun files (runs/<run-id>/episodes/).
+    #[arg(long)]
+    no_record: bool,
     /// A TOML file with `[learner]` (docs/learner.md) and/or `[human]` (docs/training.md) tables
     /// that replace the demo's defaults.
     #[arg(long)]
@@ -216,6 +219,17 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     let run_id = format!("demo-{}-seed{}", chrono_like_stamp(), a.seed);
     let dir = a.runs.join(&run_id);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Every episode to Rerun, off the loop (the recorder's own thread and bounded queue).
+    let recorder = if a.no_record {
+        None
+    } else {
+        Some(crate::run_cmd::make_recorder(
+            Some(dir.join("episodes")),
+            reflex_runtime::recorder::Live::Off,
+            &spec,
+            true,
+        )?)
+    };
 
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
@@ -270,6 +284,9 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         lp.step()?;
         // Transitions of this step into the buffers.
         while let Some(tr) = orx.try_recv() {
+            if let Some(r) = &recorder {
+                r.record(&tr);
+            }
             // In `full` mode the learner's own commands also travel the teleop path; only the
             // simulated person's are interventions.
             let person = tr.source == Source::Teleop
@@ -364,6 +381,15 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     }
     pb.finish_and_clear();
     let wall = t0.elapsed().as_secs_f64();
+    if let Some(r) = recorder {
+        let st = r.finish();
+        if st.dropped.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            tracing::warn!(
+                "the recorder dropped {} steps (it fell behind)",
+                st.dropped.load(std::sync::atomic::Ordering::Relaxed)
+            );
+        }
+    }
     summarize(&a, &dir, &rows, wall, &sac)
 }
 
@@ -402,6 +428,17 @@ fn summarize(
         &dir.join("learning_curve.png"),
         &[(&s20, [30, 160, 60]), (&i20, [210, 50, 40])],
     )?;
+    let points: Vec<reflex_runtime::recorder::LearningPoint> = rows
+        .iter()
+        .map(|r| reflex_runtime::recorder::LearningPoint {
+            success: r.success && r.interventions == 0,
+            intervened: r.interventions > 0,
+            ret: r.ret,
+            steps: r.steps,
+        })
+        .collect();
+    reflex_runtime::recorder::write_learning_curves(&dir.join("learning.rrd"), &points, 20)
+        .map_err(anyhow::Error::msg)?;
     let window = |v: &[f64], from: usize, to: usize| {
         if to > from {
             v[from..to].iter().sum::<f64>() / (to - from) as f64
@@ -431,6 +468,8 @@ fn summarize(
         "updates": sac.counters.critic_updates,
         "run_dir": dir.display().to_string(),
         "learning_curve": dir.join("learning_curve.png").display().to_string(),
+        "learning_recording": dir.join("learning.rrd").display().to_string(),
+        "episode_recordings": (!a.no_record).then(|| dir.join("episodes").display().to_string()),
     });
     let rows_json =
         serde_json::to_vec_pretty(&serde_json::json!({ "summary": summary, "episodes": rows }))?;

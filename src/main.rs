@@ -11,6 +11,7 @@ mod policy_cmd;
 mod replay;
 mod run_cmd;
 mod sim_cmd;
+mod viz_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -50,6 +51,8 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Open a recorded episode in the Rerun viewer, or print its summary.
     Replay(replay::ReplayArgs),
+    /// Watch a robot over the bus in Rerun (live viewer or episode files).
+    Viz(viz_cmd::VizArgs),
     /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
     Doctor,
 }
@@ -94,6 +97,7 @@ fn main() {
         Command::Run(a) => run_cmd::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Replay(a) => replay::run(a),
+        Command::Viz(a) => viz_cmd::run(a),
         Command::Policy {
             command: policy_cmd::PolicyCommand::Check(a),
         } => policy_cmd::check(a),

@@ -17,7 +17,7 @@ pub struct ReplayArgs {
 pub const RERUN_VERSION: &str = "0.36.3";
 
 /// Finds the `rerun` viewer: on PATH, or in the project environment.
-fn find_viewer() -> Option<PathBuf> {
+pub fn find_viewer() -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
             .map(|d| d.join("rerun"))
@@ -102,4 +102,15 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
         bail!("{} exited with {status}", viewer.display());
     }
     Ok(())
+}
+
+/// A live-view choice with the viewer program filled in when reflex can find one (PATH or the
+/// project environment), so `--rerun spawn` works without activating the environment.
+pub fn with_viewer(live: reflex_runtime::recorder::Live) -> reflex_runtime::recorder::Live {
+    match live {
+        reflex_runtime::recorder::Live::Spawn(None) => {
+            reflex_runtime::recorder::Live::Spawn(find_viewer())
+        }
+        other => other,
+    }
 }

@@ -38,18 +38,74 @@ pub struct RunArgs {
     /// Live view: off, spawn (start a viewer), connect or connect=ADDR (a running viewer).
     #[arg(long, default_value = "off")]
     rerun: String,
+    /// Rate of the step trace on the bus for `reflex viz`, Hz (0: off; default `[bus] trace_hz`).
+    #[arg(long, value_name = "HZ")]
+    trace_hz: Option<f64>,
     #[command(flatten)]
     bus: BusArgs,
 }
 
-/// The recorder of a run, fed by a thread that drains the loop's outbox.
+/// A recorder for `spec` writing episodes to `dir` (and to a live viewer), with the arm drawn
+/// from the simulator's URDF for simulated robots.
+pub fn make_recorder(
+    dir: Option<PathBuf>,
+    live: reflex_runtime::recorder::Live,
+    spec: &reflex_runtime::msg::RobotSpec,
+    count_gaps: bool,
+) -> anyhow::Result<reflex_runtime::recorder::Recorder> {
+    let urdf =
+        urdf_rs::read_from_string(reflex_sim::world::ARM_URDF).map_err(anyhow::Error::msg)?;
+    let arm = spec.kind.starts_with("sim/").then(|| {
+        (
+            reflex_sim::world::ArmModel::so101().chain,
+            reflex_runtime::recorder::link_shapes(&urdf),
+        )
+    });
+    let object_half_m = if spec.kind == "sim/insert" {
+        0.01
+    } else {
+        0.015
+    };
+    Ok(reflex_runtime::recorder::Recorder::spawn(
+        reflex_runtime::recorder::RecorderConfig {
+            files: dir.is_some(),
+            dir: dir.unwrap_or_default(),
+            live,
+            queue: 4096,
+            spec: spec.clone(),
+            arm,
+            object_half_m,
+            throttle: None,
+            count_gaps,
+        },
+    )?)
+}
+
+/// What the loop's outbox feeds, off the loop's thread: the episode recorder and the bus trace
+/// for `reflex viz`. One thread drains the outbox (and the camera frames) and hands each step to
+/// both; neither can hold the loop up.
 pub struct RecordingTap {
-    /// The recorder.
-    pub recorder: Arc<reflex_runtime::recorder::Recorder>,
+    /// The recorder, when recording.
+    pub recorder: Option<Arc<reflex_runtime::recorder::Recorder>>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<(u64, u64)>>,
     /// Directory of the episode files.
     pub dir: PathBuf,
+}
+
+/// What a [`RecordingTap`] did.
+#[derive(Clone, Debug, Default)]
+pub struct TapReport {
+    /// Steps recorded.
+    pub recorded: u64,
+    /// Steps the recorder dropped.
+    pub dropped: u64,
+    /// Episode files written.
+    pub episodes: u64,
+    /// Steps published on the bus trace.
+    pub traced: u64,
+    /// Camera-frame sets dropped (the frame pool was empty, or the recorder behind).
+    pub frames_dropped: u64,
 }
 
 impl RecordingTap {
@@ -62,76 +118,100 @@ impl RecordingTap {
         rx: reflex_runtime::outbox::OutboxReceiver,
     ) -> anyhow::Result<Self> {
         let dir = runs.join(run_id).join("episodes");
-        let urdf =
-            urdf_rs::read_from_string(reflex_sim::world::ARM_URDF).map_err(anyhow::Error::msg)?;
-        let arm = spec.kind.starts_with("sim/").then(|| {
-            (
-                reflex_sim::world::ArmModel::so101().chain,
-                reflex_runtime::recorder::link_shapes(&urdf),
-            )
-        });
-        let object_half_m = if spec.kind == "sim/insert" {
-            0.01
-        } else {
-            0.015
-        };
-        let recorder = Arc::new(reflex_runtime::recorder::Recorder::spawn(
-            reflex_runtime::recorder::RecorderConfig {
-                dir: dir.clone(),
-                live,
-                queue: 4096,
-                spec: spec.clone(),
-                arm,
-                object_half_m,
-                throttle: None,
-            },
-        )?);
+        let rec = make_recorder(Some(dir.clone()), live, spec, true)?;
+        Ok(Self::with(Some(Arc::new(rec)), dir, None, rx, None))
+    }
+
+    /// The general form: any of a recorder, a trace publisher and a frame source.
+    pub fn with(
+        recorder: Option<Arc<reflex_runtime::recorder::Recorder>>,
+        dir: PathBuf,
+        mut trace: Option<reflex_runtime::viz::TracePublisher>,
+        rx: reflex_runtime::outbox::OutboxReceiver,
+        frames: Option<reflex_runtime::outbox::OutboxReceiver<reflex_runtime::outbox::Frames>>,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (r, s) = (recorder.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("outbox".into())
             .spawn(move || {
+                // Frames of step k are sent just before transition k; they are passed on in that
+                // order, never ahead of an earlier step's transition (a frame of the next episode
+                // must not close the current one early).
+                let mut held: Option<Box<reflex_runtime::outbox::Frames>> = None;
+                let mut frames_up_to = |upto: Option<(u64, u32)>| {
+                    let (Some(fr), Some(r)) = (&frames, &r) else {
+                        return;
+                    };
+                    loop {
+                        let Some(f) = held.take().or_else(|| fr.try_recv()) else {
+                            return;
+                        };
+                        if upto.is_some_and(|k| (f.episode, f.step) > k) {
+                            held = Some(f);
+                            return;
+                        }
+                        r.record_frames(&f);
+                        fr.recycle(f);
+                    }
+                };
+                let mut handle = |t: Box<reflex_runtime::outbox::Transition>| {
+                    frames_up_to(Some((t.episode, t.step)));
+                    if let Some(r) = &r {
+                        r.record(&t);
+                    }
+                    if let Some(p) = &mut trace {
+                        p.offer(&t);
+                    }
+                    rx.recycle(t);
+                };
                 loop {
                     match rx.recv_timeout(Duration::from_millis(20)) {
-                        Some(t) => {
-                            r.record(&t);
-                            rx.recycle(t);
-                        }
+                        Some(t) => handle(t),
                         None if s.load(Ordering::Relaxed) => {
                             while let Some(t) = rx.try_recv() {
-                                r.record(&t);
-                                rx.recycle(t);
+                                handle(t);
                             }
                             break;
                         }
                         None => {}
                     }
                 }
+                let pool_drops = frames.as_ref().map_or(0, |f| f.dropped());
+                (trace.map_or(0, |p| p.published), pool_drops)
             })
             .expect("spawn the outbox thread");
-        Ok(RecordingTap {
+        RecordingTap {
             recorder,
             stop,
             thread: Some(thread),
             dir,
-        })
+        }
     }
 
-    /// Drains what is left, finishes the files, returns the recorder's counters.
-    pub fn finish(mut self) -> (u64, u64, u64) {
+    /// Drains what is left, finishes the files, returns the counters.
+    pub fn finish(mut self) -> TapReport {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let st = match Arc::try_unwrap(self.recorder) {
-            Ok(r) => r.finish(),
-            Err(_) => unreachable!("the outbox thread has ended"),
+        let (traced, pool_drops) = self
+            .thread
+            .take()
+            .map_or((0, 0), |t| t.join().unwrap_or((0, 0)));
+        let mut rep = TapReport {
+            traced,
+            frames_dropped: pool_drops,
+            ..Default::default()
         };
-        (
-            st.recorded.load(Ordering::Relaxed),
-            st.dropped.load(Ordering::Relaxed),
-            st.episodes.load(Ordering::Relaxed),
-        )
+        if let Some(rec) = self.recorder.take() {
+            let st = match Arc::try_unwrap(rec) {
+                Ok(r) => r.finish(),
+                Err(_) => unreachable!("the outbox thread has ended"),
+            };
+            rep.recorded = st.recorded.load(Ordering::Relaxed);
+            rep.dropped = st.dropped.load(Ordering::Relaxed);
+            rep.episodes = st.episodes.load(Ordering::Relaxed);
+            rep.frames_dropped += st.frames_dropped.load(Ordering::Relaxed);
+        }
+        rep
     }
 }
 
@@ -263,7 +343,7 @@ impl Default for RunSection {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BusSection {
     /// Use the bus at all (status, teleop, estop; required for remote robots).
@@ -275,6 +355,25 @@ struct BusSection {
     connect: Vec<String>,
     #[serde(default)]
     no_multicast: bool,
+    /// Rate of the step trace published for `reflex viz`, Hz (0 turns it off).
+    #[serde(default = "d_trace_hz")]
+    trace_hz: f64,
+}
+
+fn d_trace_hz() -> f64 {
+    10.0
+}
+
+impl Default for BusSection {
+    fn default() -> Self {
+        BusSection {
+            enabled: false,
+            listen: Vec::new(),
+            connect: Vec::new(),
+            no_multicast: false,
+            trace_hz: d_trace_hz(),
+        }
+    }
 }
 
 /// The whole actor config file.
@@ -320,6 +419,7 @@ impl Validate for RunFile {
         }
         self.safety.validate("safety")?;
         in_range("robot", "timeout_ms", self.robot.timeout_ms, 1.0, 600_000.0)?;
+        in_range("bus", "trace_hz", self.bus.trace_hz, 0.0, 1000.0)?;
         in_range("policy", "noise", self.policy.noise, 0.0, 10.0)?;
         in_range("policy", "chunk_len", self.policy.chunk_len, 1, 64)?;
         in_range("run", "episodes", self.run.episodes, 1, 10_000_000)?;
@@ -348,6 +448,8 @@ pub struct DriveOpts<'a> {
     pub record: Option<&'a std::path::Path>,
     /// Live viewer.
     pub live: reflex_runtime::recorder::Live,
+    /// Rate of the bus trace for `reflex viz`, Hz (0: none; needs the bus).
+    pub trace_hz: f64,
 }
 
 /// What a run produced.
@@ -357,8 +459,10 @@ pub struct RunReport {
     pub wall_s: f64,
     pub stats: reflex_runtime::control::LoopStats,
     pub safety: reflex_runtime::safety::SafetyCounters,
-    /// Recording directory, steps recorded, steps dropped, episode files.
-    pub recording: Option<(PathBuf, u64, u64, u64)>,
+    /// Recording directory, steps recorded, steps dropped, episode files, frames dropped.
+    pub recording: Option<(PathBuf, u64, u64, u64, u64)>,
+    /// Steps published on the bus trace (for `reflex viz`).
+    pub traced: u64,
 }
 
 fn obs_template(robot: &dyn Robot) -> Observation {
@@ -419,22 +523,45 @@ fn drive<R: Robot, C: Clock>(
     )?;
     let rt = reflex_runtime::rt::apply(&cfg.rt);
     let _ = rt;
-    // Recording: the loop's outbox feeds the recorder's thread; nothing on the loop waits for it.
+    // Recording and the bus trace: the loop's outbox feeds one consumer thread that hands each
+    // step to the recorder and to the trace publisher; nothing on the loop waits for either.
     let run_id = format!("run-{}", crate::demo::chrono_like_stamp());
-    let tap = if record.is_some() || *live != reflex_runtime::recorder::Live::Off {
-        let spec = lp.robot().spec().clone();
+    let spec = lp.robot().spec().clone();
+    let recorder = if record.is_some() || *live != reflex_runtime::recorder::Live::Off {
+        // Files only with --record; a live view alone writes nothing.
+        let dir = record.map(|r| r.join(&run_id).join("episodes"));
+        Some((
+            Arc::new(make_recorder(dir.clone(), live.clone(), &spec, true)?),
+            dir.unwrap_or_default(),
+        ))
+    } else {
+        None
+    };
+    let trace = match session {
+        Some(s) if o.trace_hz > 0.0 => Some(reflex_runtime::viz::TracePublisher::new(
+            s,
+            &Keys::new(&name)?,
+            &spec,
+            o.trace_hz,
+        )?),
+        _ => None,
+    };
+    let tap = if recorder.is_some() || trace.is_some() {
         let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
         lp.set_outbox(otx);
-        let runs = record
-            .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::temp_dir().join("reflex-live"));
-        Some(RecordingTap::start(
-            &runs,
-            &run_id,
-            live.clone(),
-            &spec,
-            orx,
-        )?)
+        let frames = if recorder.is_some() && !spec.cameras.is_empty() {
+            // A few frame buffers, at up to ~15 frames per second of camera video.
+            let (ftx, frx) = reflex_runtime::outbox::frames(8);
+            lp.set_frames(ftx, (spec.control_hz / 15.0).round().max(1.0) as u32);
+            Some(frx)
+        } else {
+            None
+        };
+        let (rec, dir) = match recorder {
+            Some((r, d)) => (Some(r), d),
+            None => (None, PathBuf::new()),
+        };
+        Some(RecordingTap::with(rec, dir, trace, orx, frames))
     } else {
         None
     };
@@ -450,7 +577,9 @@ fn drive<R: Robot, C: Clock>(
             keys.clone(),
             r,
             Duration::from_millis(50),
-            tap.as_ref().map(|t| t.recorder.stats_handle()),
+            tap.as_ref()
+                .and_then(|t| t.recorder.as_ref())
+                .map(|r| r.stats_handle()),
         ));
         let (tw, tr) = reflex_runtime::teleop::teleop_channel(lp.robot().spec().action.dim());
         lp.set_teleop(tr);
@@ -489,17 +618,22 @@ fn drive<R: Robot, C: Clock>(
     }
     pb.finish_and_clear();
     let wall_s = t0.elapsed().as_secs_f64();
-    let recording = tap.map(|t| {
-        let dir = t.dir.clone();
-        let (rec, drop, files) = t.finish();
-        (dir, rec, drop, files)
-    });
+    let (mut recording, mut traced) = (None, 0);
+    if let Some(t) = tap {
+        let (dir, recording_on) = (t.dir.clone(), record.is_some());
+        let r = t.finish();
+        traced = r.traced;
+        if recording_on {
+            recording = Some((dir, r.recorded, r.dropped, r.episodes, r.frames_dropped));
+        }
+    }
     Ok(RunReport {
         episodes: done,
         wall_s,
         stats: lp.stats().clone(),
         safety: lp.safety_counters(),
         recording,
+        traced,
     })
 }
 
@@ -541,7 +675,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         episodes,
         json: a.json,
         record: a.record.as_deref(),
-        live: reflex_runtime::recorder::Live::parse(&a.rerun).map_err(anyhow::Error::msg)?,
+        live: crate::replay::with_viewer(
+            reflex_runtime::recorder::Live::parse(&a.rerun).map_err(anyhow::Error::msg)?,
+        ),
+        trace_hz: a.trace_hz.unwrap_or(file.bus.trace_hz),
     };
     let report = match file.robot.source {
         RobotSource::Sim => {
@@ -658,7 +795,8 @@ fn print_report(r: &RunReport, json: bool) {
                 "chunks": r.stats.chunks,
                 "stale_chunks": r.stats.stale_chunks,
                 "safety": safety,
-                "recording": r.recording.as_ref().map(|(d, rec, drop, files)| serde_json::json!({"dir": d.display().to_string(), "steps_recorded": rec, "steps_dropped": drop, "episode_files": files})),
+                "traced_steps": r.traced,
+                "recording": r.recording.as_ref().map(|(d, rec, drop, files, fdrop)| serde_json::json!({"dir": d.display().to_string(), "steps_recorded": rec, "steps_dropped": drop, "episode_files": files, "frames_dropped": fdrop})),
                 "seeds": r.episodes.iter().map(|e| e.seed).collect::<Vec<_>>(),
             })
         );

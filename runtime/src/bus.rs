@@ -146,6 +146,10 @@ pub struct Keys {
     pub status: String,
     /// `reflex/<robot>/alive/robot`
     pub alive_robot: String,
+    /// `reflex/<robot>/trace`
+    pub trace: String,
+    /// `reflex/<robot>/trace/spec`
+    pub trace_spec: String,
 }
 
 impl Keys {
@@ -169,6 +173,8 @@ impl Keys {
             teleop: k("teleop"),
             status: k("status"),
             alive_robot: k("alive/robot"),
+            trace: k("trace"),
+            trace_spec: k("trace/spec"),
         })
     }
 }

@@ -12,7 +12,7 @@ use crate::config::{Invalid, Validate, in_range, key};
 use crate::hist::Histogram;
 use crate::kinematics::Chain;
 use crate::msg::{Observation, RobotSpec};
-use crate::outbox::{OutboxSender, Source};
+use crate::outbox::{Frames, OutboxSender, Source};
 use crate::policy::{ChunkSpec, Policy, PolicyThread};
 use crate::residual::ResidualHook;
 use crate::robot::{Robot, RobotError};
@@ -259,6 +259,7 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     residual: Option<Box<dyn ResidualHook>>,
     teleop: Option<TeleopReader>,
     outbox: Option<OutboxSender>,
+    frames: Option<(OutboxSender<Frames>, u32)>,
     status: Option<Writer<LoopStatus>>,
     spec: RobotSpec,
     obs: Observation,
@@ -279,6 +280,7 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     since_chunk: usize,
     request_pending: bool,
     chunk_age: Duration,
+    policy_latency: Duration,
     stats: LoopStats,
     last_status: (Duration, u64),
     seeds: ChaCha8Rng,
@@ -323,6 +325,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             residual: None,
             teleop: None,
             outbox: None,
+            frames: None,
             status: None,
             obs: Observation {
                 state: vec![0.0; spec.state_dim()],
@@ -345,6 +348,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             since_chunk: 0,
             request_pending: false,
             chunk_age: Duration::ZERO,
+            policy_latency: Duration::ZERO,
             stats: LoopStats::default(),
             last_status: (start, 0),
             seeds: ChaCha8Rng::seed_from_u64(seed),
@@ -374,6 +378,12 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// Adds the outbox.
     pub fn set_outbox(&mut self, o: OutboxSender) {
         self.outbox = Some(o);
+    }
+
+    /// Adds a camera-frame outbox: the observation's images every `every`-th step (and the first
+    /// of each episode). Nothing is sent for robots without cameras.
+    pub fn set_frames(&mut self, f: OutboxSender<Frames>, every: u32) {
+        self.frames = Some((f, every.max(1)));
     }
 
     /// Adds a status snapshot writer.
@@ -493,6 +503,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 while let Some(c) = pt.poll() {
                     if c.generation == self.generation {
                         self.chunks.push(&c.chunk);
+                        self.policy_latency = c.latency;
                         self.stats.chunks += 1;
                         self.request_pending = false;
                         self.since_chunk = 0;
@@ -683,6 +694,25 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let (done, success, reward) = (after.done(), after.success, after.reward);
         self.episode.ret += reward;
 
+        // Camera frames of the state the action was chosen in, ahead of the step's transition.
+        if let Some((fo, every)) = &mut self.frames
+            && !self.obs.images.is_empty()
+            && self.obs.step.is_multiple_of(*every)
+            && let Some(mut f) = fo.slot()
+        {
+            f.episode = self.obs.episode;
+            f.step = self.obs.step;
+            f.t = t;
+            // Reuses the buffer's image vectors: no allocation once each buffer has been used.
+            f.images.truncate(self.obs.images.len());
+            for (i, img) in self.obs.images.iter().enumerate() {
+                match f.images.get_mut(i) {
+                    Some(d) => d.copy_from(img),
+                    None => f.images.push(img.clone()),
+                }
+            }
+            fo.send(f);
+        }
         // Outbox: the whole step (s, a, r, s', done), with who acted and how the loop fared.
         if let Some(ob) = &mut self.outbox
             && let Some(mut tr) = ob.slot()
@@ -703,6 +733,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             tr.safety_flags = verdict.flags;
             tr.lateness = lateness;
             tr.chunk_age = self.chunk_age;
+            tr.policy_latency = self.policy_latency;
             tr.label = label;
             tr.reset_requested = reset_requested;
             ob.send(tr);

@@ -34,6 +34,7 @@ pub mod status;
 pub mod teleop;
 pub mod testkit;
 pub mod triple;
+pub mod viz;
 
 /// The types most users need, in one import.
 pub mod prelude {

@@ -145,6 +145,17 @@ pub struct Image {
     pub data: Vec<u8>,
 }
 
+impl Image {
+    /// Copies `src` into `self` reusing `self`'s buffers (a derived `clone_from` would allocate).
+    pub fn copy_from(&mut self, src: &Image) {
+        self.camera.clone_from(&src.camera);
+        self.width = src.width;
+        self.height = src.height;
+        self.encoding.clone_from(&src.encoding);
+        self.data.clone_from(&src.data);
+    }
+}
+
 /// One observation of the robot. Published on `reflex/<robot>/obs`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
@@ -193,7 +204,7 @@ impl Observation {
         self.images.truncate(src.images.len());
         for (i, img) in src.images.iter().enumerate() {
             if let Some(dst) = self.images.get_mut(i) {
-                dst.clone_from(img);
+                dst.copy_from(img);
             } else {
                 self.images.push(img.clone());
             }
@@ -318,6 +329,51 @@ pub struct StatusMsg {
     pub residual_version: u64,
 }
 
+/// One control step as the actor saw it, for visualisation on other machines. Published on
+/// `reflex/<robot>/trace` by the actor at a configured rate (every n-th step, and every step that
+/// ends an episode), from the outbox's consumer thread, never from the loop.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTrace {
+    /// Protocol version.
+    pub v: u16,
+    /// Episode counter.
+    pub episode: u64,
+    /// Step within the episode.
+    pub step: u32,
+    /// Loop time of the step, ns.
+    pub t_ns: u64,
+    /// Observation state the action was chosen from.
+    pub state: Vec<f32>,
+    /// The base policy's action.
+    pub base: Vec<f32>,
+    /// The residual added to it.
+    pub residual: Vec<f32>,
+    /// The action sent to the robot, after safety.
+    pub action: Vec<f32>,
+    /// `policy`, `teleop` or `hold`.
+    pub source: String,
+    /// Reward of the step.
+    pub reward: f32,
+    /// The step ended the episode in a terminal state.
+    pub terminated: bool,
+    /// The step hit the time limit.
+    pub truncated: bool,
+    /// The task reported success after the step.
+    pub success: bool,
+    /// A person's label in this step.
+    pub label: Option<bool>,
+    /// A person asked for a reset.
+    pub reset: bool,
+    /// Safety event bits of the step.
+    pub safety_flags: u32,
+    /// Wake-up lateness, us.
+    pub lateness_us: f32,
+    /// Age of the chunk used, ms.
+    pub chunk_age_ms: f32,
+    /// Inference time of the newest chunk, ms.
+    pub policy_latency_ms: f32,
+}
+
 /// Why a message could not be decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -370,6 +426,7 @@ versioned!(
     EpisodeEvent => "EpisodeEvent",
     TeleopMsg => "TeleopMsg",
     StatusMsg => "StatusMsg",
+    StepTrace => "StepTrace",
 );
 
 /// Encodes a message as MessagePack with named fields.

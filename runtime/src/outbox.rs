@@ -73,6 +73,23 @@ pub struct Transition {
     pub lateness: Duration,
     /// Age of the newest chunk used (zero when none).
     pub chunk_age: Duration,
+    /// Inference time of the policy thread's newest chunk (zero for inline policies, whose time
+    /// is part of the step).
+    pub policy_latency: Duration,
+}
+
+/// Camera frames of one step, handed off beside the transition through their own small pool
+/// (images are large: a few buffers, every `n`-th step, instead of one per transition slot).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Frames {
+    /// Episode counter of the robot.
+    pub episode: u64,
+    /// Step in the episode.
+    pub step: u32,
+    /// Loop time of the step.
+    pub t: Duration,
+    /// The observation's images, in the robot's camera order.
+    pub images: Vec<crate::msg::Image>,
 }
 
 impl Transition {
@@ -90,17 +107,17 @@ impl Transition {
 }
 
 /// The loop's end.
-pub struct OutboxSender {
-    free: Receiver<Box<Transition>>,
-    tx: Sender<Box<Transition>>,
+pub struct OutboxSender<T = Transition> {
+    free: Receiver<Box<T>>,
+    tx: Sender<Box<T>>,
     dropped: Arc<AtomicU64>,
     sent: u64,
 }
 
 /// The consumer's end.
-pub struct OutboxReceiver {
-    rx: Receiver<Box<Transition>>,
-    free: Sender<Box<Transition>>,
+pub struct OutboxReceiver<T = Transition> {
+    rx: Receiver<Box<T>>,
+    free: Sender<Box<T>>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -110,11 +127,20 @@ pub fn outbox(
     state_dim: usize,
     action_dim: usize,
 ) -> (OutboxSender, OutboxReceiver) {
+    pool(capacity, || Transition::with_dims(state_dim, action_dim))
+}
+
+/// A pool of `capacity` frame buffers (their image buffers grow on first use, then are reused).
+pub fn frames(capacity: usize) -> (OutboxSender<Frames>, OutboxReceiver<Frames>) {
+    pool(capacity, Frames::default)
+}
+
+fn pool<T>(capacity: usize, make: impl Fn() -> T) -> (OutboxSender<T>, OutboxReceiver<T>) {
     let (tx, rx) = channel::bounded(capacity);
     let (free_tx, free_rx) = channel::bounded(capacity);
     for _ in 0..capacity {
         free_tx
-            .send(Box::new(Transition::with_dims(state_dim, action_dim)))
+            .send(Box::new(make()))
             .expect("room for every buffer");
     }
     let dropped = Arc::new(AtomicU64::new(0));
@@ -133,9 +159,9 @@ pub fn outbox(
     )
 }
 
-impl OutboxSender {
+impl<T> OutboxSender<T> {
     /// A free buffer to fill, or `None` (counted as a drop) when the consumer holds them all.
-    pub fn slot(&mut self) -> Option<Box<Transition>> {
+    pub fn slot(&mut self) -> Option<Box<T>> {
         match self.free.try_recv() {
             Ok(b) => Some(b),
             Err(_) => {
@@ -146,7 +172,7 @@ impl OutboxSender {
     }
 
     /// Sends a filled buffer. Never blocks: the queue holds as many entries as there are buffers.
-    pub fn send(&mut self, t: Box<Transition>) {
+    pub fn send(&mut self, t: Box<T>) {
         match self.tx.try_send(t) {
             Ok(()) => self.sent += 1,
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -167,9 +193,9 @@ impl OutboxSender {
     }
 }
 
-impl OutboxReceiver {
+impl<T> OutboxReceiver<T> {
     /// The next transition, waiting up to `timeout`. Give it back with [`OutboxReceiver::recycle`].
-    pub fn recv_timeout(&self, timeout: Duration) -> Option<Box<Transition>> {
+    pub fn recv_timeout(&self, timeout: Duration) -> Option<Box<T>> {
         match self.rx.recv_timeout(timeout) {
             Ok(t) => Some(t),
             Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => None,
@@ -177,12 +203,12 @@ impl OutboxReceiver {
     }
 
     /// The next transition if one is waiting.
-    pub fn try_recv(&self) -> Option<Box<Transition>> {
+    pub fn try_recv(&self) -> Option<Box<T>> {
         self.rx.try_recv().ok()
     }
 
     /// Returns a buffer to the loop.
-    pub fn recycle(&self, t: Box<Transition>) {
+    pub fn recycle(&self, t: Box<T>) {
         let _ = self.free.try_send(t);
     }
 

@@ -14,7 +14,8 @@
 
 use crate::kinematics::Chain;
 use crate::msg::RobotSpec;
-use crate::outbox::{Source, Transition};
+use crate::msg::{EpisodeEvent, StatusMsg};
+use crate::outbox::{Frames, Source, Transition};
 use crate::safety::SafetyEvent;
 use crossbeam::channel::{self, Receiver, Sender, TrySendError};
 use nalgebra::{Isometry3, Translation3, UnitQuaternion};
@@ -22,6 +23,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
+
+/// The Rerun version of the SDK reflex records with; the viewer of this version opens the files.
+pub const RERUN_VERSION: &str = "0.36.3";
 
 /// Where the live stream goes, besides the files.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -31,8 +35,8 @@ pub enum Live {
     Off,
     /// Stream to a running viewer (`rerun+http://127.0.0.1:9876/proxy` when `None`).
     Connect(Option<String>),
-    /// Start a viewer (the `rerun` program must be on PATH) and stream to it.
-    Spawn,
+    /// Start a viewer and stream to it: the given `rerun` program, else the one on PATH.
+    Spawn(Option<PathBuf>),
 }
 
 impl Live {
@@ -40,7 +44,7 @@ impl Live {
     pub fn parse(s: &str) -> Result<Self, String> {
         match s {
             "off" => Ok(Live::Off),
-            "spawn" => Ok(Live::Spawn),
+            "spawn" => Ok(Live::Spawn(None)),
             "connect" => Ok(Live::Connect(None)),
             _ => match s.strip_prefix("connect=") {
                 Some(a) => Ok(Live::Connect(Some(a.to_string()))),
@@ -63,6 +67,12 @@ pub struct RecorderStats {
     pub episodes: AtomicU64,
     /// Errors writing (the robot never stops for them).
     pub errors: AtomicU64,
+    /// Camera frames dropped because the recorder was behind.
+    pub frames_dropped: AtomicU64,
+    /// Status messages and bus events dropped because the recorder was behind.
+    pub other_dropped: AtomicU64,
+    /// Items the live view dropped (the viewer was slow or gone).
+    pub live_dropped: AtomicU64,
 }
 
 /// Errors starting a recorder.
@@ -131,14 +141,32 @@ pub struct RecorderConfig {
     pub object_half_m: f32,
     /// Artificial delay per step (tests and benchmarks of a recorder that cannot keep up).
     pub throttle: Option<std::time::Duration>,
+    /// Write episode files under `dir` (off: live view only).
+    pub files: bool,
+    /// Count gaps in the step index as dropped steps. Off for a decimated stream (`reflex viz`),
+    /// whose gaps are by design.
+    pub count_gaps: bool,
 }
 
-/// A running recorder.
+/// What the recorder threads are fed.
+#[derive(Clone)]
+enum Item {
+    Step(Box<Transition>),
+    Frames(Box<Frames>),
+    Status(Box<StatusMsg>),
+    Event(EpisodeEvent),
+}
+
+/// A running recorder: a thread that writes the episode files and, when a live view is asked for,
+/// a second thread that streams to the viewer. The two never wait for each other: a viewer that
+/// stalls or vanishes costs live-view drops (`live_dropped`), never a file or the robot.
 pub struct Recorder {
-    tx: Option<Sender<Box<Transition>>>,
+    tx: Option<Sender<Item>>,
+    live_tx: Option<Sender<Item>>,
     stats: Arc<RecorderStats>,
     seen: Arc<Seen>,
     thread: Option<JoinHandle<()>>,
+    live_thread: Option<JoinHandle<()>>,
 }
 
 /// The last step offered to the recorder, kept so that an episode's lost tail (steps dropped
@@ -174,41 +202,161 @@ impl Seen {
     }
 }
 
+/// `host:port` of a `rerun+http://host:port/proxy` address.
+fn socket_of(url: &str) -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let rest = url.split("://").nth(1)?;
+    let hostport = rest.split('/').next()?;
+    hostport.to_socket_addrs().ok()?.next()
+}
+
+/// Opens the live stream, or explains (a warning) why there is none. Checks that something
+/// listens before connecting: Rerun's gRPC client would otherwise block its caller until a
+/// viewer appears.
+fn open_live(live: &Live) -> Option<rerun::RecordingStream> {
+    const DEFAULT: &str = "rerun+http://127.0.0.1:9876/proxy";
+    let url = match live {
+        Live::Off => return None,
+        Live::Connect(addr) => addr.clone().unwrap_or_else(|| DEFAULT.to_string()),
+        Live::Spawn(exe) => {
+            let opts = rerun::SpawnOptions {
+                executable_path: exe.as_ref().map(|p| p.display().to_string()),
+                ..Default::default()
+            };
+            match rerun::spawn(&opts) {
+                Ok(_) => format!("rerun+http://127.0.0.1:{}/proxy", opts.port),
+                Err(e) => {
+                    tracing::warn!(
+                        "no live view: cannot start the Rerun viewer ({e}); install it with `pip install rerun-sdk=={}`; recording continues",
+                        RERUN_VERSION
+                    );
+                    return None;
+                }
+            }
+        }
+    };
+    let reachable = socket_of(&url).is_some_and(|a| {
+        std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok()
+    });
+    if !reachable {
+        tracing::warn!(
+            "no live view: no Rerun viewer listens at {url} (start one with `rerun`, or use --rerun spawn); recording continues"
+        );
+        return None;
+    }
+    rerun::RecordingStreamBuilder::new("reflex")
+        .connect_grpc_opts(url.clone())
+        .map_err(|e| tracing::warn!("no live view at {url}: {e}; recording continues"))
+        .ok()
+}
+
 impl Recorder {
-    /// Starts the recorder thread.
+    /// Starts the recorder threads.
     pub fn spawn(cfg: RecorderConfig) -> Result<Self, RecorderError> {
-        std::fs::create_dir_all(&cfg.dir).map_err(|source| RecorderError::Dir {
-            path: cfg.dir.display().to_string(),
-            source,
-        })?;
-        let (tx, rx) = channel::bounded::<Box<Transition>>(cfg.queue.max(1));
+        if cfg.files {
+            std::fs::create_dir_all(&cfg.dir).map_err(|source| RecorderError::Dir {
+                path: cfg.dir.display().to_string(),
+                source,
+            })?;
+        }
         let stats = Arc::new(RecorderStats::default());
-        let st = stats.clone();
         let seen = Arc::new(Seen::default());
-        let sn = seen.clone();
-        let thread = std::thread::Builder::new()
-            .name("recorder".into())
-            .spawn(move || run(cfg, rx, st, sn))
-            .expect("spawn the recorder thread");
+        let (mut tx, mut thread) = (None, None);
+        if cfg.files {
+            let (t, rx) = channel::bounded::<Item>(cfg.queue.max(1));
+            let mut c = cfg.clone();
+            c.live = Live::Off;
+            let (st, sn) = (stats.clone(), seen.clone());
+            tx = Some(t);
+            thread = Some(
+                std::thread::Builder::new()
+                    .name("recorder".into())
+                    .spawn(move || run(c, None, rx, st, sn))
+                    .expect("spawn the recorder thread"),
+            );
+        }
+        let (mut live_tx, mut live_thread) = (None, None);
+        if cfg.live != Live::Off {
+            let (t, rx) = channel::bounded::<Item>(cfg.queue.max(1));
+            let mut c = cfg.clone();
+            c.files = false;
+            // The live view's own counters stay out of the files' (its drops are `live_dropped`).
+            let (st, sn) = (
+                Arc::new(RecorderStats::default()),
+                Arc::new(Seen::default()),
+            );
+            live_tx = Some(t);
+            live_thread = Some(
+                std::thread::Builder::new()
+                    .name("recorder-live".into())
+                    .spawn(move || {
+                        let live = open_live(&c.live);
+                        if live.is_some() {
+                            run(c, live, rx, st, sn);
+                        }
+                    })
+                    .expect("spawn the live recorder thread"),
+            );
+        }
         Ok(Recorder {
-            tx: Some(tx),
+            tx,
+            live_tx,
             stats,
             seen,
-            thread: Some(thread),
+            thread,
+            live_thread,
         })
     }
 
     /// Queues a step; never waits. Returns `false` (and counts a drop) when the queue is full.
     pub fn record(&self, t: &Transition) -> bool {
+        let item = Item::Step(Box::new(t.clone()));
+        self.to_live(&item);
         let Some(tx) = &self.tx else { return false };
         self.seen.note(t.episode, t.step);
-        match tx.try_send(Box::new(t.clone())) {
+        match tx.try_send(item) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 false
             }
         }
+    }
+
+    fn to_live(&self, item: &Item) {
+        if let Some(l) = &self.live_tx
+            && l.try_send(item.clone()).is_err()
+        {
+            self.stats.live_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Queues camera frames; never waits (a drop is counted in `frames_dropped`).
+    pub fn record_frames(&self, f: &Frames) -> bool {
+        self.offer(
+            Item::Frames(Box::new(f.clone())),
+            &self.stats.frames_dropped,
+        )
+    }
+
+    /// Queues a status snapshot (shown as `status/...` series); never waits.
+    pub fn record_status(&self, m: &StatusMsg) -> bool {
+        self.offer(Item::Status(Box::new(m.clone())), &self.stats.other_dropped)
+    }
+
+    /// Queues an episode event from the bus (shown in `events`); never waits.
+    pub fn record_event(&self, e: &EpisodeEvent) -> bool {
+        self.offer(Item::Event(e.clone()), &self.stats.other_dropped)
+    }
+
+    fn offer(&self, item: Item, counter: &AtomicU64) -> bool {
+        self.to_live(&item);
+        let Some(tx) = &self.tx else { return false };
+        let ok = tx.try_send(item).is_ok();
+        if !ok {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
     }
 
     /// Counters.
@@ -221,32 +369,64 @@ impl Recorder {
         self.stats.clone()
     }
 
-    /// Finishes the current episode file and stops.
+    /// Finishes the current episode file and stops. The live view gets a few seconds to drain;
+    /// a viewer that does not take it is left behind, never waited for.
     pub fn finish(mut self) -> Arc<RecorderStats> {
+        self.stop();
+        self.stats.clone()
+    }
+
+    fn stop(&mut self) {
         self.tx.take();
+        self.live_tx.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.stats.clone()
+        if let Some(t) = self.live_thread.take() {
+            let t0 = std::time::Instant::now();
+            while !t.is_finished() && t0.elapsed() < std::time::Duration::from_secs(3) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::warn!("the live viewer is not taking data; leaving it behind");
+            }
+        }
     }
 }
 
 impl Drop for Recorder {
     fn drop(&mut self) {
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.stop();
     }
 }
 
 /// The layout sent with every recording: the 3-D scene beside the action and joint plots, with
 /// timing and events below.
-pub fn blueprint() -> rerun::blueprint::Blueprint {
+pub fn blueprint(spec: &RobotSpec) -> rerun::blueprint::Blueprint {
     use rerun::blueprint::{
-        Blueprint, ContainerLike, Horizontal, Spatial3DView, TextLogView, TimeSeriesView, Vertical,
+        Blueprint, ContainerLike, Horizontal, Spatial2DView, Spatial3DView, TextLogView,
+        TimeSeriesView, Vertical,
     };
-    let left: ContainerLike = Spatial3DView::new("arm").with_origin("world").into();
+    let scene: ContainerLike = Spatial3DView::new("arm").with_origin("world").into();
+    // Cameras under the 3-D view, side by side.
+    let left: ContainerLike = if spec.cameras.is_empty() {
+        scene
+    } else {
+        let cams: Vec<ContainerLike> = spec
+            .cameras
+            .iter()
+            .map(|c| {
+                Spatial2DView::new(c.name.clone())
+                    .with_origin(format!("camera/{}", c.name))
+                    .into()
+            })
+            .collect();
+        Vertical::new([scene, Horizontal::new(cams).into()])
+            .with_row_shares([2.0, 1.0])
+            .into()
+    };
     let right: ContainerLike = Vertical::new([
         TimeSeriesView::new("actions").with_origin("action").into(),
         TimeSeriesView::new("joints").with_origin("joints").into(),
@@ -259,6 +439,7 @@ pub fn blueprint() -> rerun::blueprint::Blueprint {
         TimeSeriesView::new("loop timing")
             .with_origin("timing")
             .into(),
+        TimeSeriesView::new("status").with_origin("status").into(),
         TextLogView::new("events").with_origin("events").into(),
     ])
     .into();
@@ -268,7 +449,8 @@ pub fn blueprint() -> rerun::blueprint::Blueprint {
 }
 
 struct Episode {
-    rec: rerun::RecordingStream,
+    /// The episode's file (none when the recorder writes no files).
+    rec: Option<rerun::RecordingStream>,
     id: u64,
     steps: u32,
     ret: f32,
@@ -291,10 +473,15 @@ fn open_episode(
     stats: &RecorderStats,
 ) -> Option<Episode> {
     let file = cfg.dir.join(format!("episode_{id:06}.rrd"));
-    let rec = match rerun::RecordingStreamBuilder::new("reflex")
-        .recording_id(format!("episode-{id}"))
-        .save(&file)
-    {
+    let rec = if !cfg.files {
+        Ok(None)
+    } else {
+        rerun::RecordingStreamBuilder::new("reflex")
+            .recording_id(format!("episode-{id}"))
+            .save(&file)
+            .map(Some)
+    };
+    let rec = match rec {
         Ok(r) => r,
         Err(e) => {
             stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -302,14 +489,16 @@ fn open_episode(
             return None;
         }
     };
-    let _ = blueprint().send(
-        &rec,
-        rerun::blueprint::BlueprintActivation {
-            make_active: true,
-            make_default: true,
-        },
-    );
-    log_static(&rec, cfg);
+    if let Some(r) = &rec {
+        let _ = blueprint(&cfg.spec).send(
+            r,
+            rerun::blueprint::BlueprintActivation {
+                make_active: true,
+                make_default: true,
+            },
+        );
+        log_static(r, cfg);
+    }
     if let Some(l) = live {
         log_static(l, cfg);
     }
@@ -369,7 +558,7 @@ fn pose_transform(p: &Isometry3<f64>) -> rerun::Transform3D {
 
 fn finish_episode(cfg: &RecorderConfig, mut ep: Episode, stats: &RecorderStats, seen: &Seen) {
     // Steps offered after the last one recorded and dropped on the way: the lost tail.
-    if let Some(last) = seen.last_step(ep.id) {
+    if let Some(last) = seen.last_step(ep.id).filter(|_| cfg.count_gaps) {
         ep.dropped += u64::from((last + 1).saturating_sub(ep.next_step));
     }
     let summary = serde_json::json!({
@@ -385,10 +574,16 @@ fn finish_episode(cfg: &RecorderConfig, mut ep: Episode, stats: &RecorderStats, 
         "dropped_steps": ep.dropped,
         "recording": format!("episode_{:06}.rrd", ep.id),
     });
-    if let Err(e) = ep.rec.flush_blocking() {
-        tracing::warn!("flushing episode {}: {e}", ep.id);
+    if let Some(rec) = ep.rec.take() {
+        if let Err(e) = rec.flush_blocking() {
+            tracing::warn!("flushing episode {}: {e}", ep.id);
+        }
+        drop(rec);
     }
-    drop(ep.rec);
+    stats.episodes.fetch_add(1, Ordering::Relaxed);
+    if !cfg.files {
+        return;
+    }
     let p = cfg.dir.join(format!("episode_{:06}.json", ep.id));
     if let Err(e) = crate::fsio::atomic_write(
         &p,
@@ -399,7 +594,6 @@ fn finish_episode(cfg: &RecorderConfig, mut ep: Episode, stats: &RecorderStats, 
         stats.errors.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("writing {}: {e}", p.display());
     }
-    stats.episodes.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Logs one step to `rec` (the episode file or the live viewer).
@@ -505,6 +699,10 @@ fn log_step(
         "timing/chunk_age_ms",
         &rerun::Scalars::single(t.chunk_age.as_secs_f64() * 1e3),
     );
+    let _ = rec.log(
+        "timing/policy_latency_ms",
+        &rerun::Scalars::single(t.policy_latency.as_secs_f64() * 1e3),
+    );
     let _ = rec.log("telemetry/dropped", &rerun::Scalars::single(dropped as f64));
     if teleop && !ep.was_teleop {
         let _ = rec.log(
@@ -566,30 +764,13 @@ fn account(cfg: &RecorderConfig, ep: &mut Episode, t: &Transition) {
 
 fn run(
     cfg: RecorderConfig,
-    rx: Receiver<Box<Transition>>,
+    live: Option<rerun::RecordingStream>,
+    rx: Receiver<Item>,
     stats: Arc<RecorderStats>,
     seen: Arc<Seen>,
 ) {
-    let live = match &cfg.live {
-        Live::Off => None,
-        Live::Spawn => rerun::RecordingStreamBuilder::new("reflex")
-            .spawn()
-            .map_err(|e| {
-                tracing::warn!("no live viewer (rerun spawn failed: {e}); recording to files only")
-            })
-            .ok(),
-        Live::Connect(addr) => {
-            let b = rerun::RecordingStreamBuilder::new("reflex");
-            let r = match addr {
-                Some(a) => b.connect_grpc_opts(a.clone()),
-                None => b.connect_grpc(),
-            };
-            r.map_err(|e| tracing::warn!("no live viewer ({e}); recording to files only"))
-                .ok()
-        }
-    };
     if let Some(l) = &live {
-        let _ = blueprint().send(
+        let _ = blueprint(&cfg.spec).send(
             l,
             rerun::blueprint::BlueprintActivation {
                 make_active: true,
@@ -600,10 +781,45 @@ fn run(
     let mut ep: Option<Episode> = None;
     let mut q_buf = Vec::new();
     let mut poses = Vec::new();
-    while let Ok(t) = rx.recv() {
+    while let Ok(item) = rx.recv() {
         if let Some(d) = cfg.throttle {
             std::thread::sleep(d);
         }
+        let t = match item {
+            Item::Step(t) => t,
+            Item::Frames(f) => {
+                // Frames come just before their step's transition (the images are of the state
+                // the action was chosen in), so they may be the first word of a new episode.
+                if ep.as_ref().is_some_and(|e| e.id != f.episode) {
+                    finish_episode(&cfg, ep.take().expect("checked"), &stats, &seen);
+                }
+                if ep.is_none() {
+                    ep = open_episode(&cfg, &live, f.episode, &stats);
+                }
+                if let Some(e) = ep.as_ref() {
+                    for r in e.rec.iter().chain(live.iter()) {
+                        log_frames(r, &f);
+                    }
+                }
+                continue;
+            }
+            Item::Status(m) => {
+                for r in ep.iter().filter_map(|e| e.rec.as_ref()).chain(live.iter()) {
+                    log_status(r, &m);
+                }
+                continue;
+            }
+            Item::Event(ev) => {
+                let text = format!(
+                    "episode {} step {}: {:?} (from {})",
+                    ev.episode, ev.step, ev.kind, ev.source
+                );
+                for r in ep.iter().filter_map(|e| e.rec.as_ref()).chain(live.iter()) {
+                    let _ = r.log("events", &rerun::TextLog::new(text.clone()));
+                }
+                continue;
+            }
+        };
         if ep.as_ref().is_some_and(|e| e.id != t.episode) {
             finish_episode(&cfg, ep.take().expect("checked"), &stats, &seen);
         }
@@ -612,12 +828,13 @@ fn run(
         }
         if let Some(e) = &mut ep {
             // Whatever was lost upstream (here or in the outbox) shows as a gap in the step index.
-            e.dropped += u64::from(t.step.saturating_sub(e.next_step));
+            if cfg.count_gaps {
+                e.dropped += u64::from(t.step.saturating_sub(e.next_step));
+            }
             e.next_step = t.step + 1;
             let dropped = e.dropped;
-            log_step(&cfg, &e.rec, e, &t, dropped, &mut q_buf, &mut poses);
-            if let Some(l) = &live {
-                log_step(&cfg, l, e, &t, dropped, &mut q_buf, &mut poses);
+            for r in e.rec.iter().chain(live.iter()) {
+                log_step(&cfg, r, e, &t, dropped, &mut q_buf, &mut poses);
             }
             account(&cfg, e, &t);
             stats.recorded.fetch_add(1, Ordering::Relaxed);
@@ -632,6 +849,35 @@ fn run(
     }
 }
 
+/// Camera images at their step, under `camera/<name>`.
+fn log_frames(rec: &rerun::RecordingStream, f: &Frames) {
+    rec.set_time_sequence("step", f.step as i64);
+    rec.set_duration_secs("time", f.t.as_secs_f64());
+    for img in &f.images {
+        if img.encoding == "rgb8" && img.data.len() == (img.width * img.height * 3) as usize {
+            let _ = rec.log(
+                format!("camera/{}", img.camera),
+                &rerun::Image::from_rgb24(img.data.clone(), [img.width, img.height]),
+            );
+        }
+    }
+}
+
+/// The actor's status as `status/...` series, at the time of the last step logged.
+fn log_status(rec: &rerun::RecordingStream, m: &StatusMsg) {
+    for (name, v) in [
+        ("rate_hz", m.rate_hz),
+        ("lateness_p99_us", m.lateness_p99_us),
+        ("step_p99_us", m.step_p99_us),
+        ("missed", m.missed as f64),
+        ("outbox_dropped", m.outbox_dropped as f64),
+        ("recorder_dropped", m.recorder_dropped as f64),
+        ("residual_version", m.residual_version as f64),
+    ] {
+        let _ = rec.log(format!("status/{name}"), &rerun::Scalars::single(v));
+    }
+}
+
 /// Reads an episode's JSON summary (what `reflex replay --summary` prints).
 pub fn read_summary(recording: &Path) -> Result<serde_json::Value, String> {
     let p = recording.with_extension("json");
@@ -642,4 +888,66 @@ pub fn read_summary(recording: &Path) -> Result<serde_json::Value, String> {
         )
     })?;
     serde_json::from_str(&text).map_err(|e| format!("summary `{}`: {e}", p.display()))
+}
+
+/// One episode of a run, for the run-level learning-curve recording.
+#[derive(Clone, Debug, Default)]
+pub struct LearningPoint {
+    /// The robot succeeded without a takeover.
+    pub success: bool,
+    /// A person took over at least once.
+    pub intervened: bool,
+    /// Return of the episode.
+    pub ret: f32,
+    /// Length in steps.
+    pub steps: u32,
+}
+
+/// Writes `path` (an `.rrd`): per episode on the `episode` timeline, success and takeover (0/1),
+/// their rolling means over `window` episodes, return and length; with a blueprint of two plots.
+pub fn write_learning_curves(
+    path: &Path,
+    points: &[LearningPoint],
+    window: usize,
+) -> Result<(), String> {
+    use rerun::blueprint::{Blueprint, TimeSeriesView, Vertical};
+    let rec = rerun::RecordingStreamBuilder::new("reflex")
+        .recording_id("learning")
+        .save(path)
+        .map_err(|e| format!("recording `{}`: {e}", path.display()))?;
+    let bp = Blueprint::new(Vertical::new([
+        TimeSeriesView::new("success and takeovers")
+            .with_origin("rate")
+            .into(),
+        TimeSeriesView::new("return and length")
+            .with_origin("episode")
+            .into(),
+    ]));
+    let _ = bp.send(
+        &rec,
+        rerun::blueprint::BlueprintActivation {
+            make_active: true,
+            make_default: true,
+        },
+    );
+    let w = window.max(1);
+    for (i, p) in points.iter().enumerate() {
+        rec.set_time_sequence("episode", i as i64);
+        let from = (i + 1).saturating_sub(w);
+        let recent = &points[from..=i];
+        let mean = |f: fn(&LearningPoint) -> bool| {
+            recent.iter().filter(|p| f(p)).count() as f64 / recent.len() as f64
+        };
+        let log = |k: &str, v: f64| {
+            let _ = rec.log(k, &rerun::Scalars::single(v));
+        };
+        log("rate/success_rolling", mean(|p| p.success));
+        log("rate/takeover_rolling", mean(|p| p.intervened));
+        log("rate/success", p.success as u8 as f64);
+        log("rate/takeover", p.intervened as u8 as f64);
+        log("episode/return", p.ret as f64);
+        log("episode/steps", p.steps as f64);
+    }
+    rec.flush_blocking()
+        .map_err(|e| format!("recording `{}`: {e}", path.display()))
 }

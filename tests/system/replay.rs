@@ -210,6 +210,8 @@ fn a_throttled_recorder_drops_only_counted_telemetry_and_never_the_loop_or_the_l
         arm: None,
         object_half_m: 0.015,
         throttle: Some(std::time::Duration::from_millis(20)),
+        files: true,
+        count_gaps: true,
     })
     .unwrap();
     let mut learner_seen = 0u64;
@@ -277,4 +279,221 @@ fn replay_summary_prints_each_episode_and_a_missing_viewer_says_how_to_install_i
         !out.status.success() && err.contains("rerun-sdk==0.36.3"),
         "{err}"
     );
+}
+
+#[test]
+fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = crate::common::unix_endpoint(&dir, "viz");
+    // The actor at 20 Hz on the wall clock, so the watcher sees whole episodes.
+    let cfg = std::fs::read_to_string(repo().join("configs/run/sim-pick-expert.toml")).unwrap();
+    let cfg = cfg.replace("clock = \"sim\"", "clock = \"wall\"");
+    assert!(cfg.contains("clock = \"wall\""));
+    let cfg_path = dir.path().join("wall.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let save = dir.path().join("viz");
+    let mut viz = reflex();
+    viz.args([
+        "viz",
+        "--robot",
+        "sim",
+        "--episodes",
+        "2",
+        "--json",
+        "--no-multicast",
+        "--wait-s",
+        "60",
+        "--listen",
+        &ep,
+    ])
+    .arg("--rerun")
+    .arg(format!("save={}", save.display()));
+    let mut viz = crate::common::spawn(viz, &dir, "viz");
+    let actor = reflex()
+        .args(["run", "--config"])
+        .arg(&cfg_path)
+        .args([
+            "--episodes",
+            "4",
+            "--json",
+            "--no-multicast",
+            "--trace-hz",
+            "20",
+            "--connect",
+            &ep,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        actor.status.success(),
+        "{}",
+        String::from_utf8_lossy(&actor.stderr)
+    );
+    let a: serde_json::Value = serde_json::from_slice(&actor.stdout).unwrap();
+    assert!(
+        a["traced_steps"].as_u64().unwrap() > 40,
+        "the actor publishes every step at 20 Hz: {a}"
+    );
+    // The watcher stops on its own after two episodes.
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = viz.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "viz did not stop: {}",
+            crate::common::child_stderr(&dir, "viz")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        status.success(),
+        "{}",
+        crate::common::child_stderr(&dir, "viz")
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("viz.out")).unwrap())
+            .unwrap();
+    assert!(v["episodes_ended"].as_u64().unwrap() >= 2, "{v}");
+    assert!(
+        v["statuses"].as_u64().unwrap() > 0,
+        "the actor's status reaches the watcher: {v}"
+    );
+    assert_eq!(v["undecodable"], 0);
+    // An episode the watcher saw whole (the second) verifies and holds the arm, actions and status.
+    let f = PathBuf::from(v["dir"].as_str().unwrap()).join("episode_000002.rrd");
+    let out = Command::new(rerun_cli())
+        .env("CI", "1")
+        .args(["rrd", "verify"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(rerun_cli())
+        .env("CI", "1")
+        .args(["rrd", "print", "-v"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for entity in [
+        "/world/arm/gripper",
+        "/world/object",
+        "/action/dx_m/executed",
+        "/episode/reward",
+        "/status/rate_hz",
+    ] {
+        assert!(text.contains(entity), "{}: {entity} missing", f.display());
+    }
+    let s = reflex_runtime::recorder::read_summary(&f).unwrap();
+    assert_eq!(s["success"], true, "{s}");
+}
+
+#[test]
+fn camera_images_are_recorded_at_every_step_of_an_episode() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = std::fs::read_to_string(repo().join("configs/run/sim-pick-expert.toml")).unwrap();
+    let cfg = cfg.replace(
+        "control_hz = 20.0",
+        "control_hz = 20.0\ncameras = { enabled = true, width = 64, height = 48 }",
+    );
+    let cfg_path = dir.path().join("cams.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let out = reflex()
+        .args(["run", "--config"])
+        .arg(&cfg_path)
+        .args(["--episodes", "2", "--json", "--record"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rec = PathBuf::from(v["recording"]["dir"].as_str().unwrap());
+    let frames_dropped = v["recording"]["frames_dropped"].as_u64().unwrap();
+    // At 20 Hz every step's frames are kept (up to ~15 frames per second of control: 20/15
+    // rounds to every step), except what the frame pool dropped and counted: lockstep
+    // simulation can outrun the recorder.
+    let (mut steps, mut rows) = (0, [0u64; 2]);
+    for id in [1, 2] {
+        let f = rec.join(format!("episode_00000{id}.rrd"));
+        steps += reflex_runtime::recorder::read_summary(&f).unwrap()["steps"]
+            .as_u64()
+            .unwrap();
+        let out = Command::new(rerun_cli())
+            .env("CI", "1")
+            .args(["rrd", "print", "-v"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for (k, cam) in ["front", "wrist"].iter().enumerate() {
+            for line in text
+                .lines()
+                .filter(|l| l.contains(&format!("- /camera/{cam} - ")))
+            {
+                assert!(line.contains("Image:buffer"), "{line}");
+                let n: u64 = line
+                    .split(" with ")
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap();
+                rows[k] += n;
+            }
+        }
+    }
+    for (k, cam) in ["front", "wrist"].iter().enumerate() {
+        assert!(
+            rows[k] > steps / 2,
+            "camera {cam}: {} frames for {steps} steps",
+            rows[k]
+        );
+        assert_eq!(
+            rows[k] + frames_dropped,
+            steps,
+            "camera {cam}: frames recorded + dropped = steps"
+        );
+    }
+}
+
+#[test]
+fn a_missing_live_viewer_never_stops_the_run_or_its_files() {
+    let runs = tempfile::tempdir().unwrap();
+    // Port 1 on loopback: nothing listens, the connection is refused at once.
+    let out = reflex()
+        .args(["run", "--config"])
+        .arg(repo().join("configs/run/sim-pick-expert.toml"))
+        .args([
+            "--episodes",
+            "2",
+            "--json",
+            "--rerun",
+            "connect=rerun+http://127.0.0.1:1/proxy",
+            "--record",
+        ])
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no live view") && err.contains("127.0.0.1:1"),
+        "the missing viewer is reported: {err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["episodes"], 2);
+    assert_eq!(v["recording"]["episode_files"], 2, "{v}");
 }
