@@ -10,7 +10,6 @@ use anyhow::Context;
 use clap::Args;
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
 use reflex_policies::sac::hook::{ActionNorm, ResidualMlp, export_actor};
-use reflex_policies::sac::replay::Transition as LTransition;
 use reflex_policies::sac::{Mode, Sac, SacConfig};
 use reflex_runtime::clock::SimClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
@@ -156,7 +155,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     );
     // A second copy labels person-driven steps with what the base would have done (ResFiT's
     // relabelling of demonstration transitions).
-    let mut relabel = OnnxPolicy::load(
+    let relabel = OnnxPolicy::load(
         &a.model,
         &spec,
         &RunOptions {
@@ -237,14 +236,15 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         progress(a.episodes as u64, "episodes")
     };
     let mut rows: Vec<EpisodeRow> = vec![];
-    let mut pending: Option<LTransition> = None;
+    let mut asm =
+        crate::assemble::Assembler::new(mode, norm.clone(), Some(relabel), a.rlif, act_dim);
+    let mut step = reflex_runtime::msg::WireStep::default();
     let mut version = 0u64;
     let mut upd_t = Instant::now();
     let mut upd_n = sac.counters.critic_updates;
     let mut ups = 0.0;
     let full_act =
         |sac: &mut Sac, obs: &[f32]| -> anyhow::Result<Vec<f32>> { Ok(sac.act(obs, &[], false)?) };
-    let mut prev_takeover_flag = false;
     while rows.len() < a.episodes {
         // The person looks at the robot and decides.
         let obs_now: Observation = lp.robot().obs().clone();
@@ -271,15 +271,6 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         } else {
             teleop_tx.send(&msg);
         }
-        let takeover_now = msg.intervene && !prev_takeover_flag;
-        prev_takeover_flag = msg.intervene;
-        if a.rlif
-            && takeover_now
-            && let Some(p) = &mut pending
-        {
-            // RLIF: the policy step right before the takeover gets -1.
-            p.reward -= 1.0;
-        }
         let episodes_before = lp.episodes().len();
         lp.step()?;
         // Transitions of this step into the buffers.
@@ -289,56 +280,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             }
             // In `full` mode the learner's own commands also travel the teleop path; only the
             // simulated person's are interventions.
-            let person = tr.source == Source::Teleop
+            step.fill(&tr);
+            step.teleop = tr.source == Source::Teleop
                 && (mode != Mode::Full || human.as_ref().is_some_and(|h| h.intervening()));
-            let mut base_n = tr.base.clone();
-            if person && mode == Mode::Residual {
-                let o = Observation {
-                    state: tr.obs.clone(),
-                    step: tr.step,
-                    ..Default::default()
-                };
-                let mut chunk = vec![0.0; relabel.spec().chunk_len * act_dim];
-                relabel.infer_chunk(&o, &mut chunk)?;
-                base_n.copy_from_slice(&chunk[..act_dim]);
-            }
-            norm.to_norm(&mut base_n);
-            let mut act_n = tr.action.clone();
-            norm.to_norm(&mut act_n);
-            for v in act_n.iter_mut() {
-                *v = v.clamp(-1.0, 1.0);
-            }
-            let done = tr.terminated || tr.truncated || tr.label.is_some() || tr.reset_requested;
-            let t = LTransition {
-                obs: tr.obs.clone(),
-                base: if mode == Mode::Residual {
-                    base_n.clone()
-                } else {
-                    vec![]
-                },
-                action: act_n,
-                reward: tr.reward,
-                next_obs: tr.next_obs.clone(),
-                next_base: if mode == Mode::Residual {
-                    base_n.clone()
-                } else {
-                    vec![]
-                },
-                terminated: tr.terminated || tr.label == Some(true),
-                truncated: tr.truncated,
-                intervention: person,
-            };
-            if let Some(mut p) = pending.take() {
-                if mode == Mode::Residual {
-                    p.next_base.copy_from_slice(&t.base);
-                }
-                push(&mut sac, &p);
-            }
-            if done {
-                push(&mut sac, &t);
-            } else {
-                pending = Some(t);
-            }
+            asm.push(&mut sac, &step)?;
             orx.recycle(tr);
         }
         sac.train_step()?;
@@ -391,10 +336,6 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         }
     }
     summarize(&a, &dir, &rows, wall, &sac)
-}
-
-fn push(sac: &mut Sac, t: &LTransition) {
-    reflex_policies::sac::hil::route(sac, t);
 }
 
 /// A sortable stamp from the system clock (no date library): seconds since the epoch.

@@ -1,11 +1,13 @@
 //! `reflex`: the command-line entry point. Wires the crates together; every subcommand's logic
 //! lives in a module of its own.
 
+mod assemble;
 mod bench_bus;
 mod bench_learner;
 mod bench_loop;
 mod cli;
 mod demo;
+mod learn_cmd;
 mod plot;
 mod policy_cmd;
 mod replay;
@@ -51,6 +53,8 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Open a recorded episode in the Rerun viewer, or print its summary.
     Replay(replay::ReplayArgs),
+    /// The residual learner on the bus, for an actor started with the same config file.
+    Learn(learn_cmd::LearnArgs),
     /// Watch a robot over the bus in Rerun (live viewer or episode files).
     Viz(viz_cmd::VizArgs),
     /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
@@ -98,6 +102,7 @@ fn main() {
         Command::Demo(a) => demo::run(a),
         Command::Replay(a) => replay::run(a),
         Command::Viz(a) => viz_cmd::run(a),
+        Command::Learn(a) => learn_cmd::run(a),
         Command::Policy {
             command: policy_cmd::PolicyCommand::Check(a),
         } => policy_cmd::check(a),

@@ -88,7 +88,8 @@ pub struct RecordingTap {
     /// The recorder, when recording.
     pub recorder: Option<Arc<reflex_runtime::recorder::Recorder>>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<(u64, u64)>>,
+    thread:
+        Option<std::thread::JoinHandle<(u64, u64, Option<reflex_runtime::learnlink::LinkStats>)>>,
     /// Directory of the episode files.
     pub dir: PathBuf,
 }
@@ -106,6 +107,8 @@ pub struct TapReport {
     pub traced: u64,
     /// Camera-frame sets dropped (the frame pool was empty, or the recorder behind).
     pub frames_dropped: u64,
+    /// The learner link's counters, when learning.
+    pub link: Option<reflex_runtime::learnlink::LinkStats>,
 }
 
 impl RecordingTap {
@@ -119,7 +122,7 @@ impl RecordingTap {
     ) -> anyhow::Result<Self> {
         let dir = runs.join(run_id).join("episodes");
         let rec = make_recorder(Some(dir.clone()), live, spec, true)?;
-        Ok(Self::with(Some(Arc::new(rec)), dir, None, rx, None))
+        Ok(Self::with(Some(Arc::new(rec)), dir, None, None, rx, None))
     }
 
     /// The general form: any of a recorder, a trace publisher and a frame source.
@@ -127,6 +130,7 @@ impl RecordingTap {
         recorder: Option<Arc<reflex_runtime::recorder::Recorder>>,
         dir: PathBuf,
         mut trace: Option<reflex_runtime::viz::TracePublisher>,
+        mut link: Option<reflex_runtime::learnlink::ActorLink>,
         rx: reflex_runtime::outbox::OutboxReceiver,
         frames: Option<reflex_runtime::outbox::OutboxReceiver<reflex_runtime::outbox::Frames>>,
     ) -> Self {
@@ -155,7 +159,13 @@ impl RecordingTap {
                         fr.recycle(f);
                     }
                 };
-                let mut handle = |t: Box<reflex_runtime::outbox::Transition>| {
+                let mut handle = |t: Option<Box<reflex_runtime::outbox::Transition>>| {
+                    let Some(t) = t else {
+                        if let Some(l) = &mut link {
+                            l.tick();
+                        }
+                        return;
+                    };
                     frames_up_to(Some((t.episode, t.step)));
                     if let Some(r) = &r {
                         r.record(&t);
@@ -163,22 +173,27 @@ impl RecordingTap {
                     if let Some(p) = &mut trace {
                         p.offer(&t);
                     }
+                    if let Some(l) = &mut link {
+                        l.offer(&t);
+                    }
                     rx.recycle(t);
                 };
                 loop {
                     match rx.recv_timeout(Duration::from_millis(20)) {
-                        Some(t) => handle(t),
+                        Some(t) => handle(Some(t)),
                         None if s.load(Ordering::Relaxed) => {
                             while let Some(t) = rx.try_recv() {
-                                handle(t);
+                                handle(Some(t));
                             }
                             break;
                         }
                         None => {}
                     }
+                    handle(None);
                 }
                 let pool_drops = frames.as_ref().map_or(0, |f| f.dropped());
-                (trace.map_or(0, |p| p.published), pool_drops)
+                let link = link.map(|l| l.finish());
+                (trace.map_or(0, |p| p.published), pool_drops, link)
             })
             .expect("spawn the outbox thread");
         RecordingTap {
@@ -192,13 +207,14 @@ impl RecordingTap {
     /// Drains what is left, finishes the files, returns the counters.
     pub fn finish(mut self) -> TapReport {
         self.stop.store(true, Ordering::Relaxed);
-        let (traced, pool_drops) = self
+        let (traced, pool_drops, link) = self
             .thread
             .take()
-            .map_or((0, 0), |t| t.join().unwrap_or((0, 0)));
+            .map_or((0, 0, None), |t| t.join().unwrap_or((0, 0, None)));
         let mut rep = TapReport {
             traced,
             frames_dropped: pool_drops,
+            link,
             ..Default::default()
         };
         if let Some(rec) = self.recorder.take() {
@@ -379,7 +395,7 @@ impl Default for BusSection {
 /// The whole actor config file.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RunFile {
+pub(crate) struct RunFile {
     robot: RobotSection,
     #[serde(default)]
     sim: Option<SimConfig>,
@@ -393,6 +409,55 @@ struct RunFile {
     bus: BusSection,
     #[serde(default)]
     run: RunSection,
+    /// The residual learner on the bus (`reflex learn` with the same file); absent: no learning.
+    #[serde(default)]
+    pub(crate) learner: Option<crate::learn_cmd::LearnerSection>,
+}
+
+impl RunFile {
+    /// The robot's name on the bus.
+    pub(crate) fn robot_name(&self) -> String {
+        match (&self.robot.name, &self.sim) {
+            (Some(n), _) => n.clone(),
+            (None, Some(s)) => s.robot.clone(),
+            (None, None) => "sim".into(),
+        }
+    }
+
+    /// The bus settings of the file with the command line's added.
+    pub(crate) fn bus_config(&self, a: &BusArgs) -> BusConfig {
+        let mut bus = BusConfig {
+            listen: self.bus.listen.clone(),
+            connect: self.bus.connect.clone(),
+            multicast_scouting: !self.bus.no_multicast,
+            config_file: a.zenoh_config.clone(),
+        };
+        bus.listen.extend(a.listen.clone());
+        bus.connect.extend(a.connect.clone());
+        bus
+    }
+
+    /// The run's seed.
+    pub(crate) fn seed(&self) -> u64 {
+        self.run.seed
+    }
+
+    /// The base policy's model, relative paths resolved against the config's directory.
+    pub(crate) fn model_path(&self, dir: &std::path::Path) -> Option<PathBuf> {
+        let m = self.policy.model.clone()?;
+        Some(if m.is_relative() && !m.exists() {
+            dir.join(m)
+        } else {
+            m
+        })
+    }
+}
+
+/// Reads a run config for the learner: the file and its directory.
+pub(crate) fn load_for_learner(path: &std::path::Path) -> anyhow::Result<(RunFile, PathBuf)> {
+    let f = load(path)?;
+    let dir = path.parent().map(PathBuf::from).unwrap_or_default();
+    Ok((f, dir))
 }
 
 impl Validate for RunFile {
@@ -420,6 +485,16 @@ impl Validate for RunFile {
         self.safety.validate("safety")?;
         in_range("robot", "timeout_ms", self.robot.timeout_ms, 1.0, 600_000.0)?;
         in_range("bus", "trace_hz", self.bus.trace_hz, 0.0, 1000.0)?;
+        if let Some(l) = &self.learner {
+            l.validate()?;
+            if self.policy.kind != PolicyKind::Onnx {
+                return Err(Invalid {
+                    key: "learner".into(),
+                    value: "(present)".into(),
+                    allowed: "a [learner] table only with [policy] kind = \"onnx\" (the residual refines a base policy)".into(),
+                });
+            }
+        }
         in_range("policy", "noise", self.policy.noise, 0.0, 10.0)?;
         in_range("policy", "chunk_len", self.policy.chunk_len, 1, 64)?;
         in_range("run", "episodes", self.run.episodes, 1, 10_000_000)?;
@@ -463,6 +538,8 @@ pub struct RunReport {
     pub recording: Option<(PathBuf, u64, u64, u64, u64)>,
     /// Steps published on the bus trace (for `reflex viz`).
     pub traced: u64,
+    /// The learner link's counters, when learning.
+    pub link: Option<reflex_runtime::learnlink::LinkStats>,
 }
 
 fn obs_template(robot: &dyn Robot) -> Observation {
@@ -546,7 +623,39 @@ fn drive<R: Robot, C: Clock>(
         )?),
         _ => None,
     };
-    let tap = if recorder.is_some() || trace.is_some() {
+    // The learner on the bus: the residual hook takes its weights; the outbox consumer sends it
+    // every step.
+    let link = match (session, &file.learner) {
+        (Some(s), Some(ls)) => {
+            let sac = reflex_policies::sac::Sac::new(
+                ls.sac_config(file.run.seed),
+                spec.state_dim(),
+                spec.action.dim(),
+            )?;
+            let norm = reflex_policies::sac::hook::ActionNorm::new(
+                &spec.action.low,
+                &spec.action.high,
+                sac.cfg.action_scale,
+            );
+            let (hook, writer) =
+                reflex_policies::sac::hook::ResidualMlp::new(&sac, norm, true, file.run.seed ^ 7)?;
+            lp.set_residual(Box::new(hook));
+            lp.set_residual_swap_at_episode(
+                ls.link.swap == reflex_runtime::learnlink::SwapPoint::Episode,
+            );
+            Some(reflex_runtime::learnlink::ActorLink::new(
+                s,
+                &Keys::new(&name)?,
+                ls.link.clone(),
+                writer,
+            )?)
+        }
+        (None, Some(_)) => bail!(
+            "a [learner] table needs the bus: set [bus] enabled = true or pass --listen/--connect"
+        ),
+        _ => None,
+    };
+    let tap = if recorder.is_some() || trace.is_some() || link.is_some() {
         let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
         lp.set_outbox(otx);
         let frames = if recorder.is_some() && !spec.cameras.is_empty() {
@@ -561,7 +670,7 @@ fn drive<R: Robot, C: Clock>(
             Some((r, d)) => (Some(r), d),
             None => (None, PathBuf::new()),
         };
-        Some(RecordingTap::with(rec, dir, trace, orx, frames))
+        Some(RecordingTap::with(rec, dir, trace, link, orx, frames))
     } else {
         None
     };
@@ -618,11 +727,12 @@ fn drive<R: Robot, C: Clock>(
     }
     pb.finish_and_clear();
     let wall_s = t0.elapsed().as_secs_f64();
-    let (mut recording, mut traced) = (None, 0);
+    let (mut recording, mut traced, mut link) = (None, 0, None);
     if let Some(t) = tap {
         let (dir, recording_on) = (t.dir.clone(), record.is_some());
         let r = t.finish();
         traced = r.traced;
+        link = r.link.clone();
         if recording_on {
             recording = Some((dir, r.recorded, r.dropped, r.episodes, r.frames_dropped));
         }
@@ -634,6 +744,7 @@ fn drive<R: Robot, C: Clock>(
         safety: lp.safety_counters(),
         recording,
         traced,
+        link,
     })
 }
 
@@ -796,6 +907,8 @@ fn print_report(r: &RunReport, json: bool) {
                 "stale_chunks": r.stats.stale_chunks,
                 "safety": safety,
                 "traced_steps": r.traced,
+                "learner_link": r.link,
+                "residual_version": r.stats.residual_version,
                 "recording": r.recording.as_ref().map(|(d, rec, drop, files, fdrop)| serde_json::json!({"dir": d.display().to_string(), "steps_recorded": rec, "steps_dropped": drop, "episode_files": files, "frames_dropped": fdrop})),
                 "seeds": r.episodes.iter().map(|e| e.seed).collect::<Vec<_>>(),
             })

@@ -150,6 +150,16 @@ pub struct Keys {
     pub trace: String,
     /// `reflex/<robot>/trace/spec`
     pub trace_spec: String,
+    /// `reflex/<robot>/learn/transitions`
+    pub learn_transitions: String,
+    /// `reflex/<robot>/learn/state`
+    pub learn_state: String,
+    /// `reflex/<robot>/learn/weights`
+    pub learn_weights: String,
+    /// `reflex/<robot>/alive/learner`
+    pub alive_learner: String,
+    /// `reflex/<robot>/alive/actor`
+    pub alive_actor: String,
 }
 
 impl Keys {
@@ -175,6 +185,11 @@ impl Keys {
             alive_robot: k("alive/robot"),
             trace: k("trace"),
             trace_spec: k("trace/spec"),
+            learn_transitions: k("learn/transitions"),
+            learn_state: k("learn/state"),
+            learn_weights: k("learn/weights"),
+            alive_learner: k("alive/learner"),
+            alive_actor: k("alive/actor"),
         })
     }
 }

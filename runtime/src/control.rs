@@ -260,6 +260,7 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     teleop: Option<TeleopReader>,
     outbox: Option<OutboxSender>,
     frames: Option<(OutboxSender<Frames>, u32)>,
+    swap_at_episode: bool,
     status: Option<Writer<LoopStatus>>,
     spec: RobotSpec,
     obs: Observation,
@@ -326,6 +327,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop: None,
             outbox: None,
             frames: None,
+            swap_at_episode: false,
             status: None,
             obs: Observation {
                 state: vec![0.0; spec.state_dim()],
@@ -378,6 +380,12 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// Adds the outbox.
     pub fn set_outbox(&mut self, o: OutboxSender) {
         self.outbox = Some(o);
+    }
+
+    /// Takes new residual weights only as an episode starts (`true`), or at any step (`false`,
+    /// the default).
+    pub fn set_residual_swap_at_episode(&mut self, on: bool) {
+        self.swap_at_episode = on;
     }
 
     /// Adds a camera-frame outbox: the observation's images every `every`-th step (and the first
@@ -642,7 +650,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.chunk_age = b.age;
             self.last_policy_ok = t;
             if let Some(r) = &mut self.residual {
-                self.stats.residual_version = r.refresh();
+                // New weights at any step, or only as an episode starts.
+                if !self.swap_at_episode || self.obs.step == 0 || self.stats.residual_version == 0 {
+                    self.stats.residual_version = r.refresh();
+                }
                 r.residual(&self.obs.state, &self.base, &mut self.res);
             } else {
                 self.res.fill(0.0);

@@ -21,6 +21,7 @@ pub mod control;
 pub mod fsio;
 pub mod hist;
 pub mod kinematics;
+pub mod learnlink;
 pub mod msg;
 pub mod outbox;
 pub mod policy;

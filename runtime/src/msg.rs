@@ -374,6 +374,92 @@ pub struct StepTrace {
     pub policy_latency_ms: f32,
 }
 
+/// One control step as the learner receives it (what it needs of an outbox transition).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireStep {
+    /// Episode counter of the robot.
+    pub episode: u64,
+    /// Step within the episode.
+    pub step: u32,
+    /// Observation state the action was chosen from.
+    pub obs: Vec<f32>,
+    /// Observation state after the action.
+    pub next_obs: Vec<f32>,
+    /// The base policy's action (robot units; zeros while a person drives).
+    pub base: Vec<f32>,
+    /// The action executed (robot units).
+    pub action: Vec<f32>,
+    /// A person drove this step (an intervention).
+    pub teleop: bool,
+    /// Reward of the step.
+    pub reward: f32,
+    /// The step ended the episode in a terminal state.
+    pub terminated: bool,
+    /// The step hit the time limit.
+    pub truncated: bool,
+    /// The task reported success.
+    pub success: bool,
+    /// A person's label: `Some(true)` success (ends the episode), `Some(false)` failure.
+    pub label: Option<bool>,
+    /// A person asked for a reset (ends the episode).
+    pub reset: bool,
+}
+
+impl WireStep {
+    /// The step ends its episode.
+    pub fn ends_episode(&self) -> bool {
+        self.terminated || self.truncated || self.label.is_some() || self.reset
+    }
+}
+
+/// Transitions from an actor to the learner, numbered. Published on
+/// `reflex/<robot>/learn/transitions`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TransitionBatch {
+    /// Protocol version.
+    pub v: u16,
+    /// The actor's identity (random per actor process).
+    pub actor: u64,
+    /// Sequence number of `steps[0]`; the actor numbers every step from 0.
+    pub first_seq: u64,
+    /// Consecutive steps.
+    pub steps: Vec<WireStep>,
+}
+
+/// What the learner holds. Published on `reflex/<robot>/learn/state` after every batch and twice
+/// a second.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LearnerState {
+    /// Protocol version.
+    pub v: u16,
+    /// The learner process (random per start): a new value means "resend what I lack".
+    pub instance: u64,
+    /// The actor these numbers are about.
+    pub actor: u64,
+    /// Next sequence number the learner accepts (everything before it was received).
+    pub received: u64,
+    /// Everything before this sequence number is in the learner's last checkpoint: the actor may
+    /// forget it.
+    pub persisted: u64,
+    /// Newest residual weights published.
+    pub weights_version: u64,
+}
+
+/// A piece of a residual weight vector. Published on `reflex/<robot>/learn/weights`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WeightsChunk {
+    /// Protocol version.
+    pub v: u16,
+    /// Weight version (increasing).
+    pub version: u64,
+    /// Offset of `values` in the whole vector.
+    pub offset: u32,
+    /// Length of the whole vector.
+    pub total: u32,
+    /// The values.
+    pub values: Vec<f32>,
+}
+
 /// Why a message could not be decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -427,6 +513,9 @@ versioned!(
     TeleopMsg => "TeleopMsg",
     StatusMsg => "StatusMsg",
     StepTrace => "StepTrace",
+    TransitionBatch => "TransitionBatch",
+    LearnerState => "LearnerState",
+    WeightsChunk => "WeightsChunk",
 );
 
 /// Encodes a message as MessagePack with named fields.

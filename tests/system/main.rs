@@ -8,6 +8,7 @@ mod common;
 mod control;
 mod demo;
 mod gym_bridge;
+mod learn;
 mod learner;
 mod policies;
 mod replay;

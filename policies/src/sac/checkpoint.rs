@@ -70,6 +70,8 @@ struct File {
     rng_stream: u64,
     rng_word_pos: u128,
     counters: Counters,
+    #[serde(default)]
+    tags: std::collections::BTreeMap<String, u64>,
 }
 
 fn blob(t: &Tensor) -> candle_core::Result<Blob> {
@@ -134,6 +136,7 @@ impl Sac {
             rng_stream: self.rng.get_stream(),
             rng_word_pos: self.rng.get_word_pos(),
             counters: self.counters,
+            tags: self.tags.clone(),
         };
         let bytes = rmp_serde::to_vec_named(&f).map_err(|e| CheckpointError::Format {
             path: path.display().to_string(),
@@ -188,6 +191,7 @@ impl Sac {
         rng.set_word_pos(f.rng_word_pos);
         s.rng = rng;
         s.counters = f.counters;
+        s.tags = f.tags;
         Ok(s)
     }
 }

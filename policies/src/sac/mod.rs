@@ -266,6 +266,9 @@ pub struct Sac {
     pub rng: ChaCha8Rng,
     /// Counters.
     pub counters: Counters,
+    /// The caller's own bookkeeping, saved in the same checkpoint file so that it stays
+    /// consistent with the buffers (the learner link keeps its sequence numbers here).
+    pub tags: std::collections::BTreeMap<String, u64>,
     batch: Batch,
     dev: Device,
 }
@@ -331,6 +334,7 @@ impl Sac {
             demo,
             rng,
             counters: Counters::default(),
+            tags: Default::default(),
             batch: Batch::default(),
             dev,
             cfg,

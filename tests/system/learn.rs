@@ -1,0 +1,280 @@
+//! Actor and learner over the bus: weights swapped atomically under a 1 kHz loop, and an actor
+//! that survives its learner being killed and restarted with no transition lost or duplicated.
+
+use crate::common::{child_stderr, reflex, repo, spawn, unix_endpoint};
+use reflex_runtime::clock::WallClock;
+use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
+use reflex_runtime::outbox::{Source, outbox};
+use reflex_runtime::residual::LinearResidual;
+use reflex_runtime::safety::SafetyConfig;
+use reflex_runtime::testkit::{NullRobot, SweepPolicy};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Runs a 1 kHz wall-clock loop for `steps` while another thread publishes weight versions as
+/// fast as it can; version v sets every bias to 0.001 v (and every weight to 0), so the residual
+/// of a step names the one version it was computed with. Returns (episode step, version) per step.
+fn swap_under_load(steps: u64, at_episode: bool) -> (Vec<(u32, u64)>, u64, u64) {
+    let (obs_dim, dim) = (8, 4);
+    let robot = NullRobot::new("r", obs_dim, if at_episode { 50 } else { 0 });
+    let mut lp = ControlLoop::new(
+        robot,
+        WallClock::new(Duration::from_micros(50)),
+        LoopConfig::at(1000.0),
+        SafetyConfig::default(),
+        PolicyDriver::inline(Box::new(SweepPolicy::new(8, 4))),
+        None,
+        0,
+    )
+    .unwrap();
+    let (hook, mut writer) = LinearResidual::new(obs_dim, dim, 1.0);
+    let n = hook.len();
+    lp.set_residual(Box::new(hook));
+    lp.set_residual_swap_at_episode(at_episode);
+    let (otx, orx) = outbox(8192, obs_dim, dim);
+    lp.set_outbox(otx);
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let publisher = std::thread::spawn(move || {
+        let mut v = 0u64;
+        let mut w = vec![0.0f32; n];
+        while !s.load(Ordering::Relaxed) && v < 900 {
+            v += 1;
+            for b in &mut w[n - dim..] {
+                *b = 0.001 * v as f32;
+            }
+            writer.publish(v, &w);
+            std::thread::sleep(Duration::from_micros(700));
+        }
+        v
+    });
+    let mut seen = Vec::new();
+    for _ in 0..steps {
+        lp.step().unwrap();
+        while let Some(t) = orx.try_recv() {
+            if t.source == Source::Policy {
+                let r = &t.residual;
+                assert!(
+                    r.iter().all(|x| (x - r[0]).abs() < 1e-6),
+                    "a torn read: residual {r:?} mixes versions"
+                );
+                let v = (r[0].atanh() / 0.001).round() as u64;
+                seen.push((t.step, v));
+            }
+            orx.recycle(t);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let last = publisher.join().unwrap();
+    (seen, last, lp.stats().residual_version)
+}
+
+#[test]
+fn weights_swap_atomically_while_the_loop_runs_at_1khz() {
+    let (seen, published, in_use) = swap_under_load(1500, false);
+    assert!(seen.len() > 1000, "policy steps recorded: {}", seen.len());
+    assert!(
+        seen.windows(2).all(|w| w[0].1 <= w[1].1),
+        "versions only move forward"
+    );
+    let distinct = {
+        let mut v: Vec<u64> = seen.iter().map(|s| s.1).collect();
+        v.dedup();
+        v.len()
+    };
+    assert!(
+        distinct > 100,
+        "the loop picked up many versions while running: {distinct}"
+    );
+    assert!(in_use > 0 && in_use <= published);
+}
+
+#[test]
+fn at_episode_boundaries_the_residual_changes_only_when_an_episode_starts() {
+    let (seen, _, _) = swap_under_load(1500, true);
+    let mut changes = 0;
+    for w in seen.windows(2) {
+        if w[1].1 != w[0].1 {
+            changes += 1;
+            // Version 0 (no weights yet) is left at once; later versions wait for step 0.
+            assert!(
+                w[1].0 == 0 || w[0].1 == 0,
+                "version changed within an episode at step {}: {w:?}",
+                w[1].0
+            );
+        }
+    }
+    assert!(
+        changes >= 10,
+        "about one swap per 50-step episode: {changes}"
+    );
+}
+
+fn learner_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let text = format!(
+        r#"# Actor and learner on the simulator's pick task with the shipped base policy.
+[robot]
+source = "sim"
+
+[sim]
+task = "pick"
+control_hz = 50.0
+
+[policy]
+kind = "onnx"
+model = "{model}"
+
+[run]
+episodes = 10
+seed = 3
+clock = "wall"
+
+[learner]
+checkpoint = "{ckpt}"
+checkpoint_every_s = 0.5
+
+[learner.link]
+resend_ms = 300.0
+drain_s = 20.0
+"#,
+        model = repo().join("models/pick.onnx").display(),
+        ckpt = dir.join("learner/sac.ckpt").display()
+    );
+    let p = dir.join("hil.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn learner(cfg: &std::path::Path, ep: &str) -> std::process::Command {
+    let mut c = reflex();
+    c.args([
+        "learn",
+        "--json",
+        "--exit-when-actor-leaves",
+        "--no-multicast",
+        "--wait-s",
+        "60",
+        "--listen",
+        ep,
+        "--config",
+    ])
+    .arg(cfg);
+    c
+}
+
+fn wait_exit(g: &mut crate::common::ChildGuard, what: &str, dir: &tempfile::TempDir, secs: u64) {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(s) = g.0.try_wait().unwrap() {
+            assert!(s.success(), "{what} failed: {}", child_stderr(dir, what));
+            return;
+        }
+        assert!(
+            t0.elapsed().as_secs() < secs,
+            "{what} did not finish: {}",
+            child_stderr(dir, what)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_lost_or_duplicated()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = learner_config(dir.path());
+    let ep = unix_endpoint(&dir, "hil");
+    let ckpt = dir.path().join("learner/sac.ckpt");
+    // Learner A listens; the actor connects to it.
+    let mut a = spawn(learner(&cfg, &ep), &dir, "learner-a");
+    let mut actor_cmd = reflex();
+    actor_cmd
+        .args([
+            "run",
+            "--json",
+            "--no-multicast",
+            "--connect",
+            &ep,
+            "--config",
+        ])
+        .arg(&cfg);
+    let mut actor = spawn(actor_cmd, &dir, "actor");
+    // Let A take and checkpoint some of the run, then kill it hard.
+    let t0 = std::time::Instant::now();
+    while !ckpt.exists() {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "learner A never checkpointed: {}",
+            child_stderr(&dir, "learner-a")
+        );
+        assert!(
+            actor.0.try_wait().unwrap().is_none(),
+            "the actor ended early: {}",
+            child_stderr(&dir, "actor")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
+    // The actor keeps running without a learner.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        actor.0.try_wait().unwrap().is_none(),
+        "the actor must outlive its learner: {}",
+        child_stderr(&dir, "actor")
+    );
+    // Learner B resumes from A's checkpoint on the same endpoint; the actor reconnects.
+    let mut b = spawn(learner(&cfg, &ep), &dir, "learner-b");
+    wait_exit(&mut actor, "actor", &dir, 180);
+    wait_exit(&mut b, "learner-b", &dir, 60);
+    let av: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap();
+    let bv: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("learner-b.out")).unwrap())
+            .unwrap();
+    let link = &av["learner_link"];
+    let sent = link["steps"].as_u64().unwrap();
+    assert_eq!(av["episodes"], 10, "{av}");
+    assert!(sent > 100, "{av}");
+    assert_eq!(link["lost"], 0, "{link}");
+    assert!(
+        link["learner_instances"].as_u64().unwrap() >= 2,
+        "the actor saw both learners: {link}"
+    );
+    // B resumed where A's checkpoint ended and ended holding exactly what the actor sent.
+    let resumed = bv["resumed_at"].as_u64().unwrap();
+    assert!(
+        resumed > 0 && resumed < sent,
+        "B resumed from A's checkpoint: {bv}"
+    );
+    assert_eq!(
+        bv["received"].as_u64().unwrap(),
+        sent,
+        "no transition lost: learner {bv} actor {link}"
+    );
+    assert_eq!(bv["persisted"].as_u64().unwrap(), sent, "{bv}");
+    assert_eq!(
+        link["persisted"].as_u64().unwrap(),
+        sent,
+        "the actor saw everything persisted: {link}"
+    );
+    // What B stored: the steps from its resume point on; the buffers hold A's checkpoint plus those.
+    assert!(bv["weights_version"].as_u64().unwrap() > 0, "{bv}");
+    assert!(
+        link["swaps"].as_u64().unwrap() > 0,
+        "new weights reached the actor: {link}"
+    );
+    assert!(
+        av["residual_version"].as_u64().unwrap() > 0,
+        "the loop ran with learned weights: {av}"
+    );
+    // The replay buffer counts the stored transitions once each: every step is a transition.
+    let stored = bv["online_buffer"].as_u64().unwrap();
+    assert_eq!(
+        stored, sent,
+        "online buffer = steps sent (no duplicate, no gap): {bv}"
+    );
+}
