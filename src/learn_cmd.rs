@@ -20,6 +20,8 @@ use reflex_runtime::learnlink::LinkConfig;
 use reflex_runtime::msg::{self, LearnerState, PROTOCOL_VERSION, TransitionBatch, WeightsChunk};
 use serde::Deserialize;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use zenoh::Wait;
 
@@ -55,6 +57,18 @@ pub struct LearnerSection {
     /// The actor's side of the link.
     #[serde(default)]
     pub link: LinkConfig,
+    /// Run the learner inside `reflex run` (a thread on the same bus session) rather than as a
+    /// separate `reflex learn` process.
+    #[serde(default = "d_true")]
+    pub in_process: bool,
+    /// With `[run] clock = "sim"`: before each episode, let the learner take every step so far
+    /// (the actor runs ahead of it otherwise). Never inside an episode.
+    #[serde(default = "d_true")]
+    pub pace_lockstep: bool,
+}
+
+fn d_true() -> bool {
+    true
 }
 
 impl LearnerSection {
@@ -118,25 +132,75 @@ const TAG_VERSION: &str = "link.weights_version";
 /// Floats per weight chunk (64 KiB of payload).
 const CHUNK: usize = 16 * 1024;
 
+/// How a learner runs, besides its config.
+pub struct LearnOpts {
+    /// Stop when the actor has gone and everything it sent is checkpointed.
+    pub exit_when_actor_leaves: bool,
+    /// Stop after this many seconds.
+    pub seconds: Option<f64>,
+    /// How long to wait for the actor's spec.
+    pub wait_s: f64,
+    /// Show a progress spinner.
+    pub progress: bool,
+    /// Stop when set (the in-process learner of `reflex run`).
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
 pub fn run(a: LearnArgs) -> anyhow::Result<()> {
-    crate::bench_learner::pin_threads(1);
     let (file, cfg_dir) = crate::run_cmd::load_for_learner(&a.config)?;
-    let ls = file
-        .learner
-        .clone()
-        .with_context(|| format!("config `{}` has no [learner] table", a.config.display()))?;
-    let robot = file.robot_name();
-    let keys = Keys::new(&robot).map_err(anyhow::Error::msg)?;
     let mut bus = file.bus_config(&a.bus);
     bus.multicast_scouting &= !a.bus.no_multicast;
     let session = bus.open()?;
+    let out = serve(
+        &session,
+        &file,
+        &cfg_dir,
+        &LearnOpts {
+            exit_when_actor_leaves: a.exit_when_actor_leaves,
+            seconds: a.seconds,
+            wait_s: a.wait_s,
+            progress: !a.json,
+            stop: None,
+        },
+    )
+    .with_context(|| format!("learner for config `{}`", a.config.display()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "learner: {} steps received ({} duplicates dropped, {} gaps refused), {} episodes, weights v{}, checkpoint {}",
+            out["received"],
+            out["duplicates_dropped"],
+            out["gaps_refused"],
+            out["episodes"],
+            out["weights_version"],
+            out["checkpoint"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+/// The learner on `session` for the robot of `file`; returns its summary.
+pub fn serve(
+    session: &zenoh::Session,
+    file: &crate::run_cmd::RunFile,
+    cfg_dir: &std::path::Path,
+    o: &LearnOpts,
+) -> anyhow::Result<serde_json::Value> {
+    crate::bench_learner::pin_threads(1);
+    let ls = file
+        .learner
+        .clone()
+        .context("the config has no [learner] table")?;
+    let robot = file.robot_name();
+    let keys = Keys::new(&robot).map_err(anyhow::Error::msg)?;
     let token = session
         .liveliness()
         .declare_token(keys.alive_learner.clone())
         .wait()
         .map_err(anyhow::Error::msg)?;
     tracing::info!("learner for `{robot}`: waiting for the actor's spec");
-    let spec = reflex_runtime::viz::fetch_spec(&session, &keys, Duration::from_secs_f64(a.wait_s))?;
+    let spec = reflex_runtime::viz::fetch_spec(session, &keys, Duration::from_secs_f64(o.wait_s))?;
     let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
 
     // Resume or start.
@@ -170,7 +234,7 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
     let mut version = sac.tags.get(TAG_VERSION).copied().unwrap_or(0);
     let mut persisted = received;
 
-    let model = file.model_path(&cfg_dir).context(
+    let model = file.model_path(cfg_dir).context(
         "the learner relabels a person's steps with the base policy: [policy] kind = \"onnx\" with a model",
     )?;
     let relabel = OnnxPolicy::load(&model, &spec, &RunOptions::default())?;
@@ -201,6 +265,7 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
         .wait()
         .map_err(anyhow::Error::msg)?;
     let instance = rand::random::<u64>() | 1;
+    let gaps_total = std::cell::Cell::new(0u64);
     let publish_state = |actor: u64, received: u64, persisted: u64, version: u64| {
         let m = LearnerState {
             v: PROTOCOL_VERSION,
@@ -209,6 +274,7 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
             received,
             persisted,
             weights_version: version,
+            gaps: gaps_total.get(),
         };
         let _ = state_pub.put(msg::encode(&m)).wait();
     };
@@ -235,10 +301,10 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
         (Instant::now(), Instant::now(), Instant::now());
     let mut actor_seen = false;
     let mut last_batch = Instant::now();
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
+    let pb = if o.progress {
         indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::hidden()
     };
     let save = |sac: &mut Sac, actor: u64, stored_upto: u64, version: u64| -> anyhow::Result<()> {
         sac.tags.insert(TAG_ACTOR.into(), actor);
@@ -256,22 +322,23 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
             got = true;
             last_batch = Instant::now();
             if b.actor != actor {
-                if b.first_seq == 0 {
-                    // A new actor: its numbering starts afresh.
-                    tracing::info!("actor {:x} joined", b.actor);
-                    actor = b.actor;
-                    received = 0;
-                    persisted = 0;
-                    asm.reset();
-                } else {
-                    gaps += 1;
-                    publish_state(b.actor, 0, 0, version);
-                    continue;
-                }
+                // An actor this learner has no record of: it takes everything the actor still
+                // holds (the steps before were persisted by another learner); a batch after that
+                // is refused as a gap and the actor resends from there.
+                tracing::info!(
+                    "actor {:x} joined; it holds steps from {}",
+                    b.actor,
+                    b.held_from
+                );
+                actor = b.actor;
+                received = b.held_from;
+                persisted = b.held_from;
+                asm.reset();
             }
             let end = b.first_seq + b.steps.len() as u64;
             if b.first_seq > received {
                 gaps += 1; // a batch went missing: refuse, the actor resends from `received`
+                gaps_total.set(gaps);
             } else if end <= received {
                 duplicates += b.steps.len() as u64;
             } else {
@@ -329,7 +396,7 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
                 .map(|r| r.recv().is_ok())
                 .unwrap_or(false);
             actor_seen |= alive;
-            if a.exit_when_actor_leaves
+            if o.exit_when_actor_leaves
                 && actor_seen
                 && !alive
                 && last_batch.elapsed() > Duration::from_secs(1)
@@ -338,7 +405,9 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
                 break;
             }
         }
-        if a.seconds.is_some_and(|s| t0.elapsed().as_secs_f64() >= s) {
+        if o.seconds.is_some_and(|s| t0.elapsed().as_secs_f64() >= s)
+            || o.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed))
+        {
             break;
         }
     }
@@ -370,13 +439,5 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
         "wall_s": t0.elapsed().as_secs_f64(),
         "checkpoint": ckpt.display().to_string(),
     });
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        println!(
-            "learner: {received} steps received ({duplicates} duplicates dropped, {gaps} gaps refused), {episodes} episodes, weights v{version}, checkpoint {}",
-            ckpt.display()
-        );
-    }
-    Ok(())
+    Ok(out)
 }

@@ -13,6 +13,7 @@ mod policy_cmd;
 mod replay;
 mod run_cmd;
 mod sim_cmd;
+mod teleop_cmd;
 mod viz_cmd;
 
 use clap::{Parser, Subcommand};
@@ -55,6 +56,8 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// The residual learner on the bus, for an actor started with the same config file.
     Learn(learn_cmd::LearnArgs),
+    /// Drive a robot by hand from this terminal (take over, correct, label success or failure).
+    Teleop(teleop_cmd::TeleopArgs),
     /// Watch a robot over the bus in Rerun (live viewer or episode files).
     Viz(viz_cmd::VizArgs),
     /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
@@ -102,6 +105,7 @@ fn main() {
         Command::Demo(a) => demo::run(a),
         Command::Replay(a) => replay::run(a),
         Command::Viz(a) => viz_cmd::run(a),
+        Command::Teleop(a) => teleop_cmd::run(a),
         Command::Learn(a) => learn_cmd::run(a),
         Command::Policy {
             command: policy_cmd::PolicyCommand::Check(a),

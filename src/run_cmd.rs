@@ -540,6 +540,8 @@ pub struct RunReport {
     pub traced: u64,
     /// The learner link's counters, when learning.
     pub link: Option<reflex_runtime::learnlink::LinkStats>,
+    /// The in-process learner's summary.
+    pub learner: Option<serde_json::Value>,
 }
 
 fn obs_template(robot: &dyn Robot) -> Observation {
@@ -655,6 +657,35 @@ fn drive<R: Robot, C: Clock>(
         ),
         _ => None,
     };
+    // The learner in this process (the default): a thread on the same session, the same
+    // protocol as a learner on another machine.
+    let learner_stop = Arc::new(AtomicBool::new(false));
+    let learner = match (session, &file.learner) {
+        (Some(s), Some(ls)) if ls.in_process => {
+            let (s, f, stop) = (s.clone(), file.clone(), learner_stop.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("learner".into())
+                    .spawn(move || {
+                        crate::learn_cmd::serve(
+                            &s,
+                            &f,
+                            std::path::Path::new(""),
+                            &crate::learn_cmd::LearnOpts {
+                                exit_when_actor_leaves: false,
+                                seconds: None,
+                                wait_s: 60.0,
+                                progress: false,
+                                stop: Some(stop),
+                            },
+                        )
+                    })
+                    .expect("spawn the learner thread"),
+            )
+        }
+        _ => None,
+    };
+    let link_progress = link.as_ref().map(|l| l.progress());
     let tap = if recorder.is_some() || trace.is_some() || link.is_some() {
         let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
         lp.set_outbox(otx);
@@ -718,7 +749,19 @@ fn drive<R: Robot, C: Clock>(
     };
     let t0 = Instant::now();
     let mut done = Vec::new();
+    // In lockstep simulation the actor would outrun its learner; between episodes (the robot is
+    // resetting, no control step is waiting) it lets the learner take every step so far, so that
+    // training in simulation follows the data as it would at the robot's own pace.
+    let pace = file.learner.as_ref().is_some_and(|l| l.pace_lockstep) && inline;
     while (done.len() as u64) < episodes {
+        if pace && let (Some(p), Some(ob)) = (&link_progress, lp.outbox()) {
+            let t = Instant::now();
+            while p.received.load(Ordering::Relaxed) < ob.sent()
+                && t.elapsed() < Duration::from_secs(120)
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
         let ep = lp.run_episodes(1)?;
         done.extend(ep);
         let ok = done.iter().filter(|e| e.success).count();
@@ -728,9 +771,20 @@ fn drive<R: Robot, C: Clock>(
     pb.finish_and_clear();
     let wall_s = t0.elapsed().as_secs_f64();
     let (mut recording, mut traced, mut link) = (None, 0, None);
-    if let Some(t) = tap {
-        let (dir, recording_on) = (t.dir.clone(), record.is_some());
-        let r = t.finish();
+    // The tap drains the link first (the learner persists the last steps), then the learner stops.
+    let tap_report = tap.map(|t| (t.dir.clone(), t.finish()));
+    learner_stop.store(true, Ordering::Relaxed);
+    let learner = match learner.map(|h| h.join()) {
+        Some(Ok(Ok(v))) => Some(v),
+        Some(Ok(Err(e))) => {
+            tracing::error!("the in-process learner failed: {e:#}");
+            None
+        }
+        Some(Err(_)) => bail!("the in-process learner panicked"),
+        None => None,
+    };
+    if let Some((dir, r)) = tap_report {
+        let recording_on = record.is_some();
         traced = r.traced;
         link = r.link.clone();
         if recording_on {
@@ -745,6 +799,7 @@ fn drive<R: Robot, C: Clock>(
         recording,
         traced,
         link,
+        learner,
     })
 }
 
@@ -779,7 +834,16 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         || file.robot.source == RobotSource::Remote
         || !a.bus.listen.is_empty()
         || !a.bus.connect.is_empty();
-    let session = if use_bus { Some(bus.open()?) } else { None };
+    // A learner needs the bus; one in this process alone needs no network (local session).
+    let local_learner = file.learner.as_ref().is_some_and(|l| l.in_process) && !use_bus;
+    if local_learner {
+        bus.multicast_scouting = false;
+    }
+    let session = if use_bus || file.learner.is_some() {
+        Some(bus.open()?)
+    } else {
+        None
+    };
     let inline = file.run.clock == ClockKind::Sim;
     let opts = DriveOpts {
         session: session.as_ref(),
@@ -908,6 +972,7 @@ fn print_report(r: &RunReport, json: bool) {
                 "safety": safety,
                 "traced_steps": r.traced,
                 "learner_link": r.link,
+                "learner": r.learner,
                 "residual_version": r.stats.residual_version,
                 "recording": r.recording.as_ref().map(|(d, rec, drop, files, fdrop)| serde_json::json!({"dir": d.display().to_string(), "steps_recorded": rec, "steps_dropped": drop, "episode_files": files, "frames_dropped": fdrop})),
                 "seeds": r.episodes.iter().map(|e| e.seed).collect::<Vec<_>>(),

@@ -62,7 +62,7 @@ impl Default for LinkConfig {
         LinkConfig {
             batch_steps: 64,
             flush_ms: 50.0,
-            resend_ms: 1000.0,
+            resend_ms: 5000.0,
             max_unacked: 2_000_000,
             swap: SwapPoint::Episode,
             drain_s: 10.0,
@@ -101,6 +101,25 @@ pub struct LinkStats {
     pub weights_version: u64,
     /// Learner processes seen (a restart counts anew).
     pub learner_instances: u64,
+}
+
+/// How far the learner is behind the actor, readable from any thread.
+#[derive(Debug, Default)]
+pub struct LinkProgress {
+    /// Steps handed to the link.
+    pub offered: std::sync::atomic::AtomicU64,
+    /// Steps the learner has taken (trained on).
+    pub received: std::sync::atomic::AtomicU64,
+}
+
+impl LinkProgress {
+    /// Steps the learner still has to take.
+    pub fn lag(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.offered
+            .load(Relaxed)
+            .saturating_sub(self.received.load(Relaxed))
+    }
 }
 
 /// What the Zenoh callbacks share with the link.
@@ -171,6 +190,9 @@ pub struct ActorLink {
     last_send: Instant,
     last_progress: (u64, Instant),
     instance: u64,
+    gaps_seen: u64,
+    last_rewind: (u64, Instant),
+    progress: Arc<LinkProgress>,
     batch: TransitionBatch,
     buf: Vec<u8>,
     stats: LinkStats,
@@ -249,7 +271,7 @@ impl ActorLink {
                 .declare_subscriber(keys.learn_state.clone())
                 .callback(move |s| {
                     if let Ok(m) = msg::decode::<LearnerState>(&k, &s.payload().to_bytes())
-                        && m.actor == id
+                        && (m.actor == id || m.actor == 0)
                     {
                         let mut g = sh.lock().expect("link state");
                         if g.state
@@ -301,11 +323,19 @@ impl ActorLink {
             last_send: now,
             last_progress: (0, now),
             instance: 0,
+            gaps_seen: 0,
+            last_rewind: (u64::MAX, now),
+            progress: Arc::new(LinkProgress::default()),
             buf: Vec::with_capacity(64 * 1024),
             stats: LinkStats::default(),
             _subs: subs,
             _token: token,
         })
+    }
+
+    /// Shared counters to follow the learner from another thread (see [`LinkProgress`]).
+    pub fn progress(&self) -> Arc<LinkProgress> {
+        self.progress.clone()
     }
 
     /// This actor's identity on the link.
@@ -321,6 +351,9 @@ impl ActorLink {
         let ends = w.ends_episode();
         self.unacked.push_back(w);
         self.next += 1;
+        self.progress
+            .offered
+            .store(self.next, std::sync::atomic::Ordering::Relaxed);
         self.stats.steps += 1;
         if self.unacked.len() > self.cfg.max_unacked {
             self.unacked.pop_front();
@@ -337,24 +370,46 @@ impl ActorLink {
     /// partial batch that has waited long enough. Call it every few tens of milliseconds.
     pub fn tick(&mut self) {
         let state = self.shared.lock().expect("link state").state.clone();
-        if let Some((s, _)) = state {
+        if let Some((s, _)) = state.as_ref().filter(|(s, _)| s.actor == 0) {
+            // A learner that knows no actor yet: send it everything still held.
+            if s.instance != self.instance {
+                self.instance = s.instance;
+                self.gaps_seen = s.gaps;
+                self.rewind(self.base);
+            }
+        } else if let Some((s, _)) = state {
             // Forget what the learner has in a checkpoint.
             while self.base < s.persisted.min(self.next) && !self.unacked.is_empty() {
                 self.unacked.pop_front();
                 self.base += 1;
             }
             self.stats.persisted = s.persisted;
+            self.progress
+                .received
+                .store(s.received, std::sync::atomic::Ordering::Relaxed);
             if s.instance != self.instance {
                 // A learner (re)started: it has `received`; resend from there.
                 self.instance = s.instance;
+                self.gaps_seen = s.gaps;
                 self.rewind(s.received);
             } else if s.received < self.sent {
                 if s.received > self.last_progress.0 {
                     self.last_progress = (s.received, Instant::now());
-                } else if self.last_progress.1.elapsed().as_secs_f64() * 1e3 > self.cfg.resend_ms
+                }
+                let quiet_ms = self.last_progress.1.elapsed().as_secs_f64() * 1e3;
+                if s.gaps > self.gaps_seen {
+                    // The learner refused a batch after a missing one: resend from what it has
+                    // (once per position, unless that resend went missing too).
+                    self.gaps_seen = s.gaps;
+                    if s.received != self.last_rewind.0
+                        || self.last_rewind.1.elapsed().as_secs_f64() * 1e3 > self.cfg.resend_ms
+                    {
+                        self.rewind(s.received);
+                    }
+                } else if quiet_ms > self.cfg.resend_ms
                     && self.last_send.elapsed().as_secs_f64() * 1e3 > self.cfg.resend_ms
                 {
-                    // No progress for a while: a batch went missing.
+                    // No progress for a long while and nothing new sent: the tail went missing.
                     self.rewind(s.received);
                     self.last_progress = (s.received, Instant::now());
                 }
@@ -369,6 +424,7 @@ impl ActorLink {
 
     fn rewind(&mut self, to: u64) {
         let to = to.max(self.base);
+        self.last_rewind = (to, Instant::now());
         if to < self.sent {
             self.stats.resent += self.sent - to;
             self.sent = to;
@@ -381,6 +437,7 @@ impl ActorLink {
             let from = (self.sent - self.base) as usize;
             let n = ((self.next - self.sent) as usize).min(self.cfg.batch_steps);
             self.batch.first_seq = self.sent;
+            self.batch.held_from = self.base;
             self.batch.steps.clear();
             self.batch
                 .steps

@@ -422,6 +422,10 @@ pub struct TransitionBatch {
     pub actor: u64,
     /// Sequence number of `steps[0]`; the actor numbers every step from 0.
     pub first_seq: u64,
+    /// The oldest step the actor still holds (everything before it was persisted by a learner):
+    /// where a learner that does not know this actor starts.
+    #[serde(default)]
+    pub held_from: u64,
     /// Consecutive steps.
     pub steps: Vec<WireStep>,
 }
@@ -434,7 +438,8 @@ pub struct LearnerState {
     pub v: u16,
     /// The learner process (random per start): a new value means "resend what I lack".
     pub instance: u64,
-    /// The actor these numbers are about.
+    /// The actor these numbers are about (0: the learner knows no actor yet; an actor then
+    /// resends all it holds).
     pub actor: u64,
     /// Next sequence number the learner accepts (everything before it was received).
     pub received: u64,
@@ -443,6 +448,9 @@ pub struct LearnerState {
     pub persisted: u64,
     /// Newest residual weights published.
     pub weights_version: u64,
+    /// Batches refused because one before them was missing (the actor resends when it rises).
+    #[serde(default)]
+    pub gaps: u64,
 }
 
 /// A piece of a residual weight vector. Published on `reflex/<robot>/learn/weights`.

@@ -131,6 +131,7 @@ seed = 3
 clock = "wall"
 
 [learner]
+in_process = false
 checkpoint = "{ckpt}"
 checkpoint_every_s = 0.5
 
@@ -236,6 +237,7 @@ fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("learner-b.out")).unwrap())
             .unwrap();
     let link = &av["learner_link"];
+    eprintln!("actor link: {link}\nlearner B: {bv}");
     let sent = link["steps"].as_u64().unwrap();
     assert_eq!(av["episodes"], 10, "{av}");
     assert!(sent > 100, "{av}");
@@ -277,4 +279,176 @@ fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_
         stored, sent,
         "online buffer = steps sent (no duplicate, no gap): {bv}"
     );
+}
+
+/// Opens a pseudo-terminal: (controller fd, device path of the terminal side).
+fn pty() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty fills two fds we then own.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: fresh fds from openpty.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(master),
+            std::fs::File::from_raw_fd(slave),
+        )
+    }
+}
+
+#[test]
+fn keyboard_teleop_takes_over_moves_labels_and_hands_back() {
+    use reflex_runtime::msg::TeleopMsg;
+    use reflex_runtime::robot::Robot;
+    use std::io::Write;
+    use zenoh::Wait;
+    let dir = tempfile::tempdir().unwrap();
+    let ep = unix_endpoint(&dir, "kb");
+    let session = reflex_runtime::bus::BusConfig::hermetic(vec![ep.clone()], vec![])
+        .open()
+        .unwrap();
+    // The robot side: a spec to answer with, and a subscriber that keeps every teleop message.
+    let mut spec = NullRobot::new("kb", 8, 0).spec().clone();
+    spec.name = "kb".into();
+    let bytes = reflex_runtime::msg::encode(&spec);
+    let _q = session
+        .declare_queryable("reflex/kb/spec")
+        .callback(move |q| {
+            let _ = q.reply("reflex/kb/spec", bytes.clone()).wait();
+        })
+        .wait()
+        .unwrap();
+    let got = Arc::new(std::sync::Mutex::new(Vec::<TeleopMsg>::new()));
+    let g = got.clone();
+    let _s = session
+        .declare_subscriber("reflex/kb/teleop")
+        .callback(move |s| {
+            g.lock()
+                .unwrap()
+                .push(reflex_runtime::msg::decode("t", &s.payload().to_bytes()).unwrap());
+        })
+        .wait()
+        .unwrap();
+    // The person at a terminal: a pseudo-terminal that the test types into.
+    let (mut keyboard, terminal) = pty();
+    let mut child = reflex()
+        .args([
+            "teleop",
+            "--device",
+            "keyboard",
+            "--robot",
+            "kb",
+            "--no-multicast",
+            "--connect",
+            &ep,
+        ])
+        .stdin(terminal)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("teleop.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while got.lock().unwrap().is_empty() {
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "no teleop message: {}",
+            child_stderr(&dir, "teleop")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    keyboard.write_all(b" ").unwrap();
+    for _ in 0..10 {
+        keyboard.write_all(b"w").unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    keyboard.write_all(b"c").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    keyboard.write_all(b"y").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    keyboard.write_all(b"q").unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{}", child_stderr(&dir, "teleop"));
+    std::thread::sleep(Duration::from_millis(200));
+    let msgs = got.lock().unwrap().clone();
+    assert!(
+        !msgs[0].intervene,
+        "the policy drives until the person takes over"
+    );
+    let driving: Vec<&TeleopMsg> = msgs.iter().filter(|m| m.intervene).collect();
+    assert!(
+        driving.len() > 10,
+        "{} messages while driving",
+        driving.len()
+    );
+    assert!(
+        driving
+            .iter()
+            .any(|m| (m.action[0] - 0.01).abs() < 1e-6 && m.action[1] == 0.0),
+        "w held: +x at half the bound"
+    );
+    assert!(
+        driving.iter().any(|m| m.action[3] == 0.0),
+        "c: gripper closed"
+    );
+    assert_eq!(
+        msgs.iter().filter(|m| m.success).count(),
+        1,
+        "the success label is sent once"
+    );
+    assert!(msgs.iter().all(|m| !m.failure && !m.reset));
+    let last = msgs.last().unwrap();
+    assert!(
+        !last.intervene && last.action.iter().all(|v| *v == 0.0),
+        "quitting hands back: {last:?}"
+    );
+    assert!(
+        msgs.windows(2).all(|w| w[1].seq > w[0].seq),
+        "sequence numbers increase"
+    );
+}
+
+#[test]
+fn by_default_the_learner_runs_inside_reflex_run_and_takes_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = learner_config(dir.path());
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text
+        .replace("in_process = false\n", "")
+        .replace("clock = \"wall\"", "clock = \"sim\"")
+        .replace("episodes = 10", "episodes = 4")
+        .replace("[run]", "[bus]\nno_multicast = true\n\n[run]");
+    std::fs::write(&cfg, text).unwrap();
+    let out = reflex()
+        .args(["run", "--json", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (link, learner) = (&v["learner_link"], &v["learner"]);
+    let steps = link["steps"].as_u64().unwrap();
+    assert!(steps > 50, "{v}");
+    assert_eq!(learner["received"].as_u64().unwrap(), steps, "{learner}");
+    assert_eq!(
+        learner["online_buffer"].as_u64().unwrap(),
+        steps,
+        "each step stored once: {learner}"
+    );
+    assert_eq!(learner["episodes"], 4);
+    assert_eq!(link["lost"], 0);
+    // Paced lockstep: weights after each episode, taken as the next one starts.
+    assert!(v["residual_version"].as_u64().unwrap() >= 3, "{v}");
 }
