@@ -266,6 +266,7 @@ pub fn serve(
         .map_err(anyhow::Error::msg)?;
     let instance = rand::random::<u64>() | 1;
     let gaps_total = std::cell::Cell::new(0u64);
+    let queued = rx.clone();
     let publish_state = |actor: u64, received: u64, persisted: u64, version: u64| {
         let m = LearnerState {
             v: PROTOCOL_VERSION,
@@ -275,6 +276,7 @@ pub fn serve(
             persisted,
             weights_version: version,
             gaps: gaps_total.get(),
+            queued: queued.len() as u64,
         };
         let _ = state_pub.put(msg::encode(&m)).wait();
     };

@@ -406,10 +406,12 @@ impl ActorLink {
                     {
                         self.rewind(s.received);
                     }
-                } else if quiet_ms > self.cfg.resend_ms
+                } else if s.queued == 0
+                    && quiet_ms > self.cfg.resend_ms
                     && self.last_send.elapsed().as_secs_f64() * 1e3 > self.cfg.resend_ms
                 {
-                    // No progress for a long while and nothing new sent: the tail went missing.
+                    // An idle learner, no progress for a while and nothing new sent: the tail
+                    // went missing. (A busy learner is slow, not lossy: no resend.)
                     self.rewind(s.received);
                     self.last_progress = (s.received, Instant::now());
                 }

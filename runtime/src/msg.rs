@@ -451,6 +451,9 @@ pub struct LearnerState {
     /// Batches refused because one before them was missing (the actor resends when it rises).
     #[serde(default)]
     pub gaps: u64,
+    /// Batches waiting in the learner's queue: while it is busy, silence is not loss.
+    #[serde(default)]
+    pub queued: u64,
 }
 
 /// A piece of a residual weight vector. Published on `reflex/<robot>/learn/weights`.

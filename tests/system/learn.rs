@@ -136,8 +136,8 @@ checkpoint = "{ckpt}"
 checkpoint_every_s = 0.5
 
 [learner.link]
-resend_ms = 300.0
-drain_s = 20.0
+resend_ms = 1000.0
+drain_s = 60.0
 "#,
         model = repo().join("models/pick.onnx").display(),
         ckpt = dir.join("learner/sac.ckpt").display()
