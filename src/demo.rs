@@ -134,6 +134,33 @@ pub fn demo_learner(mode: Mode, seed: u64) -> SacConfig {
     }
 }
 
+/// `base` with the keys of `table` replacing its own (a partial table keeps the other values).
+pub fn overlay_sac(base: SacConfig, table: &toml::Table) -> Result<SacConfig, String> {
+    let mut t = match toml::Value::try_from(&base).map_err(|e| e.to_string())? {
+        toml::Value::Table(t) => t,
+        _ => unreachable!("a struct serialises to a table"),
+    };
+    for (k, v) in table {
+        t.insert(k.clone(), v.clone());
+    }
+    toml::Value::Table(t)
+        .try_into::<SacConfig>()
+        .map_err(|e| e.to_string())
+}
+
+/// The table `name` of a TOML file (empty when absent).
+pub fn read_table(path: &std::path::Path, name: &str) -> anyhow::Result<toml::Table> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config `{}`", path.display()))?;
+    let all: toml::Table = text
+        .parse()
+        .with_context(|| format!("config `{}`", path.display()))?;
+    Ok(match all.get(name) {
+        Some(toml::Value::Table(t)) => t.clone(),
+        _ => toml::Table::new(),
+    })
+}
+
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     crate::bench_learner::pin_threads(1);
     let mode = match a.mode.as_str() {
@@ -167,11 +194,18 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         Some(p) => reflex_runtime::config::load(p)?,
         None => DemoFile::default(),
     };
-    let learner_cfg = file
-        .learner
-        .clone()
-        .map(|l| SacConfig { mode, ..l })
-        .unwrap_or_else(|| demo_learner(mode, a.seed));
+    // Keys in the file's [learner] replace the demo's settings; the rest stay the demo's.
+    let learner_cfg = match (&a.config, &file.learner) {
+        (Some(p), Some(_)) => {
+            let t = read_table(p, "learner")?;
+            SacConfig {
+                mode,
+                ..overlay_sac(demo_learner(mode, a.seed), &t)
+                    .map_err(|e| anyhow::anyhow!("config `{}`: [learner] {e}", p.display()))?
+            }
+        }
+        _ => demo_learner(mode, a.seed),
+    };
     let human_cfg = file.human.clone().unwrap_or(HumanConfig {
         seed: a.seed,
         ..Default::default()

@@ -51,9 +51,9 @@ pub struct LearnerSection {
     /// RLIF: reward -1 on the step before each takeover.
     #[serde(default)]
     pub rlif: bool,
-    /// SAC hyperparameters (docs/learner.md); default: the demo's.
+    /// SAC hyperparameters (docs/learner.md); keys not given keep the demo's values.
     #[serde(default)]
-    pub sac: Option<SacConfig>,
+    pub sac: Option<toml::Table>,
     /// The actor's side of the link.
     #[serde(default)]
     pub link: LinkConfig,
@@ -72,12 +72,14 @@ fn d_true() -> bool {
 }
 
 impl LearnerSection {
-    /// The SAC settings (always the residual mode: the learner refines a base policy).
+    /// The SAC settings: the demo's, with the keys of `[learner.sac]` replacing them (always the
+    /// residual mode: the learner refines a base policy).
     pub fn sac_config(&self, seed: u64) -> SacConfig {
-        let c = self
-            .sac
-            .clone()
-            .unwrap_or_else(|| crate::demo::demo_learner(Mode::Residual, seed));
+        let base = crate::demo::demo_learner(Mode::Residual, seed);
+        let c = match &self.sac {
+            Some(t) => crate::demo::overlay_sac(base.clone(), t).unwrap_or(base),
+            None => base,
+        };
         SacConfig {
             mode: Mode::Residual,
             ..c
@@ -101,6 +103,15 @@ impl LearnerSection {
             1,
             1_000_000,
         )?;
+        if let Some(t) = &self.sac {
+            crate::demo::overlay_sac(crate::demo::demo_learner(Mode::Residual, 0), t).map_err(
+                |e| reflex_runtime::config::Invalid {
+                    key: "learner.sac".into(),
+                    value: e,
+                    allowed: "the SAC keys of docs/learner.md".into(),
+                },
+            )?;
+        }
         self.link.validate("learner.link")
     }
 }
