@@ -279,6 +279,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     let mut ups = 0.0;
     let full_act =
         |sac: &mut Sac, obs: &[f32]| -> anyhow::Result<Vec<f32>> { Ok(sac.act(obs, &[], false)?) };
+    let (mut ep_interventions, mut ep_intervention_steps, mut person_before) = (0u32, 0u32, false);
     while rows.len() < a.episodes {
         // The person looks at the robot and decides.
         let obs_now: Observation = lp.robot().obs().clone();
@@ -287,6 +288,12 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         } else {
             msg.intervene = false;
         }
+        // The person's takeovers, counted here: in `full` mode the learner's own commands share
+        // the teleop path, so the loop's own takeover count cannot tell them apart.
+        let person_now = msg.intervene;
+        ep_interventions += (person_now && !person_before) as u32;
+        ep_intervention_steps += person_now as u32;
+        person_before = person_now;
         if mode == Mode::Full && !msg.intervene {
             // From scratch: the learner's own (exploring) action is the command, through the same
             // teleop path (the loop has no base policy).
@@ -329,9 +336,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
                 success: e.success,
                 steps: e.steps,
                 ret: e.ret,
-                interventions: e.interventions,
-                intervention_steps: e.intervention_steps,
+                interventions: ep_interventions,
+                intervention_steps: ep_intervention_steps,
             });
+            (ep_interventions, ep_intervention_steps, person_before) = (0, 0, false);
             if let Some(w) = &mut weights {
                 version += 1;
                 w.publish(version, &export_actor(&sac)?);
