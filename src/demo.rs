@@ -377,7 +377,8 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             );
         }
     }
-    summarize(&a, &dir, &rows, wall, &sac)
+    let reasons = human.as_ref().map(|h| h.reasons);
+    summarize(&a, &dir, &rows, wall, &sac, reasons)
 }
 
 /// A sortable stamp from the system clock (no date library): seconds since the epoch.
@@ -394,6 +395,7 @@ fn summarize(
     rows: &[EpisodeRow],
     wall: f64,
     sac: &Sac,
+    reasons: Option<reflex_sim::human::TakeoverReasons>,
 ) -> anyhow::Result<()> {
     // The headline: success without a takeover (the robot's own); `success` counts assisted
     // episodes too.
@@ -449,6 +451,7 @@ fn summarize(
         "wall_s": wall,
         "env_steps": sac.counters.env_steps,
         "updates": sac.counters.critic_updates,
+        "takeover_reasons": reasons,
         "run_dir": dir.display().to_string(),
         "learning_curve": dir.join("learning_curve.png").display().to_string(),
         "learning_recording": dir.join("learning.rrd").display().to_string(),

@@ -1017,3 +1017,35 @@ fn print_report(r: &RunReport, json: bool) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shipped_run_config_loads_and_validates() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/run");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                load(&p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 4, "configs found: {n}");
+    }
+
+    #[test]
+    fn a_learner_table_without_an_onnx_base_is_refused_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.toml");
+        std::fs::write(
+            &p,
+            "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[policy]\nkind = \"expert\"\n[learner]\n",
+        )
+        .unwrap();
+        let e = format!("{:#}", load(&p).unwrap_err());
+        assert!(e.contains("learner") && e.contains("onnx"), "{e}");
+    }
+}

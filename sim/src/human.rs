@@ -101,6 +101,19 @@ pub struct SimHuman {
     max_steps: u32,
     /// Takeovers so far.
     pub total_interventions: u64,
+    /// Takeovers by the criterion that fired: stall, stray, late (several may fire at once).
+    pub reasons: TakeoverReasons,
+}
+
+/// How often each takeover criterion fired when the person took over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TakeoverReasons {
+    /// The tool barely moved over the stall window.
+    pub stall: u64,
+    /// The tool was far from the object before it was lifted.
+    pub stray: u64,
+    /// Late in the episode.
+    pub late: u64,
 }
 
 impl SimHuman {
@@ -122,6 +135,7 @@ impl SimHuman {
             max_steps: spec.max_episode_steps,
             expert,
             total_interventions: 0,
+            reasons: TakeoverReasons::default(),
             cfg,
         })
     }
@@ -174,6 +188,9 @@ impl SimHuman {
                 self.holding = self.cfg.hold_steps;
                 self.interventions += 1;
                 self.total_interventions += 1;
+                self.reasons.stall += stalled as u64;
+                self.reasons.stray += strayed as u64;
+                self.reasons.late += late as u64;
                 // The expert plans from what it sees now.
                 self.expert.take_over();
             }
