@@ -68,3 +68,15 @@ pub fn spawn(mut cmd: Command, dir: &tempfile::TempDir, name: &str) -> ChildGuar
 pub fn child_stderr(dir: &tempfile::TempDir, name: &str) -> String {
     std::fs::read_to_string(dir.path().join(format!("{name}.err"))).unwrap_or_default()
 }
+
+/// Runs a `reflex ... --json` command, asserts it succeeded (showing its stderr if not) and
+/// returns the JSON it printed.
+pub fn json_output(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}

@@ -439,18 +439,12 @@ fn status_is_published_on_the_bus() {
 
 #[test]
 fn reflex_run_drives_pick_with_the_expert_at_95_percent_or_more() {
-    let out = reflex()
-        .args(["run", "--config"])
-        .arg(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
-        .args(["--episodes", "100", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = crate::common::json_output(
+        reflex()
+            .args(["run", "--config"])
+            .arg(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
+            .args(["--episodes", "100", "--json"]),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["episodes"], 100);
     let rate = v["success_rate"].as_f64().unwrap();
     assert!(rate >= 0.95, "success rate {rate}");

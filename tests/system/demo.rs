@@ -7,18 +7,12 @@ use crate::common::{reflex, repo};
 #[test]
 fn demo_runs_end_to_end_and_writes_its_summary_and_curve() {
     let dir = tempfile::tempdir().unwrap();
-    let out = reflex()
-        .current_dir(repo())
-        .args(["demo", "--episodes", "6", "--json", "--runs"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = crate::common::json_output(
+        reflex()
+            .current_dir(repo())
+            .args(["demo", "--episodes", "6", "--json", "--runs"])
+            .arg(dir.path()),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["episodes"], 6);
     // One update per environment step from the 256th step on (the warm-up).
     let (steps, updates) = (
@@ -53,20 +47,14 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
     // Only the update-to-data ratio changes; the warm-up (256) stays the demo's, not SAC's own.
     let cfg = dir.path().join("demo.toml");
     std::fs::write(&cfg, "[learner]\nutd = 2\n").unwrap();
-    let out = reflex()
-        .current_dir(repo())
-        .args(["demo", "--episodes", "4", "--json", "--no-record", "--runs"])
-        .arg(dir.path())
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = crate::common::json_output(
+        reflex()
+            .current_dir(repo())
+            .args(["demo", "--episodes", "4", "--json", "--no-record", "--runs"])
+            .arg(dir.path())
+            .arg("--config")
+            .arg(&cfg),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let (steps, updates) = (
         v["env_steps"].as_u64().unwrap(),
         v["updates"].as_u64().unwrap(),
@@ -88,29 +76,23 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
 
 fn demo_summary(mode: &str, episodes: u32) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
-    let out = reflex()
-        .current_dir(repo())
-        .args([
-            "demo",
-            "--mode",
-            mode,
-            "--episodes",
-            &episodes.to_string(),
-            "--seed",
-            "0",
-            "--json",
-            "--no-record",
-            "--runs",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::common::json_output(
+        reflex()
+            .current_dir(repo())
+            .args([
+                "demo",
+                "--mode",
+                mode,
+                "--episodes",
+                &episodes.to_string(),
+                "--seed",
+                "0",
+                "--json",
+                "--no-record",
+                "--runs",
+            ])
+            .arg(dir.path()),
+    )
 }
 
 #[test]

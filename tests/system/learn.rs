@@ -427,17 +427,7 @@ fn by_default_the_learner_runs_inside_reflex_run_and_takes_every_step() {
         .replace("episodes = 10", "episodes = 4")
         .replace("[run]", "[bus]\nno_multicast = true\n\n[run]");
     std::fs::write(&cfg, text).unwrap();
-    let out = reflex()
-        .args(["run", "--json", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = crate::common::json_output(reflex().args(["run", "--json", "--config"]).arg(&cfg));
     let (link, learner) = (&v["learner_link"], &v["learner"]);
     let steps = link["steps"].as_u64().unwrap();
     assert!(steps > 50, "{v}");

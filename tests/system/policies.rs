@@ -456,18 +456,12 @@ fn missing_corrupt_or_specless_models_fail_at_load_with_the_file_named() {
 
 /// Runs a shipped policy through `reflex run` for 100 seeded episodes.
 fn shipped_success(config: &str) -> f64 {
-    let out = reflex()
-        .args(["run", "--config"])
-        .arg(repo().join(config))
-        .args(["--episodes", "100", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = crate::common::json_output(
+        reflex()
+            .args(["run", "--config"])
+            .arg(repo().join(config))
+            .args(["--episodes", "100", "--json"]),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["success_rate"].as_f64().unwrap()
 }
 

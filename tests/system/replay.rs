@@ -23,19 +23,13 @@ fn rerun_cli() -> PathBuf {
 }
 
 fn record_pick(runs: &Path, episodes: u32) -> (serde_json::Value, PathBuf) {
-    let out = reflex()
-        .args(["run", "--config"])
-        .arg(repo().join("configs/run/sim-pick-expert.toml"))
-        .args(["--episodes", &episodes.to_string(), "--json", "--record"])
-        .arg(runs)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = crate::common::json_output(
+        reflex()
+            .args(["run", "--config"])
+            .arg(repo().join("configs/run/sim-pick-expert.toml"))
+            .args(["--episodes", &episodes.to_string(), "--json", "--record"])
+            .arg(runs),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let dir = PathBuf::from(
         v["recording"]["dir"]
             .as_str()
@@ -404,19 +398,13 @@ fn camera_images_are_recorded_at_every_step_of_an_episode() {
     );
     let cfg_path = dir.path().join("cams.toml");
     std::fs::write(&cfg_path, cfg).unwrap();
-    let out = reflex()
-        .args(["run", "--config"])
-        .arg(&cfg_path)
-        .args(["--episodes", "2", "--json", "--record"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = crate::common::json_output(
+        reflex()
+            .args(["run", "--config"])
+            .arg(&cfg_path)
+            .args(["--episodes", "2", "--json", "--record"])
+            .arg(dir.path()),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rec = PathBuf::from(v["recording"]["dir"].as_str().unwrap());
     let frames_dropped = v["recording"]["frames_dropped"].as_u64().unwrap();
     // At 20 Hz every step's frames are kept (up to ~15 frames per second of control: 20/15
