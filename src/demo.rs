@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Args;
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
 use reflex_policies::sac::hook::{ActionNorm, ResidualMlp, export_actor};
+use reflex_policies::sac::steer::SteeredPolicy;
 use reflex_policies::sac::{Mode, Sac, SacConfig};
 use reflex_runtime::clock::SimClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
@@ -35,15 +36,22 @@ pub struct DemoArgs {
     /// Base policy.
     #[arg(long, default_value = "models/pick.onnx")]
     model: PathBuf,
-    /// Learner mode: residual (default) or full (SAC from scratch, the baseline).
+    /// Learner mode: residual (default), noise (diffusion steering, DSRL: the learner picks the
+    /// sampler's initial noise per chunk) or full (SAC from scratch, the baseline).
     #[arg(long, default_value = "residual")]
     mode: String,
     /// No simulated person.
     #[arg(long)]
     no_human: bool,
-    /// RLIF: reward -1 on the step before each takeover (in addition to the task's reward).
+    /// Episodes the simulated person demonstrates before training starts (HIL-SERL starts
+    /// from about 20 per task); they go to the intervention buffer and are not counted as
+    /// training episodes.
+    #[arg(long, default_value_t = 20)]
+    demos: usize,
+    /// Turn RLIF off (on by default: reward -1 on the policy's step before each takeover, in
+    /// addition to the task's reward).
     #[arg(long)]
-    rlif: bool,
+    no_rlif: bool,
     /// Where runs are written (a directory per run).
     #[arg(long, default_value = "runs")]
     runs: PathBuf,
@@ -82,6 +90,7 @@ impl reflex_runtime::config::Validate for DemoFile {
             in_range("learner", "discount", l.discount, 0.0, 1.0)?;
             in_range("learner", "demo_ratio", l.demo_ratio, 0.0, 1.0)?;
             in_range("learner", "action_scale", l.action_scale, 0.0, 2.0)?;
+            in_range("learner", "bc_weight", l.bc_weight, 0.0, 1000.0)?;
         }
         if let Some(h) = &self.human {
             in_range("human", "rate", h.rate, 0.0, 1.0)?;
@@ -112,6 +121,30 @@ fn rolling(xs: &[f64], k: usize) -> Vec<f64> {
 
 /// The learner's settings for the demo (docs/training.md explains each choice).
 pub fn demo_learner(mode: Mode, seed: u64) -> SacConfig {
+    if mode == Mode::Noise {
+        // One decision per chunk: a few hundred transitions in 100 episodes, so many updates per
+        // transition (DSRL uses ~20) are cheap.
+        return SacConfig {
+            mode,
+            hidden: vec![256, 256],
+            critics: 2,
+            critic_subset: 2,
+            critic_layer_norm: true,
+            batch: 256,
+            utd: 10,
+            discount: 0.97,
+            n_step: 1,
+            init_temperature: 0.01,
+            entropy_in_target: false,
+            bootstrap_truncation: false,
+            noise_bound: 1.5,
+            demo_ratio: 0.0,
+            warmup_steps: 32,
+            capacity: 200_000,
+            seed,
+            ..Default::default()
+        };
+    }
     SacConfig {
         mode,
         hidden: vec![128, 128],
@@ -119,19 +152,28 @@ pub fn demo_learner(mode: Mode, seed: u64) -> SacConfig {
         critic_subset: 2,
         critic_layer_norm: true,
         batch: 256,
-        utd: 1,
+        utd: 5,
         discount: 0.97,
         n_step: 3,
         init_temperature: 0.01,
         entropy_in_target: false,
         bootstrap_truncation: false,
-        action_scale: 0.3,
+        action_scale: 0.5,
+        bc_weight: 1.0,
         demo_ratio: 0.5,
         warmup_steps: 256,
         capacity: 200_000,
         seed,
         ..Default::default()
     }
+}
+
+/// The learner's state scaling from the base policy's own input normalisation (half widths of
+/// at least 0.05, so a component that hardly varied in the demonstrations is not blown up).
+pub fn state_norm(base: &OnnxPolicy, state_dim: usize) -> Option<reflex_policies::sac::ObsNorm> {
+    base.spec()
+        .state_bounds(state_dim)
+        .map(|(lo, hi)| reflex_policies::sac::ObsNorm::from_bounds(lo, hi, 0.05))
 }
 
 /// `base` with the keys of `table` replacing its own (a partial table keeps the other values).
@@ -166,7 +208,8 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     let mode = match a.mode.as_str() {
         "residual" => Mode::Residual,
         "full" => Mode::Full,
-        o => anyhow::bail!("--mode `{o}`: allowed values are residual, full"),
+        "noise" => Mode::Noise,
+        o => anyhow::bail!("--mode `{o}`: allowed values are residual, noise, full"),
     };
     let t0 = Instant::now();
     let env = SimEnv::new(SimConfig::for_task(TaskKind::Pick))?;
@@ -206,11 +249,29 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         }
         _ => demo_learner(mode, a.seed),
     };
-    let human_cfg = file.human.clone().unwrap_or(HumanConfig {
-        seed: a.seed,
-        ..Default::default()
-    });
-    let mut sac = Sac::new(learner_cfg, obs_dim, act_dim)?;
+    // The person's seed follows `--seed` unless the file's [human] table sets one.
+    let human_cfg = match (&a.config, file.human.clone()) {
+        (Some(p), Some(h)) if read_table(p, "human")?.contains_key("seed") => h,
+        (_, h) => HumanConfig {
+            seed: a.seed,
+            ..h.unwrap_or_default()
+        },
+    };
+    let mut learner_cfg = learner_cfg;
+    if learner_cfg.obs_norm.is_none() {
+        learner_cfg.obs_norm = state_norm(&relabel, obs_dim);
+    }
+    let noise_dim = match mode {
+        Mode::Noise => relabel.noise_len(),
+        _ => act_dim,
+    };
+    if mode == Mode::Noise && noise_dim == 0 {
+        anyhow::bail!(
+            "--mode noise steers a diffusion or flow policy; {} is neither",
+            a.model.display()
+        );
+    }
+    let mut sac = Sac::new(learner_cfg, obs_dim, noise_dim)?;
     let scale = if mode == Mode::Residual {
         sac.cfg.action_scale
     } else {
@@ -220,10 +281,19 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     let (mut teleop_tx, teleop_rx) = teleop_channel(act_dim);
     let (otx, orx) = outbox(4096, obs_dim, act_dim);
     let chain = reflex_sim::world::ArmModel::so101().chain;
-    let driver = if mode == Mode::Residual {
-        PolicyDriver::inline(base)
-    } else {
-        PolicyDriver::None
+    let mut tap = None;
+    let mut steer_weights = None;
+    let driver = match mode {
+        Mode::Residual => PolicyDriver::inline(base),
+        Mode::Noise => {
+            let base = OnnxPolicy::load(&a.model, &spec, &opts)?;
+            let (p, w, t) =
+                SteeredPolicy::new(base, &sac, true, a.seed ^ 7).map_err(anyhow::Error::msg)?;
+            tap = Some(t);
+            steer_weights = Some(w);
+            PolicyDriver::inline(Box::new(p))
+        }
+        Mode::Full => PolicyDriver::None,
     };
     let mut lp = ControlLoop::new(
         env,
@@ -271,7 +341,8 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     };
     let mut rows: Vec<EpisodeRow> = vec![];
     let mut asm =
-        crate::assemble::Assembler::new(mode, norm.clone(), Some(relabel), a.rlif, act_dim);
+        crate::assemble::Assembler::new(mode, norm.clone(), Some(relabel), !a.no_rlif, act_dim);
+    let mut chunk_asm = crate::assemble::ChunkAssembler::new(!a.no_rlif);
     let mut step = reflex_runtime::msg::WireStep::default();
     let mut version = 0u64;
     let mut upd_t = Instant::now();
@@ -280,13 +351,21 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     let full_act =
         |sac: &mut Sac, obs: &[f32]| -> anyhow::Result<Vec<f32>> { Ok(sac.act(obs, &[], false)?) };
     let (mut ep_interventions, mut ep_intervention_steps, mut person_before) = (0u32, 0u32, false);
+    let mut demos_left = if human.is_some() { a.demos } else { 0 };
+    let demo_pb = (demos_left > 0 && !a.json).then(|| {
+        // The training bar waits until the demonstrations are done.
+        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        let p = progress(demos_left as u64, "demonstrations");
+        p.set_message("the person demonstrates before training starts");
+        p
+    });
     while rows.len() < a.episodes {
         // The person looks at the robot and decides.
         let obs_now: Observation = lp.robot().obs().clone();
-        if let Some(h) = &mut human {
-            h.act(&obs_now, &mut msg);
-        } else {
-            msg.intervene = false;
+        match &mut human {
+            Some(h) if demos_left > 0 => h.demonstrate(&obs_now, &mut msg),
+            Some(h) => h.act(&obs_now, &mut msg),
+            None => msg.intervene = false,
         }
         // The person's takeovers, counted here: in `full` mode the learner's own commands share
         // the teleop path, so the loop's own takeover count cannot tell them apart.
@@ -314,7 +393,8 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         }
         let episodes_before = lp.episodes().len();
         lp.step()?;
-        // Transitions of this step into the buffers.
+        // The noise of a chunk the steered policy started in this step.
+        let mut noise = tap.as_ref().and_then(|t| t.try_recv());
         while let Some(tr) = orx.try_recv() {
             if let Some(r) = &recorder {
                 r.record(&tr);
@@ -324,12 +404,36 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             step.fill(&tr);
             step.teleop = tr.source == Source::Teleop
                 && (mode != Mode::Full || human.as_ref().is_some_and(|h| h.intervening()));
-            asm.push(&mut sac, &step)?;
+            if mode == Mode::Noise {
+                let before = chunk_asm.stored;
+                chunk_asm.push(&mut sac, &step, noise.as_deref());
+                if let (Some(n), Some(t)) = (noise.take(), &tap) {
+                    t.recycle(n);
+                }
+                // One learner step per chunk transition (the learner's time runs in chunks).
+                for _ in before..chunk_asm.stored {
+                    sac.train_step()?;
+                }
+            } else {
+                asm.push(&mut sac, &step)?;
+            }
             orx.recycle(tr);
         }
-        sac.train_step()?;
+        if mode != Mode::Noise {
+            sac.train_step()?;
+        }
         // Episode ends: record, publish the new residual (swapped in at the episode boundary).
-        if lp.episodes().len() > episodes_before {
+        if lp.episodes().len() > episodes_before && demos_left > 0 {
+            demos_left -= 1;
+            (ep_interventions, ep_intervention_steps, person_before) = (0, 0, false);
+            if let Some(p) = &demo_pb {
+                p.inc(1);
+                if demos_left == 0 {
+                    p.finish_and_clear();
+                    pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                }
+            }
+        } else if lp.episodes().len() > episodes_before {
             let e = lp.episodes().last().expect("just finished").clone();
             rows.push(EpisodeRow {
                 episode: rows.len(),
@@ -340,7 +444,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
                 intervention_steps: ep_intervention_steps,
             });
             (ep_interventions, ep_intervention_steps, person_before) = (0, 0, false);
-            if let Some(w) = &mut weights {
+            if let Some(w) = weights.as_mut().or(steer_weights.as_mut()) {
                 version += 1;
                 w.publish(version, &export_actor(&sac)?);
             }
@@ -452,6 +556,8 @@ fn summarize(
         "env_steps": sac.counters.env_steps,
         "updates": sac.counters.critic_updates,
         "takeover_reasons": reasons,
+        "demonstrations": if a.no_human { 0 } else { a.demos },
+        "rlif": !a.no_rlif,
         "run_dir": dir.display().to_string(),
         "learning_curve": dir.join("learning_curve.png").display().to_string(),
         "learning_recording": dir.join("learning.rrd").display().to_string(),

@@ -214,6 +214,11 @@ pub fn serve(
     let spec = reflex_runtime::viz::fetch_spec(session, &keys, Duration::from_secs_f64(o.wait_s))?;
     let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
 
+    let model = file.model_path(cfg_dir).context(
+        "the learner relabels a person's steps with the base policy: [policy] kind = \"onnx\" with a model",
+    )?;
+    let relabel = OnnxPolicy::load(&model, &spec, &RunOptions::default())?;
+
     // Resume or start.
     let ckpt = if ls.checkpoint.is_relative() {
         std::env::current_dir()?.join(&ls.checkpoint)
@@ -237,7 +242,11 @@ pub fn serve(
         );
         s
     } else {
-        Sac::new(ls.sac_config(file.seed()), obs_dim, act_dim)?
+        let mut cfg = ls.sac_config(file.seed());
+        if cfg.obs_norm.is_none() {
+            cfg.obs_norm = crate::demo::state_norm(&relabel, obs_dim);
+        }
+        Sac::new(cfg, obs_dim, act_dim)?
     };
     let resumed_at = sac.tags.get(TAG_RECEIVED).copied().unwrap_or(0);
     let mut actor = sac.tags.get(TAG_ACTOR).copied().unwrap_or(0);
@@ -245,10 +254,6 @@ pub fn serve(
     let mut version = sac.tags.get(TAG_VERSION).copied().unwrap_or(0);
     let mut persisted = received;
 
-    let model = file.model_path(cfg_dir).context(
-        "the learner relabels a person's steps with the base policy: [policy] kind = \"onnx\" with a model",
-    )?;
-    let relabel = OnnxPolicy::load(&model, &spec, &RunOptions::default())?;
     let norm = ActionNorm::new(&spec.action.low, &spec.action.high, sac.cfg.action_scale);
     let mut asm = Assembler::new(Mode::Residual, norm, Some(relabel), ls.rlif, act_dim);
 

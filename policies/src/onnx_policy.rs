@@ -460,6 +460,7 @@ pub struct OnnxPolicy {
     ddim: Option<Ddim>,
     noise: Vec<f32>,
     next_noise: Option<Vec<f32>>,
+    noise_pending: bool,
     x: Vec<f32>,
     out: Vec<f32>,
     time: [f32; 1],
@@ -581,6 +582,7 @@ impl OnnxPolicy {
             ddim,
             noise: vec![0.0; n],
             next_noise: None,
+            noise_pending: false,
             x: vec![0.0; n],
             out: vec![0.0; n],
             time: [0.0],
@@ -597,6 +599,25 @@ impl OnnxPolicy {
     /// next inference instead of drawing it (deterministic tests; diffusion steering).
     pub fn set_next_noise(&mut self, noise: Vec<f32>) {
         self.next_noise = Some(noise);
+        self.noise_pending = true;
+    }
+
+    /// [`Self::set_next_noise`] from a slice, reusing the held buffer (no allocation once the
+    /// first call sized it): what a steering actor on the control loop calls every chunk.
+    pub fn set_next_noise_from(&mut self, noise: &[f32]) {
+        match &mut self.next_noise {
+            Some(v) if v.len() == noise.len() => v.copy_from_slice(noise),
+            _ => self.next_noise = Some(noise.to_vec()),
+        }
+        self.noise_pending = true;
+    }
+
+    /// Values of the initial noise of one chunk (chunk_len x action_dim; 0 for a chunk policy).
+    pub fn noise_len(&self) -> usize {
+        match self.spec.kind {
+            PolicyKind::Chunk => 0,
+            _ => self.noise.len(),
+        }
     }
 
     fn prepare(&mut self, obs: &Observation) -> Result<(), PolicyError> {
@@ -738,8 +759,11 @@ impl OnnxPolicy {
                 out.copy_from_slice(&self.out);
             }
             PolicyKind::Diffusion | PolicyKind::Flow => {
-                match self.next_noise.take() {
-                    Some(n) if n.len() == self.noise.len() => self.noise.copy_from_slice(&n),
+                let injected = std::mem::take(&mut self.noise_pending)
+                    .then_some(self.next_noise.as_ref())
+                    .flatten();
+                match injected {
+                    Some(n) if n.len() == self.noise.len() => self.noise.copy_from_slice(n),
                     Some(n) => {
                         return Err(PolicyError {
                             policy: self.spec.name.clone(),

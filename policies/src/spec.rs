@@ -388,3 +388,21 @@ impl PolicySpec {
         toml::to_string_pretty(self).expect("a spec serialises")
     }
 }
+
+impl PolicySpec {
+    /// The bounds of the whole state vector as this policy normalises it: the `(low, high)` of
+    /// its state input when that input is the whole state (no field selection) of `state_dim`
+    /// values with min-max normalisation. The learner scales its own inputs with these.
+    pub fn state_bounds(&self, state_dim: usize) -> Option<(&[f32], &[f32])> {
+        self.inputs.iter().find_map(|i| match i {
+            InputSource::State {
+                fields,
+                normalize: Normalize::MinMax { low, high },
+                ..
+            } if fields.is_empty() && low.len() == state_dim && high.len() == state_dim => {
+                Some((low.as_slice(), high.as_slice()))
+            }
+            _ => None,
+        })
+    }
+}

@@ -6,9 +6,17 @@
 //! - **stall**: the tool centre moved less than `stall_m` over the last `stall_steps` steps;
 //! - **stray**: the tool centre is more than `stray_m` (in the table plane) from the object while
 //!   the object has not been lifted yet;
-//! - **late**: more than `late_fraction` of the time limit has passed without success.
+//! - **late**: more than `late_fraction` of the time limit has passed without success;
+//! - **misaligned** (off when `misalign_m` is 0): the tool has come down to within `grasp_zone_m`
+//!   of the object's centre height while more than `misalign_m` beside it in the table plane, the
+//!   object not lifted yet: the person sees a grasp about to miss and steps in before it does
+//!   (HIL-SERL's advice: correct early; RLIF's simulated intervener also acts on a deviation
+//!   from the reference, not on a failure);
+//! - **missed** (off when `missed_m` is 0): the gripper has closed to less than `missed_m` with the
+//!   object still on the table: the grasp closed on nothing.
 //!
-//! When a criterion fires (not before `min_step`), the person takes over with probability `rate`,
+//! When a criterion fires (stall, stray and late not before `min_step`; misaligned and missed at
+//! any step, since grasps happen early), the person takes over with probability `rate`,
 //! at most `max_interventions` times per episode, and drives with the expert (its action noise is
 //! the person's `skill` knob) for `hold_steps` steps.
 
@@ -43,6 +51,15 @@ fn d_max() -> u32 {
 fn d_min_step() -> u32 {
     25
 }
+fn d_grasp_zone() -> f64 {
+    0.015
+}
+fn d_misalign() -> f64 {
+    0.02
+}
+fn d_missed() -> f64 {
+    0.015
+}
 
 /// The simulated person (`[human]` in a config).
 #[derive(Clone, Debug, Deserialize)]
@@ -69,9 +86,20 @@ pub struct HumanConfig {
     /// Takeovers per episode at most.
     #[serde(default = "d_max")]
     pub max_interventions: u32,
-    /// No takeover before this step.
+    /// No takeover before this step (stall, stray, late).
     #[serde(default = "d_min_step")]
     pub min_step: u32,
+    /// Distance beside the object (table plane) at which a descending tool counts as misaligned,
+    /// m; 0 turns the criterion off.
+    #[serde(default = "d_misalign")]
+    pub misalign_m: f64,
+    /// Height above the object's centre below which the tool counts as going in for a grasp, m.
+    #[serde(default = "d_grasp_zone")]
+    pub grasp_zone_m: f64,
+    /// Gripper opening below which, with the object not lifted, the grasp counts as missed, m; 0
+    /// turns the criterion off.
+    #[serde(default = "d_missed")]
+    pub missed_m: f64,
     /// Action noise of the person's commands (the expert's noise knob).
     #[serde(default)]
     pub skill_noise: f64,
@@ -93,6 +121,7 @@ pub struct SimHuman {
     rng: ChaCha8Rng,
     ee: Range<usize>,
     object: Option<Range<usize>>,
+    opening: Option<usize>,
     history: Vec<[f64; 3]>,
     holding: u32,
     interventions: u32,
@@ -114,6 +143,10 @@ pub struct TakeoverReasons {
     pub stray: u64,
     /// Late in the episode.
     pub late: u64,
+    /// Going in for a grasp beside the object.
+    pub misaligned: u64,
+    /// The gripper closed on nothing.
+    pub missed: u64,
 }
 
 impl SimHuman {
@@ -126,6 +159,8 @@ impl SimHuman {
         Ok(SimHuman {
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             object: spec.field("object_pos"),
+            // The gripper's opening is the last joint position (docs/sim.md).
+            opening: spec.field("joint_pos").map(|r| r.end - 1),
             ee,
             history: Vec::with_capacity(64),
             holding: 0,
@@ -138,6 +173,19 @@ impl SimHuman {
             reasons: TakeoverReasons::default(),
             cfg,
         })
+    }
+
+    /// Drives the whole episode with the expert (the person's skill noise included): a
+    /// demonstration given before training starts, as HIL-SERL's operators give about 20 per task.
+    pub fn demonstrate(&mut self, obs: &Observation, msg: &mut TeleopMsg) {
+        self.seq += 1;
+        msg.v = PROTOCOL_VERSION;
+        msg.seq = self.seq;
+        msg.success = obs.success;
+        msg.failure = false;
+        msg.reset = false;
+        msg.intervene = true;
+        self.expert.act(obs, &mut msg.action);
     }
 
     /// Whether the person is driving now.
@@ -166,11 +214,8 @@ impl SimHuman {
         if self.history.len() > w + 1 {
             self.history.remove(0);
         }
-        if self.holding == 0
-            && obs.step >= self.cfg.min_step
-            && self.interventions < self.cfg.max_interventions
-            && !obs.success
-        {
+        if self.holding == 0 && self.interventions < self.cfg.max_interventions && !obs.success {
+            let early = obs.step < self.cfg.min_step;
             let stalled = self.history.len() > w && {
                 let a = self.history[0];
                 ((ee[0] - a[0]).powi(2) + (ee[1] - a[1]).powi(2) + (ee[2] - a[2]).powi(2)).sqrt()
@@ -184,13 +229,35 @@ impl SimHuman {
             });
             let late = self.max_steps > 0
                 && obs.step as f64 > self.cfg.late_fraction * self.max_steps as f64;
-            if (stalled || strayed || late) && self.rng.random::<f64>() < self.cfg.rate {
+            let misaligned = self.cfg.misalign_m > 0.0
+                && self.object.as_ref().is_some_and(|r| {
+                    let o = &obs.state[r.clone()];
+                    let lifted = o[2] as f64 > self.object_z0 + 0.01;
+                    let d = ((ee[0] - o[0] as f64).powi(2) + (ee[1] - o[1] as f64).powi(2)).sqrt();
+                    !lifted
+                        && ee[2] - (o[2] as f64) < self.cfg.grasp_zone_m
+                        && d > self.cfg.misalign_m
+                });
+            let missed = self.cfg.missed_m > 0.0
+                && self
+                    .object
+                    .as_ref()
+                    .is_some_and(|r| obs.state[r.start + 2] as f64 <= self.object_z0 + 0.01)
+                && self
+                    .opening
+                    .is_some_and(|i| (obs.state[i] as f64) < self.cfg.missed_m);
+            let (stalled, strayed, late) = (stalled && !early, strayed && !early, late && !early);
+            if (stalled || strayed || late || misaligned || missed)
+                && self.rng.random::<f64>() < self.cfg.rate
+            {
                 self.holding = self.cfg.hold_steps;
                 self.interventions += 1;
                 self.total_interventions += 1;
                 self.reasons.stall += stalled as u64;
                 self.reasons.stray += strayed as u64;
                 self.reasons.late += late as u64;
+                self.reasons.misaligned += misaligned as u64;
+                self.reasons.missed += missed as u64;
                 // The expert plans from what it sees now.
                 self.expert.take_over();
             }
@@ -208,5 +275,77 @@ impl SimHuman {
         } else {
             msg.intervene = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SimConfig, SimEnv, TaskKind};
+    use reflex_runtime::robot::Robot;
+
+    /// A pick observation at `step` with the tool at `ee`, the cube at `cube` and the gripper
+    /// opened `opening` m (everything else zero).
+    fn scene(
+        spec: &RobotSpec,
+        step: u32,
+        ee: [f32; 3],
+        cube: [f32; 3],
+        opening: f32,
+    ) -> Observation {
+        let mut state = vec![0.0f32; spec.state_dim()];
+        let (e, o, j) = (
+            spec.field("ee_pos").unwrap(),
+            spec.field("object_pos").unwrap(),
+            spec.field("joint_pos").unwrap(),
+        );
+        state[e].copy_from_slice(&ee);
+        state[o].copy_from_slice(&cube);
+        state[j.end - 1] = opening;
+        state[spec.field("ee_quat").unwrap().end - 1] = 1.0;
+        Observation {
+            state,
+            step,
+            ..Default::default()
+        }
+    }
+
+    /// Whether a person with `cfg` takes over at step 10, after watching the scene from step 0.
+    fn takes_over(cfg: HumanConfig, ee: [f32; 3], opening: f32) -> (bool, TakeoverReasons) {
+        let env = SimEnv::new(SimConfig::for_task(TaskKind::Pick)).unwrap();
+        let spec = env.spec().clone();
+        let mut h = SimHuman::new(&spec, cfg).unwrap();
+        let mut msg = TeleopMsg {
+            action: vec![0.0; spec.action.dim()],
+            ..Default::default()
+        };
+        let cube = [0.2, 0.0, 0.015];
+        h.act(&scene(&spec, 0, [0.2, 0.0, 0.14], cube, 0.06), &mut msg);
+        assert!(!msg.intervene, "nobody takes over at the start");
+        h.act(&scene(&spec, 10, ee, cube, opening), &mut msg);
+        (msg.intervene, h.reasons)
+    }
+
+    #[test]
+    fn the_person_steps_in_before_a_grasp_beside_the_cube_and_after_one_on_nothing() {
+        let d = HumanConfig::default;
+        // Low and 3 cm beside the cube, before `min_step`: a grasp about to miss.
+        let (on, r) = takes_over(d(), [0.23, 0.0, 0.02], 0.06);
+        assert!(on && r.misaligned == 1 && r.missed == 0, "{r:?}");
+        // Low and 5 mm beside it: on track, nobody steps in.
+        assert!(!takes_over(d(), [0.205, 0.0, 0.02], 0.06).0);
+        // Still high and 3 cm beside it: not going in yet.
+        assert!(!takes_over(d(), [0.23, 0.0, 0.08], 0.06).0);
+        // Fingers closed to 5 mm high above a cube still on the table: the grasp missed.
+        let (on, r) = takes_over(d(), [0.2, 0.0, 0.08], 0.005);
+        assert!(on && r.missed == 1 && r.misaligned == 0, "{r:?}");
+        // Both criteria off: the same scenes pass.
+        let off = || HumanConfig {
+            misalign_m: 0.0,
+            missed_m: 0.0,
+            ..HumanConfig::default()
+        };
+        assert!(!takes_over(off(), [0.23, 0.0, 0.02], 0.06).0);
+        assert!(!takes_over(off(), [0.2, 0.0, 0.08], 0.005).0);
     }
 }

@@ -498,3 +498,104 @@ fn residual_lifts_a_weak_base_and_beats_learning_from_scratch() {
         mean(&full)
     );
 }
+
+#[test]
+fn the_loop_hook_computes_the_learners_action_with_the_state_scaling_folded_in() {
+    use reflex_policies::sac::ObsNorm;
+    use reflex_policies::sac::hook::{ActionNorm, ResidualMlp, export_actor};
+    use reflex_runtime::residual::ResidualHook;
+    // A state far from unit scale, as a robot's is; the learner scales it, the exported weights
+    // carry the scaling in their first layer.
+    let cfg = SacConfig {
+        action_scale: 0.5,
+        actor_layer_norm: true,
+        // A fast actor, so that the residual is far from its zero start after 200 updates.
+        actor_lr: 3e-3,
+        obs_norm: Some(ObsNorm {
+            center: vec![0.5, -1.0, 2.0],
+            half: vec![0.1, 2.0, 0.5],
+        }),
+        ..small(Mode::Residual, 3)
+    };
+    let mut sac = Sac::new(cfg, 3, 1).unwrap();
+    fill(&mut sac, 300, 3);
+    for _ in 0..200 {
+        sac.train_step().unwrap();
+    }
+    let norm = ActionNorm::new(&[-2.0], &[2.0], 0.5);
+    let (mut hook, mut writer) = ResidualMlp::new(&sac, norm.clone(), false, 0).unwrap();
+    writer.publish(1, &export_actor(&sac).unwrap());
+    assert_eq!(hook.refresh(), 1);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut largest = 0.0f32;
+    for _ in 0..500 {
+        let obs: Vec<f32> = (0..3).map(|_| rng.random::<f32>() * 4.0 - 2.0).collect();
+        let base = vec![rng.random::<f32>() * 3.2 - 1.6];
+        let mut r = [0.0f32];
+        hook.residual(&obs, &base, &mut r);
+        let mut base_n = base.clone();
+        norm.to_norm(&mut base_n);
+        let mut a = sac.act(&obs, &base_n, true).unwrap();
+        norm.to_robot(&mut a);
+        let want = a[0] - base[0];
+        assert!(
+            (r[0] - want).abs() < 1e-4,
+            "hook {} vs learner {want} at {obs:?}",
+            r[0]
+        );
+        largest = largest.max(r[0].abs());
+    }
+    assert!(
+        largest > 1e-2,
+        "the trained residual is not zero ({largest})"
+    );
+}
+
+#[test]
+fn a_behaviour_cloning_term_pulls_the_actor_to_the_persons_actions() {
+    // Rewards are all zero, so the critic gives the actor no direction; only the BC term on the
+    // demonstration rows can move its mean to the person's action (0.6 everywhere).
+    let mean_after = |bc_weight: f64| -> f32 {
+        let mut sac = Sac::new(
+            SacConfig {
+                bc_weight,
+                demo_ratio: 0.5,
+                ..small(Mode::Full, 8)
+            },
+            3,
+            1,
+        )
+        .unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        for _ in 0..400 {
+            let obs: Vec<f32> = (0..3).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+            let t = Transition {
+                obs: obs.clone(),
+                action: vec![0.6],
+                next_obs: obs,
+                intervention: true,
+                ..Default::default()
+            };
+            sac.demo.push(&t);
+            let mut o = t.clone();
+            o.action = vec![rng.random::<f32>() * 2.0 - 1.0];
+            o.intervention = false;
+            sac.online.push(&o);
+        }
+        for _ in 0..400 {
+            sac.train_step().unwrap();
+        }
+        let mut m = 0.0;
+        for _ in 0..50 {
+            let obs: Vec<f32> = (0..3).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+            m += sac.act(&obs, &[], true).unwrap()[0] / 50.0;
+        }
+        m
+    };
+    let (with, without) = (mean_after(5.0), mean_after(0.0));
+    assert!((with - 0.6).abs() < 0.1, "with BC the mean is {with}");
+    assert!(
+        (without - 0.6).abs() > 0.3,
+        "without BC the mean is {without}"
+    );
+}

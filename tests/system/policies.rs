@@ -479,3 +479,59 @@ fn shipped_base_policies_succeed_in_their_documented_range() {
         );
     }
 }
+
+#[test]
+fn a_steered_policy_runs_the_base_from_the_noise_its_actor_chose() {
+    use reflex_policies::sac::steer::SteeredPolicy;
+    use reflex_policies::sac::{Mode, Sac, SacConfig};
+    use reflex_runtime::policy::Policy;
+    let mut env =
+        reflex_sim::SimEnv::new(reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick))
+            .unwrap();
+    let spec = env.spec().clone();
+    let model = repo().join("models/pick.onnx");
+    let opts = RunOptions::default();
+    let base = OnnxPolicy::load(&model, &spec, &opts).unwrap();
+    let n = base.noise_len();
+    assert_eq!(n, base.spec().chunk_len * base.spec().action_dim);
+    let cfg = SacConfig {
+        mode: Mode::Noise,
+        hidden: vec![32, 32],
+        noise_bound: 1.5,
+        seed: 3,
+        ..Default::default()
+    };
+    let sac = Sac::new(cfg.clone(), spec.state_dim(), n).unwrap();
+    let (mut steered, _writer, tap) = SteeredPolicy::new(base, &sac, true, 1).unwrap();
+    let mut plain = OnnxPolicy::load(&model, &spec, &opts).unwrap();
+    let chunk = n;
+    for seed in 0..3 {
+        let obs = env.reset(Some(seed)).unwrap().clone();
+        let mut a = vec![0.0f32; chunk];
+        steered.infer(&obs, &mut a).unwrap();
+        let w = tap.try_recv().expect("one noise record per chunk");
+        assert!(tap.try_recv().is_none());
+        assert!(w.iter().all(|v| v.abs() <= 1.5), "noise beyond its bound");
+        assert_eq!(w, steered.last_noise());
+        // The plain base from the same noise gives the same chunk, bit for bit.
+        let mut b = vec![0.0f32; chunk];
+        plain.set_next_noise(w.clone());
+        plain.infer_chunk(&obs, &mut b).unwrap();
+        assert_eq!(a, b);
+        tap.recycle(w);
+    }
+    assert_eq!(tap.dropped(), 0);
+    // A learner in another mode is refused, naming the mode.
+    let res = Sac::new(
+        SacConfig {
+            mode: Mode::Residual,
+            ..cfg
+        },
+        spec.state_dim(),
+        n,
+    )
+    .unwrap();
+    let base = OnnxPolicy::load(&model, &spec, &opts).unwrap();
+    let err = SteeredPolicy::new(base, &res, true, 1).err().unwrap();
+    assert!(err.contains("noise"), "{err}");
+}

@@ -13,12 +13,29 @@ use reflex_runtime::residual::{ResidualHook, Weights, WeightsWriter};
 use reflex_runtime::triple::{Reader, triple};
 
 /// Flattens the actor's parameters in the hook's layout.
+/// With [`super::SacConfig::obs_norm`] set, the state scaling is folded into the first layer, so
+/// the exported network takes the raw state: `W' = W / half` on the state rows and
+/// `b' = b - sum_r (center_r / half_r) W_r`.
 pub fn export_actor(sac: &Sac) -> candle_core::Result<Vec<f32>> {
     let net = &sac.actor.net;
     let mut out = vec![];
     for l in 0..net.ws.len() {
-        out.extend(net.ws[l].as_tensor().flatten_all()?.to_vec1::<f32>()?);
-        out.extend(net.bs[l].as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        let mut w = net.ws[l].as_tensor().flatten_all()?.to_vec1::<f32>()?;
+        let mut b = net.bs[l].as_tensor().flatten_all()?.to_vec1::<f32>()?;
+        if l == 0
+            && let Some(n) = &sac.cfg.obs_norm
+        {
+            let o = b.len();
+            for (r, (c, h)) in n.center.iter().zip(&n.half).enumerate() {
+                let row = &mut w[r * o..(r + 1) * o];
+                for (k, v) in row.iter_mut().enumerate() {
+                    *v /= h.max(1e-6);
+                    b[k] -= c * *v;
+                }
+            }
+        }
+        out.extend(w);
+        out.extend(b);
         if let Some(ln) = &net.ln
             && l < ln.len()
         {
@@ -69,79 +86,34 @@ impl ActionNorm {
     }
 }
 
-/// The residual actor on the loop thread.
-pub struct ResidualMlp {
+/// The learner's actor network evaluated in plain Rust on preallocated buffers, from the flat
+/// weight layout of [`export_actor`].
+pub struct MlpEval {
     dims: Vec<usize>,
     layer_norm: bool,
-    act_dim: usize,
-    scale: f32,
-    log_std: (f32, f32),
-    norm: ActionNorm,
-    weights: Reader<Weights>,
-    explore: bool,
-    rng: ChaCha8Rng,
     a: Vec<f32>,
     b: Vec<f32>,
-    base_n: Vec<f32>,
 }
 
-impl ResidualMlp {
-    /// A hook for an actor `obs_dim + act_dim -> hidden -> 2 act_dim` with the learner's
-    /// current weights, and the writer through which the learner publishes new ones.
-    /// `explore` samples from the Gaussian (training); otherwise the mean is used.
-    pub fn new(
-        sac: &Sac,
-        norm: ActionNorm,
-        explore: bool,
-        seed: u64,
-    ) -> candle_core::Result<(Self, WeightsWriter)> {
-        let mut dims = vec![sac.obs_dim + sac.act_dim];
-        dims.extend_from_slice(&sac.cfg.hidden);
-        dims.push(2 * sac.act_dim);
-        let w = export_actor(sac)?;
-        let (mut writer, reader) = triple(Weights {
-            version: 0,
-            values: w.clone(),
-        });
+impl MlpEval {
+    /// A network with layer widths `dims` (input first, head last).
+    pub fn new(dims: Vec<usize>, layer_norm: bool) -> Self {
         let widest = *dims.iter().max().expect("layers");
-        let hook = ResidualMlp {
-            layer_norm: sac.cfg.actor_layer_norm,
-            act_dim: sac.act_dim,
-            scale: sac.cfg.action_scale,
-            log_std: sac.cfg.log_std,
-            norm,
-            weights: reader,
-            explore,
-            rng: ChaCha8Rng::seed_from_u64(seed),
+        MlpEval {
             a: vec![0.0; widest],
             b: vec![0.0; widest],
-            base_n: vec![0.0; sac.act_dim],
             dims,
-        };
-        writer.write(|s| s.values.clone_from(&w));
-        Ok((hook, crate::sac::hook::writer(writer)))
+            layer_norm,
+        }
     }
 
-    /// Turns exploration noise on or off.
-    pub fn set_explore(&mut self, on: bool) {
-        self.explore = on;
+    /// The input buffer (fill it before [`Self::run`]).
+    pub fn input(&mut self) -> &mut [f32] {
+        &mut self.a[..self.dims[0]]
     }
-}
 
-/// Wraps a raw triple-buffer writer as the runtime's weights writer.
-fn writer(w: reflex_runtime::triple::Writer<Weights>) -> WeightsWriter {
-    WeightsWriter::from_writer(w)
-}
-
-impl ResidualHook for ResidualMlp {
-    fn residual(&mut self, obs: &[f32], base: &[f32], out: &mut [f32]) {
-        let w = &self.weights.get().values;
-        // Input: observation and normalised base action.
-        self.base_n.copy_from_slice(base);
-        self.norm.to_norm(&mut self.base_n);
-        let n_in = self.dims[0];
-        self.a[..obs.len()].copy_from_slice(obs);
-        self.a[obs.len()..n_in].copy_from_slice(&self.base_n);
+    /// Runs the network with weights `w` on the input; returns the head's outputs.
+    pub fn run(&mut self, w: &[f32]) -> &[f32] {
         let mut off = 0;
         let last = self.dims.len() - 2;
         for l in 0..=last {
@@ -178,12 +150,83 @@ impl ResidualHook for ResidualMlp {
                 }
             }
         }
+        &self.b[..self.dims[self.dims.len() - 1]]
+    }
+}
+
+/// The residual actor on the loop thread.
+pub struct ResidualMlp {
+    mlp: MlpEval,
+    act_dim: usize,
+    scale: f32,
+    log_std: (f32, f32),
+    norm: ActionNorm,
+    weights: Reader<Weights>,
+    explore: bool,
+    rng: ChaCha8Rng,
+    base_n: Vec<f32>,
+}
+
+impl ResidualMlp {
+    /// A hook for an actor `obs_dim + act_dim -> hidden -> 2 act_dim` with the learner's
+    /// current weights, and the writer through which the learner publishes new ones.
+    /// `explore` samples from the Gaussian (training); otherwise the mean is used.
+    pub fn new(
+        sac: &Sac,
+        norm: ActionNorm,
+        explore: bool,
+        seed: u64,
+    ) -> candle_core::Result<(Self, WeightsWriter)> {
+        let mut dims = vec![sac.obs_dim + sac.act_dim];
+        dims.extend_from_slice(&sac.cfg.hidden);
+        dims.push(2 * sac.act_dim);
+        let w = export_actor(sac)?;
+        let (mut writer, reader) = triple(Weights {
+            version: 0,
+            values: w.clone(),
+        });
+        let hook = ResidualMlp {
+            mlp: MlpEval::new(dims, sac.cfg.actor_layer_norm),
+            act_dim: sac.act_dim,
+            scale: sac.cfg.action_scale,
+            log_std: sac.cfg.log_std,
+            norm,
+            weights: reader,
+            explore,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            base_n: vec![0.0; sac.act_dim],
+        };
+        writer.write(|s| s.values.clone_from(&w));
+        Ok((hook, crate::sac::hook::writer(writer)))
+    }
+
+    /// Turns exploration noise on or off.
+    pub fn set_explore(&mut self, on: bool) {
+        self.explore = on;
+    }
+}
+
+/// Wraps a raw triple-buffer writer as the runtime's weights writer.
+fn writer(w: reflex_runtime::triple::Writer<Weights>) -> WeightsWriter {
+    WeightsWriter::from_writer(w)
+}
+
+impl ResidualHook for ResidualMlp {
+    fn residual(&mut self, obs: &[f32], base: &[f32], out: &mut [f32]) {
+        let w = &self.weights.get().values;
+        // Input: observation and normalised base action.
+        self.base_n.copy_from_slice(base);
+        self.norm.to_norm(&mut self.base_n);
+        let input = self.mlp.input();
+        input[..obs.len()].copy_from_slice(obs);
+        input[obs.len()..].copy_from_slice(&self.base_n);
+        let head = self.mlp.run(w);
         // Head: means then log-stds; squash, scale, combine in normalised units.
         let a_dim = self.act_dim;
         for (k, o) in out.iter_mut().enumerate().take(a_dim) {
-            let mut u = self.b[k];
+            let mut u = head[k];
             if self.explore {
-                let ls = self.b[a_dim + k].clamp(self.log_std.0, self.log_std.1);
+                let ls = head[a_dim + k].clamp(self.log_std.0, self.log_std.1);
                 let e: f32 = StandardNormal.sample(&mut self.rng);
                 u += ls.exp() * e;
             }

@@ -18,6 +18,7 @@ pub mod hook;
 pub mod nets;
 pub mod pendulum_run;
 pub mod replay;
+pub mod steer;
 
 use adam::{Adam, AdamConfig};
 use candle_core::{Device, Tensor, Var};
@@ -179,9 +180,48 @@ pub struct SacConfig {
     /// Environment steps before the first update.
     #[serde(default)]
     pub warmup_steps: usize,
+    /// Weight of a behaviour-cloning term on the batch's demonstration/intervention rows in the
+    /// actor loss: `bc_weight * mean ||mean_action(s) - a_person||^2` (0 = off, plain SAC as in
+    /// RLPD and HIL-SERL). The Q-plus-BC actor objective of TD3+BC (Fujimoto & Gu 2021) and of
+    /// ConRFT's human-in-the-loop stage (Chen et al. 2025): a person's corrections pull the
+    /// policy directly instead of only through the critic.
+    #[serde(default)]
+    pub bc_weight: f64,
+    /// Affine scaling of the state before every network: `(s - center) / half` per component.
+    /// Positions in metres differ by centimetres where a grasp is decided; unscaled, such
+    /// differences are lost next to velocities of several rad/s. `reflex demo` and `reflex learn`
+    /// set it from the base policy's own input normalisation; absent, the state is used as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub obs_norm: Option<ObsNorm>,
     /// Seed.
     #[serde(default)]
     pub seed: u64,
+}
+
+/// Per-component centre and half width of the state (see [`SacConfig::obs_norm`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObsNorm {
+    /// Centre per component.
+    pub center: Vec<f32>,
+    /// Half width per component (> 0).
+    pub half: Vec<f32>,
+}
+
+impl ObsNorm {
+    /// From per-component bounds (a policy's min-max input normalisation); half widths are kept
+    /// at `min_half` or more, so a component that hardly varied in the demonstrations is not
+    /// blown up.
+    pub fn from_bounds(low: &[f32], high: &[f32], min_half: f32) -> Self {
+        ObsNorm {
+            center: low.iter().zip(high).map(|(l, h)| 0.5 * (l + h)).collect(),
+            half: low
+                .iter()
+                .zip(high)
+                .map(|(l, h)| (0.5 * (h - l)).max(min_half))
+                .collect(),
+        }
+    }
 }
 
 impl Default for SacConfig {
@@ -271,6 +311,8 @@ pub struct Sac {
     pub tags: std::collections::BTreeMap<String, u64>,
     batch: Batch,
     dev: Device,
+    /// `(center, 1 / half)` as `[1, obs_dim]` tensors when the state is scaled.
+    obs_scale: Option<(Tensor, Tensor)>,
 }
 
 /// Errors of the learner.
@@ -317,6 +359,23 @@ impl Sac {
             vec![log_alpha.clone()],
             AdamConfig::adam(cfg.temperature_lr),
         )?;
+        let obs_scale = match &cfg.obs_norm {
+            Some(n) => {
+                if n.center.len() != obs_dim || n.half.len() != obs_dim {
+                    candle_core::bail!(
+                        "obs_norm has {} centres and {} half widths for a state of {obs_dim}",
+                        n.center.len(),
+                        n.half.len()
+                    );
+                }
+                let inv: Vec<f32> = n.half.iter().map(|h| 1.0 / h.max(1e-6)).collect();
+                Some((
+                    Tensor::from_slice(&n.center, (1, obs_dim), &dev)?,
+                    Tensor::from_slice(&inv, (1, obs_dim), &dev)?,
+                ))
+            }
+            None => None,
+        };
         let online = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
         let demo = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
         Ok(Sac {
@@ -337,6 +396,7 @@ impl Sac {
             tags: Default::default(),
             batch: Batch::default(),
             dev,
+            obs_scale,
             cfg,
         })
     }
@@ -387,7 +447,7 @@ impl Sac {
     /// The action for one observation (and base action in residual mode), `[act_dim]`:
     /// deterministic (the mean) or sampled for exploration.
     pub fn act(&mut self, obs: &[f32], base: &[f32], deterministic: bool) -> Result<Vec<f32>> {
-        let o = Tensor::from_slice(obs, (1, self.obs_dim), &self.dev)?;
+        let o = self.scale_obs(Tensor::from_slice(obs, (1, self.obs_dim), &self.dev)?)?;
         let b = if self.base_dim > 0 {
             Tensor::from_slice(base, (1, self.base_dim), &self.dev)?
         } else {
@@ -408,6 +468,14 @@ impl Sac {
         self.counters.env_steps += 1;
     }
 
+    /// The state as the networks see it (scaled by `obs_norm` when set).
+    fn scale_obs(&self, o: Tensor) -> Result<Tensor> {
+        match &self.obs_scale {
+            Some((c, inv)) => o.broadcast_sub(c)?.broadcast_mul(inv),
+            None => Ok(o),
+        }
+    }
+
     fn tensors(&self, b: &Batch) -> Result<[Tensor; 7]> {
         let n = b.size;
         let d = &self.dev;
@@ -419,11 +487,11 @@ impl Sac {
             }
         };
         Ok([
-            Tensor::from_slice(&b.obs, (n, self.obs_dim), d)?,
+            self.scale_obs(Tensor::from_slice(&b.obs, (n, self.obs_dim), d)?)?,
             base(&b.base)?,
             Tensor::from_slice(&b.action, (n, self.act_dim), d)?,
             Tensor::from_slice(&b.reward, n, d)?,
-            Tensor::from_slice(&b.next_obs, (n, self.obs_dim), d)?,
+            self.scale_obs(Tensor::from_slice(&b.next_obs, (n, self.obs_dim), d)?)?,
             base(&b.next_base)?,
             Tensor::from_slice(&b.discount, n, d)?,
         ])
@@ -470,7 +538,7 @@ impl Sac {
 
     /// One actor and temperature update on `batch`; returns (actor loss, entropy, temperature).
     pub fn actor_update(&mut self, batch: &Batch) -> Result<(f32, f32, f32)> {
-        let [obs, base, ..] = self.tensors(batch)?;
+        let [obs, base, act, ..] = self.tensors(batch)?;
         let n = batch.size;
         let x = self.actor_input(&obs, &base)?;
         let eps = randn(&mut self.rng, (n, self.act_dim), &self.dev)?;
@@ -482,7 +550,16 @@ impl Sac {
             .squeeze(2)?
             .mean(0)?; // mean over the ensemble
         let alpha = self.log_alpha.as_tensor().exp()?.detach();
-        let loss = (s.log_prob.broadcast_mul(&alpha)? - q)?.mean_all()?;
+        let mut loss = (s.log_prob.broadcast_mul(&alpha)? - q)?.mean_all()?;
+        let d = batch.demo_rows;
+        if self.cfg.bc_weight > 0.0 && d > 0 {
+            // The demonstration rows come first in a mixed batch.
+            let x_d = x.narrow(0, 0, d)?;
+            let mean = self.actor.mean_action(&x_d)?;
+            let a_mean = self.to_action(&mean, &base.narrow(0, 0, d)?)?;
+            let bc = (a_mean - act.narrow(0, 0, d)?)?.sqr()?.sum(1)?.mean_all()?;
+            loss = (loss + (bc * self.cfg.bc_weight)?)?;
+        }
         let grads = loss.backward()?;
         // Only the actor's parameters move here; the critic's gradients are discarded.
         self.actor_opt.step(&grads)?;

@@ -125,6 +125,26 @@ impl Replay {
         }
     }
 
+    /// The transition at logical index `l` (0 = oldest held), copied out (for inspection and
+    /// tests; `intervention` is not stored and reads `false`).
+    pub fn get(&self, l: usize) -> Transition {
+        assert!(l < self.len(), "index {l} beyond {} held", self.len());
+        let start = self.total.saturating_sub(self.cap as u64);
+        let i = ((start + l as u64) % self.cap as u64) as usize;
+        let (o, b, a) = (self.obs_dim, self.base_dim, self.act_dim);
+        Transition {
+            obs: self.obs[i * o..(i + 1) * o].to_vec(),
+            base: self.base[i * b..(i + 1) * b].to_vec(),
+            action: self.action[i * a..(i + 1) * a].to_vec(),
+            reward: self.reward[i],
+            next_obs: self.next_obs[i * o..(i + 1) * o].to_vec(),
+            next_base: self.next_base[i * b..(i + 1) * b].to_vec(),
+            terminated: self.term[i],
+            truncated: self.trunc[i],
+            intervention: false,
+        }
+    }
+
     /// Transitions held.
     pub fn len(&self) -> usize {
         (self.total as usize).min(self.cap)
