@@ -11,7 +11,7 @@
 //!   of the object's centre height while more than `misalign_m` beside it in the table plane, the
 //!   object not lifted yet: the person sees a grasp about to miss and steps in before it does
 //!   (HIL-SERL's advice: correct early; RLIF's simulated intervener also acts on a deviation
-//!   from the reference, not on a failure);
+//!   from the reference, not on a failure); `pick` only, like the next one;
 //! - **missed** (off when `missed_m` is 0): the gripper has closed to less than `missed_m` with the
 //!   object still on the table: the grasp closed on nothing.
 //!
@@ -122,6 +122,7 @@ pub struct SimHuman {
     ee: Range<usize>,
     object: Option<Range<usize>>,
     opening: Option<usize>,
+    grasping: bool,
     history: Vec<[f64; 3]>,
     holding: u32,
     interventions: u32,
@@ -161,6 +162,8 @@ impl SimHuman {
             object: spec.field("object_pos"),
             // The gripper's opening is the last joint position (docs/sim.md).
             opening: spec.field("joint_pos").map(|r| r.end - 1),
+            // The grasp criteria: only where the object is picked up from the table.
+            grasping: spec.kind == "sim/pick",
             ee,
             history: Vec::with_capacity(64),
             holding: 0,
@@ -229,7 +232,8 @@ impl SimHuman {
             });
             let late = self.max_steps > 0
                 && obs.step as f64 > self.cfg.late_fraction * self.max_steps as f64;
-            let misaligned = self.cfg.misalign_m > 0.0
+            let misaligned = self.grasping
+                && self.cfg.misalign_m > 0.0
                 && self.object.as_ref().is_some_and(|r| {
                     let o = &obs.state[r.clone()];
                     let lifted = o[2] as f64 > self.object_z0 + 0.01;
@@ -238,7 +242,8 @@ impl SimHuman {
                         && ee[2] - (o[2] as f64) < self.cfg.grasp_zone_m
                         && d > self.cfg.misalign_m
                 });
-            let missed = self.cfg.missed_m > 0.0
+            let missed = self.grasping
+                && self.cfg.missed_m > 0.0
                 && self
                     .object
                     .as_ref()
@@ -347,5 +352,21 @@ mod tests {
         };
         assert!(!takes_over(off(), [0.23, 0.0, 0.02], 0.06).0);
         assert!(!takes_over(off(), [0.2, 0.0, 0.08], 0.005).0);
+    }
+
+    #[test]
+    fn the_grasp_criteria_stay_quiet_on_tasks_without_a_grasp() {
+        // Push: the fingers stay closed and the tool comes down beside the cube on purpose.
+        let env = SimEnv::new(SimConfig::for_task(TaskKind::Push)).unwrap();
+        let spec = env.spec().clone();
+        let mut h = SimHuman::new(&spec, HumanConfig::default()).unwrap();
+        let mut msg = TeleopMsg {
+            action: vec![0.0; spec.action.dim()],
+            ..Default::default()
+        };
+        let cube = [0.2, 0.0, 0.015];
+        h.act(&scene(&spec, 0, [0.2, 0.0, 0.14], cube, 0.0), &mut msg);
+        h.act(&scene(&spec, 10, [0.24, 0.0, 0.02], cube, 0.0), &mut msg);
+        assert!(!msg.intervene, "{:?}", h.reasons);
     }
 }
