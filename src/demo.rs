@@ -219,10 +219,8 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         seed: a.seed,
         ..Default::default()
     };
-    let base: Box<dyn Policy> = Box::new(
-        OnnxPolicy::load(&a.model, &spec, &opts)
-            .with_context(|| format!("loading the base policy {}", a.model.display()))?,
-    );
+    let base = OnnxPolicy::load(&a.model, &spec, &opts)
+        .with_context(|| format!("loading the base policy {}", a.model.display()))?;
     // A second copy labels person-driven steps with what the base would have done (ResFiT's
     // relabelling of demonstration transitions).
     let relabel = OnnxPolicy::load(
@@ -238,7 +236,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         None => DemoFile::default(),
     };
     // Keys in the file's [learner] replace the demo's settings; the rest stay the demo's.
-    let learner_cfg = match (&a.config, &file.learner) {
+    let mut learner_cfg = match (&a.config, &file.learner) {
         (Some(p), Some(_)) => {
             let t = read_table(p, "learner")?;
             SacConfig {
@@ -257,7 +255,6 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             ..h.unwrap_or_default()
         },
     };
-    let mut learner_cfg = learner_cfg;
     if learner_cfg.obs_norm.is_none() {
         learner_cfg.obs_norm = state_norm(&relabel, obs_dim);
     }
@@ -281,16 +278,17 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     let (mut teleop_tx, teleop_rx) = teleop_channel(act_dim);
     let (otx, orx) = outbox(4096, obs_dim, act_dim);
     let chain = reflex_sim::world::ArmModel::so101().chain;
+    // The learner's weights reach the loop through one writer: the residual hook's or the
+    // steered policy's.
     let mut tap = None;
-    let mut steer_weights = None;
+    let mut weights = None;
     let driver = match mode {
-        Mode::Residual => PolicyDriver::inline(base),
+        Mode::Residual => PolicyDriver::inline(Box::new(base) as Box<dyn Policy>),
         Mode::Noise => {
-            let base = OnnxPolicy::load(&a.model, &spec, &opts)?;
             let (p, w, t) =
                 SteeredPolicy::new(base, &sac, true, a.seed ^ 7).map_err(anyhow::Error::msg)?;
             tap = Some(t);
-            steer_weights = Some(w);
+            weights = Some(w);
             PolicyDriver::inline(Box::new(p))
         }
         Mode::Full => PolicyDriver::None,
@@ -304,7 +302,6 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         Some(chain),
         a.seed,
     )?;
-    let mut weights = None;
     if mode == Mode::Residual {
         let (hook, w) = ResidualMlp::new(&sac, norm.clone(), true, a.seed ^ 7)?;
         lp.set_residual(Box::new(hook));
@@ -444,7 +441,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
                 intervention_steps: ep_intervention_steps,
             });
             (ep_interventions, ep_intervention_steps, person_before) = (0, 0, false);
-            if let Some(w) = weights.as_mut().or(steer_weights.as_mut()) {
+            if let Some(w) = &mut weights {
                 version += 1;
                 w.publish(version, &export_actor(&sac)?);
             }
