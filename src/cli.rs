@@ -1,8 +1,7 @@
-//! Pieces shared by the subcommands: logging, Zenoh arguments, progress bars, percentiles.
+//! What the subcommands share: logging, Zenoh arguments, progress bars.
 
-use anyhow::Context;
 use clap::Args;
-use reflex_runtime::bus::BusConfig;
+use reflex_bus::BusConfig;
 use std::path::PathBuf;
 
 /// Logs go to stderr through `tracing`; `RUST_LOG` selects levels (default `info`).
@@ -46,40 +45,63 @@ impl BusArgs {
     }
 }
 
-/// A progress bar on stderr, hidden when stderr is not a terminal.
-pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::new(len);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:>12} [{bar:40}] {pos}/{len} ({elapsed}, eta {eta})",
-        )
-        .expect("static template")
-        .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    pb
+/// Progress bars on stderr (hidden with `--json`).
+pub struct Bars {
+    bar: indicatif::ProgressBar,
+    hidden: bool,
 }
 
-/// Percentile of already sorted values (nearest rank).
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
+impl Bars {
+    /// Bars, or nothing when `hidden`.
+    pub fn new(hidden: bool) -> Self {
+        Bars {
+            bar: indicatif::ProgressBar::hidden(),
+            hidden,
+        }
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+
+    /// A spinner (for jobs of unknown length).
+    pub fn spinner(hidden: bool) -> Self {
+        Bars {
+            bar: if hidden {
+                indicatif::ProgressBar::hidden()
+            } else {
+                indicatif::ProgressBar::new_spinner()
+            },
+            hidden,
+        }
+    }
 }
 
-/// `reflex doctor`: reports where ONNX Runtime was found.
-pub fn doctor() -> anyhow::Result<()> {
-    let found = reflex_policies::ort_env::find_onnxruntime().context("ONNX Runtime")?;
-    println!(
-        "ONNX Runtime: {} (found via {})",
-        found.path.display(),
-        found.source
-    );
-    reflex_policies::ort_env::init(&found).context("loading ONNX Runtime")?;
-    println!("ONNX Runtime loads: ok");
-    Ok(())
+impl reflex_agent::progress::Progress for Bars {
+    fn start(&self, total: u64, what: &str) {
+        if self.hidden {
+            return;
+        }
+        self.bar
+            .set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        self.bar.reset();
+        self.bar.set_length(total);
+        self.bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{prefix:>12} [{bar:40}] {pos}/{len} ({elapsed}, eta {eta}) {msg}",
+            )
+            .expect("static template")
+            .progress_chars("=> "),
+        );
+        self.bar.set_prefix(what.to_string());
+        self.bar.set_message("");
+    }
+    fn inc(&self, n: u64) {
+        self.bar.inc(n);
+    }
+    fn message(&self, msg: &str) {
+        self.bar.set_message(msg.to_string());
+        self.bar.tick();
+    }
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
 
 /// The command line as a person would retype it: `reflex` followed by the arguments (the
@@ -91,16 +113,23 @@ pub fn command_line() -> String {
         .join(" ")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::percentile;
+/// Prints a JSON value, pretty.
+pub fn print_json(v: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).expect("JSON of plain values")
+    );
+}
 
-    #[test]
-    fn nearest_rank_percentiles() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&v, 50.0), 50.0);
-        assert_eq!(percentile(&v, 99.0), 99.0);
-        assert_eq!(percentile(&v, 100.0), 100.0);
-        assert_eq!(percentile(&[3.0], 99.0), 3.0);
-    }
+/// `reflex doctor`: reports where ONNX Runtime was found.
+pub fn doctor() -> anyhow::Result<()> {
+    let found = reflex_policies::ort_env::find_onnxruntime()?;
+    println!(
+        "ONNX Runtime: {} (found via {})",
+        found.path.display(),
+        found.source
+    );
+    reflex_policies::ort_env::init(&found)?;
+    println!("ONNX Runtime loads: ok");
+    Ok(())
 }

@@ -1,22 +1,13 @@
-//! `reflex`: the command-line entry point. Wires the crates together; every subcommand's logic
-//! lives in a module of its own.
+//! `reflex`: the command line. It parses arguments, calls the reflex-agent library and prints;
+//! nothing else lives here (docs/architecture.md).
 
-mod assemble;
-mod bench_bus;
-mod bench_learner;
-mod bench_loop;
 mod cli;
-mod demo;
-mod learn_cmd;
-mod plot;
-mod policy_cmd;
-mod replay;
-mod run_cmd;
-mod sim_cmd;
-mod teleop_cmd;
-mod viz_cmd;
+mod cmd;
 
 use clap::{Parser, Subcommand};
+use cmd::bench::BenchCommand;
+use cmd::sim::SimCommand;
+use cmd::tools::{BcCommand, PolicyCommand};
 
 /// reflex: a real-time runtime for robots that learn on the job.
 #[derive(Parser)]
@@ -29,11 +20,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The whole mission on the simulator: base policy, residual learner, simulated person.
-    Demo(demo::DemoArgs),
+    Demo(cmd::demo::DemoArgs),
     /// The simulator: serve it as a robot, benchmark it, record expert demonstrations.
     Sim {
         #[command(subcommand)]
-        command: sim_cmd::SimCommand,
+        command: SimCommand,
     },
     /// Benchmarks that print medians and percentiles (`--json` for machines).
     Bench {
@@ -43,35 +34,25 @@ enum Command {
     /// Base policies on ONNX Runtime: check a model against its spec, benchmark it.
     Policy {
         #[command(subcommand)]
-        command: policy_cmd::PolicyCommand,
+        command: PolicyCommand,
     },
     /// Imitation learning: train a diffusion policy from recorded episodes.
     Bc {
         #[command(subcommand)]
-        command: policy_cmd::BcCommand,
+        command: BcCommand,
     },
     /// The actor: runs the control loop against a robot with a policy (config file).
-    Run(run_cmd::RunArgs),
+    Run(cmd::run::RunArgs),
     /// Open a recorded episode in the Rerun viewer, or print its summary.
-    Replay(replay::ReplayArgs),
-    /// The residual learner on the bus, for an actor started with the same config file.
-    Learn(learn_cmd::LearnArgs),
+    Replay(cmd::tools::ReplayArgs),
+    /// The learner on the bus, for an actor started with the same config file.
+    Learn(cmd::learn::LearnArgs),
     /// Drive a robot by hand from this terminal (take over, correct, label success or failure).
-    Teleop(teleop_cmd::TeleopArgs),
+    Teleop(cmd::tools::TeleopArgs),
     /// Watch a robot over the bus in Rerun (live viewer or episode files).
-    Viz(viz_cmd::VizArgs),
+    Viz(cmd::tools::VizArgs),
     /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
     Doctor,
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Observation -> command round trip between two processes over Zenoh on loopback.
-    Bus(bench_bus::BusBenchArgs),
-    /// The control loop's wake-up lateness, misses and per-step overhead.
-    Loop(bench_loop::LoopBenchArgs),
-    /// SAC update throughput and the wall time of 10k Pendulum steps.
-    Learner(bench_learner::LearnerBenchArgs),
 }
 
 /// glibc returns large freed blocks (> 128 KiB) to the OS and maps fresh zeroed pages for the next
@@ -86,36 +67,41 @@ fn tune_allocator() {
     }
 }
 
-fn main() {
-    tune_allocator();
-    cli::init_logging();
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Sim { command } => sim_cmd::run(command),
-        Command::Bench {
-            command: BenchCommand::Bus(a),
-        } => bench_bus::run(a),
-        Command::Bench {
-            command: BenchCommand::Loop(a),
-        } => bench_loop::run(a),
+/// Candle's CPU kernels take their thread count from `RAYON_NUM_THREADS` whenever they run; it
+/// is set here, once, before any other thread exists (setting the environment later would race
+/// with readers on other threads). The learner gets one thread, leaving the loop a core, unless
+/// the person set the variable or `reflex bench learner --threads N` asks for more.
+fn set_learner_threads(cli: &Cli) {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return;
+    }
+    let n = match &cli.command {
         Command::Bench {
             command: BenchCommand::Learner(a),
-        } => bench_learner::run(a),
-        Command::Run(a) => run_cmd::run(a),
-        Command::Demo(a) => demo::run(a),
-        Command::Replay(a) => replay::run(a),
-        Command::Viz(a) => viz_cmd::run(a),
-        Command::Teleop(a) => teleop_cmd::run(a),
-        Command::Learn(a) => learn_cmd::run(a),
-        Command::Policy {
-            command: policy_cmd::PolicyCommand::Check(a),
-        } => policy_cmd::check(a),
-        Command::Policy {
-            command: policy_cmd::PolicyCommand::Bench(a),
-        } => policy_cmd::bench(a),
-        Command::Bc {
-            command: policy_cmd::BcCommand::Train(a),
-        } => policy_cmd::bc_train(a),
+        } => a.threads.max(1),
+        _ => 1,
+    };
+    // SAFETY: main's first thread is the only thread of the process at this point (clap and
+    // logging set-up start none).
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+}
+
+fn main() {
+    tune_allocator();
+    let cli = Cli::parse();
+    set_learner_threads(&cli);
+    cli::init_logging();
+    let result = match cli.command {
+        Command::Sim { command } => cmd::sim::run(command),
+        Command::Bench { command } => cmd::bench::run(command),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Demo(a) => cmd::demo::run(a),
+        Command::Replay(a) => cmd::tools::replay(a),
+        Command::Viz(a) => cmd::tools::viz(a),
+        Command::Teleop(a) => cmd::tools::teleop(a),
+        Command::Learn(a) => cmd::learn::run(a),
+        Command::Policy { command } => cmd::tools::policy(command),
+        Command::Bc { command } => cmd::tools::bc(command),
         Command::Doctor => cli::doctor(),
     };
     if let Err(e) = result {

@@ -44,7 +44,7 @@ pub enum Provider {
 
 impl Provider {
     /// Parses the command-line spelling: `cpu`, `cuda`, `tensorrt`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, LoadError> {
         match s {
             "cpu" => Ok(Provider::Cpu),
             "cuda" => Ok(Provider::Cuda { device_id: 0 }),
@@ -53,9 +53,7 @@ impl Provider {
                 fp16: true,
                 engine_cache_dir: None,
             }),
-            o => Err(format!(
-                "provider `{o}`: allowed values are cpu, cuda, tensorrt"
-            )),
+            o => Err(LoadError::UnknownProvider(o.to_string())),
         }
     }
 
@@ -133,6 +131,9 @@ pub enum LoadError {
         /// ONNX Runtime's message.
         message: String,
     },
+    /// A provider name that does not exist.
+    #[error("provider `{0}`: allowed values are cpu, cuda, tensorrt")]
+    UnknownProvider(String),
     /// The spec and the graph disagree.
     #[error("model `{path}` does not match its spec `{spec}`:\n  - {}", problems.join("\n  - "))]
     Mismatch {

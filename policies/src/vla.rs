@@ -1,11 +1,9 @@
 //! Inputs of vision-language-action policies: camera frames resized and normalised for the
 //! network, and instructions tokenised with a Hugging Face `tokenizer.json` (the `tokenizers`
-//! crate), plus the tiny VLA-shaped model reflex builds to test that path end to end.
+//! crate). The tiny VLA-shaped model reflex builds to test that path end to end is in
+//! [`crate::fixtures`] (feature `fixtures`).
 
 use crate::onnx_policy::LoadError;
-use crate::onnx_write::{Attr, Dim, Elem, Graph, batch};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use reflex_runtime::msg::Image;
 use std::path::Path;
 
@@ -67,110 +65,6 @@ pub fn image_to_nchw(
             }
         }
     }
-}
-
-/// Shape of the tiny VLA.
-#[derive(Clone, Copy, Debug)]
-pub struct TinyVla {
-    /// Image side the network takes.
-    pub image: u32,
-    /// Vocabulary size of its token embedding.
-    pub vocab: usize,
-    /// Token sequence length.
-    pub max_len: usize,
-    /// State input size.
-    pub state_dim: usize,
-    /// Actions per chunk.
-    pub chunk_len: usize,
-    /// Action dimension.
-    pub action_dim: usize,
-}
-
-/// Builds a VLA-shaped flow policy with random weights from `seed`: a patchifying convolution and
-/// global pooling for the image, a token embedding averaged over the sequence, the state, the noisy
-/// chunk and a sinusoidal time embedding, concatenated into an MLP that outputs a velocity
-/// `[batch, chunk_len, action_dim]`. Inputs: `image` `[B,3,S,S]`, `tokens` `[B,L]` (int64),
-/// `state` `[B,state_dim]`, `x_t` `[B,T,A]`, `t` `[B,1]`. It is not trained: it exists to prove
-/// that images and instructions reach a network through reflex exactly as specified.
-pub fn build_tiny_vla(v: &TinyVla, seed: u64) -> Vec<u8> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut rnd = |n: usize, scale: f32| -> Vec<f32> {
-        (0..n)
-            .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale)
-            .collect()
-    };
-    let mut g = Graph::new();
-    let s = v.image as i64;
-    let (t, a) = (v.chunk_len as i64, v.action_dim as i64);
-    let image = g.input(
-        "image",
-        Elem::F32,
-        vec![batch(), Dim::Fixed(3), Dim::Fixed(s), Dim::Fixed(s)],
-    );
-    let tokens = g.input(
-        "tokens",
-        Elem::I64,
-        vec![batch(), Dim::Fixed(v.max_len as i64)],
-    );
-    let state = g.input(
-        "state",
-        Elem::F32,
-        vec![batch(), Dim::Fixed(v.state_dim as i64)],
-    );
-    let x_t = g.input(
-        "x_t",
-        Elem::F32,
-        vec![batch(), Dim::Fixed(t), Dim::Fixed(a)],
-    );
-    let time = g.input("t", Elem::F32, vec![batch(), Dim::Fixed(1)]);
-    // Vision: 4x4 patches -> 8 channels -> ReLU -> global average.
-    let wconv = g.constant("conv_w", &[8, 3, 4, 4], &rnd(8 * 3 * 16, 0.3));
-    let bconv = g.constant("conv_b", &[8], &rnd(8, 0.1));
-    let conv = g.op(
-        "Conv",
-        &[&image, &wconv, &bconv],
-        vec![
-            ("kernel_shape", Attr::Ints(vec![4, 4])),
-            ("strides", Attr::Ints(vec![4, 4])),
-        ],
-    );
-    let relu = g.op("Relu", &[&conv], vec![]);
-    let pooled = g.op("GlobalAveragePool", &[&relu], vec![]);
-    let vis = g.op("Flatten", &[&pooled], vec![("axis", Attr::Int(1))]);
-    // Language: embedding lookup, mean over the sequence.
-    let table = g.constant("embed", &[v.vocab as i64, 8], &rnd(v.vocab * 8, 1.0));
-    let emb = g.op("Gather", &[&table, &tokens], vec![("axis", Attr::Int(0))]);
-    let lang = g.op(
-        "ReduceMean",
-        &[&emb],
-        vec![("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(0))],
-    );
-    // Time embedding and the noisy chunk.
-    let freqs: Vec<f32> = (0..8)
-        .map(|i| (-(10000f32).ln() * i as f32 / 8.0).exp())
-        .collect();
-    let fr = g.constant("freqs", &[1, 8], &freqs);
-    let tf = g.op("MatMul", &[&time, &fr], vec![]);
-    let (sin, cos) = (g.op("Sin", &[&tf], vec![]), g.op("Cos", &[&tf], vec![]));
-    let xf = g.reshape(&x_t, &[-1, t * a]);
-    let h0 = g.concat(&[&vis, &lang, &state, &xf, &sin, &cos], 1);
-    let n_in = 8 + 8 + v.state_dim + (t * a) as usize + 16;
-    let hid = 64;
-    let w1 = rnd(n_in * hid, 1.0 / (n_in as f32).sqrt());
-    let b1 = rnd(hid, 0.1);
-    let h1 = g.linear(&h0, &w1, &b1, n_in, hid);
-    let h1 = g.silu(&h1);
-    let w2 = rnd(hid * (t * a) as usize, 1.0 / (hid as f32).sqrt());
-    let b2 = rnd((t * a) as usize, 0.1);
-    let out = g.linear(&h1, &w2, &b2, hid, (t * a) as usize);
-    let out = g.reshape(&out, &[-1, t, a]);
-    g.output(
-        &out,
-        "velocity",
-        Elem::F32,
-        vec![batch(), Dim::Fixed(t), Dim::Fixed(a)],
-    );
-    g.to_bytes("tiny_vla", "reflex")
 }
 
 #[cfg(test)]

@@ -21,6 +21,18 @@ pub trait Clock: Send {
     fn is_wall(&self) -> bool;
 }
 
+impl<C: Clock + ?Sized> Clock for Box<C> {
+    fn now(&self) -> Duration {
+        (**self).now()
+    }
+    fn sleep_until(&mut self, deadline: Duration) -> Duration {
+        (**self).sleep_until(deadline)
+    }
+    fn is_wall(&self) -> bool {
+        (**self).is_wall()
+    }
+}
+
 /// Wall time with a precise wake-up: the thread sleeps until `spin` before the deadline, then
 /// spins. The timer slack of the thread is set to 1 ns so the kernel does not batch its wake-up
 /// (Linux's default slack is 50 us).

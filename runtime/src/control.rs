@@ -221,6 +221,55 @@ pub struct EpisodeSummary {
     pub intervention_steps: u32,
     /// Ended by a person's label or reset rather than by the robot.
     pub labelled: bool,
+    /// Ended by the robot's time limit.
+    pub truncated: bool,
+    /// FNV-1a hash of the bits of every state, action, next state and reward of the episode, in
+    /// order: two runs with equal digests saw bit-identical episodes.
+    pub digest: u64,
+}
+
+/// FNV-1a offset basis: the digest of an empty episode.
+pub const DIGEST_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Folds the bit patterns of `xs` into an FNV-1a hash (no allocation).
+pub fn digest_f32(mut h: u64, xs: &[f32]) -> u64 {
+    for x in xs {
+        for b in x.to_bits().to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// What a person asked for in one tick.
+#[derive(Clone, Copy, Debug, Default)]
+struct PersonInput {
+    /// `Some(true)`: success, `Some(false)`: failure.
+    label: Option<bool>,
+    /// A reset.
+    reset: bool,
+}
+
+/// The part of the observation that closes a step (state, reward, end flags), copied without
+/// the images.
+#[derive(Clone, Debug, Default)]
+struct StepOutcome {
+    state: Vec<f32>,
+    reward: f32,
+    terminated: bool,
+    truncated: bool,
+    success: bool,
+}
+
+impl StepOutcome {
+    fn copy_from(&mut self, o: &Observation) {
+        self.state.clone_from(&o.state);
+        self.reward = o.reward;
+        self.terminated = o.terminated;
+        self.truncated = o.truncated;
+        self.success = o.success;
+    }
 }
 
 /// Errors that stop the loop.
@@ -264,6 +313,9 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     status: Option<Writer<LoopStatus>>,
     spec: RobotSpec,
     obs: Observation,
+    after: StepOutcome,
+    step_open: bool,
+    open_tr: Option<Box<crate::outbox::Transition>>,
     base: Vec<f32>,
     res: Vec<f32>,
     action: Vec<f32>,
@@ -291,10 +343,142 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     estop_flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
+/// Builds a [`ControlLoop`]: `ControlLoop::builder(robot, clock).policy(driver).seed(7).build()`.
+pub struct ControlLoopBuilder<R: Robot, C: Clock> {
+    robot: R,
+    clock: C,
+    cfg: Option<LoopConfig>,
+    safety: SafetyConfig,
+    driver: PolicyDriver,
+    chain: Option<Chain>,
+    seed: u64,
+    residual: Option<Box<dyn ResidualHook>>,
+    swap_at_episode: bool,
+    teleop: Option<TeleopReader>,
+    outbox: Option<OutboxSender>,
+    frames: Option<(OutboxSender<Frames>, u32)>,
+    status: Option<Writer<LoopStatus>>,
+    estop_flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl<R: Robot, C: Clock> ControlLoopBuilder<R, C> {
+    /// Rate, chunk handling, real-time settings (default: the robot's rate, clamped to
+    /// 10-1000 Hz, and the defaults of [`LoopConfig`]).
+    pub fn config(mut self, cfg: LoopConfig) -> Self {
+        self.cfg = Some(cfg);
+        self
+    }
+
+    /// The safety layer's limits (default: [`SafetyConfig::default`]).
+    pub fn safety(mut self, safety: SafetyConfig) -> Self {
+        self.safety = safety;
+        self
+    }
+
+    /// How the base policy runs (default: none, the loop holds unless a person drives).
+    pub fn policy(mut self, driver: PolicyDriver) -> Self {
+        self.driver = driver;
+        self
+    }
+
+    /// The arm's kinematics: enables the workspace check for joint action spaces.
+    pub fn chain(mut self, chain: Option<Chain>) -> Self {
+        self.chain = chain;
+        self
+    }
+
+    /// Seed of the sequence of episode seeds (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// A residual added to the base action; `swap_at_episode` takes new weights only as an
+    /// episode starts (otherwise at any step).
+    pub fn residual(mut self, hook: Box<dyn ResidualHook>, swap_at_episode: bool) -> Self {
+        self.residual = Some(hook);
+        self.swap_at_episode = swap_at_episode;
+        self
+    }
+
+    /// A person's input.
+    pub fn teleop(mut self, reader: TeleopReader) -> Self {
+        self.teleop = Some(reader);
+        self
+    }
+
+    /// Where every step goes (recorder, bus, learner).
+    pub fn outbox(mut self, outbox: OutboxSender) -> Self {
+        self.outbox = Some(outbox);
+        self
+    }
+
+    /// Camera frames of every `every`-th step (nothing for robots without cameras).
+    pub fn frames(mut self, frames: OutboxSender<Frames>, every: u32) -> Self {
+        self.frames = Some((frames, every.max(1)));
+        self
+    }
+
+    /// Status snapshots.
+    pub fn status(mut self, writer: Writer<LoopStatus>) -> Self {
+        self.status = Some(writer);
+        self
+    }
+
+    /// A flag another thread sets to latch the emergency stop.
+    pub fn estop_flag(mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.estop_flag = Some(flag);
+        self
+    }
+
+    /// Checks the settings against the robot and builds the loop.
+    pub fn build(self) -> Result<ControlLoop<R, C>, LoopError> {
+        let hz = self.robot.spec().control_hz;
+        let cfg = self
+            .cfg
+            .unwrap_or_else(|| LoopConfig::at(hz.clamp(10.0, 1000.0)));
+        let mut lp = ControlLoop::new(
+            self.robot,
+            self.clock,
+            cfg,
+            self.safety,
+            self.driver,
+            self.chain,
+            self.seed,
+        )?;
+        lp.residual = self.residual;
+        lp.swap_at_episode = self.swap_at_episode;
+        lp.teleop = self.teleop;
+        lp.outbox = self.outbox;
+        lp.frames = self.frames;
+        lp.status = self.status;
+        lp.estop_flag = self.estop_flag;
+        Ok(lp)
+    }
+}
+
 impl<R: Robot, C: Clock> ControlLoop<R, C> {
-    /// Builds a loop. `chain` (the arm's kinematics) enables the workspace check for joint action
-    /// spaces. `seed` fixes the sequence of episode seeds.
-    pub fn new(
+    /// A builder for a loop driving `robot` on `clock`; everything else has a default.
+    pub fn builder(robot: R, clock: C) -> ControlLoopBuilder<R, C> {
+        ControlLoopBuilder {
+            robot,
+            clock,
+            cfg: None,
+            safety: SafetyConfig::default(),
+            driver: PolicyDriver::None,
+            chain: None,
+            seed: 0,
+            residual: None,
+            swap_at_episode: false,
+            teleop: None,
+            outbox: None,
+            frames: None,
+            status: None,
+            estop_flag: None,
+        }
+    }
+
+    fn new(
         robot: R,
         clock: C,
         cfg: LoopConfig,
@@ -333,6 +517,12 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 state: vec![0.0; spec.state_dim()],
                 ..Default::default()
             },
+            after: StepOutcome {
+                state: vec![0.0; spec.state_dim()],
+                ..Default::default()
+            },
+            step_open: false,
+            open_tr: None,
             base: vec![0.0; dim],
             res: vec![0.0; dim],
             action: vec![0.0; dim],
@@ -367,47 +557,17 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         })
     }
 
-    /// Adds the residual hook.
-    pub fn set_residual(&mut self, r: Box<dyn ResidualHook>) {
-        self.residual = Some(r);
-    }
-
-    /// Adds a teleop input.
-    pub fn set_teleop(&mut self, t: TeleopReader) {
-        self.teleop = Some(t);
-    }
-
-    /// Adds the outbox.
-    pub fn set_outbox(&mut self, o: OutboxSender) {
-        self.outbox = Some(o);
-    }
-
-    /// Takes new residual weights only as an episode starts (`true`), or at any step (`false`,
-    /// the default).
-    pub fn set_residual_swap_at_episode(&mut self, on: bool) {
-        self.swap_at_episode = on;
-    }
-
-    /// Adds a camera-frame outbox: the observation's images every `every`-th step (and the first
-    /// of each episode). Nothing is sent for robots without cameras.
-    pub fn set_frames(&mut self, f: OutboxSender<Frames>, every: u32) {
-        self.frames = Some((f, every.max(1)));
-    }
-
-    /// Adds a status snapshot writer.
-    pub fn set_status(&mut self, w: Writer<LoopStatus>) {
-        self.status = Some(w);
+    /// The residual samples around the learner's action (`true`, training) or takes its mean
+    /// (`false`, evaluation); from the next step on.
+    pub fn set_residual_explore(&mut self, on: bool) {
+        if let Some(r) = &mut self.residual {
+            r.set_explore(on);
+        }
     }
 
     /// Latches the emergency stop (e.g. from an `estop` event on the bus).
     pub fn estop(&mut self) {
         self.safety.estop();
-    }
-
-    /// A flag another thread sets to latch the emergency stop (checked every tick, never waited
-    /// on); the loop clears it when it starts the next episode.
-    pub fn set_estop_flag(&mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
-        self.estop_flag = Some(flag);
     }
 
     /// The robot.
@@ -481,9 +641,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         if let PolicyDriver::Inline { policy, .. } = &mut self.driver {
             policy.reset();
         }
+        self.step_open = false;
         self.episode = EpisodeSummary {
             episode: self.obs.episode,
             seed: Some(seed),
+            digest: DIGEST_START,
             ..Default::default()
         };
         self.started = true;
@@ -560,15 +722,52 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     }
 
     /// Runs one tick: waits for its deadline, then observes, decides, filters and commands.
+    ///
+    /// Which observation closes a step depends on how the robot advances (docs/runtime.md):
+    /// - lockstep (`RobotSpec::lockstep`, simulators): the robot's answer to this tick's command,
+    ///   read at once; an episode that ends there restarts at the end of the tick;
+    /// - free-running (hardware, real-time servers): the newest observation at the start of the
+    ///   next tick, the same one the next action is chosen from. A tick that closes an episode
+    ///   (task end, a person's label or reset) resets the robot and commands nothing.
     pub fn step(&mut self) -> Result<(), LoopError> {
         if !self.started {
             self.start_episode()?;
         }
         let deadline = self.schedule.deadline();
-        let woke = self.clock.sleep_until(deadline);
-        let lateness = woke.saturating_sub(deadline);
-        let t = woke;
+        let t = self.clock.sleep_until(deadline);
+        let lateness = t.saturating_sub(deadline);
+        self.check_estop();
+        self.read_observation(t)?;
+        let person = self.read_teleop(t);
+        if !self.spec.lockstep && self.close_free_running(person)? {
+            self.finish_tick(t, lateness);
+            return Ok(());
+        }
+        self.push_chunk();
+        self.maybe_request(t);
+        self.chunks.expire(t);
+        let mut source = self.choose_action(t);
+        self.since_chunk += 1;
+        let verdict = self.apply_safety(t);
+        if verdict.held {
+            source = Source::Hold;
+        }
+        self.robot.command(&self.action)?;
+        self.episode.steps += 1;
+        self.open_step(t, lateness, source, verdict.flags);
+        if self.spec.lockstep {
+            let after = self.robot.observe()?;
+            self.after.copy_from(after);
+            let done = self.close_step(person);
+            self.finish_tick(t, lateness);
+            self.end_if(person, done)?;
+        } else {
+            self.finish_tick(t, lateness);
+        }
+        Ok(())
+    }
 
+    fn check_estop(&mut self) {
         if let Some(f) = &self.estop_flag
             && f.load(std::sync::atomic::Ordering::Relaxed)
             && !self.safety.estopped()
@@ -576,8 +775,9 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             tracing::warn!("emergency stop: holding until the next episode");
             self.safety.estop();
         }
+    }
 
-        // Observe.
+    fn read_observation(&mut self, t: Duration) -> Result<(), LoopError> {
         let o = self.robot.observe()?;
         self.obs.copy_from(o);
         let k = (
@@ -590,46 +790,74 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.last_obs_key = k;
             self.last_obs_change = t;
         }
+        Ok(())
+    }
 
-        // A person's input: takeover, hand-back, labels.
-        let mut label: Option<bool> = None;
-        let mut reset_requested = false;
-        if let Some(tr) = &mut self.teleop {
-            if tr.update() {
-                let m = tr.get();
-                if !self.teleop_seen || m.seq != self.teleop_seq {
-                    self.teleop_seen = true;
-                    self.teleop_seq = m.seq;
-                    self.last_teleop_change = t;
-                    if m.success {
-                        label = Some(true);
-                    } else if m.failure {
-                        label = Some(false);
-                    }
-                    reset_requested = m.reset;
+    /// A person's input: takeover, hand-back, labels, reset requests.
+    fn read_teleop(&mut self, t: Duration) -> PersonInput {
+        let mut input = PersonInput::default();
+        let Some(tr) = &mut self.teleop else {
+            return input;
+        };
+        if tr.update() {
+            let m = tr.get();
+            if !self.teleop_seen || m.seq != self.teleop_seq {
+                self.teleop_seen = true;
+                self.teleop_seq = m.seq;
+                self.last_teleop_change = t;
+                if m.success {
+                    input.label = Some(true);
+                } else if m.failure {
+                    input.label = Some(false);
                 }
+                input.reset = m.reset;
             }
-            let want = self.teleop_seen && tr.get().intervene;
-            if want && !self.intervening {
-                self.episode.interventions += 1;
-            }
-            if !want && self.intervening {
-                // Hand-back: chunks computed before the takeover describe a state that is gone.
-                self.chunks.clear();
-                self.generation += 1;
-                self.request_pending = false;
-                self.last_policy_ok = t;
-            }
-            self.intervening = want;
         }
+        let want = self.teleop_seen && tr.get().intervene;
+        if want && !self.intervening {
+            self.episode.interventions += 1;
+        }
+        if !want && self.intervening {
+            // Hand-back: chunks computed before the takeover describe a state that is gone.
+            self.chunks.clear();
+            self.generation += 1;
+            self.request_pending = false;
+            self.last_policy_ok = t;
+        }
+        self.intervening = want;
+        input
+    }
 
-        // Chunks.
-        self.push_chunk();
-        self.maybe_request(t);
-        self.chunks.expire(t);
+    /// Free-running robots: the newest observation closes the step left open by the last tick.
+    /// Returns `true` when the episode ended (the robot has been reset).
+    fn close_free_running(&mut self, person: PersonInput) -> Result<bool, LoopError> {
+        let done = if self.step_open {
+            self.after.copy_from(&self.obs);
+            self.close_step(person)
+        } else {
+            false
+        };
+        let ends = done || person.label.is_some() || person.reset;
+        self.end_if(person, done)?;
+        Ok(ends)
+    }
 
-        // Choose.
-        let mut source;
+    fn end_if(&mut self, person: PersonInput, done: bool) -> Result<(), LoopError> {
+        if let Some(s) = person.label {
+            self.end_episode(s, true)
+        } else if person.reset {
+            self.end_episode(false, true)
+        } else if done {
+            let success = self.after.success;
+            self.episode.truncated = self.after.truncated && !self.after.terminated;
+            self.end_episode(success, false)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A person's command, else the chunk's action plus the residual, else hold.
+    fn choose_action(&mut self, t: Duration) -> Source {
         if self.intervening {
             let m = self
                 .teleop
@@ -643,36 +871,36 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             }
             self.base.fill(0.0);
             self.res.fill(0.0);
-            source = Source::Teleop;
             self.stats.teleop_steps += 1;
             self.episode.intervention_steps += 1;
-        } else if let Some(b) = self.chunks.action_at(t, &mut self.base) {
-            self.chunk_age = b.age;
-            self.last_policy_ok = t;
-            if let Some(r) = &mut self.residual {
-                // New weights at any step, or only as an episode starts.
-                if !self.swap_at_episode || self.obs.step == 0 || self.stats.residual_version == 0 {
-                    self.stats.residual_version = r.refresh();
-                }
-                r.residual(&self.obs.state, &self.base, &mut self.res);
-            } else {
-                self.res.fill(0.0);
-            }
-            let a = &self.spec.action;
-            for i in 0..self.action.len() {
-                self.action[i] = (self.base[i] + self.res[i]).clamp(a.low[i], a.high[i]);
-            }
-            source = Source::Policy;
-        } else {
+            return Source::Teleop;
+        }
+        let Some(b) = self.chunks.action_at(t, &mut self.base) else {
             self.robot.hold_action(&mut self.action);
             self.base.fill(0.0);
             self.res.fill(0.0);
-            source = Source::Hold;
             self.stats.holds_no_chunk += 1;
+            return Source::Hold;
+        };
+        self.chunk_age = b.age;
+        self.last_policy_ok = t;
+        if let Some(r) = &mut self.residual {
+            // New weights at any step, or only as an episode starts.
+            if !self.swap_at_episode || self.obs.step == 0 || self.stats.residual_version == 0 {
+                self.stats.residual_version = r.refresh();
+            }
+            r.residual(&self.obs.state, &self.base, &mut self.res);
+        } else {
+            self.res.fill(0.0);
         }
-        self.since_chunk += 1;
+        let a = &self.spec.action;
+        for i in 0..self.action.len() {
+            self.action[i] = (self.base[i] + self.res[i]).clamp(a.low[i], a.high[i]);
+        }
+        Source::Policy
+    }
 
-        // Safety.
+    fn apply_safety(&mut self, t: Duration) -> crate::safety::Verdict {
         self.robot.hold_action(&mut self.hold);
         let ee = self.ee_field.as_ref().map(|r| {
             let s = &self.obs.state[r.clone()];
@@ -691,21 +919,61 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 .intervening
                 .then(|| t.saturating_sub(self.last_teleop_change)),
         };
-        let verdict = self.safety.filter(&mut self.action, &self.hold, &input);
-        if verdict.held {
-            source = Source::Hold;
+        self.safety.filter(&mut self.action, &self.hold, &input)
+    }
+
+    /// The first half of a step's record, known once the action is sent: the state it was chosen
+    /// in, who chose it, how the loop fared; and the camera frames of that state.
+    fn open_step(&mut self, t: Duration, lateness: Duration, source: Source, flags: u32) {
+        self.step_open = true;
+        self.episode.digest = digest_f32(self.episode.digest, &self.obs.state);
+        self.episode.digest = digest_f32(self.episode.digest, &self.action);
+        self.send_frames(t);
+        let Some(ob) = &mut self.outbox else { return };
+        // A slot left from a step that never closed (the run stopped) is reused.
+        let Some(mut tr) = self.open_tr.take().or_else(|| ob.slot()) else {
+            return;
+        };
+        tr.episode = self.obs.episode;
+        tr.step = self.obs.step;
+        tr.t = t;
+        tr.obs.clone_from(&self.obs.state);
+        tr.base.copy_from_slice(&self.base);
+        tr.residual.copy_from_slice(&self.res);
+        tr.action.copy_from_slice(&self.action);
+        tr.source = source;
+        tr.safety_flags = flags;
+        tr.lateness = lateness;
+        tr.chunk_age = self.chunk_age;
+        tr.policy_latency = self.policy_latency;
+        self.open_tr = Some(tr);
+    }
+
+    /// The second half, from the observation that closes the step (`self.after`): reward, end of
+    /// episode, next state; the whole transition goes to the outbox. Returns whether the episode
+    /// is over by the task.
+    fn close_step(&mut self, person: PersonInput) -> bool {
+        self.step_open = false;
+        let a = &self.after;
+        self.episode.ret += a.reward;
+        self.episode.digest = digest_f32(self.episode.digest, &a.state);
+        self.episode.digest = digest_f32(self.episode.digest, &[a.reward]);
+        let done = a.terminated || a.truncated;
+        if let (Some(ob), Some(mut tr)) = (&mut self.outbox, self.open_tr.take()) {
+            tr.next_obs.clone_from(&a.state);
+            tr.reward = a.reward;
+            tr.terminated = a.terminated;
+            tr.truncated = a.truncated;
+            tr.success = a.success;
+            tr.label = person.label;
+            tr.reset_requested = person.reset;
+            ob.send(tr);
         }
+        done
+    }
 
-        // Command.
-        self.robot.command(&self.action)?;
-
-        // The observation that follows the command: reward, end of episode, next state.
-        self.episode.steps += 1;
-        let after = self.robot.observe()?;
-        let (done, success, reward) = (after.done(), after.success, after.reward);
-        self.episode.ret += reward;
-
-        // Camera frames of the state the action was chosen in, ahead of the step's transition.
+    /// Camera frames of the state the action was chosen in, ahead of the step's transition.
+    fn send_frames(&mut self, t: Duration) {
         if let Some((fo, every)) = &mut self.frames
             && !self.obs.images.is_empty()
             && self.obs.step.is_multiple_of(*every)
@@ -724,33 +992,9 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             }
             fo.send(f);
         }
-        // Outbox: the whole step (s, a, r, s', done), with who acted and how the loop fared.
-        if let Some(ob) = &mut self.outbox
-            && let Some(mut tr) = ob.slot()
-        {
-            tr.episode = self.obs.episode;
-            tr.step = self.obs.step;
-            tr.t = t;
-            tr.obs.clone_from(&self.obs.state);
-            tr.base.copy_from_slice(&self.base);
-            tr.residual.copy_from_slice(&self.res);
-            tr.action.copy_from_slice(&self.action);
-            tr.source = source;
-            tr.next_obs.clone_from(&after.state);
-            tr.reward = reward;
-            tr.terminated = after.terminated;
-            tr.truncated = after.truncated;
-            tr.success = success;
-            tr.safety_flags = verdict.flags;
-            tr.lateness = lateness;
-            tr.chunk_age = self.chunk_age;
-            tr.policy_latency = self.policy_latency;
-            tr.label = label;
-            tr.reset_requested = reset_requested;
-            ob.send(tr);
-        }
+    }
 
-        // Timing.
+    fn finish_tick(&mut self, t: Duration, lateness: Duration) {
         let end = self.clock.now();
         self.stats.lateness.record(lateness);
         self.stats.step.record(end.saturating_sub(t));
@@ -759,15 +1003,6 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         self.stats.missed += next.missed;
         self.stats.overruns += next.overrun as u64;
         self.publish_status(end);
-
-        if let Some(s) = label {
-            self.end_episode(s, true)?;
-        } else if reset_requested {
-            self.end_episode(false, true)?;
-        } else if done {
-            self.end_episode(success, false)?;
-        }
-        Ok(())
     }
 
     fn publish_status(&mut self, now: Duration) {

@@ -6,6 +6,7 @@
 //! no free buffer is available and the loop drops the transition and counts it: the loop never
 //! waits and never allocates.
 
+use crate::msg::{PROTOCOL_VERSION, StepTrace, WireStep};
 use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,6 +103,81 @@ impl Transition {
             residual: vec![0.0; action_dim],
             action: vec![0.0; action_dim],
             ..Default::default()
+        }
+    }
+}
+
+impl Transition {
+    /// The learner's view of this step, written into `w` reusing its buffers.
+    pub fn to_wire(&self, w: &mut WireStep) {
+        w.episode = self.episode;
+        w.step = self.step;
+        w.obs.clone_from(&self.obs);
+        w.next_obs.clone_from(&self.next_obs);
+        w.base.clone_from(&self.base);
+        w.action.clone_from(&self.action);
+        w.teleop = self.source == Source::Teleop;
+        w.reward = self.reward;
+        w.terminated = self.terminated;
+        w.truncated = self.truncated;
+        w.success = self.success;
+        w.label = self.label;
+        w.reset = self.reset_requested;
+    }
+
+    /// The trace of this step for `reflex viz`, written into `m` reusing its buffers.
+    pub fn to_trace(&self, m: &mut StepTrace) {
+        let (t, s) = (self, m);
+        s.v = PROTOCOL_VERSION;
+        s.episode = t.episode;
+        s.step = t.step;
+        s.t_ns = t.t.as_nanos() as u64;
+        s.state.clone_from(&t.obs);
+        s.base.clone_from(&t.base);
+        s.residual.clone_from(&t.residual);
+        s.action.clone_from(&t.action);
+        s.source.clear();
+        s.source.push_str(t.source.name());
+        s.reward = t.reward;
+        s.terminated = t.terminated;
+        s.truncated = t.truncated;
+        s.success = t.success;
+        s.label = t.label;
+        s.reset = t.reset_requested;
+        s.safety_flags = t.safety_flags;
+        s.lateness_us = (t.lateness.as_secs_f64() * 1e6) as f32;
+        s.chunk_age_ms = (t.chunk_age.as_secs_f64() * 1e3) as f32;
+        s.policy_latency_ms = (t.policy_latency.as_secs_f64() * 1e3) as f32;
+    }
+
+    /// The transition a trace describes (the next state is not carried: it is the state).
+    pub fn from_trace(m: &StepTrace) -> Transition {
+        let s = m;
+        let secs = |x: f32| Duration::from_secs_f64(x.max(0.0) as f64);
+        Transition {
+            episode: s.episode,
+            step: s.step,
+            t: Duration::from_nanos(s.t_ns),
+            obs: s.state.clone(),
+            next_obs: s.state.clone(),
+            base: s.base.clone(),
+            residual: s.residual.clone(),
+            action: s.action.clone(),
+            source: match s.source.as_str() {
+                "teleop" => Source::Teleop,
+                "hold" => Source::Hold,
+                _ => Source::Policy,
+            },
+            reward: s.reward,
+            terminated: s.terminated,
+            truncated: s.truncated,
+            success: s.success,
+            label: s.label,
+            reset_requested: s.reset,
+            safety_flags: s.safety_flags,
+            lateness: secs(s.lateness_us / 1e6),
+            chunk_age: secs(s.chunk_age_ms / 1e3),
+            policy_latency: secs(s.policy_latency_ms / 1e3),
         }
     }
 }

@@ -10,6 +10,9 @@ pub trait ResidualHook: Send {
     fn residual(&mut self, obs: &[f32], base: &[f32], out: &mut [f32]);
     /// Takes new weights if some were published; returns the version in use.
     fn refresh(&mut self) -> u64;
+    /// Samples around the learner's action (training) or takes its mean (evaluation). Hooks
+    /// without exploration ignore it.
+    fn set_explore(&mut self, _on: bool) {}
 }
 
 /// Versioned weights as published by a learner.

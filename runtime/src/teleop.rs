@@ -4,11 +4,8 @@
 //! for `reflex/<robot>/teleop`) writes with a [`TeleopWriter`]; the loop reads with a
 //! [`TeleopReader`] and never waits.
 
-use crate::bus::Keys;
 use crate::msg::{self, TeleopMsg};
 use crate::triple::{Reader, Writer, triple};
-use std::sync::{Arc, Mutex};
-use zenoh::Wait;
 
 /// The device side.
 pub struct TeleopWriter(Writer<TeleopMsg>);
@@ -50,28 +47,4 @@ impl TeleopReader {
     pub fn get(&self) -> &TeleopMsg {
         self.0.get()
     }
-}
-
-/// Feeds `reflex/<robot>/teleop` from the bus into a teleop channel. Keep the returned
-/// subscriber alive as long as the loop should listen.
-pub fn subscribe(
-    session: &zenoh::Session,
-    keys: &Keys,
-    writer: TeleopWriter,
-) -> Result<zenoh::pubsub::Subscriber<()>, zenoh::Error> {
-    let key = keys.teleop.clone();
-    let writer = Arc::new(Mutex::new(writer));
-    session
-        .declare_subscriber(keys.teleop.clone())
-        .callback(move |sample| {
-            match msg::decode::<TeleopMsg>(&key, &sample.payload().to_bytes()) {
-                Ok(m) => {
-                    if let Ok(mut w) = writer.lock() {
-                        w.send(&m);
-                    }
-                }
-                Err(e) => tracing::warn!("{e}"),
-            }
-        })
-        .wait()
 }

@@ -27,17 +27,9 @@ impl NullRobot {
     /// episodes.
     pub fn new(name: &str, state_dim: usize, episode_steps: u32) -> Self {
         assert!(state_dim >= 3);
-        let mut state = vec![StateField {
-            name: "ee_pos".into(),
-            size: 3,
-            unit: "m".into(),
-        }];
+        let mut state = vec![StateField::new("ee_pos", 3, "m")];
         if state_dim > 3 {
-            state.push(StateField {
-                name: "rest".into(),
-                size: (state_dim - 3) as u32,
-                unit: "".into(),
-            });
+            state.push(StateField::new("rest", (state_dim - 3) as u32, ""));
         }
         let spec = RobotSpec {
             v: PROTOCOL_VERSION,
@@ -60,6 +52,7 @@ impl NullRobot {
             cameras: vec![],
             joints: vec![],
             max_episode_steps: episode_steps,
+            scene: None,
         };
         let mut obs = Observation {
             v: PROTOCOL_VERSION,

@@ -6,11 +6,25 @@ The environment answers the reflex robot protocol (docs/protocol.md) under `refl
 `reflex/<robot>/alive/robot`. reflex (or anything else that speaks the protocol) can then drive it
 exactly like the built-in simulator or a real arm:
 
-    python sim/python/reflex_gym_bridge.py --env Pendulum-v1 --robot pendulum \
+    python sim/python/reflex_gym_bridge.py --env Pendulum-v1 --robot pendulum \\
         --listen tcp/127.0.0.1:7447 --no-multicast
 
+Environments a package registers are named `module:EnvId` (gymnasium imports the module first),
+and `--env-kwargs '{"key": value}'` goes to the environment's constructor.
+
+What the spec says about the environment (docs/sim.md, "Bring your own simulator"):
+- a Box observation becomes one state field `obs` with the Box's bounds (infinite where the Box
+  is unbounded); a Dict observation becomes one state field per key, in the Dict's order, and
+  every HxWx3 uint8 Box in it becomes a camera of that name instead;
+- the action space must be a bounded Box;
+- success is read from `info` under the first of `--success-key` (default: is_success, success,
+  succeed) that is present;
+- `--intervention-key K`: when `info[K]` holds an action, a person (the environment's own
+  teleoperation) is driving: the bridge publishes it on `reflex/<robot>/teleop` as a takeover
+  (before the observation it came with, so the actor's next command is the person's), and hands
+  back when the key disappears.
+
 Requirements: gymnasium, eclipse-zenoh (same version as reflex's zenoh crate), msgpack, numpy.
-Observations are flattened to one float32 vector; actions must be a gymnasium `Box`.
 """
 
 import argparse
@@ -25,6 +39,7 @@ import numpy as np
 import zenoh
 
 PROTOCOL_VERSION = 1
+DEFAULT_SUCCESS_KEYS = ["is_success", "success", "succeed"]
 
 
 def pack(msg):
@@ -32,16 +47,83 @@ def pack(msg):
     return msgpack.packb(msg, use_single_float=True)
 
 
-def flatten(space, obs):
-    return [float(x) for x in np.asarray(gym.spaces.flatten(space, obs), dtype=np.float32).ravel()]
+def is_image(space):
+    return (
+        isinstance(space, gym.spaces.Box)
+        and space.dtype == np.uint8
+        and len(space.shape) == 3
+        and space.shape[2] == 3
+    )
 
 
-def make_spec(env, robot, env_id):
+def f32_list(a):
+    return [float(x) for x in np.asarray(a, dtype=np.float32).ravel()]
+
+
+def bounds(space):
+    """Lower and upper bounds of a flattened space (infinite where unbounded)."""
+    flat = gym.spaces.flatten_space(space)
+    return f32_list(flat.low), f32_list(flat.high)
+
+
+class Layout:
+    """How an observation maps to reflex's state vector and cameras."""
+
+    def __init__(self, space, env_id):
+        self.fields = []  # (key or None, space)
+        self.cameras = []  # (key, space)
+        self.whole_image = is_image(space)
+        if isinstance(space, gym.spaces.Dict):
+            for key, sub in space.spaces.items():
+                if is_image(sub):
+                    self.cameras.append((key, sub))
+                else:
+                    self.fields.append((key, sub))
+        elif is_image(space):
+            self.cameras.append(("image", space))
+        else:
+            self.fields.append((None, space))
+        self.env_id = env_id
+
+    def spec_fields(self):
+        out = []
+        for key, sub in self.fields:
+            low, high = bounds(sub)
+            out.append({
+                "name": key or "obs",
+                "size": len(low),
+                "unit": f"{self.env_id} observation" + (f" `{key}`" if key else "") + ", flattened",
+                "low": low,
+                "high": high,
+            })
+        return out
+
+    def spec_cameras(self):
+        return [{"name": k, "width": int(s.shape[1]), "height": int(s.shape[0])} for k, s in self.cameras]
+
+    def state(self, obs):
+        out = []
+        for key, sub in self.fields:
+            value = obs if key is None else obs[key]
+            out.extend(f32_list(gym.spaces.flatten(sub, value)))
+        return out
+
+    def images(self, obs):
+        out = []
+        for key, sub in self.cameras:
+            img = np.ascontiguousarray(obs if self.whole_image else obs[key], dtype=np.uint8)
+            out.append({"camera": key, "width": int(sub.shape[1]), "height": int(sub.shape[0]),
+                        "encoding": "rgb8", "data": img.tobytes()})
+        return out
+
+
+def make_spec(env, robot, env_id, layout):
     act = env.action_space
     if not isinstance(act, gym.spaces.Box):
         raise SystemExit(f"{env_id}: action space {act} is not a gymnasium Box; reflex drives continuous actions")
-    n_obs = int(gym.spaces.flatdim(env.observation_space))
-    n_act = int(np.prod(act.shape))
+    low, high = f32_list(act.low), f32_list(act.high)
+    if not all(np.isfinite(low)) or not all(np.isfinite(high)):
+        raise SystemExit(f"{env_id}: the action Box {act} is unbounded; reflex needs finite action bounds")
     max_steps = env.spec.max_episode_steps if env.spec is not None and env.spec.max_episode_steps else 0
     return {
         "v": PROTOCOL_VERSION,
@@ -49,33 +131,42 @@ def make_spec(env, robot, env_id):
         "kind": f"gym/{env_id}",
         "control_hz": float(env.metadata.get("render_fps", 30) or 30),
         "lockstep": True,
-        "state": [{"name": "obs", "size": n_obs, "unit": f"{env_id} observation, flattened"}],
+        "state": layout.spec_fields(),
         "action": {
             "kind": "box",
-            "names": [f"a{i}" for i in range(n_act)],
-            "low": [float(x) for x in np.asarray(act.low, dtype=np.float32).ravel()],
-            "high": [float(x) for x in np.asarray(act.high, dtype=np.float32).ravel()],
+            "names": [f"a{i}" for i in range(len(low))],
+            "low": low,
+            "high": high,
         },
-        "cameras": [],
+        "cameras": layout.spec_cameras(),
         "joints": [],
         "max_episode_steps": int(max_steps),
     }
 
 
-def main():
+def success_of(info, keys):
+    for k in keys:
+        if k in info:
+            return bool(np.asarray(info[k]).item())
+    return False
+
+
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", required=True, help="Gymnasium environment id, e.g. Pendulum-v1")
+    p.add_argument("--env", required=True, help="Gymnasium environment id, e.g. Pendulum-v1 or my_pkg:MyEnv-v0")
     p.add_argument("--robot", required=True, help="robot name: keys are reflex/<robot>/...")
+    p.add_argument("--env-kwargs", default="{}", help="JSON object passed to the environment's constructor")
+    p.add_argument("--success-key", action="append", default=None,
+                   help=f"info key that reports success (repeatable; default {', '.join(DEFAULT_SUCCESS_KEYS)})")
+    p.add_argument("--intervention-key", default=None,
+                   help="info key under which the environment reports a person's action (a takeover)")
     p.add_argument("--listen", action="append", default=[], help="Zenoh endpoint to listen on (repeatable)")
     p.add_argument("--connect", action="append", default=[], help="Zenoh endpoint to connect to (repeatable)")
     p.add_argument("--no-multicast", action="store_true", help="turn off multicast scouting")
-    args = p.parse_args()
+    return p.parse_args()
 
-    env = gym.make(args.env)
-    spec = make_spec(env, args.robot, args.env)
-    n_act = len(spec["action"]["names"])
-    keys = {k: f"reflex/{args.robot}/{k}" for k in ["obs", "cmd", "spec", "reset", "events"]}
 
+def open_session(args):
     conf = zenoh.Config()
     conf.insert_json5("mode", '"peer"')
     if args.listen:
@@ -84,10 +175,27 @@ def main():
         conf.insert_json5("connect/endpoints", json.dumps(args.connect))
     if args.no_multicast:
         conf.insert_json5("scouting/multicast/enabled", "false")
-    session = zenoh.open(conf)
+    return zenoh.open(conf)
+
+
+def main():
+    args = parse_args()
+    try:
+        kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--env-kwargs: not JSON ({e}): {args.env_kwargs}")
+    if not isinstance(kwargs, dict):
+        raise SystemExit(f"--env-kwargs: a JSON object is needed, got {args.env_kwargs}")
+    env = gym.make(args.env, **kwargs)
+    layout = Layout(env.observation_space, args.env)
+    spec = make_spec(env, args.robot, args.env, layout)
+    success_keys = args.success_key or DEFAULT_SUCCESS_KEYS
+    n_act = len(spec["action"]["names"])
+    keys = {k: f"reflex/{args.robot}/{k}" for k in ["obs", "cmd", "spec", "reset", "events", "teleop"]}
+    session = open_session(args)
 
     spec_bytes = pack(spec)
-    state = {"episode": 0, "step": 0, "seq": 0, "seed": None}
+    state = {"episode": 0, "step": 0, "seq": 0, "seed": None, "person": False, "teleop_seq": 0}
     # Zenoh calls back on its own threads; one lock keeps the environment single-threaded and
     # handles resets and commands in arrival order.
     lock = threading.Lock()
@@ -99,17 +207,33 @@ def main():
             "episode": state["episode"],
             "step": state["step"],
             "time_ns": int(round(state["step"] / spec["control_hz"] * 1e9)),
-            "state": flatten(env.observation_space, obs),
+            "state": layout.state(obs),
             "reward": float(reward),
             "terminated": bool(terminated),
             "truncated": bool(truncated),
-            "success": bool(info.get("is_success", False)),
-            "images": [],
+            "success": success_of(info, success_keys),
+            "images": layout.images(obs),
         }
 
     def event(kind):
         events_pub.put(pack({"v": PROTOCOL_VERSION, "kind": kind, "episode": state["episode"],
                              "step": state["step"], "seed": state["seed"], "source": "robot"}))
+
+    def relay_person(info):
+        """The environment's own teleoperation, as reflex teleop messages."""
+        if args.intervention_key is None:
+            return
+        action = info.get(args.intervention_key)
+        person = action is not None
+        if not person and not state["person"]:
+            return
+        state["teleop_seq"] += 1
+        state["person"] = person
+        teleop_pub.put(pack({
+            "v": PROTOCOL_VERSION, "seq": state["teleop_seq"],
+            "action": f32_list(action) if person else [0.0] * n_act,
+            "intervene": person, "success": False, "failure": False, "reset": False,
+        }))
 
     def on_reset(query):
         payload = query.payload.to_bytes() if query.payload is not None else b""
@@ -123,6 +247,8 @@ def main():
         with lock:
             obs, info = env.reset(seed=seed)
             state.update(episode=state["episode"] + 1, step=0, seed=seed)
+            # The takeover first: the actor reads it before it acts on the observation.
+            relay_person(info)
             query.reply(keys["reset"], pack(obs_msg(obs, 0.0, False, False, info)))
             event("reset")
 
@@ -136,12 +262,14 @@ def main():
             obs, reward, terminated, truncated, info = env.step(action)
             state["seq"] = cmd["seq"]
             state["step"] += 1
+            relay_person(info)
             obs_pub.put(pack(obs_msg(obs, reward, terminated, truncated, info)))
             if terminated or truncated:
                 event("done")
 
     obs_pub = session.declare_publisher(keys["obs"], express=True)
     events_pub = session.declare_publisher(keys["events"])
+    teleop_pub = session.declare_publisher(keys["teleop"], express=True)
     session.declare_queryable(keys["spec"], lambda q: q.reply(keys["spec"], spec_bytes))
     session.declare_queryable(keys["reset"], on_reset)
     session.declare_subscriber(keys["cmd"], on_cmd)

@@ -176,7 +176,7 @@ impl Validate for SimConfig {
             0.05,
         )?;
         in_range(&v, "contact_hz", self.solver.contact_hz, 1.0, 90.0)?;
-        if reflex_runtime::bus::Keys::new(&self.robot).is_err() {
+        if reflex_runtime::keys::Keys::new(&self.robot).is_err() {
             return Err(Invalid {
                 key: key(p, "robot"),
                 value: format!("\"{}\"", self.robot),

@@ -10,7 +10,8 @@ use rand_chacha::ChaCha8Rng;
 use reflex_runtime::config::Validate;
 use reflex_runtime::kinematics::{IkOptions, top_down, yaw_of};
 use reflex_runtime::msg::{
-    ActionKind, ActionSpec, CameraSpec, Observation, PROTOCOL_VERSION, RobotSpec, StateField,
+    ActionKind, ActionSpec, ArmScene, CameraSpec, GripperScene, Observation, PROTOCOL_VERSION,
+    RobotSpec, Scene as SceneSpec, SceneMarker, SceneObject, StateField, StaticBox,
 };
 use reflex_runtime::robot::{Robot, RobotError, check_action};
 use std::sync::Arc;
@@ -55,13 +56,54 @@ pub struct SimEnv {
     physics_steps: u64,
 }
 
+/// What a viewer draws of a task: the SO-101 from its URDF with fingers opened by the gripper
+/// value after the five arm joints, the object, the target, the tool path and the table.
+pub fn scene(task: TaskKind) -> SceneSpec {
+    let objects = if task.has_object() {
+        vec![SceneObject {
+            name: "object".into(),
+            position_field: "object_pos".into(),
+            quaternion_field: Some("object_quat".into()),
+            half_extents_m: match task {
+                TaskKind::Insert => [0.01; 3],
+                _ => [0.015; 3],
+            },
+            rgb: [220, 40, 30],
+        }]
+    } else {
+        vec![]
+    };
+    SceneSpec {
+        arm: Some(ArmScene {
+            urdf: crate::world::ARM_URDF.to_string(),
+            base_link: "base".into(),
+            tool_link: "tcp".into(),
+            joint_field: "joint_pos".into(),
+            gripper: Some(GripperScene {
+                opening_index: crate::world::ARM_JOINTS.len() as u32,
+                offset_m: 0.03,
+            }),
+        }),
+        objects,
+        markers: vec![SceneMarker {
+            name: "target".into(),
+            position_field: "target_pos".into(),
+            radius_m: 0.008,
+            rgb: [40, 200, 80],
+        }],
+        tool_path_field: Some("ee_pos".into()),
+        static_boxes: vec![StaticBox {
+            name: "table".into(),
+            center_m: [0.2, 0.0, -0.01],
+            half_extents_m: [0.3, 0.3, 0.01],
+            rgb: [150, 120, 90],
+        }],
+    }
+}
+
 /// Observation layout of a task.
 pub fn state_fields(task: TaskKind) -> Vec<StateField> {
-    let f = |name: &str, size: u32, unit: &str| StateField {
-        name: name.into(),
-        size,
-        unit: unit.into(),
-    };
+    let f = StateField::new;
     let mut v = vec![
         f(
             "joint_pos",
@@ -210,6 +252,7 @@ impl SimEnv {
                 .chain(["gripper".to_string()])
                 .collect(),
             max_episode_steps: cfg.max_steps(),
+            scene: Some(scene(cfg.task)),
         };
         let renderer = cfg
             .cameras

@@ -67,13 +67,18 @@ impl fmt::Display for TaskKind {
     }
 }
 
+/// A task name the simulator does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown task `{0}`; allowed: reach, push, pick, insert")]
+pub struct UnknownTask(pub String);
+
 impl FromStr for TaskKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownTask;
+    fn from_str(s: &str) -> Result<Self, UnknownTask> {
         TaskKind::ALL
             .into_iter()
             .find(|t| t.as_str() == s)
-            .ok_or_else(|| format!("unknown task `{s}`; allowed: reach, push, pick, insert"))
+            .ok_or_else(|| UnknownTask(s.to_string()))
     }
 }
 

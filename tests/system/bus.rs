@@ -2,7 +2,8 @@
 //! peer is missing.
 
 use crate::common::{child_stderr, reflex, spawn, unix_endpoint};
-use reflex_runtime::bus::{BusConfig, RemoteRobot, RobotServer, ServeMode};
+use reflex_bus::BusConfig;
+use reflex_bus::robot::{RemoteRobot, RobotServer, ServeMode};
 use reflex_runtime::robot::{Robot, RobotError};
 use reflex_sim::{Expert, SimConfig, SimEnv, TaskKind};
 use std::time::Duration;

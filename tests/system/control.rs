@@ -43,25 +43,22 @@ fn steady_state_allocates_nothing_on_the_loop_thread() {
         teleop_timeout_ms: 1e4,
         ..Default::default()
     };
-    let mut lp = ControlLoop::new(
-        robot,
-        clock.clone(),
-        cfg(1000.0, ChunkMode::Ensemble { m: 0.01 }),
-        safety,
-        PolicyDriver::Thread(policy),
-        None,
-        1,
-    )
-    .unwrap();
     let (residual, mut weights) = LinearResidual::new(32, 4, 0.01);
     let n_weights = residual.len();
-    lp.set_residual(Box::new(residual));
     let (mut teleop_tx, teleop_rx) = teleop_channel(4);
-    lp.set_teleop(teleop_rx);
     let (tx, rx) = outbox(64, 32, 4);
-    lp.set_outbox(tx);
     let (status_w, _status_r) = reflex_runtime::status::status_channel();
-    lp.set_status(status_w);
+    let mut lp = ControlLoop::builder(robot, clock.clone())
+        .config(cfg(1000.0, ChunkMode::Ensemble { m: 0.01 }))
+        .safety(safety)
+        .policy(PolicyDriver::Thread(policy))
+        .seed(1)
+        .residual(Box::new(residual), false)
+        .teleop(teleop_rx)
+        .outbox(tx)
+        .status(status_w)
+        .build()
+        .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -156,8 +153,23 @@ impl Policy for Fixed {
     }
 }
 
+type Builder = reflex_runtime::control::ControlLoopBuilder<NullRobot, SimClock>;
+
 fn fixed_loop(
     safety: SafetyConfig,
+) -> (
+    ControlLoop<NullRobot, SimClock>,
+    Arc<AtomicBool>,
+    Arc<AtomicBool>,
+    SimClock,
+) {
+    fixed_loop_with(safety, |b| b)
+}
+
+/// The fixed-action loop at 100 Hz in simulated time, with `extra` settings added.
+fn fixed_loop_with(
+    safety: SafetyConfig,
+    extra: impl FnOnce(Builder) -> Builder,
 ) -> (
     ControlLoop<NullRobot, SimClock>,
     Arc<AtomicBool>,
@@ -172,16 +184,11 @@ fn fixed_loop(
         nan: nan.clone(),
     };
     let clock = SimClock::new();
-    let lp = ControlLoop::new(
-        robot,
-        clock.clone(),
-        cfg(100.0, ChunkMode::NewestWins),
-        safety,
-        PolicyDriver::inline(Box::new(policy)),
-        None,
-        0,
-    )
-    .unwrap();
+    let b = ControlLoop::builder(robot, clock.clone())
+        .config(cfg(100.0, ChunkMode::NewestWins))
+        .safety(safety)
+        .policy(PolicyDriver::inline(Box::new(policy)));
+    let lp = extra(b).build().unwrap();
     (lp, freeze, nan, clock)
 }
 
@@ -243,11 +250,9 @@ fn nan_from_the_policy_is_replaced_by_hold() {
 
 #[test]
 fn teleop_overrides_at_once_and_hand_back_restarts_the_chunks() {
-    let (mut lp, _, _, _) = fixed_loop(SafetyConfig::default());
     let (mut tx, rx) = teleop_channel(4);
-    lp.set_teleop(rx);
     let (otx, orx) = outbox(128, 8, 4);
-    lp.set_outbox(otx);
+    let (mut lp, _, _, _) = fixed_loop_with(SafetyConfig::default(), |b| b.teleop(rx).outbox(otx));
     lp.run_ticks(5).unwrap();
     let chunks_before = lp.stats().chunks;
     tx.send(&TeleopMsg {
@@ -310,12 +315,14 @@ fn teleop_overrides_at_once_and_hand_back_restarts_the_chunks() {
 
 #[test]
 fn stale_teleop_stream_while_intervening_holds() {
-    let (mut lp, _, _, clock) = fixed_loop(SafetyConfig {
-        teleop_timeout_ms: 25.0,
-        ..Default::default()
-    });
     let (mut tx, rx) = teleop_channel(4);
-    lp.set_teleop(rx);
+    let (mut lp, _, _, clock) = fixed_loop_with(
+        SafetyConfig {
+            teleop_timeout_ms: 25.0,
+            ..Default::default()
+        },
+        |b| b.teleop(rx),
+    );
     lp.run_ticks(3).unwrap();
     tx.send(&TeleopMsg {
         v: 1,
@@ -374,16 +381,11 @@ fn overruns_skip_whole_periods_and_are_counted_under_synthetic_time() {
         action: [0.0, 0.0, 0.0, 0.03],
         nan: Arc::new(AtomicBool::new(false)),
     };
-    let mut lp = ControlLoop::new(
-        robot,
-        clock.clone(),
-        cfg(100.0, ChunkMode::NewestWins),
-        SafetyConfig::default(),
-        PolicyDriver::inline(Box::new(policy)),
-        None,
-        0,
-    )
-    .unwrap();
+    let mut lp = ControlLoop::builder(robot, clock.clone())
+        .config(cfg(100.0, ChunkMode::NewestWins))
+        .policy(PolicyDriver::inline(Box::new(policy)))
+        .build()
+        .unwrap();
     lp.run_ticks(100).unwrap();
     // Every 10th step takes 25 ms of a 10 ms period: it ends after two further deadlines.
     assert_eq!(lp.stats().overruns, 10);
@@ -396,7 +398,7 @@ fn overruns_skip_whole_periods_and_are_counted_under_synthetic_time() {
 
 #[test]
 fn status_is_published_on_the_bus() {
-    use reflex_runtime::bus::{BusConfig, Keys};
+    use reflex_bus::{BusConfig, Keys};
     use zenoh::Wait;
     let dir = tempfile::tempdir().unwrap();
     let ep = crate::common::unix_endpoint(&dir, "status");
@@ -405,10 +407,9 @@ fn status_is_published_on_the_bus() {
         .unwrap();
     let b = BusConfig::hermetic(vec![], vec![ep]).open().unwrap();
     let sub = b.declare_subscriber("reflex/w/status").wait().unwrap();
-    let (mut lp, _, _, _) = fixed_loop(SafetyConfig::default());
     let (w, r) = reflex_runtime::status::status_channel();
-    lp.set_status(w);
-    let _publisher = reflex_runtime::status::spawn_publisher(
+    let (mut lp, _, _, _) = fixed_loop_with(SafetyConfig::default(), |b| b.status(w));
+    let _publisher = reflex_bus::status::spawn_publisher(
         a.clone(),
         Keys::new("w").unwrap(),
         r,
@@ -510,9 +511,9 @@ fn physics_allocations_are_measured_separately() {
 
 #[test]
 fn estop_flag_holds_until_the_next_episode() {
-    let (mut lp, _, _, _) = fixed_loop(SafetyConfig::default());
     let flag = Arc::new(AtomicBool::new(false));
-    lp.set_estop_flag(flag.clone());
+    let (mut lp, _, _, _) =
+        fixed_loop_with(SafetyConfig::default(), |b| b.estop_flag(flag.clone()));
     lp.run_ticks(3).unwrap();
     assert_eq!(lp.robot().last_command()[0], 0.001);
     flag.store(true, Ordering::Relaxed);

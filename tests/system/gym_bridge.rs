@@ -2,7 +2,8 @@
 //! exactly what Python sees driving the environment directly.
 
 use crate::common::{child_stderr, python, repo, spawn, unix_endpoint};
-use reflex_runtime::bus::{BusConfig, RemoteRobot};
+use reflex_bus::BusConfig;
+use reflex_bus::robot::RemoteRobot;
 use reflex_runtime::robot::Robot;
 use std::time::Duration;
 

@@ -6,7 +6,6 @@ use reflex_runtime::clock::WallClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
 use reflex_runtime::outbox::{Source, outbox};
 use reflex_runtime::residual::LinearResidual;
-use reflex_runtime::safety::SafetyConfig;
 use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,22 +17,16 @@ use std::time::Duration;
 fn swap_under_load(steps: u64, at_episode: bool) -> (Vec<(u32, u64)>, u64, u64) {
     let (obs_dim, dim) = (8, 4);
     let robot = NullRobot::new("r", obs_dim, if at_episode { 50 } else { 0 });
-    let mut lp = ControlLoop::new(
-        robot,
-        WallClock::new(Duration::from_micros(50)),
-        LoopConfig::at(1000.0),
-        SafetyConfig::default(),
-        PolicyDriver::inline(Box::new(SweepPolicy::new(8, 4))),
-        None,
-        0,
-    )
-    .unwrap();
     let (hook, mut writer) = LinearResidual::new(obs_dim, dim, 1.0);
     let n = hook.len();
-    lp.set_residual(Box::new(hook));
-    lp.set_residual_swap_at_episode(at_episode);
     let (otx, orx) = outbox(8192, obs_dim, dim);
-    lp.set_outbox(otx);
+    let mut lp = ControlLoop::builder(robot, WallClock::new(Duration::from_micros(50)))
+        .config(LoopConfig::at(1000.0))
+        .policy(PolicyDriver::inline(Box::new(SweepPolicy::new(8, 4))))
+        .residual(Box::new(hook), at_episode)
+        .outbox(otx)
+        .build()
+        .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let publisher = std::thread::spawn(move || {
@@ -149,6 +142,7 @@ drain_s = 60.0
 
 fn learner(cfg: &std::path::Path, ep: &str) -> std::process::Command {
     let mut c = reflex();
+    c.env("RUST_LOG", "info");
     c.args([
         "learn",
         "--json",
@@ -313,7 +307,7 @@ fn keyboard_teleop_takes_over_moves_labels_and_hands_back() {
     use zenoh::Wait;
     let dir = tempfile::tempdir().unwrap();
     let ep = unix_endpoint(&dir, "kb");
-    let session = reflex_runtime::bus::BusConfig::hermetic(vec![ep.clone()], vec![])
+    let session = reflex_bus::BusConfig::hermetic(vec![ep.clone()], vec![])
         .open()
         .unwrap();
     // The robot side: a spec to answer with, and a subscriber that keeps every teleop message.

@@ -8,9 +8,11 @@ mod common;
 mod control;
 mod demo;
 mod gym_bridge;
+mod layers;
 mod learn;
 mod learner;
 mod policies;
+mod remote;
 mod replay;
 mod sim_tasks;
 

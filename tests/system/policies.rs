@@ -229,7 +229,8 @@ const TOKENIZER: &str = r#"{
 
 #[test]
 fn vla_inputs_tokens_and_images_reach_the_network() {
-    use reflex_policies::vla::{TinyVla, build_tiny_vla, tokenize};
+    use reflex_policies::fixtures::tiny_vla::{TinyVla, build_tiny_vla};
+    use reflex_policies::vla::tokenize;
     let dir = tempfile::tempdir().unwrap();
     let tok = dir.path().join("tokenizer.json");
     std::fs::write(&tok, TOKENIZER).unwrap();
@@ -411,6 +412,7 @@ fn an_unavailable_provider_is_an_error_that_names_it_never_a_fallback() {
     assert!(
         Provider::parse("tpu")
             .unwrap_err()
+            .to_string()
             .contains("cpu, cuda, tensorrt")
     );
 }
@@ -532,6 +534,9 @@ fn a_steered_policy_runs_the_base_from_the_noise_its_actor_chose() {
     )
     .unwrap();
     let base = OnnxPolicy::load(&model, &spec, &opts).unwrap();
-    let err = SteeredPolicy::new(base, &res, true, 1).err().unwrap();
+    let err = SteeredPolicy::new(base, &res, true, 1)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("noise"), "{err}");
 }

@@ -2,17 +2,16 @@
 //! recorder never holding the loop up, and `reflex replay`.
 
 use crate::common::{reflex, repo};
+use reflex_record::{Live, Recorder, RecorderConfig};
 use reflex_runtime::clock::SimClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
 use reflex_runtime::outbox::outbox;
-use reflex_runtime::recorder::{Live, Recorder, RecorderConfig};
 use reflex_runtime::robot::Robot;
-use reflex_runtime::safety::SafetyConfig;
 use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn rerun_cli() -> PathBuf {
+pub(crate) fn rerun_cli() -> PathBuf {
     let p = repo().join(".venv/bin/rerun");
     assert!(
         p.exists(),
@@ -115,7 +114,7 @@ fn recorded_episodes_pass_rerun_verify_and_hold_the_expected_entities() {
             );
         }
         // The episode's summary agrees with the run.
-        let s = reflex_runtime::recorder::read_summary(f).unwrap();
+        let s = reflex_record::read_summary(f).unwrap();
         assert!(s["steps"].as_u64().unwrap() > 5);
         assert_eq!(
             s["success"], true,
@@ -124,7 +123,7 @@ fn recorded_episodes_pass_rerun_verify_and_hold_the_expected_entities() {
     }
     // A sample of values, read back through `rerun rrd print -vvv`: the reward series is 0 until
     // the last step, which is 1 with the success event logged at that step.
-    let s = reflex_runtime::recorder::read_summary(&files[0]).unwrap();
+    let s = reflex_record::read_summary(&files[0]).unwrap();
     let last = s["steps"].as_u64().unwrap() - 1;
     let out = Command::new(rerun_cli())
         .env("CI", "1")
@@ -183,26 +182,19 @@ fn a_throttled_recorder_drops_only_counted_telemetry_and_never_the_loop_or_the_l
         ..Default::default()
     };
     let _ = template;
-    let mut lp = ControlLoop::new(
-        robot,
-        SimClock::new(),
-        LoopConfig::at(100.0),
-        SafetyConfig::default(),
-        PolicyDriver::inline(Box::new(SweepPolicy::new(8, 4))),
-        None,
-        0,
-    )
-    .unwrap();
     let (otx, orx) = outbox(64, 8, 4);
-    lp.set_outbox(otx);
+    let mut lp = ControlLoop::builder(robot, SimClock::new())
+        .config(LoopConfig::at(100.0))
+        .policy(PolicyDriver::inline(Box::new(SweepPolicy::new(8, 4))))
+        .outbox(otx)
+        .build()
+        .unwrap();
     // 20 ms per step: far slower than the loop; a queue of 8.
     let rec = Recorder::spawn(RecorderConfig {
         dir: runs.path().join("episodes"),
         live: Live::Off,
         queue: 8,
         spec,
-        arm: None,
-        object_half_m: 0.015,
         throttle: Some(std::time::Duration::from_millis(20)),
         files: true,
         count_gaps: true,
@@ -218,21 +210,24 @@ fn a_throttled_recorder_drops_only_counted_telemetry_and_never_the_loop_or_the_l
         }
     }
     assert_eq!(lp.stats().ticks, 300);
-    assert_eq!(learner_seen, 300, "the learner must get every step");
+    // The null robot runs on its own clock: each step is closed by the next tick's observation,
+    // so after 300 ticks 299 steps are complete.
+    assert_eq!(
+        learner_seen, 299,
+        "the learner must get every completed step"
+    );
     assert_eq!(lp.outbox().unwrap().dropped(), 0);
     let stats = rec.finish();
     let (recorded, dropped) = (
         stats.recorded.load(std::sync::atomic::Ordering::Relaxed),
         stats.dropped.load(std::sync::atomic::Ordering::Relaxed),
     );
-    assert_eq!(recorded + dropped, 300);
+    assert_eq!(recorded + dropped, 299);
     assert!(
         dropped > 200,
-        "a 20 ms/step recorder with a queue of 8 should drop most of 300 steps: {dropped}"
+        "a 20 ms/step recorder with a queue of 8 should drop most of 299 steps: {dropped}"
     );
-    let s =
-        reflex_runtime::recorder::read_summary(&runs.path().join("episodes/episode_000001.rrd"))
-            .unwrap();
+    let s = reflex_record::read_summary(&runs.path().join("episodes/episode_000001.rrd")).unwrap();
     assert_eq!(
         s["dropped_steps"].as_u64().unwrap(),
         dropped,
@@ -281,7 +276,9 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
     let ep = crate::common::unix_endpoint(&dir, "viz");
     // The actor at 20 Hz on the wall clock, so the watcher sees whole episodes.
     let cfg = std::fs::read_to_string(repo().join("configs/run/sim-pick-expert.toml")).unwrap();
-    let cfg = cfg.replace("clock = \"sim\"", "clock = \"wall\"");
+    // With cameras: their frames reach the watcher too, at a few per second.
+    let cfg =
+        cfg.replace("clock = \"sim\"", "clock = \"wall\"") + "\n[sim.cameras]\nenabled = true\n";
     assert!(cfg.contains("clock = \"wall\""));
     let cfg_path = dir.path().join("wall.toml");
     std::fs::write(&cfg_path, cfg).unwrap();
@@ -355,6 +352,10 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
         "the actor's status reaches the watcher: {v}"
     );
     assert_eq!(v["undecodable"], 0);
+    assert!(
+        v["frames"].as_u64().unwrap() > 5,
+        "camera frames reach the watcher: {v}"
+    );
     // An episode the watcher saw whole (the second) verifies and holds the arm, actions and status.
     let f = PathBuf::from(v["dir"].as_str().unwrap()).join("episode_000002.rrd");
     let out = Command::new(rerun_cli())
@@ -381,10 +382,11 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
         "/action/dx_m/executed",
         "/episode/reward",
         "/status/rate_hz",
+        "/camera/front",
     ] {
         assert!(text.contains(entity), "{}: {entity} missing", f.display());
     }
-    let s = reflex_runtime::recorder::read_summary(&f).unwrap();
+    let s = reflex_record::read_summary(&f).unwrap();
     assert_eq!(s["success"], true, "{s}");
 }
 
@@ -413,7 +415,7 @@ fn camera_images_are_recorded_at_every_step_of_an_episode() {
     let (mut steps, mut rows) = (0, [0u64; 2]);
     for id in [1, 2] {
         let f = rec.join(format!("episode_00000{id}.rrd"));
-        steps += reflex_runtime::recorder::read_summary(&f).unwrap()["steps"]
+        steps += reflex_record::read_summary(&f).unwrap()["steps"]
             .as_u64()
             .unwrap();
         let out = Command::new(rerun_cli())

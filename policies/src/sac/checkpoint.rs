@@ -52,7 +52,29 @@ struct AdamState {
     t: u64,
 }
 
-#[derive(Serialize, Deserialize)]
+/// What a checkpoint holds, borrowed for writing (the replay buffers are not copied).
+#[derive(Serialize)]
+struct FileOut<'a> {
+    format: &'a str,
+    version: u16,
+    cfg: &'a SacConfig,
+    obs_dim: usize,
+    act_dim: usize,
+    actor: Vec<Blob>,
+    critic: Vec<Blob>,
+    target: Vec<Blob>,
+    log_alpha: Blob,
+    opts: Vec<AdamState>,
+    online: &'a Replay,
+    demo: &'a Replay,
+    rng_seed: [u8; 32],
+    rng_stream: u64,
+    rng_word_pos: u128,
+    counters: Counters,
+    tags: &'a std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Deserialize)]
 struct File {
     format: String,
     version: u16,
@@ -115,10 +137,10 @@ impl Sac {
                 t,
             })
         };
-        let f = File {
-            format: "reflex-sac-checkpoint".into(),
+        let f = FileOut {
+            format: "reflex-sac-checkpoint",
             version: 1,
-            cfg: self.cfg.clone(),
+            cfg: &self.cfg,
             obs_dim: self.obs_dim,
             act_dim: self.act_dim,
             actor: blobs(self.actor.net.vars())?,
@@ -130,13 +152,13 @@ impl Sac {
                 adam(&self.critic_opt)?,
                 adam(&self.alpha_opt)?,
             ],
-            online: self.online.clone(),
-            demo: self.demo.clone(),
+            online: &self.online,
+            demo: &self.demo,
             rng_seed: self.rng.get_seed(),
             rng_stream: self.rng.get_stream(),
             rng_word_pos: self.rng.get_word_pos(),
             counters: self.counters,
-            tags: self.tags.clone(),
+            tags: &self.tags,
         };
         let bytes = rmp_serde::to_vec_named(&f).map_err(|e| CheckpointError::Format {
             path: path.display().to_string(),

@@ -154,9 +154,11 @@ impl MlpEval {
     }
 }
 
-/// The residual actor on the loop thread.
+/// The learner's actor on the loop thread: a residual on the base action (residual mode), or the
+/// whole action (full mode, on a base that holds the centre of the action box).
 pub struct ResidualMlp {
     mlp: MlpEval,
+    full: bool,
     act_dim: usize,
     scale: f32,
     log_std: (f32, f32),
@@ -168,16 +170,22 @@ pub struct ResidualMlp {
 }
 
 impl ResidualMlp {
-    /// A hook for an actor `obs_dim + act_dim -> hidden -> 2 act_dim` with the learner's
-    /// current weights, and the writer through which the learner publishes new ones.
-    /// `explore` samples from the Gaussian (training); otherwise the mean is used.
+    /// A hook for an actor `obs_dim (+ act_dim in residual mode) -> hidden -> 2 act_dim` with the
+    /// learner's current weights, and the writer through which the learner publishes new ones.
+    /// `explore` samples from the Gaussian (training); otherwise the mean is used. In full mode
+    /// the hook's output replaces the base action entirely (`norm` then has no widening).
     pub fn new(
         sac: &Sac,
         norm: ActionNorm,
         explore: bool,
         seed: u64,
     ) -> candle_core::Result<(Self, WeightsWriter)> {
-        let mut dims = vec![sac.obs_dim + sac.act_dim];
+        if sac.cfg.mode == super::Mode::Noise {
+            candle_core::bail!(
+                "diffusion steering runs through SteeredPolicy, not the residual hook"
+            );
+        }
+        let mut dims = vec![sac.obs_dim + sac.base_dim];
         dims.extend_from_slice(&sac.cfg.hidden);
         dims.push(2 * sac.act_dim);
         let w = export_actor(sac)?;
@@ -187,6 +195,7 @@ impl ResidualMlp {
         });
         let hook = ResidualMlp {
             mlp: MlpEval::new(dims, sac.cfg.actor_layer_norm),
+            full: sac.cfg.mode == super::Mode::Full,
             act_dim: sac.act_dim,
             scale: sac.cfg.action_scale,
             log_std: sac.cfg.log_std,
@@ -198,11 +207,6 @@ impl ResidualMlp {
         };
         writer.write(|s| s.values.clone_from(&w));
         Ok((hook, crate::sac::hook::writer(writer)))
-    }
-
-    /// Turns exploration noise on or off.
-    pub fn set_explore(&mut self, on: bool) {
-        self.explore = on;
     }
 }
 
@@ -219,7 +223,9 @@ impl ResidualHook for ResidualMlp {
         self.norm.to_norm(&mut self.base_n);
         let input = self.mlp.input();
         input[..obs.len()].copy_from_slice(obs);
-        input[obs.len()..].copy_from_slice(&self.base_n);
+        if !self.full {
+            input[obs.len()..].copy_from_slice(&self.base_n);
+        }
         let head = self.mlp.run(w);
         // Head: means then log-stds; squash, scale, combine in normalised units.
         let a_dim = self.act_dim;
@@ -230,7 +236,11 @@ impl ResidualHook for ResidualMlp {
                 let e: f32 = StandardNormal.sample(&mut self.rng);
                 u += ls.exp() * e;
             }
-            *o = (self.base_n[k] + self.scale * u.tanh()).clamp(-1.0, 1.0);
+            *o = if self.full {
+                u.tanh()
+            } else {
+                (self.base_n[k] + self.scale * u.tanh()).clamp(-1.0, 1.0)
+            };
         }
         self.norm.to_robot(&mut out[..a_dim]);
         for (o, b) in out[..a_dim].iter_mut().zip(base) {
@@ -241,5 +251,9 @@ impl ResidualHook for ResidualMlp {
     fn refresh(&mut self) -> u64 {
         self.weights.update();
         self.weights.get().version
+    }
+
+    fn set_explore(&mut self, on: bool) {
+        self.explore = on;
     }
 }

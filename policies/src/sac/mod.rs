@@ -16,7 +16,6 @@ pub mod checkpoint;
 pub mod hil;
 pub mod hook;
 pub mod nets;
-pub mod pendulum_run;
 pub mod replay;
 pub mod steer;
 

@@ -34,8 +34,10 @@ pub struct Transition {
     pub intervention: bool,
 }
 
-/// A ring buffer of transitions.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// A ring buffer of transitions. It serialises only the rows it holds (a checkpoint grows with
+/// the data, not with the preallocated capacity), and a deserialised buffer is checked for
+/// consistent sizes.
+#[derive(Clone, Debug)]
 pub struct Replay {
     cap: usize,
     obs_dim: usize,
@@ -52,6 +54,120 @@ pub struct Replay {
     episode: Vec<u64>,
     total: u64,
     current_episode: u64,
+}
+
+/// The held rows of a [`Replay`], borrowed for writing.
+#[derive(Serialize)]
+struct ReplayOut<'a> {
+    cap: usize,
+    obs_dim: usize,
+    base_dim: usize,
+    act_dim: usize,
+    obs: &'a [f32],
+    next_obs: &'a [f32],
+    base: &'a [f32],
+    next_base: &'a [f32],
+    action: &'a [f32],
+    reward: &'a [f32],
+    term: &'a [bool],
+    trunc: &'a [bool],
+    episode: &'a [u64],
+    total: u64,
+    current_episode: u64,
+}
+
+/// The held rows of a [`Replay`], as read back.
+#[derive(Deserialize)]
+struct ReplayIn {
+    cap: usize,
+    obs_dim: usize,
+    base_dim: usize,
+    act_dim: usize,
+    obs: Vec<f32>,
+    next_obs: Vec<f32>,
+    base: Vec<f32>,
+    next_base: Vec<f32>,
+    action: Vec<f32>,
+    reward: Vec<f32>,
+    term: Vec<bool>,
+    trunc: Vec<bool>,
+    episode: Vec<u64>,
+    total: u64,
+    current_episode: u64,
+}
+
+/// Most rows a replay buffer read from a file may hold (a hostile or corrupt file must not make
+/// the learner allocate without bound).
+pub const MAX_CAPACITY: usize = 50_000_000;
+
+impl Serialize for Replay {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Slots 0..len are the filled ones (the ring fills from 0 and, once full, all are).
+        let n = self.len();
+        let (o, b, a) = (self.obs_dim, self.base_dim, self.act_dim);
+        ReplayOut {
+            cap: self.cap,
+            obs_dim: o,
+            base_dim: b,
+            act_dim: a,
+            obs: &self.obs[..n * o],
+            next_obs: &self.next_obs[..n * o],
+            base: &self.base[..n * b],
+            next_base: &self.next_base[..n * b],
+            action: &self.action[..n * a],
+            reward: &self.reward[..n],
+            term: &self.term[..n],
+            trunc: &self.trunc[..n],
+            episode: &self.episode[..n],
+            total: self.total,
+            current_episode: self.current_episode,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Replay {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let r = ReplayIn::deserialize(d)?;
+        if r.cap == 0 || r.cap > MAX_CAPACITY {
+            return Err(D::Error::custom(format!(
+                "replay capacity {} (allowed 1 ..= {MAX_CAPACITY})",
+                r.cap
+            )));
+        }
+        let n = (r.total as usize).min(r.cap);
+        let (o, b, a) = (r.obs_dim, r.base_dim, r.act_dim);
+        let sizes = [
+            (r.obs.len(), n * o),
+            (r.next_obs.len(), n * o),
+            (r.base.len(), n * b),
+            (r.next_base.len(), n * b),
+            (r.action.len(), n * a),
+            (r.reward.len(), n),
+            (r.term.len(), n),
+            (r.trunc.len(), n),
+            (r.episode.len(), n),
+        ];
+        if let Some((got, want)) = sizes.iter().find(|(g, w)| g != w) {
+            return Err(D::Error::custom(format!(
+                "replay buffer holds {got} values where {n} rows need {want}"
+            )));
+        }
+        let mut out = Replay::new(r.cap, o, b, a);
+        out.obs[..n * o].copy_from_slice(&r.obs);
+        out.next_obs[..n * o].copy_from_slice(&r.next_obs);
+        out.base[..n * b].copy_from_slice(&r.base);
+        out.next_base[..n * b].copy_from_slice(&r.next_base);
+        out.action[..n * a].copy_from_slice(&r.action);
+        out.reward[..n].copy_from_slice(&r.reward);
+        out.term[..n].copy_from_slice(&r.term);
+        out.trunc[..n].copy_from_slice(&r.trunc);
+        out.episode[..n].copy_from_slice(&r.episode);
+        out.total = r.total;
+        out.current_episode = r.current_episode;
+        Ok(out)
+    }
 }
 
 /// Columns of a sampled batch, flat and row-major.

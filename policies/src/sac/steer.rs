@@ -65,6 +65,11 @@ pub struct SteeredPolicy {
     refresh_due: bool,
 }
 
+/// Why a base policy cannot be steered by a learner.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("diffusion steering: {0}")]
+pub struct SteerError(pub String);
+
 impl SteeredPolicy {
     /// Wraps `base` (a diffusion or flow policy) with the noise actor of `sac` (mode `noise`, its
     /// action dimension the chunk's `chunk_len x action_dim`). Returns the policy, the writer the
@@ -75,33 +80,33 @@ impl SteeredPolicy {
         sac: &Sac,
         explore: bool,
         seed: u64,
-    ) -> Result<(Self, WeightsWriter, NoiseTap), String> {
+    ) -> Result<(Self, WeightsWriter, NoiseTap), SteerError> {
         if sac.cfg.mode != Mode::Noise {
-            return Err(format!(
+            return Err(SteerError(format!(
                 "diffusion steering needs a learner in mode `noise`, not `{:?}`",
                 sac.cfg.mode
-            ));
+            )));
         }
         let n = base.noise_len();
         if n == 0 {
-            return Err(format!(
+            return Err(SteerError(format!(
                 "policy `{}` is not a diffusion or flow policy: it has no initial noise to steer",
                 base.spec().name
-            ));
+            )));
         }
         if sac.act_dim != n {
-            return Err(format!(
+            return Err(SteerError(format!(
                 "the learner's actor chooses {} values but policy `{}` starts each chunk from {} \
                  (chunk_len x action_dim)",
                 sac.act_dim,
                 base.spec().name,
                 n
-            ));
+            )));
         }
         let mut dims = vec![sac.obs_dim];
         dims.extend_from_slice(&sac.cfg.hidden);
         dims.push(2 * n);
-        let w = super::hook::export_actor(sac).map_err(|e| e.to_string())?;
+        let w = super::hook::export_actor(sac).map_err(|e| SteerError(e.to_string()))?;
         let (mut writer, reader) = triple(Weights {
             version: 0,
             values: w.clone(),

@@ -1,0 +1,803 @@
+//! The actor: the control loop driving one robot with a base policy, and everything around it
+//! that never holds the loop up: the recorder, the bus (status out, teleop and e-stop in, the
+//! trace for `reflex viz`), the residual (or full) learner's weights in and the steps out.
+//!
+//! ```no_run
+//! # fn demo(robot: reflex_sim::SimEnv, policy: Box<dyn reflex_contracts::policy::Policy>)
+//! #     -> Result<(), reflex_agent::AgentError> {
+//! use reflex_agent::actor::{ActorBuilder, ClockChoice};
+//! let mut actor = ActorBuilder::new(robot)
+//!     .policy(policy)
+//!     .clock(ClockChoice::Sim)
+//!     .seed(7)
+//!     .record("runs".into())
+//!     .build()?;
+//! actor.run_episodes(10, &reflex_agent::progress::Silent)?;
+//! let report = actor.finish()?;
+//! println!("{} episodes", report.episodes.len());
+//! # Ok(()) }
+//! ```
+
+use crate::config::{ClockKind, LearnerSection, PolicyKind, RobotSource, RunConfig};
+use crate::learner::{LearnerConfig, LearnerReport, ServeOptions, action_norm};
+use crate::progress::Progress;
+use crate::tap::{RecordingTap, make_recorder};
+use crate::{AgentError, error::Result};
+use reflex_bus::learnlink::{ActorLink, LinkProgress, LinkStats, SwapPoint};
+use reflex_bus::robot::RemoteRobot;
+use reflex_bus::{BusConfig, Keys};
+use reflex_contracts::msg::{Image, Observation, RobotSpec};
+use reflex_contracts::policy::{ChunkSpec, Policy, PolicyError};
+use reflex_contracts::robot::Robot;
+use reflex_policies::sac::hook::ResidualMlp;
+use reflex_policies::sac::{Mode, Sac};
+use reflex_record::Live;
+use reflex_runtime::clock::{Clock, SimClock, WallClock};
+use reflex_runtime::control::{ControlLoop, EpisodeSummary, LoopConfig, LoopStats, PolicyDriver};
+use reflex_runtime::kinematics::Chain;
+use reflex_runtime::policy::PolicyThread;
+use reflex_runtime::safety::{SafetyConfig, SafetyCounters};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Which time the loop runs on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ClockChoice {
+    /// Simulated time: the loop runs as fast as the robot steps, the policy inline; a seed
+    /// reproduces the run (lockstep robots only).
+    Sim,
+    /// Wall time at the loop's rate, the policy on its own thread; `spin` is the busy-wait before
+    /// each deadline.
+    Wall {
+        /// Spin before each deadline.
+        spin: Duration,
+    },
+}
+
+/// The learner an actor trains with.
+#[derive(Clone, Debug)]
+pub struct LearnerSetup {
+    /// `[learner]`.
+    pub section: LearnerSection,
+    /// The base policy's model (residual mode; the learner relabels a person's steps with it).
+    pub base_model: Option<PathBuf>,
+}
+
+/// A base that holds the centre of the action box: with the learner in full mode, the learner's
+/// action replaces it entirely.
+struct CentrePolicy {
+    centre: Vec<f32>,
+}
+
+impl Policy for CentrePolicy {
+    fn name(&self) -> &str {
+        "centre of the action box"
+    }
+    fn chunk_spec(&self) -> ChunkSpec {
+        ChunkSpec {
+            len: 1,
+            execute: 1,
+            dim: self.centre.len(),
+        }
+    }
+    fn infer(&mut self, _: &Observation, out: &mut [f32]) -> std::result::Result<(), PolicyError> {
+        out.copy_from_slice(&self.centre);
+        Ok(())
+    }
+}
+
+/// Builds an [`Actor`].
+pub struct ActorBuilder<R: Robot> {
+    robot: R,
+    policy: Option<Box<dyn Policy>>,
+    clock: ClockChoice,
+    loop_cfg: Option<LoopConfig>,
+    safety: SafetyConfig,
+    chain: Option<Chain>,
+    seed: u64,
+    session: Option<zenoh::Session>,
+    trace_hz: f64,
+    record: Option<PathBuf>,
+    live: Live,
+    learner: Option<LearnerSetup>,
+    run_id: Option<String>,
+}
+
+impl<R: Robot + 'static> ActorBuilder<R> {
+    /// An actor for `robot`: no policy (it holds), simulated time, no bus, no recording.
+    pub fn new(robot: R) -> Self {
+        ActorBuilder {
+            robot,
+            policy: None,
+            clock: ClockChoice::Sim,
+            loop_cfg: None,
+            safety: SafetyConfig::default(),
+            chain: None,
+            seed: 0,
+            session: None,
+            trace_hz: 0.0,
+            record: None,
+            live: Live::Off,
+            learner: None,
+            run_id: None,
+        }
+    }
+
+    /// The base policy.
+    pub fn policy(mut self, p: Box<dyn Policy>) -> Self {
+        self.policy = Some(p);
+        self
+    }
+
+    /// Simulated or wall time.
+    pub fn clock(mut self, c: ClockChoice) -> Self {
+        self.clock = c;
+        self
+    }
+
+    /// `[loop]` settings (default: the robot's rate).
+    pub fn loop_config(mut self, c: LoopConfig) -> Self {
+        self.loop_cfg = Some(c);
+        self
+    }
+
+    /// `[safety]` settings.
+    pub fn safety(mut self, s: SafetyConfig) -> Self {
+        self.safety = s;
+        self
+    }
+
+    /// The arm's kinematics for the workspace check of joint actions.
+    pub fn chain(mut self, c: Option<Chain>) -> Self {
+        self.chain = c;
+        self
+    }
+
+    /// Seed of the episode seeds (and of the learner).
+    pub fn seed(mut self, s: u64) -> Self {
+        self.seed = s;
+        self
+    }
+
+    /// Joins the bus: status out, teleop and e-stop in (and the learner link, the trace).
+    pub fn bus(mut self, session: zenoh::Session) -> Self {
+        self.session = Some(session);
+        self
+    }
+
+    /// Publishes a decimated trace for `reflex viz` at this rate (needs the bus; 0: off).
+    pub fn trace_hz(mut self, hz: f64) -> Self {
+        self.trace_hz = hz;
+        self
+    }
+
+    /// Records every episode under `runs/<run-id>/episodes/`.
+    pub fn record(mut self, runs: PathBuf) -> Self {
+        self.record = Some(runs);
+        self
+    }
+
+    /// Streams to a live Rerun viewer.
+    pub fn live(mut self, live: Live) -> Self {
+        self.live = live;
+        self
+    }
+
+    /// Trains a learner from this actor's steps (on a thread of this process when
+    /// `section.in_process`, else a `reflex learn` elsewhere on the bus). Without a bus a local
+    /// one is opened for the in-process learner.
+    pub fn learner(mut self, setup: LearnerSetup) -> Self {
+        self.learner = Some(setup);
+        self
+    }
+
+    /// The run's id (default: [`crate::run_id`]).
+    pub fn run_id(mut self, id: String) -> Self {
+        self.run_id = Some(id);
+        self
+    }
+
+    /// Checks everything fits and starts the threads around the loop.
+    pub fn build(mut self) -> Result<Actor<R>> {
+        let spec = self.robot.spec().clone();
+        spec.validate()?;
+        let run_id = self.run_id.take().unwrap_or_else(|| crate::run_id("run"));
+        if self.learner.is_some() && self.session.is_none() {
+            // The in-process learner speaks the same protocol as a remote one, on a session that
+            // reaches nothing but this process.
+            self.session = Some(BusConfig::hermetic(vec![], vec![]).open()?);
+        }
+        let mode = match (&self.learner, &self.policy) {
+            (Some(_), Some(_)) => Some(Mode::Residual),
+            (Some(_), None) => Some(Mode::Full),
+            (None, _) => None,
+        };
+        if mode == Some(Mode::Full) {
+            let centre = spec
+                .action
+                .low
+                .iter()
+                .zip(&spec.action.high)
+                .map(|(l, h)| 0.5 * (l + h))
+                .collect();
+            self.policy = Some(Box::new(CentrePolicy { centre }));
+        }
+        let inline = matches!(self.clock, ClockChoice::Sim) || mode == Some(Mode::Full);
+        let driver = match self.policy.take() {
+            None => PolicyDriver::None,
+            Some(p) if inline => PolicyDriver::inline(p),
+            Some(p) => PolicyDriver::Thread(PolicyThread::spawn(p, &obs_template(&spec))),
+        };
+        let clock: Box<dyn Clock> = match self.clock {
+            ClockChoice::Sim => Box::new(SimClock::new()),
+            ClockChoice::Wall { spin } => Box::new(WallClock::new(spin)),
+        };
+        let wires = Wires::start(&mut self, &spec, &run_id, mode)?;
+        let mut b = ControlLoop::builder(self.robot, clock)
+            .safety(self.safety)
+            .policy(driver)
+            .chain(self.chain)
+            .seed(self.seed);
+        if let Some(c) = self.loop_cfg.clone() {
+            b = b.config(c);
+        }
+        let (b, parts) = wires.attach(b);
+        let lp = b.build()?;
+        // Real-time settings last, on this (the loop's) thread only: the helper threads started
+        // above keep the ordinary scheduler.
+        let rt_cfg = self.loop_cfg.map(|c| c.rt).unwrap_or_default();
+        reflex_runtime::rt::apply(&rt_cfg);
+        Ok(Actor {
+            lp,
+            parts,
+            pace: matches!(self.clock, ClockChoice::Sim),
+            run_id,
+            recording: self.record.is_some(),
+            done: Vec::new(),
+            eval: Vec::new(),
+            t0: Instant::now(),
+        })
+    }
+}
+
+/// Everything around the loop, started before it: the recorder, trace and learner link behind
+/// the outbox, the in-process learner, and the bus's status, teleop and e-stop.
+struct Wires {
+    outbox: Option<reflex_runtime::outbox::OutboxSender>,
+    frames: Option<(
+        reflex_runtime::outbox::OutboxSender<reflex_runtime::outbox::Frames>,
+        u32,
+    )>,
+    residual: Option<(ResidualMlp, bool)>,
+    teleop: Option<reflex_runtime::teleop::TeleopReader>,
+    status: Option<reflex_runtime::triple::Writer<reflex_runtime::control::LoopStatus>>,
+    estop: Option<Arc<AtomicBool>>,
+    parts: Parts,
+}
+
+/// What the actor keeps alive beside the loop.
+struct Parts {
+    tap: Option<RecordingTap>,
+    learner: Option<JoinHandle<Result<LearnerReport>>>,
+    learner_stop: Arc<AtomicBool>,
+    link_progress: Option<Arc<LinkProgress>>,
+    _subs: Vec<zenoh::pubsub::Subscriber<()>>,
+    _status: Option<reflex_bus::status::StatusPublisher>,
+}
+
+impl Wires {
+    fn start<R: Robot + 'static>(
+        b: &mut ActorBuilder<R>,
+        spec: &RobotSpec,
+        run_id: &str,
+        mode: Option<Mode>,
+    ) -> Result<Self> {
+        let keys = Keys::new(&spec.name).map_err(reflex_bus::BusError::from)?;
+        let recorder = if b.record.is_some() || b.live != Live::Off {
+            // Files only with a records directory; a live view alone writes nothing.
+            let dir = b.record.as_ref().map(|r| r.join(run_id).join("episodes"));
+            Some((
+                Arc::new(make_recorder(dir.clone(), b.live.clone(), spec, true)?),
+                dir.unwrap_or_default(),
+            ))
+        } else {
+            None
+        };
+        let trace = match &b.session {
+            Some(s) if b.trace_hz > 0.0 => Some(reflex_bus::trace::TracePublisher::new(
+                s, &keys, spec, b.trace_hz,
+            )?),
+            _ => None,
+        };
+        let (mut residual, mut link, mut learner, learner_stop) =
+            (None, None, None, Arc::new(AtomicBool::new(false)));
+        if let (Some(setup), Some(session), Some(mode)) = (&b.learner, &b.session, mode) {
+            let sac = Sac::new(
+                setup
+                    .section
+                    .sac_config(mode, b.seed)
+                    .map_err(|e| AgentError::setup(format!("[{}]", e.key), e.value))?,
+                spec.state_dim(),
+                spec.action.dim(),
+            )?;
+            let (hook, writer) = ResidualMlp::new(&sac, action_norm(spec, &sac), true, b.seed ^ 7)?;
+            residual = Some((hook, setup.section.link.swap == SwapPoint::Episode));
+            link = Some(ActorLink::new(
+                session,
+                &keys,
+                setup.section.link.clone(),
+                writer,
+            )?);
+            if setup.section.in_process {
+                let cfg = LearnerConfig {
+                    robot: spec.name.clone(),
+                    section: setup.section.clone(),
+                    mode,
+                    base_model: setup.base_model.clone(),
+                    seed: b.seed,
+                };
+                learner = Some(spawn_learner(session.clone(), cfg, learner_stop.clone()));
+            }
+        }
+        let link_progress = link.as_ref().map(|l| l.progress());
+        let (mut tap, mut outbox, mut frames) = (None, None, None);
+        if recorder.is_some() || trace.is_some() || link.is_some() {
+            let (otx, orx) =
+                reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
+            outbox = Some(otx);
+            let frx = if (recorder.is_some() || trace.is_some()) && !spec.cameras.is_empty() {
+                // A few frame buffers, at up to ~15 frames per second of camera video.
+                let (ftx, frx) = reflex_runtime::outbox::frames(8);
+                frames = Some((ftx, (spec.control_hz / 15.0).round().max(1.0) as u32));
+                Some(frx)
+            } else {
+                None
+            };
+            let (rec, dir) = match recorder {
+                Some((r, d)) => (Some(r), d),
+                None => (None, PathBuf::new()),
+            };
+            tap = Some(RecordingTap::with(rec, dir, trace, link, orx, frx));
+        }
+        let (mut teleop, mut status, mut estop, mut subs, mut status_pub) =
+            (None, None, None, Vec::new(), None);
+        if let Some(s) = &b.session {
+            let (w, r) = reflex_runtime::status::status_channel();
+            status = Some(w);
+            status_pub = Some(reflex_bus::status::spawn_publisher(
+                s.clone(),
+                keys.clone(),
+                r,
+                Duration::from_millis(50),
+                tap.as_ref().and_then(|t| t.recorder.as_ref()).map(|r| {
+                    let st = r.stats_handle();
+                    Box::new(move || st.dropped.load(Ordering::Relaxed))
+                        as Box<dyn Fn() -> u64 + Send>
+                }),
+            ));
+            let (tw, tr) = reflex_runtime::teleop::teleop_channel(spec.action.dim());
+            teleop = Some(tr);
+            let bus_err = |key: &str, e: zenoh::Error| reflex_bus::BusError::Declare {
+                key: key.into(),
+                message: e.to_string(),
+            };
+            subs.push(
+                reflex_bus::teleop::subscribe(s, &keys, tw)
+                    .map_err(|e| bus_err(&keys.teleop, e))?,
+            );
+            let flag = Arc::new(AtomicBool::new(false));
+            subs.push(
+                reflex_bus::teleop::subscribe_estop(s, &keys, flag.clone())
+                    .map_err(|e| bus_err(&keys.events, e))?,
+            );
+            estop = Some(flag);
+        }
+        Ok(Wires {
+            outbox,
+            frames,
+            residual,
+            teleop,
+            status,
+            estop,
+            parts: Parts {
+                tap,
+                learner,
+                learner_stop,
+                link_progress,
+                _subs: subs,
+                _status: status_pub,
+            },
+        })
+    }
+
+    fn attach<R: Robot, C: Clock>(
+        self,
+        mut b: reflex_runtime::control::ControlLoopBuilder<R, C>,
+    ) -> (reflex_runtime::control::ControlLoopBuilder<R, C>, Parts) {
+        if let Some((hook, at_episode)) = self.residual {
+            b = b.residual(Box::new(hook), at_episode);
+        }
+        if let Some(o) = self.outbox {
+            b = b.outbox(o);
+        }
+        if let Some((f, every)) = self.frames {
+            b = b.frames(f, every);
+        }
+        if let Some(t) = self.teleop {
+            b = b.teleop(t);
+        }
+        if let Some(s) = self.status {
+            b = b.status(s);
+        }
+        if let Some(e) = self.estop {
+            b = b.estop_flag(e);
+        }
+        (b, self.parts)
+    }
+}
+
+fn spawn_learner(
+    session: zenoh::Session,
+    cfg: LearnerConfig,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<Result<LearnerReport>> {
+    std::thread::Builder::new()
+        .name("learner".into())
+        .spawn(move || {
+            let opts = ServeOptions {
+                exit_when_actor_leaves: false,
+                seconds: None,
+                wait_s: 60.0,
+                stop: Some(stop),
+            };
+            crate::learner::serve(&session, &cfg, &opts, &crate::progress::Silent)
+        })
+        .expect("spawn the learner thread")
+}
+
+fn obs_template(spec: &RobotSpec) -> Observation {
+    Observation {
+        state: vec![0.0; spec.state_dim()],
+        images: spec
+            .cameras
+            .iter()
+            .map(|c| Image {
+                camera: c.name.clone(),
+                width: c.width,
+                height: c.height,
+                encoding: "rgb8".into(),
+                data: vec![0; (c.width * c.height * 3) as usize],
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunReport {
+    /// The run's id.
+    pub run_id: String,
+    /// Every training (or plain) episode.
+    pub episodes: Vec<EpisodeSummary>,
+    /// The evaluation episodes (the learner's deterministic action), after the others.
+    pub eval: Vec<EpisodeSummary>,
+    /// Wall time of the episodes, s.
+    pub wall_s: f64,
+    /// The loop's timing and counters.
+    pub stats: LoopStats,
+    /// Safety events by kind.
+    pub safety: SafetyCounters,
+    /// Recording: directory, steps recorded, steps dropped, episode files, frames dropped.
+    pub recording: Option<Recording>,
+    /// Steps published on the bus trace (for `reflex viz`).
+    pub traced: u64,
+    /// The learner link's counters, when learning.
+    pub link: Option<LinkStats>,
+    /// The in-process learner's report.
+    pub learner: Option<LearnerReport>,
+}
+
+/// What the recorder wrote.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Recording {
+    /// Directory of the episode files.
+    pub dir: PathBuf,
+    /// Steps recorded.
+    pub steps_recorded: u64,
+    /// Steps dropped (the recorder fell behind).
+    pub steps_dropped: u64,
+    /// Episode files written.
+    pub episode_files: u64,
+    /// Camera-frame sets dropped.
+    pub frames_dropped: u64,
+}
+
+/// How long an actor in simulated time waits between episodes for a learner in another process
+/// to catch up before it goes on without it.
+const REMOTE_PACE_LIMIT: Duration = Duration::from_secs(120);
+
+/// A running actor.
+pub struct Actor<R: Robot> {
+    lp: ControlLoop<R, Box<dyn Clock>>,
+    parts: Parts,
+    pace: bool,
+    run_id: String,
+    recording: bool,
+    done: Vec<EpisodeSummary>,
+    eval: Vec<EpisodeSummary>,
+    t0: Instant,
+}
+
+impl<R: Robot> Actor<R> {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The control loop (its robot, counters, episodes).
+    pub fn control_loop(&self) -> &ControlLoop<R, Box<dyn Clock>> {
+        &self.lp
+    }
+
+    /// Runs `n` more episodes. In simulated time with a learner, the actor lets the learner
+    /// take every step so far before each episode (between episodes nothing waits on the robot),
+    /// so training follows the data as it would at the robot's own pace. A learner that stopped
+    /// ends the run at once with its error.
+    pub fn run_episodes(&mut self, n: u64, progress: &dyn Progress) -> Result<&[EpisodeSummary]> {
+        progress.start(n, "episodes");
+        let start = self.done.len();
+        while ((self.done.len() - start) as u64) < n {
+            self.pace_learner()?;
+            let ep = self.lp.run_episodes(1)?;
+            self.done.extend(ep);
+            let ok = self.done[start..].iter().filter(|e| e.success).count();
+            progress.message(&format!("{ok} ok"));
+            progress.inc(1);
+        }
+        progress.finish();
+        Ok(&self.done[start..])
+    }
+
+    /// Runs `n` more episodes with the learner's deterministic action (its mean, no exploration
+    /// noise), kept apart from the training episodes in the report's `eval`.
+    pub fn evaluate(&mut self, n: u64, progress: &dyn Progress) -> Result<&[EpisodeSummary]> {
+        self.lp.set_residual_explore(false);
+        let start = self.done.len();
+        let r = self.run_episodes(n, progress).map(|_| ());
+        self.lp.set_residual_explore(true);
+        r?;
+        self.eval.extend_from_slice(&self.done[start..]);
+        self.done.truncate(start);
+        Ok(&self.eval)
+    }
+
+    fn pace_learner(&mut self) -> Result<()> {
+        let (Some(p), Some(ob)) = (&self.parts.link_progress, self.lp.outbox()) else {
+            return Ok(());
+        };
+        if !self.pace {
+            return Ok(());
+        }
+        let (sent, t0) = (ob.sent(), Instant::now());
+        let p = p.clone();
+        while p.received.load(Ordering::Relaxed) < sent {
+            if self.parts.learner.as_ref().is_some_and(|h| h.is_finished()) {
+                return Err(self.learner_stopped());
+            }
+            if self.parts.learner.is_none() && t0.elapsed() > REMOTE_PACE_LIMIT {
+                tracing::warn!(
+                    "the learner on the bus has not taken the last {} steps within {:?}; going on without it (they stay queued for it)",
+                    sent - p.received.load(Ordering::Relaxed),
+                    REMOTE_PACE_LIMIT
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
+    /// The in-process learner ended while the actor needs it: its error, or a plain statement.
+    fn learner_stopped(&mut self) -> AgentError {
+        match self.parts.learner.take().map(|h| h.join()) {
+            Some(Ok(Err(e))) => e,
+            Some(Err(_)) => AgentError::setup("the in-process learner", "it panicked"),
+            _ => AgentError::setup("the in-process learner", "it stopped before the run ended"),
+        }
+    }
+
+    /// Stops the threads, drains the recorder and the learner link, returns the report.
+    pub fn finish(mut self) -> Result<RunReport> {
+        let wall_s = self.t0.elapsed().as_secs_f64();
+        // The tap drains the link first (the learner persists the last steps), then the learner
+        // stops.
+        let tap = self.parts.tap.take().map(|t| (t.dir.clone(), t.finish()));
+        self.parts.learner_stop.store(true, Ordering::Relaxed);
+        let learner = match self.parts.learner.take().map(|h| h.join()) {
+            Some(Ok(r)) => Some(r?),
+            Some(Err(_)) => return Err(AgentError::setup("the in-process learner", "it panicked")),
+            None => None,
+        };
+        let (mut recording, mut traced, mut link) = (None, 0, None);
+        if let Some((dir, r)) = tap {
+            traced = r.traced;
+            link = r.link.clone();
+            if self.recording {
+                recording = Some(Recording {
+                    dir,
+                    steps_recorded: r.recorded,
+                    steps_dropped: r.dropped,
+                    episode_files: r.episodes,
+                    frames_dropped: r.frames_dropped,
+                });
+            }
+        }
+        Ok(RunReport {
+            run_id: self.run_id.clone(),
+            episodes: std::mem::take(&mut self.done),
+            eval: std::mem::take(&mut self.eval),
+            wall_s,
+            stats: self.lp.stats().clone(),
+            safety: self.lp.safety_counters(),
+            recording,
+            traced,
+            link,
+            learner,
+        })
+    }
+}
+
+/// How `reflex run` runs a config, besides the file.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Endpoints and Zenoh settings added to the file's `[bus]`.
+    pub bus: BusConfig,
+    /// Episodes (default `[run] episodes`).
+    pub episodes: Option<u64>,
+    /// Record episodes under this directory.
+    pub record: Option<PathBuf>,
+    /// Live viewer.
+    pub live: Live,
+    /// Trace rate for `reflex viz`, Hz (default `[bus] trace_hz`).
+    pub trace_hz: Option<f64>,
+}
+
+/// Builds the policy a config names, for a robot with `spec`.
+pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn Policy>>> {
+    Ok(match cfg.policy.kind {
+        PolicyKind::None => None,
+        PolicyKind::Onnx => {
+            let model =
+                cfg.policy.model.clone().ok_or_else(|| {
+                    AgentError::setup("[policy]", "kind = \"onnx\" needs `model`")
+                })?;
+            let opts = reflex_policies::onnx_policy::RunOptions {
+                provider: cfg.policy.provider.clone(),
+                intra_threads: cfg.policy.intra_threads,
+                seed: cfg.policy.seed,
+            };
+            Some(Box::new(reflex_policies::onnx_policy::OnnxPolicy::load(
+                &model, spec, &opts,
+            )?))
+        }
+        PolicyKind::Expert => Some(Box::new(
+            reflex_sim::expert::ExpertPolicy::new(
+                spec,
+                cfg.policy.noise,
+                cfg.policy.seed,
+                cfg.policy.chunk_len,
+            )
+            .map_err(|e| {
+                AgentError::setup(
+                    "[policy] kind = \"expert\"",
+                    format!("{e} (the expert drives the simulator's tasks only)"),
+                )
+            })?,
+        )),
+    })
+}
+
+/// Runs a run config to the end: what `reflex run --config F` does.
+pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> Result<RunReport> {
+    let use_bus = cfg.uses_bus(&o.bus);
+    let session = if use_bus {
+        Some(cfg.bus_config(&o.bus).open()?)
+    } else {
+        None
+    };
+    let episodes = o.episodes.unwrap_or(cfg.run.episodes);
+    match cfg.robot.source {
+        RobotSource::Sim => {
+            let mut sim = cfg.sim.clone().ok_or_else(|| {
+                AgentError::setup("[robot] source = \"sim\"", "needs a [sim] table")
+            })?;
+            if let Some(n) = &cfg.robot.name {
+                sim.robot = n.clone();
+            }
+            let env = reflex_sim::SimEnv::new(sim)?;
+            let chain = Some(reflex_sim::world::ArmModel::so101().chain);
+            drive(env, chain, cfg, session, o, episodes, progress)
+        }
+        RobotSource::Remote => {
+            let name = cfg.robot_name();
+            let s = session.as_ref().expect("remote robots use the bus");
+            let robot = RemoteRobot::connect(
+                s,
+                &name,
+                Duration::from_secs_f64(cfg.robot.timeout_ms / 1e3),
+            )?;
+            if cfg.run.clock == ClockKind::Sim && !robot.spec().lockstep {
+                return Err(AgentError::setup(
+                    "[run] clock = \"sim\"",
+                    format!(
+                        "simulated time needs a lockstep robot; `{name}` runs on its own clock: use clock = \"wall\""
+                    ),
+                ));
+            }
+            drive(robot, None, cfg, session, o, episodes, progress)
+        }
+    }
+}
+
+fn drive<R: Robot + 'static>(
+    robot: R,
+    default_chain: Option<Chain>,
+    cfg: &RunConfig,
+    session: Option<zenoh::Session>,
+    o: &RunOptions,
+    episodes: u64,
+    progress: &dyn Progress,
+) -> Result<RunReport> {
+    let policy = make_policy(cfg, robot.spec())?;
+    let chain = match &cfg.robot.urdf {
+        Some(p) => Some(Chain::from_urdf_file(p, "base", "tcp")?),
+        None => default_chain,
+    };
+    let clock = match cfg.run.clock {
+        ClockKind::Sim => ClockChoice::Sim,
+        ClockKind::Wall => ClockChoice::Wall {
+            spin: Duration::from_secs_f64(cfg.loop_.as_ref().map_or(50.0, |l| l.spin_us) / 1e6),
+        },
+    };
+    let mut b = ActorBuilder::new(robot)
+        .clock(clock)
+        .safety(cfg.safety.clone())
+        .chain(chain)
+        .seed(cfg.run.seed)
+        .live(o.live.clone())
+        .trace_hz(o.trace_hz.unwrap_or(cfg.bus.trace_hz));
+    if let Some(p) = policy {
+        b = b.policy(p);
+    }
+    if let Some(l) = cfg.loop_.clone() {
+        b = b.loop_config(l);
+    }
+    if let Some(s) = session {
+        b = b.bus(s);
+    }
+    if let Some(r) = &o.record {
+        b = b.record(r.clone());
+    }
+    if let Some(l) = &cfg.learner {
+        b = b.learner(LearnerSetup {
+            section: l.clone(),
+            base_model: cfg.policy.model.clone(),
+        });
+        if cfg.run.clock == ClockKind::Sim && !l.pace_lockstep {
+            tracing::info!("the learner is not paced: the actor may run ahead of it");
+        }
+    }
+    let mut actor = b.build()?;
+    if cfg.learner.as_ref().is_some_and(|l| !l.pace_lockstep) {
+        actor.pace = false;
+    }
+    actor.run_episodes(episodes, progress)?;
+    if cfg.run.eval_episodes > 0 {
+        actor.evaluate(cfg.run.eval_episodes, progress)?;
+    }
+    actor.finish()
+}

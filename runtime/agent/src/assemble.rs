@@ -1,0 +1,271 @@
+//! From the actor's steps to the learner's transitions: normalised actions, the base action of
+//! the next state (for residual targets), a person's steps relabelled with what the base policy
+//! would have done, RLIF's takeover penalty, and HIL-SERL's routing to the two buffers. Shared by
+//! `reflex demo` (one process) and `reflex learn` (the learner on the bus).
+
+use reflex_contracts::msg::{Observation, WireStep};
+use reflex_policies::onnx_policy::OnnxPolicy;
+use reflex_policies::sac::hook::ActionNorm;
+use reflex_policies::sac::replay::Transition as LTransition;
+use reflex_policies::sac::{Mode, Sac};
+
+/// Turns a stream of steps into stored transitions.
+pub struct Assembler {
+    mode: Mode,
+    norm: ActionNorm,
+    relabel: Option<OnnxPolicy>,
+    rlif: bool,
+    pending: Option<LTransition>,
+    prev_teleop: bool,
+    chunk: Vec<f32>,
+    act_dim: usize,
+    /// Transitions pushed into the buffers.
+    pub stored: u64,
+}
+
+impl Assembler {
+    /// `relabel`: a copy of the base policy (residual mode), to label a person's steps with what
+    /// the base would have done on the same observation (ResFiT).
+    pub fn new(
+        mode: Mode,
+        norm: ActionNorm,
+        relabel: Option<OnnxPolicy>,
+        rlif: bool,
+        act_dim: usize,
+    ) -> Self {
+        Assembler {
+            mode,
+            norm,
+            relabel,
+            rlif,
+            pending: None,
+            prev_teleop: false,
+            chunk: Vec::new(),
+            act_dim,
+            stored: 0,
+        }
+    }
+
+    /// Forgets the held step (a new actor's numbering starts afresh).
+    pub fn reset(&mut self) {
+        self.pending = None;
+        self.prev_teleop = false;
+    }
+
+    /// The last step is held until the next one arrives (its `next_base` is that step's base);
+    /// `true` when a step is held.
+    pub fn holds_one(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Takes one step; stores the one before it (and this one if it ends the episode).
+    pub fn push(&mut self, sac: &mut Sac, s: &WireStep) -> crate::error::Result<()> {
+        let person = s.teleop;
+        let residual = self.mode == Mode::Residual;
+        let mut base_n = s.base.clone();
+        if person
+            && residual
+            && let Some(p) = &mut self.relabel
+        {
+            let o = Observation {
+                state: s.obs.clone(),
+                step: s.step,
+                ..Default::default()
+            };
+            self.chunk.resize(p.spec().chunk_len * self.act_dim, 0.0);
+            p.infer_chunk(&o, &mut self.chunk)?;
+            base_n.copy_from_slice(&self.chunk[..self.act_dim]);
+        }
+        self.norm.to_norm(&mut base_n);
+        let mut act_n = s.action.clone();
+        self.norm.to_norm(&mut act_n);
+        for v in act_n.iter_mut() {
+            *v = v.clamp(-1.0, 1.0);
+        }
+        // RLIF: the policy step right before a takeover gets -1.
+        let takeover = person && !self.prev_teleop;
+        self.prev_teleop = person;
+        if self.rlif
+            && takeover
+            && let Some(p) = &mut self.pending
+        {
+            p.reward -= 1.0;
+        }
+        let t = LTransition {
+            obs: s.obs.clone(),
+            base: if residual { base_n.clone() } else { vec![] },
+            action: act_n,
+            reward: s.reward,
+            next_obs: s.next_obs.clone(),
+            next_base: if residual { base_n } else { vec![] },
+            terminated: s.terminated || s.label == Some(true),
+            truncated: s.truncated,
+            intervention: person,
+        };
+        if let Some(mut p) = self.pending.take() {
+            if residual {
+                p.next_base.copy_from_slice(&t.base);
+            }
+            self.store(sac, &p);
+        }
+        if s.ends_episode() {
+            self.store(sac, &t);
+            self.prev_teleop = false;
+        } else {
+            self.pending = Some(t);
+        }
+        Ok(())
+    }
+
+    fn store(&mut self, sac: &mut Sac, t: &LTransition) {
+        reflex_policies::sac::hil::route(sac, t);
+        self.stored += 1;
+    }
+}
+
+/// Diffusion steering (`noise` mode): one learner transition per chunk the policy started. Its
+/// action is the noise the sampler started from, its reward the sum over the chunk's steps, its
+/// next observation the one the next chunk starts from. A person's steps carry no noise, so they
+/// are not learner transitions in this mode: a takeover closes the open chunk (with RLIF's -1 when
+/// asked), and the policy's next chunk after the hand-back opens a new one.
+#[derive(Default)]
+pub struct ChunkAssembler {
+    rlif: bool,
+    open: Option<LTransition>,
+    /// Chunk transitions pushed into the buffer.
+    pub stored: u64,
+}
+
+impl ChunkAssembler {
+    /// With `rlif`, the chunk a person takes over from gets -1.
+    pub fn new(rlif: bool) -> Self {
+        ChunkAssembler {
+            rlif,
+            ..Default::default()
+        }
+    }
+
+    /// Takes one step; `noise` is the chunk's noise when the policy inferred a chunk at this step.
+    pub fn push(&mut self, sac: &mut Sac, s: &WireStep, noise: Option<&[f32]>) {
+        if s.teleop {
+            if let Some(mut t) = self.open.take() {
+                t.next_obs.clone_from(&s.obs);
+                if self.rlif {
+                    t.reward -= 1.0;
+                }
+                self.store(sac, &t);
+            }
+            return;
+        }
+        if let Some(w) = noise {
+            if let Some(mut t) = self.open.take() {
+                t.next_obs.clone_from(&s.obs);
+                self.store(sac, &t);
+            }
+            self.open = Some(LTransition {
+                obs: s.obs.clone(),
+                base: vec![],
+                action: w.to_vec(),
+                reward: 0.0,
+                next_obs: vec![],
+                next_base: vec![],
+                terminated: false,
+                truncated: false,
+                intervention: false,
+            });
+        }
+        if let Some(t) = &mut self.open {
+            t.reward += s.reward;
+            if s.ends_episode() {
+                t.next_obs.clone_from(&s.next_obs);
+                t.terminated = s.terminated || s.label == Some(true);
+                t.truncated = !t.terminated;
+                let t = self.open.take().expect("open");
+                self.store(sac, &t);
+            }
+        }
+    }
+
+    fn store(&mut self, sac: &mut Sac, t: &LTransition) {
+        reflex_policies::sac::hil::route(sac, t);
+        self.stored += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reflex_policies::sac::SacConfig;
+
+    fn step(i: u32, teleop: bool, reward: f32, terminated: bool) -> WireStep {
+        WireStep {
+            step: i,
+            obs: vec![i as f32, 0.0],
+            next_obs: vec![i as f32 + 1.0, 0.0],
+            base: vec![0.0; 2],
+            action: vec![0.0; 2],
+            teleop,
+            reward,
+            terminated,
+            ..Default::default()
+        }
+    }
+
+    fn noise_sac() -> Sac {
+        let cfg = SacConfig {
+            mode: Mode::Noise,
+            hidden: vec![8],
+            ..Default::default()
+        };
+        Sac::new(cfg, 2, 3).unwrap()
+    }
+
+    #[test]
+    fn steering_stores_one_transition_per_chunk_with_its_summed_reward() {
+        let mut sac = noise_sac();
+        let mut asm = ChunkAssembler::new(false);
+        let (w0, w1) = ([0.1f32, 0.2, 0.3], [-0.5f32, 0.0, 0.5]);
+        for i in 0..12 {
+            let noise = match i {
+                0 => Some(&w0[..]),
+                8 => Some(&w1[..]),
+                _ => None,
+            };
+            let r = if i == 11 { 1.0 } else { 0.0 };
+            asm.push(&mut sac, &step(i, false, r, i == 11), noise);
+        }
+        assert_eq!(asm.stored, 2);
+        let (a, b) = (sac.online.get(0), sac.online.get(1));
+        assert_eq!((a.obs[0], a.next_obs[0], a.reward), (0.0, 8.0, 0.0));
+        assert_eq!(a.action, w0);
+        assert!(!a.terminated);
+        assert_eq!((b.obs[0], b.next_obs[0], b.reward), (8.0, 12.0, 1.0));
+        assert_eq!(b.action, w1);
+        assert!(b.terminated && !b.truncated);
+    }
+
+    #[test]
+    fn a_takeover_closes_the_open_chunk_with_rlifs_penalty() {
+        for rlif in [false, true] {
+            let mut sac = noise_sac();
+            let mut asm = ChunkAssembler::new(rlif);
+            let w = [0.0f32; 3];
+            asm.push(&mut sac, &step(0, false, 0.0, false), Some(&w));
+            asm.push(&mut sac, &step(1, false, 0.0, false), None);
+            // The person drives steps 2..5: no learner transitions of their own in this mode.
+            for i in 2..5 {
+                asm.push(&mut sac, &step(i, true, 0.0, false), None);
+            }
+            assert_eq!(asm.stored, 1);
+            let t = sac.online.get(0);
+            assert_eq!((t.obs[0], t.next_obs[0]), (0.0, 2.0));
+            assert_eq!(t.reward, if rlif { -1.0 } else { 0.0 });
+            assert!(!t.terminated && !t.truncated);
+            // After the hand-back the policy's next chunk opens a new transition.
+            asm.push(&mut sac, &step(5, false, 0.0, false), Some(&w));
+            asm.push(&mut sac, &step(6, false, 1.0, true), None);
+            assert_eq!(asm.stored, 2);
+            assert_eq!(sac.online.get(1).reward, 1.0);
+        }
+    }
+}

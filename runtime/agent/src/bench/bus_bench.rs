@@ -1,0 +1,225 @@
+//! `reflex bench bus`: observation -> command round trip between two processes on loopback.
+//!
+//! The parent plays the robot: it publishes an [`Observation`] on `reflex/<robot>/obs` and waits
+//! for the [`Command`] that a child process (the controller, `--echo`) publishes on
+//! `reflex/<robot>/cmd` after decoding it. Both ends encode and decode the real messages, so the
+//! figure is what a remote controller sees: serialisation, Zenoh, TCP on loopback, and back.
+
+use crate::error::{Result, ctx};
+use crate::policytools::percentile;
+use reflex_bus::BusConfig;
+use reflex_contracts::msg::{self, Command, Image, Observation, PROTOCOL_VERSION};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use zenoh::Wait;
+
+const ROBOT: &str = "bench";
+
+fn free_port() -> Result<u16> {
+    // The OS picks a free loopback port; Zenoh binds it a moment later.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(ctx("binding a loopback port"))?;
+    Ok(l.local_addr()
+        .map_err(ctx("binding a loopback port"))?
+        .port())
+}
+
+/// The echoing controller (`reflex bench bus --echo`, started by [`run`] as a child process):
+/// answers every observation with a command of the same sequence number.
+pub fn echo(bus: &BusConfig) -> Result<()> {
+    let session = bus.open()?;
+    let keys = reflex_contracts::keys::Keys::new(ROBOT).map_err(reflex_bus::BusError::from)?;
+    let publisher = session
+        .declare_publisher(keys.cmd.clone())
+        .express(true)
+        .wait()
+        .map_err(ctx("the benchmark's bus"))?;
+    // Answer from Zenoh's receive callback: no hand-over to another thread on the way back.
+    let obs_key = keys.obs.clone();
+    let state = std::sync::Mutex::new((
+        Vec::<u8>::with_capacity(256),
+        Command {
+            v: PROTOCOL_VERSION,
+            seq: 0,
+            action: vec![0.0; 6],
+        },
+    ));
+    let _sub = session
+        .declare_subscriber(keys.obs.clone())
+        .callback(move |sample| {
+            let Ok(obs) = msg::decode::<Observation>(&obs_key, &sample.payload().to_bytes()) else {
+                return;
+            };
+            let mut st = state.lock().expect("echo state");
+            let (buf, cmd) = &mut *st;
+            cmd.seq = obs.seq;
+            cmd.action[0] = obs.state.first().copied().unwrap_or(0.0);
+            msg::encode_into(cmd, buf);
+            let _ = publisher.put(buf.as_slice()).wait();
+        })
+        .wait()
+        .map_err(ctx("the benchmark's bus"))?;
+    let _token = session
+        .liveliness()
+        .declare_token(format!("reflex/{ROBOT}/alive/echo"))
+        .wait()
+        .map_err(ctx("the benchmark's bus"))?;
+    // Runs until the parent kills it (or for at most an hour if it is orphaned).
+    std::thread::sleep(Duration::from_secs(3600));
+    Ok(())
+}
+
+struct KillOnDrop(Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn measure(
+    session: &zenoh::Session,
+    obs: &mut Observation,
+    warmup: usize,
+    iters: usize,
+    spin: bool,
+) -> Result<(usize, Vec<f64>)> {
+    let keys = reflex_contracts::keys::Keys::new(ROBOT).map_err(reflex_bus::BusError::from)?;
+    let publisher = session
+        .declare_publisher(keys.obs.clone())
+        .express(true)
+        .wait()
+        .map_err(ctx("the benchmark's bus"))?;
+    let sub = session
+        .declare_subscriber(keys.cmd.clone())
+        .wait()
+        .map_err(ctx("the benchmark's bus"))?;
+    let mut buf = Vec::new();
+    let mut lat = Vec::with_capacity(iters);
+    let mut bytes = 0;
+    for i in 0..warmup + iters {
+        obs.seq += 1;
+        let t0 = Instant::now();
+        msg::encode_into(obs, &mut buf);
+        bytes = buf.len();
+        publisher
+            .put(buf.as_slice())
+            .wait()
+            .map_err(ctx("the benchmark's bus"))?;
+        let wait_start = Instant::now();
+        loop {
+            let next = if spin {
+                // Spin on the queue: the transport without the wake-up of a sleeping thread, as
+                // a loop that polls its inbox every tick sees it.
+                let mut got = None;
+                while got.is_none() && wait_start.elapsed() < Duration::from_secs(5) {
+                    got = sub.try_recv().map_err(ctx("the benchmark's bus"))?;
+                    std::hint::spin_loop();
+                }
+                got
+            } else {
+                sub.recv_timeout(Duration::from_secs(5))
+                    .map_err(ctx("the benchmark's bus"))?
+            };
+            let Some(s) = next else {
+                return Err(crate::error::bail(format!(
+                    "no command back on {} within 5 s (the echo process stopped?)",
+                    keys.cmd
+                )));
+            };
+            let c: Command = msg::decode(&keys.cmd, &s.payload().to_bytes())?;
+            if c.seq == obs.seq {
+                break;
+            }
+        }
+        if i >= warmup {
+            lat.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    Ok((bytes, lat))
+}
+
+/// Observation -> command round trips between this process (the robot) and a child `reflex bench
+/// bus --echo` (the controller) over TCP on loopback, `iters` per payload; `listen` picks the
+/// endpoint (default: a free port).
+pub fn run(iters: usize, listen: Option<String>) -> Result<serde_json::Value> {
+    let endpoint = match listen {
+        Some(e) => e,
+        None => format!("tcp/127.0.0.1:{}", free_port()?),
+    };
+    let session = BusConfig::hermetic(vec![endpoint.clone()], vec![]).open()?;
+    let exe = std::env::current_exe().map_err(ctx("finding the reflex executable"))?;
+    let child = std::process::Command::new(exe)
+        .args([
+            "bench",
+            "bus",
+            "--echo",
+            "--no-multicast",
+            "--connect",
+            &endpoint,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(ctx("starting the echo process"))?;
+    let _child = KillOnDrop(child);
+    // Wait for the echo process to appear on the bus.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = session
+            .liveliness()
+            .get(format!("reflex/{ROBOT}/alive/echo"))
+            .timeout(Duration::from_millis(200))
+            .wait()
+            .map_err(ctx("the benchmark's bus"))?;
+        if r.recv().is_ok() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(crate::error::bail(format!(
+                "the echo process did not join the bus on {endpoint} within 20 s"
+            )));
+        }
+    }
+    // Let its subscriber's declaration propagate before the first put.
+    std::thread::sleep(Duration::from_millis(200));
+
+    // A ~1 KB observation: 200 f32 of state (about 1 KB of MessagePack), and one with a camera.
+    let mut small = Observation {
+        v: PROTOCOL_VERSION,
+        state: (0..200).map(|i| i as f32 * 0.5).collect(),
+        ..Default::default()
+    };
+    let mut image = Observation {
+        v: PROTOCOL_VERSION,
+        state: vec![0.1; 30],
+        images: vec![Image {
+            camera: "front".into(),
+            width: 128,
+            height: 128,
+            encoding: "rgb8".into(),
+            data: (0..128 * 128 * 3).map(|i| (i % 251) as u8).collect(),
+        }],
+        ..Default::default()
+    };
+    let mut rows = Vec::new();
+    for (name, obs, iters) in [
+        ("obs_1kb", &mut small, iters),
+        ("obs_image_128", &mut image, iters / 5),
+    ] {
+        // Two ways to wait for the answer: poll the queue (as the control loop does every tick)
+        // or sleep on it (a thread that blocks); the difference is one thread wake-up.
+        for (wait, spin) in [("poll", true), ("block", false)] {
+            let (bytes, lat) = measure(&session, obs, (iters / 10).max(50), iters, spin)?;
+            rows.push((format!("{name}_{wait}"), bytes, lat));
+        }
+    }
+    let mut out = serde_json::json!({ "transport": endpoint });
+    for (key, bytes, l) in &rows {
+        out[key.as_str()] = serde_json::json!({
+            "bytes": bytes, "iters": l.len(), "p50_us": percentile(l, 50.0), "p99_us": percentile(l, 99.0),
+            "max_us": l.last().copied().unwrap_or(f64::NAN),
+        });
+    }
+    Ok(out)
+}

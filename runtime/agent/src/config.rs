@@ -1,0 +1,473 @@
+//! The run config: one TOML file describes the actor (`reflex run`) and its learner
+//! (`reflex learn`): `[robot]`, `[sim]`, `[policy]`, `[loop]`, `[safety]`, `[bus]`, `[run]`,
+//! `[learner]`. docs/runtime.md and docs/learner.md list every key.
+
+use reflex_bus::BusConfig;
+use reflex_contracts::config::{ConfigError, Invalid, Validate, in_range};
+use reflex_policies::sac::{Mode, SacConfig};
+use reflex_runtime::control::LoopConfig;
+use reflex_runtime::safety::SafetyConfig;
+use reflex_sim::SimConfig;
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+/// Where the robot is.
+pub enum RobotSource {
+    /// The simulator in this process (`[sim]`).
+    Sim,
+    /// A robot on the bus, served by another process.
+    Remote,
+}
+
+fn d_timeout() -> f64 {
+    2000.0
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+/// `[robot]`: which robot the actor drives.
+pub struct RobotSection {
+    /// `sim` (the simulator in this process) or `remote` (a robot on the bus).
+    pub source: RobotSource,
+    /// Robot name on the bus (default: `[sim] robot`, or required for remote).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Deadline of every exchange with a remote robot, ms.
+    #[serde(default = "d_timeout")]
+    pub timeout_ms: f64,
+    /// URDF of the arm for the safety layer's workspace check on joint actions (default: the
+    /// simulator's arm for `source = "sim"`).
+    #[serde(default)]
+    pub urdf: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+/// The base policy's kind.
+pub enum PolicyKind {
+    /// The simulator's scripted expert (sim tasks only).
+    Expert,
+    /// An ONNX model with its spec (`model`).
+    Onnx,
+    /// No base policy: the robot holds unless a person drives.
+    None,
+}
+
+fn d_policy_kind() -> PolicyKind {
+    PolicyKind::Expert
+}
+fn d_chunk_len() -> usize {
+    2
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+/// `[policy]`: the base policy.
+pub struct PolicySection {
+    #[serde(default = "d_policy_kind")]
+    /// `expert`, `onnx` or `none`.
+    pub kind: PolicyKind,
+    /// Expert action noise.
+    #[serde(default)]
+    pub noise: f64,
+    /// Seed of the expert's noise.
+    #[serde(default)]
+    pub seed: u64,
+    /// Chunk length the expert returns (its action repeated).
+    #[serde(default = "d_chunk_len")]
+    pub chunk_len: usize,
+    /// The .onnx file (kind = "onnx"); its spec is NAME.policy.toml beside it. Relative paths are
+    /// relative to the config file.
+    #[serde(default)]
+    pub model: Option<PathBuf>,
+    /// Execution provider (kind = "onnx").
+    #[serde(default)]
+    pub provider: reflex_policies::onnx_policy::Provider,
+    /// ONNX Runtime intra-op threads.
+    #[serde(default = "d_threads")]
+    pub intra_threads: usize,
+}
+
+fn d_threads() -> usize {
+    1
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        PolicySection {
+            kind: d_policy_kind(),
+            noise: 0.0,
+            seed: 0,
+            chunk_len: d_chunk_len(),
+            model: None,
+            provider: Default::default(),
+            intra_threads: d_threads(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+/// Which time the loop runs on.
+pub enum ClockKind {
+    /// Simulated time: the loop runs as fast as the robot steps; reproducible.
+    Sim,
+    /// Wall time: the loop runs at its rate in real time.
+    Wall,
+}
+
+fn d_episodes() -> u64 {
+    10
+}
+fn d_clock() -> ClockKind {
+    ClockKind::Sim
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+/// `[run]`: how many episodes, seeds, which clock.
+pub struct RunSection {
+    #[serde(default = "d_episodes")]
+    /// Episodes to run.
+    pub episodes: u64,
+    /// Seed of the episode seeds.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default = "d_clock")]
+    /// `sim` (lockstep, reproducible) or `wall`.
+    pub clock: ClockKind,
+    /// After the episodes above, this many more with the learner's deterministic action (no
+    /// exploration noise), reported apart as the evaluation (`eval` in `--json`).
+    #[serde(default)]
+    pub eval_episodes: u64,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        RunSection {
+            episodes: d_episodes(),
+            seed: 0,
+            clock: d_clock(),
+            eval_episodes: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+/// `[bus]`: how the actor joins the Zenoh network.
+pub struct BusSection {
+    /// Use the bus at all (status, teleop, estop; required for remote robots).
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default)]
+    /// Endpoints to listen on.
+    pub listen: Vec<String>,
+    #[serde(default)]
+    /// Endpoints to connect to.
+    pub connect: Vec<String>,
+    #[serde(default)]
+    /// Turn multicast scouting off.
+    pub no_multicast: bool,
+    /// Rate of the step trace published for `reflex viz`, Hz (0 turns it off).
+    #[serde(default = "d_trace_hz")]
+    pub trace_hz: f64,
+}
+
+fn d_trace_hz() -> f64 {
+    10.0
+}
+
+impl Default for BusSection {
+    fn default() -> Self {
+        BusSection {
+            enabled: false,
+            listen: Vec::new(),
+            connect: Vec::new(),
+            no_multicast: false,
+            trace_hz: d_trace_hz(),
+        }
+    }
+}
+
+/// The whole actor config file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// `[robot]`.
+    pub robot: RobotSection,
+    #[serde(default)]
+    /// `[sim]` (with `robot.source = "sim"`).
+    pub sim: Option<SimConfig>,
+    #[serde(default)]
+    /// `[policy]`.
+    pub policy: PolicySection,
+    #[serde(rename = "loop", default)]
+    /// `[loop]` (default: the robot's rate).
+    pub loop_: Option<LoopConfig>,
+    #[serde(default)]
+    /// `[safety]`.
+    pub safety: SafetyConfig,
+    #[serde(default)]
+    /// `[bus]`.
+    pub bus: BusSection,
+    #[serde(default)]
+    /// `[run]`.
+    pub run: RunSection,
+    /// The residual learner on the bus (`reflex learn` with the same file); absent: no learning.
+    #[serde(default)]
+    pub learner: Option<LearnerSection>,
+}
+
+impl RunConfig {
+    /// The robot's name on the bus.
+    pub fn robot_name(&self) -> String {
+        match (&self.robot.name, &self.sim) {
+            (Some(n), _) => n.clone(),
+            (None, Some(s)) => s.robot.clone(),
+            (None, None) => "sim".into(),
+        }
+    }
+
+    /// The bus settings of the file with `extra` (from a command line) added: its endpoints
+    /// join the file's, its Zenoh config file is used, and scouting is off if either says so.
+    pub fn bus_config(&self, extra: &BusConfig) -> BusConfig {
+        let mut bus = BusConfig {
+            listen: self.bus.listen.clone(),
+            connect: self.bus.connect.clone(),
+            multicast_scouting: !self.bus.no_multicast && extra.multicast_scouting,
+            config_file: extra.config_file.clone(),
+        };
+        bus.listen.extend(extra.listen.iter().cloned());
+        bus.connect.extend(extra.connect.iter().cloned());
+        bus
+    }
+
+    /// The run's seed.
+    pub fn seed(&self) -> u64 {
+        self.run.seed
+    }
+
+    /// Reads and validates a run config; paths in it (the model, a URDF) are relative to the
+    /// file.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let mut c: RunConfig = reflex_contracts::config::load(path)?;
+        let dir = path.parent().unwrap_or(std::path::Path::new(""));
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() && !p.exists() {
+                *p = dir.join(&*p);
+            }
+        };
+        if let Some(m) = &mut c.policy.model {
+            resolve(m);
+        }
+        if let Some(u) = &mut c.robot.urdf {
+            resolve(u);
+        }
+        Ok(c)
+    }
+
+    /// Whether the actor needs the bus: a remote robot, endpoints, or the file says so.
+    pub fn uses_bus(&self, extra: &BusConfig) -> bool {
+        self.bus.enabled
+            || self.robot.source == RobotSource::Remote
+            || !extra.listen.is_empty()
+            || !extra.connect.is_empty()
+    }
+
+    /// The learner's mode: residual on a base policy, or SAC from scratch without one.
+    pub fn learner_mode(&self) -> reflex_policies::sac::Mode {
+        match self.policy.kind {
+            PolicyKind::None => reflex_policies::sac::Mode::Full,
+            _ => reflex_policies::sac::Mode::Residual,
+        }
+    }
+}
+
+impl Validate for RunConfig {
+    fn validate(&self, _: &str) -> Result<(), Invalid> {
+        if self.robot.source == RobotSource::Sim && self.sim.is_none() {
+            return Err(Invalid {
+                key: "sim".into(),
+                value: "(missing)".into(),
+                allowed: "a [sim] table when robot.source = \"sim\"".into(),
+            });
+        }
+        if self.robot.source == RobotSource::Remote && self.robot.name.is_none() {
+            return Err(Invalid {
+                key: "robot.name".into(),
+                value: "(missing)".into(),
+                allowed: "the robot's name on the bus".into(),
+            });
+        }
+        if let Some(s) = &self.sim {
+            s.validate("sim")?;
+        }
+        if let Some(l) = &self.loop_ {
+            l.validate("loop")?;
+        }
+        self.safety.validate("safety")?;
+        in_range("robot", "timeout_ms", self.robot.timeout_ms, 1.0, 600_000.0)?;
+        in_range("bus", "trace_hz", self.bus.trace_hz, 0.0, 1000.0)?;
+        if let Some(l) = &self.learner {
+            l.validate(self.learner_mode())?;
+            if self.policy.kind == PolicyKind::Expert {
+                return Err(Invalid {
+                    key: "learner".into(),
+                    value: "(present)".into(),
+                    allowed: "a [learner] table with [policy] kind = \"onnx\" (a residual on the base policy) or kind = \"none\" (SAC from scratch)".into(),
+                });
+            }
+        }
+        in_range("policy", "noise", self.policy.noise, 0.0, 10.0)?;
+        in_range("policy", "chunk_len", self.policy.chunk_len, 1, 64)?;
+        in_range("run", "episodes", self.run.episodes, 1, 10_000_000)?;
+        in_range(
+            "run",
+            "eval_episodes",
+            self.run.eval_episodes,
+            0,
+            10_000_000,
+        )?;
+        in_range("policy", "intra_threads", self.policy.intra_threads, 1, 256)?;
+        if self.policy.kind == PolicyKind::Onnx && self.policy.model.is_none() {
+            return Err(Invalid {
+                key: "policy.model".into(),
+                value: "(missing)".into(),
+                allowed: "the .onnx file when policy.kind = \"onnx\"".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn d_ckpt() -> PathBuf {
+    PathBuf::from("runs/learner/sac.ckpt")
+}
+fn d_every() -> f64 {
+    10.0
+}
+fn d_one() -> u64 {
+    1
+}
+
+/// `[learner]` of a run config: shared by the actor (`reflex run`) and the learner.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LearnerSection {
+    /// Checkpoint file of the learner (resumed from when it exists).
+    #[serde(default = "d_ckpt")]
+    pub checkpoint: PathBuf,
+    /// Seconds between checkpoints (the actor keeps what is not in one yet).
+    #[serde(default = "d_every")]
+    pub checkpoint_every_s: f64,
+    /// Publish new weights every this many episodes.
+    #[serde(default = "d_one")]
+    pub publish_every_episodes: u64,
+    /// RLIF: reward -1 on the step before each takeover.
+    #[serde(default)]
+    pub rlif: bool,
+    /// SAC hyperparameters (docs/learner.md); keys not given keep the demo's values.
+    #[serde(default)]
+    pub sac: Option<toml::Table>,
+    /// The actor's side of the link.
+    #[serde(default)]
+    pub link: reflex_bus::learnlink::LinkConfig,
+    /// Run the learner inside `reflex run` (a thread on the same bus session) rather than as a
+    /// separate `reflex learn` process.
+    #[serde(default = "d_true")]
+    pub in_process: bool,
+    /// With `[run] clock = "sim"`: before each episode, let the learner take every step so far
+    /// (the actor runs ahead of it otherwise). Never inside an episode.
+    #[serde(default = "d_true")]
+    pub pace_lockstep: bool,
+    /// Where the learner's state scaling comes from (docs/learner.md).
+    #[serde(default)]
+    pub obs_norm: ObsNormSource,
+    /// The settings `[learner.sac]` is laid over: `demo` (measured with a person correcting
+    /// the robot, docs/training.md) or `sac` (SAC's own defaults, RLPD-like).
+    #[serde(default)]
+    pub preset: Preset,
+}
+
+/// The SAC settings a `[learner.sac]` table starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Preset {
+    /// The demo's (docs/training.md).
+    #[default]
+    Demo,
+    /// SAC's defaults (docs/learner.md).
+    Sac,
+}
+
+impl Default for LearnerSection {
+    /// Every key at its default (as an empty `[learner]` table).
+    fn default() -> Self {
+        toml::from_str("").expect("every [learner] key has a default")
+    }
+}
+
+/// Where the learner's state scaling comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObsNormSource {
+    /// The base policy's own input normalisation; without a base policy, the state bounds in the
+    /// robot's spec (an error names the fields without finite bounds).
+    #[default]
+    Auto,
+    /// The state bounds in the robot's spec, even with a base policy.
+    Spec,
+    /// No scaling: the learner sees the raw state.
+    Off,
+}
+
+fn d_true() -> bool {
+    true
+}
+
+impl LearnerSection {
+    /// The SAC settings for `mode`: the demo's, with the keys of `[learner.sac]` replacing them.
+    /// A key SAC does not have, or a value of the wrong type, is an error naming it.
+    pub fn sac_config(&self, mode: Mode, seed: u64) -> Result<SacConfig, Invalid> {
+        let base = match self.preset {
+            Preset::Demo => crate::presets::learner_preset(mode, seed),
+            Preset::Sac => SacConfig {
+                seed,
+                ..SacConfig::default()
+            },
+        };
+        let c = match &self.sac {
+            Some(t) => crate::presets::overlay_sac(base, t).map_err(|e| Invalid {
+                key: "learner.sac".into(),
+                value: e.to_string(),
+                allowed: "the SAC keys of docs/learner.md".into(),
+            })?,
+            None => base,
+        };
+        Ok(SacConfig { mode, ..c })
+    }
+
+    /// Checks ranges, naming the key.
+    pub fn validate(&self, mode: Mode) -> Result<(), Invalid> {
+        use reflex_contracts::config::{Validate, in_range};
+        in_range(
+            "learner",
+            "checkpoint_every_s",
+            self.checkpoint_every_s,
+            0.05,
+            86_400.0,
+        )?;
+        in_range(
+            "learner",
+            "publish_every_episodes",
+            self.publish_every_episodes,
+            1,
+            1_000_000,
+        )?;
+        self.sac_config(mode, 0)?;
+        self.link.validate("learner.link")
+    }
+}

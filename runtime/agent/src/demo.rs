@@ -1,0 +1,590 @@
+//! The mission in one process (`reflex demo`): the shipped diffusion base policy drives the
+//! simulated arm through the control loop; a residual SAC learner refines it from the sparse task
+//! reward; a simulated person corrects the robot when it stalls or strays. Lockstep and
+//! single-threaded in simulated time, so a seed reproduces a run exactly: after every environment
+//! step the learner does its updates and, at episode ends, publishes new residual weights, which
+//! the loop swaps in atomically.
+
+use crate::assemble::{Assembler, ChunkAssembler};
+use crate::presets::{learner_preset, overlay_sac, read_table, state_norm};
+use crate::progress::Progress;
+use crate::{AgentError, error::Result};
+use reflex_contracts::config::{Invalid, Validate, in_range};
+use reflex_contracts::msg::{Observation, TeleopMsg, WireStep};
+use reflex_contracts::policy::Policy;
+use reflex_contracts::robot::Robot;
+use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
+use reflex_policies::sac::hook::{ActionNorm, ResidualMlp, export_actor};
+use reflex_policies::sac::steer::{NoiseTap, SteeredPolicy};
+use reflex_policies::sac::{Mode, Sac, SacConfig};
+use reflex_record::Recorder;
+use reflex_runtime::clock::SimClock;
+use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
+use reflex_runtime::outbox::{OutboxReceiver, Source, outbox};
+use reflex_runtime::residual::WeightsWriter;
+use reflex_runtime::teleop::{TeleopWriter, teleop_channel};
+use reflex_sim::human::{HumanConfig, SimHuman, TakeoverReasons};
+use reflex_sim::{SimConfig, SimEnv, TaskKind};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// How a demo runs.
+#[derive(Clone, Debug)]
+pub struct DemoOptions {
+    /// Episodes of training.
+    pub episodes: usize,
+    /// Seed of everything (episodes, learner, person).
+    pub seed: u64,
+    /// The base policy.
+    pub model: PathBuf,
+    /// Residual (default), noise (diffusion steering, DSRL) or full (SAC from scratch).
+    pub mode: Mode,
+    /// A simulated person corrects and demonstrates.
+    pub human: bool,
+    /// Episodes the person demonstrates before training (HIL-SERL starts from about 20).
+    pub demos: usize,
+    /// RLIF: reward -1 on the policy's step before each takeover.
+    pub rlif: bool,
+    /// Where runs are written (a directory per run).
+    pub runs: PathBuf,
+    /// Record every episode to Rerun files.
+    pub record: bool,
+    /// A TOML file with `[learner]` and/or `[human]` tables replacing the demo's defaults.
+    pub config: Option<PathBuf>,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        DemoOptions {
+            episodes: 100,
+            seed: 0,
+            model: PathBuf::from("models/pick.onnx"),
+            mode: Mode::Residual,
+            human: true,
+            demos: 20,
+            rlif: true,
+            runs: PathBuf::from("runs"),
+            record: true,
+            config: None,
+        }
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DemoFile {
+    learner: Option<SacConfig>,
+    human: Option<HumanConfig>,
+}
+
+impl Validate for DemoFile {
+    fn validate(&self, _: &str) -> std::result::Result<(), Invalid> {
+        if let Some(l) = &self.learner {
+            in_range(
+                "learner",
+                "critic_subset",
+                l.critic_subset,
+                1,
+                l.critics.max(1),
+            )?;
+            in_range("learner", "batch", l.batch, 1, 65_536)?;
+            in_range("learner", "utd", l.utd, 1, 1000)?;
+            in_range("learner", "discount", l.discount, 0.0, 1.0)?;
+            in_range("learner", "demo_ratio", l.demo_ratio, 0.0, 1.0)?;
+            in_range("learner", "action_scale", l.action_scale, 0.0, 2.0)?;
+            in_range("learner", "bc_weight", l.bc_weight, 0.0, 1000.0)?;
+        }
+        if let Some(h) = &self.human {
+            in_range("human", "rate", h.rate, 0.0, 1.0)?;
+        }
+        Ok(())
+    }
+}
+
+/// Per-episode record of a demo run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EpisodeRow {
+    /// Training episode index.
+    pub episode: usize,
+    /// The task succeeded (with or without help).
+    pub success: bool,
+    /// Steps.
+    pub steps: u32,
+    /// Return.
+    pub ret: f32,
+    /// Takeovers by the person.
+    pub interventions: u32,
+    /// Steps the person drove.
+    pub intervention_steps: u32,
+}
+
+/// What a demo produced.
+#[derive(Clone, Debug)]
+pub struct DemoReport {
+    /// The run's directory.
+    pub dir: PathBuf,
+    /// The summary written to `summary.json` (what `--json` prints).
+    pub summary: serde_json::Value,
+    /// Every training episode.
+    pub rows: Vec<EpisodeRow>,
+}
+
+fn rolling(xs: &[f64], k: usize) -> Vec<f64> {
+    (0..xs.len())
+        .map(|i| {
+            let lo = i.saturating_sub(k - 1);
+            xs[lo..=i].iter().sum::<f64>() / (i + 1 - lo) as f64
+        })
+        .collect()
+}
+
+/// The learner's and the person's settings: the demo's, with a config file's tables over them.
+fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
+    let file: DemoFile = match &o.config {
+        Some(p) => reflex_contracts::config::load(p)?,
+        None => DemoFile::default(),
+    };
+    // Keys in the file's [learner] replace the demo's settings; the rest stay the demo's.
+    let learner = match (&o.config, &file.learner) {
+        (Some(p), Some(_)) => {
+            let t = read_table(p, "learner")?;
+            SacConfig {
+                mode: o.mode,
+                ..overlay_sac(learner_preset(o.mode, o.seed), &t).map_err(|e| {
+                    AgentError::setup(format!("config `{}`: [learner]", p.display()), e.0)
+                })?
+            }
+        }
+        _ => learner_preset(o.mode, o.seed),
+    };
+    // The person's seed follows the demo's unless the file's [human] table sets one.
+    let human = match (&o.config, file.human) {
+        (Some(p), Some(h)) if read_table(p, "human")?.contains_key("seed") => h,
+        (_, h) => HumanConfig {
+            seed: o.seed,
+            ..h.unwrap_or_default()
+        },
+    };
+    Ok((learner, human))
+}
+
+/// The loop, the learner and everything the demo's step needs.
+struct Rig {
+    lp: ControlLoop<SimEnv, SimClock>,
+    sac: Sac,
+    norm: ActionNorm,
+    teleop: TeleopWriter,
+    orx: OutboxReceiver,
+    weights: Option<WeightsWriter>,
+    tap: Option<NoiseTap>,
+    asm: Assembler,
+    chunk_asm: ChunkAssembler,
+}
+
+fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
+    let env = SimEnv::new(SimConfig::for_task(TaskKind::Pick))?;
+    let spec = env.spec().clone();
+    let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
+    let load = |seed: u64| {
+        OnnxPolicy::load(
+            &o.model,
+            &spec,
+            &RunOptions {
+                seed,
+                ..Default::default()
+            },
+        )
+    };
+    let base = load(o.seed)?;
+    // A second copy labels person-driven steps with what the base would have done (ResFiT's
+    // relabelling of demonstration transitions).
+    let relabel = load(o.seed ^ 1)?;
+    let mut learner_cfg = learner_cfg;
+    if learner_cfg.obs_norm.is_none() {
+        learner_cfg.obs_norm = state_norm(&relabel, obs_dim);
+    }
+    let noise_dim = match o.mode {
+        Mode::Noise => relabel.noise_len(),
+        _ => act_dim,
+    };
+    if o.mode == Mode::Noise && noise_dim == 0 {
+        return Err(AgentError::setup(
+            "--mode noise",
+            format!(
+                "it steers a diffusion or flow policy; {} is neither",
+                o.model.display()
+            ),
+        ));
+    }
+    let sac = Sac::new(learner_cfg, obs_dim, noise_dim)?;
+    let scale = if o.mode == Mode::Residual {
+        sac.cfg.action_scale
+    } else {
+        0.0
+    };
+    let norm = ActionNorm::new(&spec.action.low, &spec.action.high, scale);
+    let (teleop, teleop_rx) = teleop_channel(act_dim);
+    let (otx, orx) = outbox(4096, obs_dim, act_dim);
+    let chain = reflex_sim::world::ArmModel::so101().chain;
+    // The learner's weights reach the loop through one writer: the residual hook's or the
+    // steered policy's.
+    let (mut tap, mut weights) = (None, None);
+    let driver = match o.mode {
+        Mode::Residual => PolicyDriver::inline(Box::new(base) as Box<dyn Policy>),
+        Mode::Noise => {
+            let (p, w, t) = SteeredPolicy::new(base, &sac, true, o.seed ^ 7)?;
+            tap = Some(t);
+            weights = Some(w);
+            PolicyDriver::inline(Box::new(p))
+        }
+        Mode::Full => PolicyDriver::None,
+    };
+    let mut b = ControlLoop::builder(env, SimClock::new())
+        .config(LoopConfig::at(spec.control_hz))
+        .policy(driver)
+        .chain(Some(chain))
+        .seed(o.seed);
+    if o.mode == Mode::Residual {
+        let (hook, w) = ResidualMlp::new(&sac, norm.clone(), true, o.seed ^ 7)?;
+        b = b.residual(Box::new(hook), false);
+        weights = Some(w);
+    }
+    let lp = b.teleop(teleop_rx).outbox(otx).build()?;
+    Ok(Rig {
+        lp,
+        asm: Assembler::new(o.mode, norm.clone(), Some(relabel), o.rlif, act_dim),
+        chunk_asm: ChunkAssembler::new(o.rlif),
+        sac,
+        norm,
+        teleop,
+        orx,
+        weights,
+        tap,
+    })
+}
+
+/// The person's takeovers in the current episode, counted by the demo itself: in `full` mode the
+/// learner's own commands share the teleop path, so the loop cannot tell them apart.
+#[derive(Default)]
+struct PersonCount {
+    interventions: u32,
+    steps: u32,
+    before: bool,
+}
+
+impl PersonCount {
+    fn note(&mut self, now: bool) {
+        self.interventions += (now && !self.before) as u32;
+        self.steps += now as u32;
+        self.before = now;
+    }
+}
+
+impl Rig {
+    /// The person looks at the robot and decides; in `full` mode the learner's own (exploring)
+    /// action is the command, through the same teleop path (the loop has no base policy).
+    fn person_and_learner_act(
+        &mut self,
+        o: &DemoOptions,
+        human: &mut Option<SimHuman>,
+        demos_left: usize,
+        msg: &mut TeleopMsg,
+        count: &mut PersonCount,
+    ) -> Result<()> {
+        let obs_now: Observation = self.lp.robot().obs().clone();
+        match human {
+            Some(h) if demos_left > 0 => h.demonstrate(&obs_now, msg),
+            Some(h) => h.act(&obs_now, msg),
+            None => msg.intervene = false,
+        }
+        count.note(msg.intervene);
+        if o.mode == Mode::Full && !msg.intervene {
+            let an = if (self.sac.counters.env_steps as usize) < self.sac.cfg.warmup_steps {
+                self.sac.random_action()
+            } else {
+                self.sac.act(&obs_now.state, &[], false)?
+            };
+            let mut act = an.clone();
+            self.norm.to_robot(&mut act);
+            msg.action.copy_from_slice(&act);
+            msg.intervene = true;
+            msg.seq += 1;
+            self.teleop.send(msg);
+            msg.intervene = false;
+        } else {
+            self.teleop.send(msg);
+        }
+        Ok(())
+    }
+
+    /// Hands the step's transitions to the recorder and the learner, and trains.
+    fn learn_from_step(
+        &mut self,
+        o: &DemoOptions,
+        recorder: Option<&Recorder>,
+        human: &Option<SimHuman>,
+        step: &mut WireStep,
+    ) -> Result<()> {
+        // The noise of a chunk the steered policy started in this step.
+        let mut noise = self.tap.as_ref().and_then(|t| t.try_recv());
+        while let Some(tr) = self.orx.try_recv() {
+            if let Some(r) = recorder {
+                r.record(&tr);
+            }
+            // In `full` mode the learner's own commands also travel the teleop path; only the
+            // simulated person's are interventions.
+            tr.to_wire(step);
+            step.teleop = tr.source == Source::Teleop
+                && (o.mode != Mode::Full || human.as_ref().is_some_and(|h| h.intervening()));
+            if o.mode == Mode::Noise {
+                let before = self.chunk_asm.stored;
+                self.chunk_asm.push(&mut self.sac, step, noise.as_deref());
+                if let (Some(n), Some(t)) = (noise.take(), &self.tap) {
+                    t.recycle(n);
+                }
+                // One learner step per chunk transition (the learner's time runs in chunks).
+                for _ in before..self.chunk_asm.stored {
+                    self.sac.train_step()?;
+                }
+            } else {
+                self.asm.push(&mut self.sac, step)?;
+            }
+            self.orx.recycle(tr);
+        }
+        if o.mode != Mode::Noise {
+            self.sac.train_step()?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the demo; writes `summary.json`, `learning_curve.png`, `learning.rrd` and (when
+/// recording) every episode under `runs/<run-id>/`.
+pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
+    let t0 = Instant::now();
+    let (learner_cfg, human_cfg) = settings(o)?;
+    let mut rig = build_rig(o, learner_cfg)?;
+    let spec = rig.lp.robot().spec().clone();
+    let mut human = o
+        .human
+        .then(|| SimHuman::new(&spec, human_cfg.clone()))
+        .transpose()?;
+    let mut msg = TeleopMsg {
+        action: vec![0.0; spec.action.dim()],
+        ..Default::default()
+    };
+    let dir = o.runs.join(crate::run_id(&format!("demo-seed{}", o.seed)));
+    std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
+    // Every episode to Rerun, off the loop (the recorder's own thread and bounded queue).
+    let recorder = o
+        .record
+        .then(|| {
+            crate::tap::make_recorder(
+                Some(dir.join("episodes")),
+                reflex_record::Live::Off,
+                &spec,
+                true,
+            )
+        })
+        .transpose()?;
+    let mut rows: Vec<EpisodeRow> = vec![];
+    let mut step = WireStep::default();
+    let mut version = 0u64;
+    let mut rate = UpdateRate::new(rig.sac.counters.critic_updates);
+    let mut count = PersonCount::default();
+    let mut demos_left = if human.is_some() { o.demos } else { 0 };
+    if demos_left > 0 {
+        progress.start(demos_left as u64, "demonstrations");
+        progress.message("the person demonstrates before training starts");
+    } else {
+        progress.start(o.episodes as u64, "episodes");
+    }
+    while rows.len() < o.episodes {
+        rig.person_and_learner_act(o, &mut human, demos_left, &mut msg, &mut count)?;
+        let episodes_before = rig.lp.episodes().len();
+        rig.lp.step()?;
+        rig.learn_from_step(o, recorder.as_ref(), &human, &mut step)?;
+        if rig.lp.episodes().len() == episodes_before {
+            continue;
+        }
+        // Episode ends: count it, publish the new residual (swapped in at the episode boundary).
+        if demos_left > 0 {
+            demos_left -= 1;
+            count = PersonCount::default();
+            progress.inc(1);
+            if demos_left == 0 {
+                progress.finish();
+                progress.start(o.episodes as u64, "episodes");
+            }
+            continue;
+        }
+        let e = rig.lp.episodes().last().expect("just finished").clone();
+        rows.push(EpisodeRow {
+            episode: rows.len(),
+            success: e.success,
+            steps: e.steps,
+            ret: e.ret,
+            interventions: count.interventions,
+            intervention_steps: count.steps,
+        });
+        count = PersonCount::default();
+        if let Some(w) = &mut rig.weights {
+            version += 1;
+            w.publish(version, &export_actor(&rig.sac)?);
+        }
+        progress.message(&episode_line(
+            &rows,
+            rate.per_s(rig.sac.counters.critic_updates),
+        ));
+        progress.inc(1);
+    }
+    progress.finish();
+    let wall = t0.elapsed().as_secs_f64();
+    if let Some(r) = recorder {
+        let st = r.finish();
+        let dropped = st.dropped.load(std::sync::atomic::Ordering::Relaxed);
+        if dropped > 0 {
+            tracing::warn!("the recorder dropped {dropped} steps (it fell behind)");
+        }
+    }
+    let reasons = human.as_ref().map(|h| h.reasons);
+    summarize(o, &dir, rows, wall, &rig.sac, reasons)
+}
+
+/// Learner updates per second, measured over at least half a second.
+struct UpdateRate {
+    t: Instant,
+    n: u64,
+    per_s: f64,
+}
+
+impl UpdateRate {
+    fn new(n: u64) -> Self {
+        UpdateRate {
+            t: Instant::now(),
+            n,
+            per_s: 0.0,
+        }
+    }
+
+    fn per_s(&mut self, n: u64) -> f64 {
+        let dt = self.t.elapsed().as_secs_f64();
+        if dt > 0.5 {
+            self.per_s = (n - self.n) as f64 / dt;
+            self.t = Instant::now();
+            self.n = n;
+        }
+        self.per_s
+    }
+}
+
+/// The progress line: robot-alone success and takeovers over the last 20 episodes.
+fn episode_line(rows: &[EpisodeRow], ups: f64) -> String {
+    let last: Vec<&EpisodeRow> = rows.iter().rev().take(20).collect();
+    let n = last.len() as f64;
+    let sr = last
+        .iter()
+        .filter(|r| r.success && r.interventions == 0)
+        .count() as f64
+        / n;
+    let ir = last.iter().filter(|r| r.interventions > 0).count() as f64 / n;
+    format!(
+        "success(20) {:>3.0}%  interventions(20) {:>3.0}%  {:>4.0} updates/s",
+        sr * 100.0,
+        ir * 100.0,
+        ups
+    )
+}
+
+fn window(v: &[f64], from: usize, to: usize) -> f64 {
+    if to > from {
+        v[from..to].iter().sum::<f64>() / (to - from) as f64
+    } else {
+        f64::NAN
+    }
+}
+
+fn summarize(
+    o: &DemoOptions,
+    dir: &Path,
+    rows: Vec<EpisodeRow>,
+    wall: f64,
+    sac: &Sac,
+    reasons: Option<TakeoverReasons>,
+) -> Result<DemoReport> {
+    // The headline: success without a takeover (the robot's own); `success` counts assisted
+    // episodes too.
+    let succ: Vec<f64> = rows
+        .iter()
+        .map(|r| (r.success && r.interventions == 0) as u8 as f64)
+        .collect();
+    let assisted: Vec<f64> = rows.iter().map(|r| r.success as u8 as f64).collect();
+    let intv: Vec<f64> = rows
+        .iter()
+        .map(|r| (r.interventions > 0) as u8 as f64)
+        .collect();
+    let (s20, i20) = (rolling(&succ, 20), rolling(&intv, 20));
+    crate::plot::curves_png(
+        &dir.join("learning_curve.png"),
+        &[(&s20, [30, 160, 60]), (&i20, [210, 50, 40])],
+    )?;
+    let points: Vec<reflex_record::LearningPoint> = rows
+        .iter()
+        .map(|r| reflex_record::LearningPoint {
+            success: r.success && r.interventions == 0,
+            intervened: r.interventions > 0,
+            ret: r.ret,
+            steps: r.steps,
+        })
+        .collect();
+    reflex_record::write_learning_curves(&dir.join("learning.rrd"), &points, 20)?;
+    let n = rows.len();
+    let (first, last) = (
+        window(&succ, 0, n.min(20)),
+        window(&succ, n.saturating_sub(20), n),
+    );
+    let reached = s20.iter().position(|s| *s >= 0.9).map(|i| i + 1);
+    let summary = serde_json::json!({
+        "episodes": n,
+        "seed": o.seed,
+        "mode": mode_name(o.mode),
+        "success_rate_first_20": first,
+        "success_rate_last_20": last,
+        "success_rate": last,
+        "success_with_assistance_first_20": window(&assisted, 0, n.min(20)),
+        "success_with_assistance_last_20": window(&assisted, n.saturating_sub(20), n),
+        "intervention_rate_first_20": window(&intv, 0, n.min(20)),
+        "intervention_rate_last_20": window(&intv, n.saturating_sub(20), n),
+        "episode_reaching_90pct_rolling_success": reached,
+        "wall_s": wall,
+        "env_steps": sac.counters.env_steps,
+        "updates": sac.counters.critic_updates,
+        "takeover_reasons": reasons,
+        "demonstrations": if o.human { o.demos } else { 0 },
+        "human": o.human,
+        "rlif": o.rlif,
+        "run_dir": dir.display().to_string(),
+        "learning_curve": dir.join("learning_curve.png").display().to_string(),
+        "learning_recording": dir.join("learning.rrd").display().to_string(),
+        "episode_recordings": o.record.then(|| dir.join("episodes").display().to_string()),
+    });
+    let rows_json =
+        serde_json::to_vec_pretty(&serde_json::json!({ "summary": summary, "episodes": rows }))
+            .expect("json of plain values");
+    let p = dir.join("summary.json");
+    reflex_runtime::fsio::atomic_write(&p, &rows_json).map_err(|e| AgentError::io(&p, e))?;
+    Ok(DemoReport {
+        dir: dir.to_path_buf(),
+        summary,
+        rows,
+    })
+}
+
+/// The command-line spelling of a learner mode.
+pub fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Residual => "residual",
+        Mode::Full => "full",
+        Mode::Noise => "noise",
+    }
+}

@@ -1,0 +1,354 @@
+//! The learner as a service on the bus: in its own process (`reflex learn`, on the robot or a
+//! GPU workstation) or on a thread of the actor's (`[learner] in_process = true`).
+//!
+//! It takes the actor's numbered transitions through [`LearnerLink`] (only the next number, so
+//! resends after a reconnect are dropped and gaps refused), stores them as `reflex demo` does
+//! ([`crate::assemble`]: relabelling, RLIF, both buffers for a person's steps), trains, publishes
+//! versioned weights, and checkpoints everything atomically, link position included. After a
+//! crash it resumes from the checkpoint and tells the actor where to resend from: no transition is
+//! lost or stored twice.
+
+use crate::assemble::Assembler;
+use crate::config::{LearnerSection, ObsNormSource, RunConfig};
+use crate::progress::Progress;
+use crate::{AgentError, error::Result};
+use reflex_bus::learnlink::{LearnerLink, LearnerLinkStats, LinkPosition};
+use reflex_contracts::keys::Keys;
+use reflex_contracts::msg::RobotSpec;
+use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
+use reflex_policies::sac::hook::{ActionNorm, export_actor};
+use reflex_policies::sac::{Mode, Sac};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const TAG_ACTOR: &str = "link.actor";
+const TAG_RECEIVED: &str = "link.received";
+const TAG_VERSION: &str = "link.weights_version";
+
+/// What a learner learns: for which robot, in which mode, with which settings.
+#[derive(Clone, Debug)]
+pub struct LearnerConfig {
+    /// The robot's name on the bus.
+    pub robot: String,
+    /// `[learner]`.
+    pub section: LearnerSection,
+    /// Residual on a base policy, or the whole action.
+    pub mode: Mode,
+    /// The base policy (residual mode): relabels a person's steps with what it would have done
+    /// and gives the state scaling.
+    pub base_model: Option<PathBuf>,
+    /// Seed of the learner.
+    pub seed: u64,
+}
+
+impl LearnerConfig {
+    /// The learner a run config describes.
+    pub fn from_run_config(cfg: &RunConfig) -> Result<Self> {
+        let section = cfg
+            .learner
+            .clone()
+            .ok_or_else(|| AgentError::setup("the run config", "it has no [learner] table"))?;
+        Ok(LearnerConfig {
+            robot: cfg.robot_name(),
+            section,
+            mode: cfg.learner_mode(),
+            base_model: cfg.policy.model.clone(),
+            seed: cfg.seed(),
+        })
+    }
+}
+
+/// How a learner runs, besides its config.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// Stop when the actor has gone and everything it sent is checkpointed.
+    pub exit_when_actor_leaves: bool,
+    /// Stop after this many seconds.
+    pub seconds: Option<f64>,
+    /// How long to wait for the actor's spec.
+    pub wait_s: f64,
+    /// Stop when set (the in-process learner of an actor).
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+/// What a learner did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LearnerReport {
+    /// The robot.
+    pub robot: String,
+    /// The actor it followed (hex).
+    pub actor: String,
+    /// Steps already received when it started (from its checkpoint).
+    pub resumed_at: u64,
+    /// Steps received.
+    pub received: u64,
+    /// Steps in its last checkpoint.
+    pub persisted: u64,
+    /// Steps dropped as duplicates (resends).
+    pub duplicates_dropped: u64,
+    /// Batches refused after a missing one.
+    pub gaps_refused: u64,
+    /// Episodes seen.
+    pub episodes: u64,
+    /// Newest weights version published.
+    pub weights_version: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Critic updates.
+    pub updates: u64,
+    /// Transitions in the online buffer.
+    pub online_buffer: usize,
+    /// Transitions in the demo buffer.
+    pub demo_buffer: usize,
+    /// Wall time, s.
+    pub wall_s: f64,
+    /// The checkpoint file.
+    pub checkpoint: String,
+}
+
+/// The learner's state scaling for `spec` under `source`.
+fn obs_norm(
+    source: ObsNormSource,
+    base: Option<&OnnxPolicy>,
+    spec: &RobotSpec,
+) -> Result<Option<reflex_policies::sac::ObsNorm>> {
+    Ok(match (source, base) {
+        (ObsNormSource::Off, _) => None,
+        (ObsNormSource::Auto, Some(b)) => crate::presets::state_norm(b, spec.state_dim()),
+        (ObsNormSource::Auto, None) | (ObsNormSource::Spec, _) => {
+            Some(crate::presets::state_norm_from_spec(spec)?)
+        }
+    })
+}
+
+/// The action normalisation the learner and the actor's hook share: widened by the residual's
+/// scale in residual mode, the plain action box in full mode.
+pub fn action_norm(spec: &RobotSpec, sac: &Sac) -> ActionNorm {
+    let scale = if sac.cfg.mode == Mode::Residual {
+        sac.cfg.action_scale
+    } else {
+        0.0
+    };
+    ActionNorm::new(&spec.action.low, &spec.action.high, scale)
+}
+
+/// Resumes from `ckpt` when it exists (checking it fits the robot), else starts afresh.
+fn resume_or_start(
+    cfg: &LearnerConfig,
+    ckpt: &Path,
+    spec: &RobotSpec,
+    base: Option<&OnnxPolicy>,
+) -> Result<Sac> {
+    let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
+    if ckpt.exists() {
+        let s = Sac::load(ckpt)?;
+        if (s.obs_dim, s.act_dim, s.cfg.mode) != (obs_dim, act_dim, cfg.mode) {
+            return Err(AgentError::setup(
+                format!("checkpoint `{}`", ckpt.display()),
+                format!(
+                    "it is a {:?} learner for observations of {} and actions of {}; robot `{}` needs a {:?} learner for {obs_dim} and {act_dim}: move it away to start afresh",
+                    s.cfg.mode, s.obs_dim, s.act_dim, cfg.robot, cfg.mode
+                ),
+            ));
+        }
+        tracing::info!(
+            "resuming from {} ({} steps received)",
+            ckpt.display(),
+            s.tags.get(TAG_RECEIVED).copied().unwrap_or(0)
+        );
+        return Ok(s);
+    }
+    let mut sc = cfg.section.sac_config(cfg.mode, cfg.seed).map_err(|e| {
+        AgentError::setup(
+            format!("[{}]", e.key),
+            format!("{} ({})", e.value, e.allowed),
+        )
+    })?;
+    if sc.obs_norm.is_none() {
+        sc.obs_norm = obs_norm(cfg.section.obs_norm, base, spec)?;
+    }
+    Ok(Sac::new(sc, obs_dim, act_dim)?)
+}
+
+/// Writes the checkpoint with the link position in its tags.
+fn save(sac: &mut Sac, ckpt: &Path, pos: &LinkPosition, stored_upto: u64) -> Result<()> {
+    sac.tags.insert(TAG_ACTOR.into(), pos.actor);
+    sac.tags.insert(TAG_RECEIVED.into(), stored_upto);
+    sac.tags.insert(TAG_VERSION.into(), pos.weights_version);
+    if let Some(d) = ckpt.parent() {
+        std::fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
+    }
+    sac.save(ckpt)?;
+    Ok(())
+}
+
+/// The learner's working state between batches.
+struct Session<'a> {
+    cfg: &'a LearnerConfig,
+    ckpt: PathBuf,
+    sac: Sac,
+    link: LearnerLink,
+    asm: Assembler,
+    episodes: u64,
+    checkpoints: u64,
+    last_ckpt: Instant,
+}
+
+impl Session<'_> {
+    /// Stores and trains on every new step of a batch; publishes weights at episode ends.
+    fn take(&mut self, timeout: Duration) -> Result<bool> {
+        let Some(batch) = self.link.next_batch(timeout) else {
+            return Ok(false);
+        };
+        if batch.new_actor {
+            self.asm.reset();
+        }
+        for s in &batch.steps {
+            self.asm.push(&mut self.sac, s)?;
+            self.sac.train_step()?;
+            if s.ends_episode() {
+                self.episodes += 1;
+                if self
+                    .episodes
+                    .is_multiple_of(self.cfg.section.publish_every_episodes)
+                {
+                    let v = self.link.position().weights_version + 1;
+                    let w = export_actor(&self.sac)?;
+                    self.link.publish_weights(v, &w);
+                }
+            }
+        }
+        self.link.publish_state();
+        Ok(true)
+    }
+
+    /// Checkpoints what is stored (a step held for its successor is not stored yet).
+    fn checkpoint(&mut self, force: bool) -> Result<()> {
+        let pos = self.link.position();
+        let stored_upto = pos.received - self.asm.holds_one() as u64;
+        let due =
+            force || self.last_ckpt.elapsed().as_secs_f64() >= self.cfg.section.checkpoint_every_s;
+        if pos.actor != 0 && stored_upto > pos.persisted && due {
+            save(&mut self.sac, &self.ckpt, &pos, stored_upto)?;
+            self.link.persisted(stored_upto);
+            self.checkpoints += 1;
+            self.last_ckpt = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// The learner on `session` for `cfg.robot`, until the options say stop; returns its report.
+pub fn serve(
+    session: &zenoh::Session,
+    cfg: &LearnerConfig,
+    o: &ServeOptions,
+    progress: &dyn Progress,
+) -> Result<LearnerReport> {
+    let keys = Keys::new(&cfg.robot).map_err(reflex_bus::BusError::from)?;
+    tracing::info!("learner for `{}`: waiting for the actor's spec", cfg.robot);
+    let spec = reflex_bus::trace::fetch_spec(session, &keys, Duration::from_secs_f64(o.wait_s))?;
+    spec.validate()?;
+    let relabel = match (cfg.mode, &cfg.base_model) {
+        (Mode::Residual, Some(m)) => Some(OnnxPolicy::load(m, &spec, &RunOptions::default())?),
+        (Mode::Residual, None) => {
+            return Err(AgentError::setup(
+                "[learner]",
+                "the residual learner relabels a person's steps with the base policy: [policy] kind = \"onnx\" with a model",
+            ));
+        }
+        _ => None,
+    };
+    let ckpt = if cfg.section.checkpoint.is_relative() {
+        std::env::current_dir()
+            .map_err(|e| AgentError::io(Path::new("."), e))?
+            .join(&cfg.section.checkpoint)
+    } else {
+        cfg.section.checkpoint.clone()
+    };
+    let sac = resume_or_start(cfg, &ckpt, &spec, relabel.as_ref())?;
+    let tag = |k: &str| sac.tags.get(k).copied().unwrap_or(0);
+    let pos = LinkPosition {
+        actor: tag(TAG_ACTOR),
+        received: tag(TAG_RECEIVED),
+        persisted: tag(TAG_RECEIVED),
+        weights_version: tag(TAG_VERSION),
+    };
+    let mut link = LearnerLink::new(session, &keys, pos)?;
+    if pos.weights_version > 0 {
+        link.publish_weights(pos.weights_version, &export_actor(&sac)?);
+    }
+    let norm = action_norm(&spec, &sac);
+    let asm = Assembler::new(cfg.mode, norm, relabel, cfg.section.rlif, spec.action.dim());
+    let mut s = Session {
+        cfg,
+        ckpt,
+        sac,
+        link,
+        asm,
+        episodes: 0,
+        checkpoints: 0,
+        last_ckpt: Instant::now(),
+    };
+    let t0 = Instant::now();
+    let (mut actor_seen, mut last_batch) = (false, Instant::now());
+    loop {
+        let got = s.take(Duration::from_millis(20))?;
+        if got {
+            last_batch = Instant::now();
+        }
+        s.checkpoint(false)?;
+        s.link.tick();
+        let p = s.link.position();
+        progress.message(&format!(
+            "received {}, checkpointed {}, {} episodes, weights v{}, {} updates",
+            p.received, p.persisted, s.episodes, p.weights_version, s.sac.counters.critic_updates
+        ));
+        if !got {
+            let alive = s.link.actor_alive(session);
+            actor_seen |= alive;
+            if o.exit_when_actor_leaves
+                && actor_seen
+                && !alive
+                && last_batch.elapsed() > Duration::from_secs(1)
+                && s.link.queued() == 0
+            {
+                break;
+            }
+        }
+        if o.seconds.is_some_and(|x| t0.elapsed().as_secs_f64() >= x)
+            || o.stop.as_ref().is_some_and(|x| x.load(Ordering::Relaxed))
+        {
+            break;
+        }
+    }
+    // The last checkpoint: everything stored (an episode's held step has no successor now and is
+    // stored by the actor's resend after the next start, if any).
+    s.checkpoint(true)?;
+    progress.finish();
+    let p = s.link.position();
+    let LearnerLinkStats {
+        duplicates_dropped,
+        gaps_refused,
+        ..
+    } = s.link.stats();
+    Ok(LearnerReport {
+        robot: cfg.robot.clone(),
+        actor: format!("{:x}", p.actor),
+        resumed_at: pos.received,
+        received: p.received,
+        persisted: p.persisted,
+        duplicates_dropped,
+        gaps_refused,
+        episodes: s.episodes,
+        weights_version: p.weights_version,
+        checkpoints: s.checkpoints,
+        updates: s.sac.counters.critic_updates,
+        online_buffer: s.sac.online.len(),
+        demo_buffer: s.sac.demo.len(),
+        wall_s: t0.elapsed().as_secs_f64(),
+        checkpoint: s.ckpt.display().to_string(),
+    })
+}

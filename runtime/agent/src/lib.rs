@@ -1,0 +1,63 @@
+//! reflex-agent: reflex as a library. An integrator embeds the actor (their robot, their policy,
+//! reflex's loop, safety, bus, recorder and learner) and the learner service in their own
+//! program; the `reflex` binary is a thin command line over this crate.
+//!
+//! - [`actor`]: [`actor::Actor`], built with [`actor::ActorBuilder`] from any
+//!   [`reflex_contracts::robot::Robot`] and [`reflex_contracts::policy::Policy`], or from a run
+//!   config ([`config::RunConfig`], what `reflex run` reads) with [`actor::run_config`];
+//! - [`learner`]: the residual (or full) SAC learner as a service on the bus, in its own process
+//!   (`reflex learn`) or on a thread of the actor's;
+//! - [`assemble`], [`presets`]: from the actor's steps to the learner's transitions (relabelling,
+//!   RLIF, HIL-SERL routing) and the SAC settings the demo measured;
+//! - [`demo`]: the whole mission in one process (`reflex demo`);
+//! - [`bench`], [`simtools`], [`policytools`], [`teleop`], [`viz`], [`replay`]: what the other
+//!   commands run.
+//!
+//! Long jobs report through [`progress::Progress`]; nothing here prints.
+#![warn(missing_docs)]
+
+pub mod actor;
+pub mod assemble;
+pub mod bench;
+pub mod config;
+pub mod demo;
+mod error;
+pub mod learner;
+pub mod plot;
+pub mod policytools;
+pub mod presets;
+pub mod progress;
+pub mod replay;
+pub mod simtools;
+pub mod tap;
+pub mod teleop;
+pub mod viz;
+
+pub use error::AgentError;
+
+/// A run id that no other run on this machine has: the time in seconds and microseconds, the
+/// process id and a per-process counter (two runs started in the same second get different ids).
+pub fn run_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{prefix}-{}-{:06}-{}-{}",
+        now.as_secs(),
+        now.subsec_micros(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn run_ids_started_together_never_collide() {
+        let ids: std::collections::BTreeSet<String> =
+            (0..1000).map(|_| super::run_id("run")).collect();
+        assert_eq!(ids.len(), 1000);
+    }
+}

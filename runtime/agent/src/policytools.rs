@@ -1,0 +1,252 @@
+//! What `reflex policy check|bench` and `reflex bc train` run.
+
+use crate::progress::Progress;
+use crate::{AgentError, error::Result};
+use reflex_contracts::robot::Robot;
+use reflex_policies::bc::{TrainConfig, make_samples, train};
+use reflex_policies::onnx_policy::{
+    OnnxPolicy, Provider, RunOptions, check_graph, graph_io, open_session,
+};
+use reflex_policies::spec::{PolicySpec, spec_path};
+use reflex_sim::{SimConfig, SimEnv, TaskKind};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The robot a policy spec names (`sim/<task>`), to check and run it against.
+pub fn robot_for(spec: &PolicySpec, cameras: bool) -> Result<Option<SimEnv>> {
+    let Some(kind) = &spec.robot_kind else {
+        return Ok(None);
+    };
+    let Some(task) = kind.strip_prefix("sim/") else {
+        return Ok(None);
+    };
+    let task: TaskKind = task.parse().map_err(|e: reflex_sim::task::UnknownTask| {
+        AgentError::setup("robot_kind", e.to_string())
+    })?;
+    let mut cfg = SimConfig::for_task(task);
+    cfg.cameras.enabled = cameras;
+    Ok(Some(SimEnv::new(cfg)?))
+}
+
+fn needs_cameras(spec: &PolicySpec) -> bool {
+    spec.inputs
+        .iter()
+        .any(|i| matches!(i, reflex_policies::spec::InputSource::Image { .. }))
+}
+
+/// What `reflex policy check` found: the graph's inputs and outputs, and what it was checked
+/// against.
+#[derive(Clone, Debug)]
+pub struct CheckReport {
+    /// One line per input and output: name, element type, shape.
+    pub lines: Vec<String>,
+    /// The robot kind it was checked against, if the spec names one.
+    pub robot_kind: Option<String>,
+}
+
+/// Checks a model against its spec (names, shapes, element types) and the robot it is for.
+pub fn check(model: &Path) -> Result<CheckReport> {
+    if !model.exists() {
+        return Err(crate::error::bail(format!(
+            "model `{}` does not exist",
+            model.display()
+        )));
+    }
+    let spec = PolicySpec::load_for(model)?;
+    let session = open_session(model, &RunOptions::default())?;
+    let robot = robot_for(&spec, needs_cameras(&spec))?;
+    let (ins, outs) = graph_io(&session);
+    let mut lines = vec![format!(
+        "model {} ({:?}, chunk {} x {}, {} executed)",
+        model.display(),
+        spec.kind,
+        spec.chunk_len,
+        spec.action_dim,
+        spec.execute
+    )];
+    for i in &ins {
+        lines.push(format!(
+            "  input  {:<16} {:<8} {:?}",
+            i.name, i.elem, i.dims
+        ));
+    }
+    for o in &outs {
+        lines.push(format!(
+            "  output {:<16} {:<8} {:?}",
+            o.name, o.elem, o.dims
+        ));
+    }
+    let problems = check_graph(&spec, &session, robot.as_ref().map(|r| r.spec()));
+    if !problems.is_empty() {
+        return Err(crate::error::bail(format!(
+            "{}\nmodel `{}` does not match its spec `{}`:\n  - {}",
+            lines.join("\n"),
+            model.display(),
+            spec_path(model).display(),
+            problems.join("\n  - ")
+        )));
+    }
+    if let Some(r) = &robot {
+        // Loading for the robot checks the state fields, cameras and action space too.
+        OnnxPolicy::load(model, r.spec(), &RunOptions::default())?;
+    }
+    Ok(CheckReport {
+        lines,
+        robot_kind: robot.map(|r| r.spec().kind.clone()),
+    })
+}
+
+/// Percentile of already sorted values (nearest rank).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// `reflex policy bench`: per-chunk latency (all sampler steps) on a provider.
+pub fn bench(
+    model: &Path,
+    provider: &str,
+    threads: usize,
+    iters: usize,
+) -> Result<serde_json::Value> {
+    let spec = PolicySpec::load_for(model)?;
+    let mut robot = robot_for(&spec, needs_cameras(&spec))?.ok_or_else(|| {
+        AgentError::setup(
+            format!("spec of `{}`", model.display()),
+            "policy bench needs robot_kind = \"sim/<task>\" to make observations",
+        )
+    })?;
+    let provider = Provider::parse(provider)?;
+    let opts = RunOptions {
+        provider,
+        intra_threads: threads,
+        seed: 0,
+    };
+    let mut policy = OnnxPolicy::load(model, robot.spec(), &opts)?;
+    let obs = robot.reset(Some(1))?.clone();
+    let mut out = vec![0.0f32; spec.chunk_len * spec.action_dim];
+    for _ in 0..20 {
+        policy.infer_chunk(&obs, &mut out)?;
+    }
+    let mut lat = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        policy.infer_chunk(&obs, &mut out)?;
+        lat.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    lat.sort_by(|x, y| x.total_cmp(y));
+    let calls = match spec.kind {
+        reflex_policies::spec::PolicyKind::Diffusion => {
+            spec.diffusion.clone().unwrap_or_default().inference_steps
+        }
+        reflex_policies::spec::PolicyKind::Flow => spec.flow_steps,
+        reflex_policies::spec::PolicyKind::Chunk => 1,
+    };
+    Ok(serde_json::json!({
+        "model": model.display().to_string(),
+        "provider": opts.provider.name(),
+        "intra_threads": threads,
+        "network_calls_per_chunk": calls,
+        "iters": iters,
+        "p50_us": percentile(&lat, 50.0),
+        "p99_us": percentile(&lat, 99.0),
+        "max_us": lat.last().copied().unwrap_or(f64::NAN),
+    }))
+}
+
+/// Writes a model and its spec atomically.
+pub fn write_model(out: &Path, onnx: &[u8], spec: &PolicySpec) -> Result<()> {
+    if let Some(d) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
+    }
+    reflex_runtime::fsio::atomic_write(out, onnx).map_err(|e| AgentError::io(out, e))?;
+    let sp = spec_path(out);
+    reflex_runtime::fsio::atomic_write(&sp, spec.to_toml().as_bytes())
+        .map_err(|e| AgentError::io(&sp, e))?;
+    Ok(())
+}
+
+/// What `reflex bc train` asks for.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    /// A directory written by `reflex sim demos`.
+    pub demos: PathBuf,
+    /// Output model (its spec is written beside it).
+    pub out: PathBuf,
+    /// Use only the first N episodes.
+    pub episodes: Option<usize>,
+    /// The network and optimiser settings.
+    pub cfg: TrainConfig,
+    /// The command that trains it (recorded as the model's provenance).
+    pub command: String,
+}
+
+/// What training produced.
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    /// The model written.
+    pub model: PathBuf,
+    /// Its spec.
+    pub spec: PathBuf,
+    /// Final loss.
+    pub final_loss: f32,
+    /// Wall time, s.
+    pub wall_s: f64,
+}
+
+/// Trains a diffusion policy on recorded episodes and exports it to ONNX with its spec.
+pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport> {
+    let m = reflex_sim::demos::read_manifest(&o.demos)?;
+    let take = o.episodes.unwrap_or(m.episodes.len()).min(m.episodes.len());
+    let mut eps = vec![];
+    for e in &m.episodes[..take] {
+        let ep = reflex_sim::demos::read_episode(&o.demos, e)?;
+        eps.push((ep.observations, ep.actions));
+    }
+    let samples = make_samples(&eps, o.cfg.horizon);
+    let name = o
+        .out
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "policy".into());
+    tracing::info!(
+        "training `{name}` on {take} episodes ({} samples) from {}",
+        samples.len(),
+        o.demos.display()
+    );
+    progress.start(o.cfg.steps as u64, "steps");
+    let t0 = Instant::now();
+    let mut last = 0u64;
+    let mut trained = train(
+        &samples,
+        m.spec.action.dim(),
+        &o.cfg,
+        &name,
+        vec![],
+        Some(m.spec.kind.clone()),
+        |step, loss| {
+            progress.inc(step as u64 - last.min(step as u64));
+            last = step as u64;
+            progress.message(&format!("loss {loss:.4}"));
+        },
+    )?;
+    progress.finish();
+    trained.spec.provenance = Some(format!(
+        "{} (demos: {}; {take} episodes, {} samples; trained in {:.0} s)",
+        o.command,
+        m.command,
+        samples.len(),
+        t0.elapsed().as_secs_f64()
+    ));
+    let onnx = trained.net.to_onnx()?;
+    write_model(&o.out, &onnx, &trained.spec)?;
+    Ok(TrainReport {
+        model: o.out.clone(),
+        spec: spec_path(&o.out),
+        final_loss: trained.losses.last().copied().unwrap_or(f32::NAN),
+        wall_s: t0.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,122 @@
+//! The learner's settings as measured on the demo (docs/training.md explains each choice), and
+//! how a config's partial `[learner]` table is laid over them.
+
+use crate::AgentError;
+use reflex_policies::onnx_policy::OnnxPolicy;
+use reflex_policies::sac::{Mode, SacConfig};
+
+/// The learner's settings for the demo (docs/training.md explains each choice).
+pub fn learner_preset(mode: Mode, seed: u64) -> SacConfig {
+    if mode == Mode::Noise {
+        // One decision per chunk: a few hundred transitions in 100 episodes, so many updates per
+        // transition (DSRL uses ~20) are cheap.
+        return SacConfig {
+            mode,
+            hidden: vec![256, 256],
+            critics: 2,
+            critic_subset: 2,
+            critic_layer_norm: true,
+            batch: 256,
+            utd: 10,
+            discount: 0.97,
+            n_step: 1,
+            init_temperature: 0.01,
+            entropy_in_target: false,
+            bootstrap_truncation: false,
+            noise_bound: 1.5,
+            demo_ratio: 0.0,
+            warmup_steps: 32,
+            capacity: 200_000,
+            seed,
+            ..Default::default()
+        };
+    }
+    SacConfig {
+        mode,
+        hidden: vec![128, 128],
+        critics: 2,
+        critic_subset: 2,
+        critic_layer_norm: true,
+        batch: 256,
+        utd: 5,
+        discount: 0.97,
+        n_step: 3,
+        init_temperature: 0.01,
+        entropy_in_target: false,
+        bootstrap_truncation: false,
+        action_scale: 0.5,
+        bc_weight: 1.0,
+        demo_ratio: 0.5,
+        warmup_steps: 256,
+        capacity: 200_000,
+        seed,
+        ..Default::default()
+    }
+}
+
+/// The learner's state scaling from the base policy's own input normalisation (half widths of
+/// at least 0.05, so a component that hardly varied in the demonstrations is not blown up).
+pub fn state_norm(base: &OnnxPolicy, state_dim: usize) -> Option<reflex_policies::sac::ObsNorm> {
+    base.spec()
+        .state_bounds(state_dim)
+        .map(|(lo, hi)| reflex_policies::sac::ObsNorm::from_bounds(lo, hi, 0.05))
+}
+
+/// `base` with the keys of `table` replacing its own (a partial table keeps the other values).
+pub fn overlay_sac(base: SacConfig, table: &toml::Table) -> Result<SacConfig, OverlayError> {
+    let mut t = match toml::Value::try_from(&base).map_err(|e| OverlayError(e.to_string()))? {
+        toml::Value::Table(t) => t,
+        _ => unreachable!("a struct serialises to a table"),
+    };
+    for (k, v) in table {
+        t.insert(k.clone(), v.clone());
+    }
+    toml::Value::Table(t)
+        .try_into::<SacConfig>()
+        .map_err(|e| OverlayError(e.to_string()))
+}
+
+/// A `[learner]` table that does not fit SAC's settings (an unknown key, a wrong type).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct OverlayError(pub String);
+
+/// The learner's state scaling from the bounds in the robot's spec, for learning without a
+/// base policy. Every state value needs finite bounds; otherwise the error names the fields
+/// without them and says what to set.
+pub fn state_norm_from_spec(
+    spec: &reflex_contracts::msg::RobotSpec,
+) -> Result<reflex_policies::sac::ObsNorm, AgentError> {
+    let (mut lo, mut hi, mut missing) = (vec![], vec![], vec![]);
+    for f in &spec.state {
+        match (&f.low, &f.high) {
+            (Some(l), Some(h)) if l.iter().chain(h).all(|v| v.is_finite()) => {
+                lo.extend_from_slice(l);
+                hi.extend_from_slice(h);
+            }
+            _ => missing.push(f.name.clone()),
+        }
+    }
+    if !missing.is_empty() {
+        return Err(AgentError::setup(
+            format!("robot `{}`", spec.name),
+            format!(
+                "the learner scales the state by the bounds in the robot's spec when there is no base policy, and state field(s) {} have no finite bounds: give them bounds in the robot's spec (the Gymnasium bridge takes them from the observation space), or set [learner] obs_norm = \"off\" to learn on the raw state",
+                missing.join(", ")
+            ),
+        ));
+    }
+    Ok(reflex_policies::sac::ObsNorm::from_bounds(&lo, &hi, 1e-3))
+}
+
+/// The table `name` of a TOML file (empty when absent).
+pub fn read_table(path: &std::path::Path, name: &str) -> crate::error::Result<toml::Table> {
+    let text = std::fs::read_to_string(path).map_err(|e| AgentError::io(path, e))?;
+    let all: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        AgentError::setup(format!("config `{}`", path.display()), e.to_string())
+    })?;
+    Ok(match all.get(name) {
+        Some(toml::Value::Table(t)) => t.clone(),
+        _ => toml::Table::new(),
+    })
+}

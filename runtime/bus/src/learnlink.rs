@@ -1,0 +1,711 @@
+//! The actor's end of the link to a learner on the bus (possibly on another machine).
+//!
+//! Transitions: every step the loop hands to its outbox gets a sequence number and is kept until
+//! the learner reports it persisted in a checkpoint (`LearnerState::persisted`). Steps go out in
+//! batches on `reflex/<robot>/learn/transitions`; the learner accepts only the sequence number it
+//! expects next, so a duplicate (a resend after a reconnect) is dropped and a gap is refused. When
+//! the learner reports less than was sent (it restarted from a checkpoint, or a batch was lost),
+//! the actor resends from what the learner has. Nothing the actor sent is lost as long as the actor
+//! lives and its unacknowledged backlog stays under `max_unacked` (beyond that the oldest steps
+//! are dropped and counted in `lost`).
+//!
+//! Weights: the learner publishes versioned residual weights in chunks on
+//! `reflex/<robot>/learn/weights`; the link assembles them and hands a complete version to the
+//! loop's residual hook through its triple buffer ([`WeightsWriter`]). The loop takes it at its
+//! next step or at the next episode start ([`SwapPoint`]); it never waits, and reads whichever
+//! version is newest.
+//! When the learner goes away the loop keeps its last weights.
+//!
+//! This all runs on the outbox's consumer thread and Zenoh's callback threads, never the loop's.
+
+use reflex_contracts::keys::Keys;
+use reflex_contracts::msg::{
+    self, LearnerState, PROTOCOL_VERSION, TransitionBatch, WeightsChunk, WireStep,
+};
+use reflex_runtime::outbox::Transition;
+use reflex_runtime::residual::WeightsWriter;
+use serde::Deserialize;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zenoh::Wait;
+
+/// When new weights reach the loop.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwapPoint {
+    /// As soon as a version is complete.
+    Immediate,
+    /// At the next episode boundary (the policy does not change within an episode).
+    #[default]
+    Episode,
+}
+
+/// Settings of the actor's link.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinkConfig {
+    /// Steps per batch at most.
+    pub batch_steps: usize,
+    /// A partial batch goes out after this long, ms.
+    pub flush_ms: f64,
+    /// Resend what the learner lacks when it has not caught up after this long, ms.
+    pub resend_ms: f64,
+    /// Unacknowledged steps kept at most (the oldest are dropped and counted beyond this).
+    pub max_unacked: usize,
+    /// When new weights reach the loop.
+    pub swap: SwapPoint,
+    /// At the end of a run, wait this long for the learner to persist the last steps, s.
+    pub drain_s: f64,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            batch_steps: 64,
+            flush_ms: 50.0,
+            resend_ms: 5000.0,
+            max_unacked: 2_000_000,
+            swap: SwapPoint::Episode,
+            drain_s: 10.0,
+        }
+    }
+}
+
+impl reflex_contracts::config::Validate for LinkConfig {
+    fn validate(&self, p: &str) -> Result<(), reflex_contracts::config::Invalid> {
+        use reflex_contracts::config::in_range;
+        in_range(p, "batch_steps", self.batch_steps, 1, 65_536)?;
+        in_range(p, "flush_ms", self.flush_ms, 1.0, 60_000.0)?;
+        in_range(p, "resend_ms", self.resend_ms, 10.0, 600_000.0)?;
+        in_range(p, "max_unacked", self.max_unacked, 1_000, 1_000_000_000)?;
+        in_range(p, "drain_s", self.drain_s, 0.0, 3600.0)?;
+        Ok(())
+    }
+}
+
+/// Counters of the link.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LinkStats {
+    /// Steps numbered and queued for the learner.
+    pub steps: u64,
+    /// Batches published (first sends and resends).
+    pub batches: u64,
+    /// Steps sent again after the learner lacked them.
+    pub resent: u64,
+    /// Steps dropped from a backlog over `max_unacked` (the learner never got them).
+    pub lost: u64,
+    /// Steps the learner has persisted.
+    pub persisted: u64,
+    /// Weight versions handed to the loop's residual hook.
+    pub swaps: u64,
+    /// Newest weight version handed over.
+    pub weights_version: u64,
+    /// Learner processes seen (a restart counts anew).
+    pub learner_instances: u64,
+}
+
+/// How far the learner is behind the actor, readable from any thread.
+#[derive(Debug, Default)]
+pub struct LinkProgress {
+    /// Steps handed to the link.
+    pub offered: std::sync::atomic::AtomicU64,
+    /// Steps the learner has taken (trained on).
+    pub received: std::sync::atomic::AtomicU64,
+}
+
+impl LinkProgress {
+    /// Steps the learner still has to take.
+    pub fn lag(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.offered
+            .load(Relaxed)
+            .saturating_sub(self.received.load(Relaxed))
+    }
+}
+
+/// What the Zenoh callbacks share with the link.
+struct Shared {
+    state: Option<(LearnerState, Instant)>,
+    instances: u64,
+    // Weight assembly.
+    asm_version: u64,
+    asm: Vec<f32>,
+    asm_have: usize,
+    ready: Option<(u64, Vec<f32>)>,
+    writer: WeightsWriter,
+    in_use: u64,
+    swaps: u64,
+}
+
+impl Shared {
+    fn take_chunk(&mut self, c: &WeightsChunk) {
+        if c.version <= self.in_use || self.ready.as_ref().is_some_and(|r| r.0 >= c.version) {
+            return; // old news
+        }
+        if c.version != self.asm_version || self.asm.len() != c.total as usize {
+            self.asm_version = c.version;
+            self.asm = vec![f32::NAN; c.total as usize];
+            self.asm_have = 0;
+        }
+        let (o, n) = (c.offset as usize, c.values.len());
+        if o + n > self.asm.len() {
+            return;
+        }
+        for (d, s) in self.asm[o..o + n].iter_mut().zip(&c.values) {
+            if d.is_nan() {
+                self.asm_have += 1;
+            }
+            *d = *s;
+        }
+        if self.asm_have == self.asm.len() {
+            self.ready = Some((self.asm_version, std::mem::take(&mut self.asm)));
+            self.asm_have = 0;
+            // Into the triple buffer at once; the loop takes it at its next step, or at the next
+            // episode start with `SwapPoint::Episode` (ControlLoop::set_residual_swap_at_episode).
+            self.swap_in();
+        }
+    }
+
+    fn swap_in(&mut self) {
+        if let Some((v, w)) = self.ready.take() {
+            self.writer.publish(v, &w);
+            self.in_use = v;
+            self.swaps += 1;
+        }
+    }
+}
+
+/// The actor's link to the learner.
+pub struct ActorLink {
+    cfg: LinkConfig,
+    id: u64,
+    publisher: zenoh::pubsub::Publisher<'static>,
+    key: String,
+    shared: Arc<Mutex<Shared>>,
+    /// Steps not yet persisted by the learner; `unacked[0]` has sequence number `base`.
+    unacked: VecDeque<WireStep>,
+    base: u64,
+    next: u64,
+    /// Next sequence number to send.
+    sent: u64,
+    last_send: Instant,
+    last_progress: (u64, Instant),
+    instance: u64,
+    gaps_seen: u64,
+    last_rewind: (u64, Instant),
+    progress: Arc<LinkProgress>,
+    batch: TransitionBatch,
+    buf: Vec<u8>,
+    stats: LinkStats,
+    _subs: Vec<zenoh::pubsub::Subscriber<()>>,
+    _token: zenoh::liveliness::LivelinessToken,
+}
+
+/// Errors of the link.
+#[derive(Debug, thiserror::Error)]
+#[error("learner link on `{key}`: {message}")]
+pub struct LinkError {
+    /// Key expression.
+    pub key: String,
+    /// What failed.
+    pub message: String,
+}
+
+fn err(key: &str, e: impl std::fmt::Display) -> LinkError {
+    LinkError {
+        key: key.to_string(),
+        message: e.to_string(),
+    }
+}
+
+impl ActorLink {
+    /// Declares the link: publisher, subscriptions to the learner's state and weights, and the
+    /// actor's liveliness token. `writer` feeds the loop's residual hook.
+    pub fn new(
+        session: &zenoh::Session,
+        keys: &Keys,
+        cfg: LinkConfig,
+        writer: WeightsWriter,
+    ) -> Result<Self, LinkError> {
+        let id = rand::random::<u64>() | 1;
+        let publisher = session
+            .declare_publisher(keys.learn_transitions.clone())
+            // Reliable is Zenoh's default; Block: a full queue slows this (consumer) thread
+            // rather than dropping steps.
+            .congestion_control(zenoh::qos::CongestionControl::Block)
+            .wait()
+            .map_err(|e| err(&keys.learn_transitions, e))?;
+        let shared = Arc::new(Mutex::new(Shared {
+            state: None,
+            instances: 0,
+            asm_version: 0,
+            asm: Vec::new(),
+            asm_have: 0,
+            ready: None,
+            writer,
+            in_use: 0,
+            swaps: 0,
+        }));
+        let mut subs = Vec::new();
+        let (sh, k) = (shared.clone(), keys.learn_state.clone());
+        subs.push(
+            session
+                .declare_subscriber(keys.learn_state.clone())
+                .callback(move |s| {
+                    if let Ok(m) = msg::decode::<LearnerState>(&k, &s.payload().to_bytes())
+                        && (m.actor == id || m.actor == 0)
+                    {
+                        let mut g = sh.lock().expect("link state");
+                        if g.state
+                            .as_ref()
+                            .is_none_or(|(o, _)| o.instance != m.instance)
+                        {
+                            g.instances += 1;
+                        }
+                        g.state = Some((m, Instant::now()));
+                    }
+                })
+                .wait()
+                .map_err(|e| err(&keys.learn_state, e))?,
+        );
+        let (sh, k) = (shared.clone(), keys.learn_weights.clone());
+        subs.push(
+            session
+                .declare_subscriber(keys.learn_weights.clone())
+                .callback(
+                    move |s| match msg::decode::<WeightsChunk>(&k, &s.payload().to_bytes()) {
+                        Ok(c) => sh.lock().expect("link state").take_chunk(&c),
+                        Err(e) => tracing::warn!("{e}"),
+                    },
+                )
+                .wait()
+                .map_err(|e| err(&keys.learn_weights, e))?,
+        );
+        let token = session
+            .liveliness()
+            .declare_token(keys.alive_actor.clone())
+            .wait()
+            .map_err(|e| err(&keys.alive_actor, e))?;
+        let now = Instant::now();
+        Ok(ActorLink {
+            batch: TransitionBatch {
+                v: PROTOCOL_VERSION,
+                actor: id,
+                ..Default::default()
+            },
+            cfg,
+            id,
+            publisher,
+            key: keys.learn_transitions.clone(),
+            shared,
+            unacked: VecDeque::new(),
+            base: 0,
+            next: 0,
+            sent: 0,
+            last_send: now,
+            last_progress: (0, now),
+            instance: 0,
+            gaps_seen: 0,
+            last_rewind: (u64::MAX, now),
+            progress: Arc::new(LinkProgress::default()),
+            buf: Vec::with_capacity(64 * 1024),
+            stats: LinkStats::default(),
+            _subs: subs,
+            _token: token,
+        })
+    }
+
+    /// Shared counters to follow the learner from another thread (see [`LinkProgress`]).
+    pub fn progress(&self) -> Arc<LinkProgress> {
+        self.progress.clone()
+    }
+
+    /// This actor's identity on the link.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Numbers a step and queues it; at an episode boundary, swaps in waiting weights
+    /// ([`SwapPoint::Episode`]) and sends at once.
+    pub fn offer(&mut self, t: &Transition) {
+        let mut w = WireStep::default();
+        t.to_wire(&mut w);
+        let ends = w.ends_episode();
+        self.unacked.push_back(w);
+        self.next += 1;
+        self.progress
+            .offered
+            .store(self.next, std::sync::atomic::Ordering::Relaxed);
+        self.stats.steps += 1;
+        if self.unacked.len() > self.cfg.max_unacked {
+            self.unacked.pop_front();
+            self.base += 1;
+            self.sent = self.sent.max(self.base);
+            self.stats.lost += 1;
+        }
+        if ends || self.next - self.sent >= self.cfg.batch_steps as u64 {
+            self.flush();
+        }
+    }
+
+    /// Follows the learner's state (forget what it persisted, resend what it lacks) and sends a
+    /// partial batch that has waited long enough. Call it every few tens of milliseconds.
+    pub fn tick(&mut self) {
+        let state = self.shared.lock().expect("link state").state.clone();
+        if let Some((s, _)) = state.as_ref().filter(|(s, _)| s.actor == 0) {
+            // A learner that knows no actor yet: send it everything still held.
+            if s.instance != self.instance {
+                self.instance = s.instance;
+                self.gaps_seen = s.gaps;
+                self.rewind(self.base);
+            }
+        } else if let Some((s, _)) = state {
+            // Forget what the learner has in a checkpoint.
+            while self.base < s.persisted.min(self.next) && !self.unacked.is_empty() {
+                self.unacked.pop_front();
+                self.base += 1;
+            }
+            self.stats.persisted = s.persisted;
+            self.progress
+                .received
+                .store(s.received, std::sync::atomic::Ordering::Relaxed);
+            if s.instance != self.instance {
+                // A learner (re)started: it has `received`; resend from there.
+                self.instance = s.instance;
+                self.gaps_seen = s.gaps;
+                self.rewind(s.received);
+            } else if s.received < self.sent {
+                if s.received > self.last_progress.0 {
+                    self.last_progress = (s.received, Instant::now());
+                }
+                let quiet_ms = self.last_progress.1.elapsed().as_secs_f64() * 1e3;
+                if s.gaps > self.gaps_seen {
+                    // The learner refused a batch after a missing one: resend from what it has
+                    // (once per position, unless that resend went missing too).
+                    self.gaps_seen = s.gaps;
+                    if s.received != self.last_rewind.0
+                        || self.last_rewind.1.elapsed().as_secs_f64() * 1e3 > self.cfg.resend_ms
+                    {
+                        self.rewind(s.received);
+                    }
+                } else if s.queued == 0
+                    && quiet_ms > self.cfg.resend_ms
+                    && self.last_send.elapsed().as_secs_f64() * 1e3 > self.cfg.resend_ms
+                {
+                    // An idle learner, no progress for a while and nothing new sent: the tail
+                    // went missing. (A busy learner is slow, not lossy: no resend.)
+                    self.rewind(s.received);
+                    self.last_progress = (s.received, Instant::now());
+                }
+            }
+        }
+        if self.sent < self.next
+            && self.last_send.elapsed().as_secs_f64() * 1e3 >= self.cfg.flush_ms
+        {
+            self.flush();
+        }
+    }
+
+    fn rewind(&mut self, to: u64) {
+        let to = to.max(self.base);
+        self.last_rewind = (to, Instant::now());
+        if to < self.sent {
+            self.stats.resent += self.sent - to;
+            self.sent = to;
+        }
+    }
+
+    /// Sends every queued step not sent yet, in batches.
+    pub fn flush(&mut self) {
+        while self.sent < self.next {
+            let from = (self.sent - self.base) as usize;
+            let n = ((self.next - self.sent) as usize).min(self.cfg.batch_steps);
+            self.batch.first_seq = self.sent;
+            self.batch.held_from = self.base;
+            self.batch.steps.clear();
+            self.batch
+                .steps
+                .extend(self.unacked.range(from..from + n).cloned());
+            msg::encode_into(&self.batch, &mut self.buf);
+            if let Err(e) = self.publisher.put(self.buf.as_slice()).wait() {
+                tracing::warn!("sending transitions on {}: {e}", self.key);
+                return;
+            }
+            self.sent += n as u64;
+            self.stats.batches += 1;
+            self.last_send = Instant::now();
+        }
+    }
+
+    /// Waits up to `drain_s` for the learner to persist everything sent; returns the counters.
+    pub fn finish(mut self) -> LinkStats {
+        let t0 = Instant::now();
+        self.flush();
+        while self.base < self.next && t0.elapsed().as_secs_f64() < self.cfg.drain_s {
+            std::thread::sleep(Duration::from_millis(20));
+            self.tick();
+        }
+        if self.base < self.next {
+            tracing::warn!(
+                "{} steps were not persisted by a learner before the actor stopped",
+                self.next - self.base
+            );
+        }
+        self.stats()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> LinkStats {
+        let g = self.shared.lock().expect("link state");
+        LinkStats {
+            swaps: g.swaps,
+            weights_version: g.in_use,
+            learner_instances: g.instances,
+            ..self.stats.clone()
+        }
+    }
+}
+
+/// Floats per weight chunk on the wire (64 KiB of payload).
+pub const WEIGHTS_CHUNK: usize = 16 * 1024;
+
+/// Where a learner's link stands: which actor's numbering it follows, how far it has received
+/// and persisted, and its newest weights version. A checkpoint keeps it, so a restarted learner
+/// tells the actor exactly where to resend from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LinkPosition {
+    /// The actor (0: none yet).
+    pub actor: u64,
+    /// Next sequence number accepted.
+    pub received: u64,
+    /// Everything before this is in a checkpoint.
+    pub persisted: u64,
+    /// Newest weights version published.
+    pub weights_version: u64,
+}
+
+/// Counters of the learner's side of the link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LearnerLinkStats {
+    /// Steps dropped because they had been received before (resends).
+    pub duplicates_dropped: u64,
+    /// Batches refused because one before them was missing.
+    pub gaps_refused: u64,
+    /// Batches that did not decode.
+    pub undecodable: u64,
+}
+
+/// Steps a learner should take, in order.
+#[derive(Debug, Default)]
+pub struct Accepted {
+    /// A new actor started this batch (the learner forgets any half-assembled step).
+    pub new_actor: bool,
+    /// The steps not received before, consecutive.
+    pub steps: Vec<WireStep>,
+}
+
+/// The learner's end of the link: takes the actor's numbered batches (only the next expected
+/// number: duplicates are dropped, gaps refused so the actor resends), reports what it holds on
+/// `learn/state`, publishes versioned weights in chunks on `learn/weights`, and holds the
+/// learner's liveliness token.
+pub struct LearnerLink {
+    keys: Keys,
+    rx: crossbeam::channel::Receiver<TransitionBatch>,
+    state_pub: zenoh::pubsub::Publisher<'static>,
+    weights_pub: zenoh::pubsub::Publisher<'static>,
+    instance: u64,
+    pos: LinkPosition,
+    stats: LearnerLinkStats,
+    undecodable: Arc<std::sync::atomic::AtomicU64>,
+    weights: Vec<f32>,
+    last_state: Instant,
+    last_weights: Instant,
+    _sub: zenoh::pubsub::Subscriber<()>,
+    _token: zenoh::liveliness::LivelinessToken,
+}
+
+impl LearnerLink {
+    /// Declares the learner on the bus, resuming from `pos` (a checkpoint's, or the default).
+    pub fn new(
+        session: &zenoh::Session,
+        keys: &Keys,
+        pos: LinkPosition,
+    ) -> Result<Self, LinkError> {
+        let token = session
+            .liveliness()
+            .declare_token(keys.alive_learner.clone())
+            .wait()
+            .map_err(|e| err(&keys.alive_learner, e))?;
+        // Unbounded on purpose: a batch the learner cannot queue is a batch the actor must
+        // resend; the actor bounds what it sends by what the learner acknowledges, and
+        // `LearnerState::queued` tells it the learner is busy rather than lossy.
+        let (tx, rx) = crossbeam::channel::unbounded::<TransitionBatch>();
+        let undecodable = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (k, bad) = (keys.learn_transitions.clone(), undecodable.clone());
+        let sub = session
+            .declare_subscriber(keys.learn_transitions.clone())
+            .callback(
+                move |s| match msg::decode::<TransitionBatch>(&k, &s.payload().to_bytes()) {
+                    Ok(b) => {
+                        let _ = tx.send(b);
+                    }
+                    Err(e) => {
+                        bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!("{e}");
+                    }
+                },
+            )
+            .wait()
+            .map_err(|e| err(&keys.learn_transitions, e))?;
+        let state_pub = session
+            .declare_publisher(keys.learn_state.clone())
+            .wait()
+            .map_err(|e| err(&keys.learn_state, e))?;
+        let weights_pub = session
+            .declare_publisher(keys.learn_weights.clone())
+            .congestion_control(zenoh::qos::CongestionControl::Block)
+            .wait()
+            .map_err(|e| err(&keys.learn_weights, e))?;
+        let now = Instant::now();
+        Ok(LearnerLink {
+            keys: keys.clone(),
+            rx,
+            state_pub,
+            weights_pub,
+            instance: rand::random::<u64>() | 1,
+            pos: LinkPosition {
+                persisted: pos.received,
+                ..pos
+            },
+            stats: LearnerLinkStats::default(),
+            undecodable,
+            weights: Vec::new(),
+            last_state: now,
+            last_weights: now,
+            _sub: sub,
+            _token: token,
+        })
+    }
+
+    /// Where the link stands.
+    pub fn position(&self) -> LinkPosition {
+        self.pos
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> LearnerLinkStats {
+        LearnerLinkStats {
+            undecodable: self.undecodable.load(std::sync::atomic::Ordering::Relaxed),
+            ..self.stats
+        }
+    }
+
+    /// Batches waiting to be taken.
+    pub fn queued(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Waits up to `timeout` for a batch; returns the steps of it this learner has not had,
+    /// marking them received. `None` when nothing arrived.
+    pub fn next_batch(&mut self, timeout: Duration) -> Option<Accepted> {
+        let b = self.rx.recv_timeout(timeout).ok()?;
+        let mut out = Accepted::default();
+        if b.actor != self.pos.actor {
+            // An actor this learner has no record of: it takes everything the actor still holds
+            // (the steps before were persisted by another learner); a batch after that is
+            // refused as a gap and the actor resends from there.
+            tracing::info!(
+                "actor {:x} joined; it holds steps from {}",
+                b.actor,
+                b.held_from
+            );
+            self.pos.actor = b.actor;
+            self.pos.received = b.held_from;
+            self.pos.persisted = b.held_from;
+            out.new_actor = true;
+        }
+        let end = b.first_seq + b.steps.len() as u64;
+        if b.first_seq > self.pos.received {
+            self.stats.gaps_refused += 1; // the actor resends from `received`
+        } else if end <= self.pos.received {
+            self.stats.duplicates_dropped += b.steps.len() as u64;
+        } else {
+            let skip = (self.pos.received - b.first_seq) as usize;
+            self.stats.duplicates_dropped += skip as u64;
+            out.steps = b.steps.into_iter().skip(skip).collect();
+            self.pos.received = end;
+        }
+        Some(out)
+    }
+
+    /// Everything before `upto` is now in a checkpoint: the actor may forget it.
+    pub fn persisted(&mut self, upto: u64) {
+        self.pos.persisted = upto.min(self.pos.received);
+        self.publish_state();
+    }
+
+    /// Reports what the learner holds on `learn/state`.
+    pub fn publish_state(&mut self) {
+        let m = LearnerState {
+            v: PROTOCOL_VERSION,
+            instance: self.instance,
+            actor: self.pos.actor,
+            received: self.pos.received,
+            persisted: self.pos.persisted,
+            weights_version: self.pos.weights_version,
+            gaps: self.stats.gaps_refused,
+            queued: self.rx.len() as u64,
+        };
+        if let Err(e) = self.state_pub.put(msg::encode(&m)).wait() {
+            tracing::debug!("learner state on {}: {e}", self.keys.learn_state);
+        }
+        self.last_state = Instant::now();
+    }
+
+    /// Publishes a new weights version (and keeps it for late actors).
+    pub fn publish_weights(&mut self, version: u64, w: &[f32]) {
+        self.pos.weights_version = version;
+        self.weights.clear();
+        self.weights.extend_from_slice(w);
+        self.send_weights();
+    }
+
+    fn send_weights(&mut self) {
+        for (i, c) in self.weights.chunks(WEIGHTS_CHUNK).enumerate() {
+            let m = WeightsChunk {
+                v: PROTOCOL_VERSION,
+                version: self.pos.weights_version,
+                offset: (i * WEIGHTS_CHUNK) as u32,
+                total: self.weights.len() as u32,
+                values: c.to_vec(),
+            };
+            if let Err(e) = self.weights_pub.put(msg::encode(&m)).wait() {
+                tracing::debug!("weights on {}: {e}", self.keys.learn_weights);
+            }
+        }
+        self.last_weights = Instant::now();
+    }
+
+    /// Periodic duties: the state twice a second, the newest weights again every 5 s (for an
+    /// actor that started late or lost a chunk).
+    pub fn tick(&mut self) {
+        if self.last_state.elapsed() > Duration::from_millis(500) {
+            self.publish_state();
+        }
+        if !self.weights.is_empty() && self.last_weights.elapsed() > Duration::from_secs(5) {
+            self.send_weights();
+        }
+    }
+
+    /// Whether an actor holds its liveliness token on the bus now (waits up to 200 ms).
+    pub fn actor_alive(&self, session: &zenoh::Session) -> bool {
+        session
+            .liveliness()
+            .get(self.keys.alive_actor.clone())
+            .timeout(Duration::from_millis(200))
+            .wait()
+            .map(|r| r.recv().is_ok())
+            .unwrap_or(false)
+    }
+}

@@ -1,0 +1,86 @@
+//! The actor's status on `reflex/<robot>/status`: a thread reads the loop's snapshots from its
+//! triple buffer and publishes them; the loop never waits for it. It also logs the loop's safety
+//! events, which the loop cannot format itself without allocating.
+
+use reflex_contracts::keys::Keys;
+use reflex_contracts::msg;
+use reflex_runtime::control::LoopStatus;
+use reflex_runtime::safety::SafetyEvent;
+use reflex_runtime::triple::Reader;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use zenoh::Wait;
+
+/// A running status publisher.
+pub struct StatusPublisher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Publishes each new snapshot on `reflex/<robot>/status`, checking every `poll`;
+/// `recorder_dropped` is the episode recorder's count of dropped steps, when recording.
+pub fn spawn_publisher(
+    session: zenoh::Session,
+    keys: Keys,
+    mut reader: Reader<LoopStatus>,
+    poll: Duration,
+    recorder_dropped: Option<Box<dyn Fn() -> u64 + Send>>,
+) -> StatusPublisher {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("status".into())
+        .spawn(move || {
+            let publisher = match session.declare_publisher(keys.status.clone()).wait() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("cannot publish status on {}: {e}", keys.status);
+                    return;
+                }
+            };
+            let mut last_safety = reflex_runtime::safety::SafetyCounters::default();
+            while !s.load(Ordering::Relaxed) {
+                if reader.update() {
+                    // The loop cannot log (formatting allocates); this thread logs for it.
+                    let now = reader.get().safety;
+                    for (i, e) in SafetyEvent::ALL.iter().enumerate() {
+                        let d = now.0[i].saturating_sub(last_safety.0[i]);
+                        if d > 0 {
+                            tracing::warn!(
+                                "safety on `{}`: {} x {} (total {})",
+                                keys.robot,
+                                d,
+                                e.name(),
+                                now.0[i]
+                            );
+                        }
+                    }
+                    last_safety = now;
+                    let mut m = reflex_runtime::status::to_msg(&keys.robot, reader.get());
+                    if let Some(r) = &recorder_dropped {
+                        m.recorder_dropped = r();
+                    }
+                    if let Err(e) = publisher.put(msg::encode(&m)).wait() {
+                        tracing::warn!("status on {}: {e}", keys.status);
+                    }
+                }
+                std::thread::sleep(poll);
+            }
+        })
+        .expect("spawn the status thread");
+    StatusPublisher {
+        stop,
+        thread: Some(thread),
+    }
+}
+
+impl Drop for StatusPublisher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

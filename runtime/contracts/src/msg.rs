@@ -1,0 +1,791 @@
+//! Wire messages of the reflex robot protocol.
+//!
+//! Every message is a serde struct encoded as MessagePack with named fields
+//! (`rmp_serde::to_vec_named`), so Python's `msgpack.unpackb` yields a plain dict. Every message
+//! carries `v`, the protocol version; a peer that receives another version gets a
+//! [`DecodeError::Version`] naming the key expression, never a silent misread. docs/protocol.md is
+//! the human-readable contract and must change together with this file.
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// Version of the wire protocol described in docs/protocol.md.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// One named segment of the flat observation state vector (e.g. `joint_pos`, 6 values, `rad`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StateField {
+    /// Name, e.g. `joint_pos`, `ee_pos`, `object_quat`.
+    pub name: String,
+    /// Number of f32 values.
+    pub size: u32,
+    /// Units and frame in words, e.g. `rad`, `m, base frame`, `quaternion xyzw, base frame`.
+    pub unit: String,
+    /// Lower bound of each value where the robot knows one (a Gymnasium `Box`, joint limits);
+    /// infinite where unbounded. The learner scales the state by these when no base policy
+    /// gives it a normalisation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low: Option<Vec<f32>>,
+    /// Upper bound of each value, as `low`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high: Option<Vec<f32>>,
+}
+
+impl StateField {
+    /// A field of `size` values without bounds.
+    pub fn new(name: &str, size: u32, unit: &str) -> Self {
+        StateField {
+            name: name.to_string(),
+            size,
+            unit: unit.to_string(),
+            low: None,
+            high: None,
+        }
+    }
+}
+
+/// What a recorder or viewer can draw of a robot, described by the robot itself (never guessed
+/// from its `kind`): an arm from a URDF, boxes and markers placed by state fields.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Scene {
+    /// The arm, posed by forward kinematics from a state field of joint positions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arm: Option<ArmScene>,
+    /// Boxes posed by state fields (objects the robot handles).
+    #[serde(default)]
+    pub objects: Vec<SceneObject>,
+    /// Points placed by state fields (targets, goals).
+    #[serde(default)]
+    pub markers: Vec<SceneMarker>,
+    /// State field with the tool position (m, base frame) to draw as a path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_path_field: Option<String>,
+    /// Boxes that never move (a table).
+    #[serde(default)]
+    pub static_boxes: Vec<StaticBox>,
+}
+
+/// A fixed box.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StaticBox {
+    /// Entity name.
+    pub name: String,
+    /// Centre, m, base frame.
+    pub center_m: [f32; 3],
+    /// Half extents, m.
+    pub half_extents_m: [f32; 3],
+    /// Colour.
+    pub rgb: [u8; 3],
+}
+
+/// An arm to draw.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArmScene {
+    /// The URDF, as XML text.
+    pub urdf: String,
+    /// Name of the base link.
+    pub base_link: String,
+    /// Name of the tool link (the end of the chain).
+    pub tool_link: String,
+    /// State field holding the chain's joint positions (rad, URDF order).
+    pub joint_field: String,
+    /// Two fingers drawn at the tool, opened by a state value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gripper: Option<GripperScene>,
+}
+
+/// Parallel fingers at the tool link.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GripperScene {
+    /// Index into the state vector of the opening, m (the distance between the fingers).
+    pub opening_index: u32,
+    /// Offset of the finger centres along the tool's z axis, m.
+    pub offset_m: f32,
+}
+
+/// A box whose pose comes from the state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SceneObject {
+    /// Entity name.
+    pub name: String,
+    /// State field with its position (m, base frame, 3 values).
+    pub position_field: String,
+    /// State field with its orientation (quaternion xyzw, 4 values), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quaternion_field: Option<String>,
+    /// Half extents, m.
+    pub half_extents_m: [f32; 3],
+    /// Colour.
+    pub rgb: [u8; 3],
+}
+
+/// A point whose position comes from the state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SceneMarker {
+    /// Entity name.
+    pub name: String,
+    /// State field with its position (m, base frame, 3 values).
+    pub position_field: String,
+    /// Radius, m.
+    pub radius_m: f32,
+    /// Colour.
+    pub rgb: [u8; 3],
+}
+
+/// How a robot interprets the action vector of a [`Command`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    /// Absolute joint-position targets (rad for revolute joints, m for the gripper opening).
+    JointAbs,
+    /// Joint-position targets relative to the current targets.
+    JointDelta,
+    /// End-effector translation step (m, base frame) and gripper opening target (m), through IK.
+    EeDelta,
+    /// As [`ActionKind::EeDelta`] plus a yaw step (rad) about the base z axis.
+    EeDeltaYaw,
+    /// A generic bounded vector (a Gymnasium `Box`); meaning defined by the environment.
+    Box,
+}
+
+impl ActionKind {
+    /// The config/CLI spelling of this kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::JointAbs => "joint_abs",
+            ActionKind::JointDelta => "joint_delta",
+            ActionKind::EeDelta => "ee_delta",
+            ActionKind::EeDeltaYaw => "ee_delta_yaw",
+            ActionKind::Box => "box",
+        }
+    }
+}
+
+/// The action space: its kind, the name of every component and its bounds in physical units.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ActionSpec {
+    /// How the vector is interpreted.
+    pub kind: ActionKind,
+    /// One name per component, e.g. `dx_m`, `gripper_m`.
+    pub names: Vec<String>,
+    /// Lower bound per component.
+    pub low: Vec<f32>,
+    /// Upper bound per component.
+    pub high: Vec<f32>,
+}
+
+impl ActionSpec {
+    /// Number of components.
+    pub fn dim(&self) -> usize {
+        self.names.len()
+    }
+}
+
+/// A camera the robot publishes images from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CameraSpec {
+    /// Name, e.g. `front`, `wrist`.
+    pub name: String,
+    /// Image width in pixels.
+    pub width: u32,
+    /// Image height in pixels.
+    pub height: u32,
+}
+
+/// Everything a controller must know about a robot before it drives it. Served on
+/// `reflex/<robot>/spec`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RobotSpec {
+    /// Protocol version.
+    pub v: u16,
+    /// Robot name (the `<robot>` of the key expressions).
+    pub name: String,
+    /// What stands behind the name: `sim/pick`, `gym/Pendulum-v1`, `so101`, ...
+    pub kind: String,
+    /// Control rate the robot expects, Hz.
+    pub control_hz: f64,
+    /// `true` when the robot advances one step per command (simulation); `false` when it runs on
+    /// its own clock (hardware, real-time simulation) and publishes observations at `control_hz`.
+    pub lockstep: bool,
+    /// Layout of [`Observation::state`], in order.
+    pub state: Vec<StateField>,
+    /// Action space.
+    pub action: ActionSpec,
+    /// Cameras, in the order their images appear in [`Observation::images`].
+    pub cameras: Vec<CameraSpec>,
+    /// Joint names of an arm (empty for non-arm environments).
+    pub joints: Vec<String>,
+    /// Episode time limit in control steps (0 = none).
+    pub max_episode_steps: u32,
+    /// What a viewer can draw (absent: plots only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scene: Option<Scene>,
+}
+
+impl RobotSpec {
+    /// Total length of the state vector.
+    pub fn state_dim(&self) -> usize {
+        self.state.iter().map(|f| f.size as usize).sum()
+    }
+
+    /// Offset and size of the named state field, if present.
+    pub fn field(&self, name: &str) -> Option<std::ops::Range<usize>> {
+        let mut offset = 0;
+        for f in &self.state {
+            let end = offset + f.size as usize;
+            if f.name == name {
+                return Some(offset..end);
+            }
+            offset = end;
+        }
+        None
+    }
+}
+
+/// An image as raw bytes with a small header.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Image {
+    /// Camera name (matches a [`CameraSpec`]).
+    pub camera: String,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Pixel encoding; `rgb8` (row-major, 3 bytes per pixel, no padding) is the only one today.
+    pub encoding: String,
+    /// Pixel data.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+impl Image {
+    /// Copies `src` into `self` reusing `self`'s buffers (a derived `clone_from` would allocate).
+    pub fn copy_from(&mut self, src: &Image) {
+        self.camera.clone_from(&src.camera);
+        self.width = src.width;
+        self.height = src.height;
+        self.encoding.clone_from(&src.encoding);
+        self.data.clone_from(&src.data);
+    }
+}
+
+/// One observation of the robot. Published on `reflex/<robot>/obs`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Protocol version.
+    pub v: u16,
+    /// Sequence number of the command this observation answers (lockstep), or a running counter.
+    pub seq: u64,
+    /// Episode counter (increments on every reset).
+    pub episode: u64,
+    /// Control step within the episode (0 right after reset).
+    pub step: u32,
+    /// Robot time since the episode started, ns (simulated time in simulation).
+    pub time_ns: u64,
+    /// Flat state vector, laid out as [`RobotSpec::state`] says.
+    pub state: Vec<f32>,
+    /// Reward of the last step (the task's own signal in simulation; 0 on hardware).
+    pub reward: f32,
+    /// The episode ended in a terminal state (success or failure).
+    pub terminated: bool,
+    /// The episode was cut by its time limit.
+    pub truncated: bool,
+    /// The task reports success in this state.
+    pub success: bool,
+    /// Camera images, in [`RobotSpec::cameras`] order (may be empty when cameras are off).
+    pub images: Vec<Image>,
+}
+
+impl Observation {
+    /// `true` when the episode is over (terminated or truncated).
+    pub fn done(&self) -> bool {
+        self.terminated || self.truncated
+    }
+
+    /// Copies `src` into `self` reusing `self`'s buffers (no allocation once capacities suffice).
+    pub fn copy_from(&mut self, src: &Observation) {
+        self.v = src.v;
+        self.seq = src.seq;
+        self.episode = src.episode;
+        self.step = src.step;
+        self.time_ns = src.time_ns;
+        self.state.clone_from(&src.state);
+        self.reward = src.reward;
+        self.terminated = src.terminated;
+        self.truncated = src.truncated;
+        self.success = src.success;
+        self.images.truncate(src.images.len());
+        for (i, img) in src.images.iter().enumerate() {
+            if let Some(dst) = self.images.get_mut(i) {
+                dst.copy_from(img);
+            } else {
+                self.images.push(img.clone());
+            }
+        }
+    }
+}
+
+/// A command to the robot. Published on `reflex/<robot>/cmd`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    /// Protocol version.
+    pub v: u16,
+    /// Sequence number; a lockstep robot answers with an [`Observation`] of the same `seq`.
+    pub seq: u64,
+    /// Action vector in the units of [`RobotSpec::action`].
+    pub action: Vec<f32>,
+}
+
+/// Request body of the `reflex/<robot>/reset` query; the reply is an [`Observation`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResetRequest {
+    /// Protocol version.
+    pub v: u16,
+    /// Seed for the episode's randomisation; `None` lets the robot choose.
+    pub seed: Option<u64>,
+}
+
+/// What happened to an episode. Published on `reflex/<robot>/events`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A new episode started.
+    Reset,
+    /// The task (or a person) marked success.
+    Success,
+    /// The task (or a person) marked failure.
+    Failure,
+    /// The episode ended (after success, failure or the time limit).
+    Done,
+    /// Emergency stop: every actor must hold the robot still until a reset.
+    Estop,
+}
+
+/// An episode event. Published on `reflex/<robot>/events`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeEvent {
+    /// Protocol version.
+    pub v: u16,
+    /// What happened.
+    pub kind: EventKind,
+    /// Episode counter of the robot.
+    pub episode: u64,
+    /// Step within the episode.
+    pub step: u32,
+    /// Seed of the episode, when known.
+    pub seed: Option<u64>,
+    /// Who raised it: `robot`, `teleop`, `actor`, `safety`, ...
+    pub source: String,
+}
+
+/// A teleoperation message. Published on `reflex/<robot>/teleop` by a teleop device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TeleopMsg {
+    /// Protocol version.
+    pub v: u16,
+    /// Running counter of the device.
+    pub seq: u64,
+    /// Command in the robot's action space (same units as [`Command::action`]).
+    pub action: Vec<f32>,
+    /// The person holds the intervention control: `action` replaces the policy's.
+    pub intervene: bool,
+    /// The person marks the episode a success.
+    pub success: bool,
+    /// The person marks the episode a failure.
+    pub failure: bool,
+    /// The person asks for a reset.
+    pub reset: bool,
+}
+
+/// The actor's status. Published on `reflex/<robot>/status` at a low rate (default 5 Hz).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusMsg {
+    /// Protocol version.
+    pub v: u16,
+    /// Robot name.
+    pub robot: String,
+    /// Loop time, s.
+    pub t_s: f64,
+    /// Control steps run.
+    pub ticks: u64,
+    /// Loop rate achieved over the last status period, Hz.
+    pub rate_hz: f64,
+    /// Wake-up lateness percentiles since start, us.
+    pub lateness_p50_us: f64,
+    /// 99th percentile.
+    pub lateness_p99_us: f64,
+    /// Maximum.
+    pub lateness_max_us: f64,
+    /// 99th percentile of the step duration, us.
+    pub step_p99_us: f64,
+    /// Steps that ended after the next deadline.
+    pub overruns: u64,
+    /// Ticks skipped after overruns.
+    pub missed: u64,
+    /// Steps held for want of a policy action.
+    pub holds_no_chunk: u64,
+    /// Safety interventions by kind: estop, obs_stale, policy_stale, teleop_stale, non_finite,
+    /// position_limit, step_limit, workspace.
+    pub safety: Vec<(String, u64)>,
+    /// Age of the action chunk used in the last step, ms.
+    pub chunk_age_ms: f64,
+    /// A person is driving.
+    pub intervening: bool,
+    /// Episode counter.
+    pub episode: u64,
+    /// Transitions the outbox dropped (consumers behind).
+    pub outbox_dropped: u64,
+    /// Steps the episode recorder dropped (it fell behind); 0 when not recording.
+    #[serde(default)]
+    pub recorder_dropped: u64,
+    /// Residual weight version in use.
+    pub residual_version: u64,
+}
+
+/// One control step as the actor saw it, for visualisation on other machines. Published on
+/// `reflex/<robot>/trace` by the actor at a configured rate (every n-th step, and every step that
+/// ends an episode), from the outbox's consumer thread, never from the loop.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTrace {
+    /// Protocol version.
+    pub v: u16,
+    /// Episode counter.
+    pub episode: u64,
+    /// Step within the episode.
+    pub step: u32,
+    /// Loop time of the step, ns.
+    pub t_ns: u64,
+    /// Observation state the action was chosen from.
+    pub state: Vec<f32>,
+    /// The base policy's action.
+    pub base: Vec<f32>,
+    /// The residual added to it.
+    pub residual: Vec<f32>,
+    /// The action sent to the robot, after safety.
+    pub action: Vec<f32>,
+    /// `policy`, `teleop` or `hold`.
+    pub source: String,
+    /// Reward of the step.
+    pub reward: f32,
+    /// The step ended the episode in a terminal state.
+    pub terminated: bool,
+    /// The step hit the time limit.
+    pub truncated: bool,
+    /// The task reported success after the step.
+    pub success: bool,
+    /// A person's label in this step.
+    pub label: Option<bool>,
+    /// A person asked for a reset.
+    pub reset: bool,
+    /// Safety event bits of the step.
+    pub safety_flags: u32,
+    /// Wake-up lateness, us.
+    pub lateness_us: f32,
+    /// Age of the chunk used, ms.
+    pub chunk_age_ms: f32,
+    /// Inference time of the newest chunk, ms.
+    pub policy_latency_ms: f32,
+}
+
+/// Camera images of one step, for visualisation on other machines. Published on
+/// `reflex/<robot>/trace/frames` by the actor at a low rate (a few per second), beside the trace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TraceFrames {
+    /// Protocol version.
+    pub v: u16,
+    /// Episode counter.
+    pub episode: u64,
+    /// Step within the episode (the images are of the state the step's action was chosen in).
+    pub step: u32,
+    /// Loop time of the step, ns.
+    pub t_ns: u64,
+    /// The images, in the robot's camera order.
+    pub images: Vec<Image>,
+}
+
+/// One control step as the learner receives it (what it needs of an outbox transition).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireStep {
+    /// Episode counter of the robot.
+    pub episode: u64,
+    /// Step within the episode.
+    pub step: u32,
+    /// Observation state the action was chosen from.
+    pub obs: Vec<f32>,
+    /// Observation state after the action.
+    pub next_obs: Vec<f32>,
+    /// The base policy's action (robot units; zeros while a person drives).
+    pub base: Vec<f32>,
+    /// The action executed (robot units).
+    pub action: Vec<f32>,
+    /// A person drove this step (an intervention).
+    pub teleop: bool,
+    /// Reward of the step.
+    pub reward: f32,
+    /// The step ended the episode in a terminal state.
+    pub terminated: bool,
+    /// The step hit the time limit.
+    pub truncated: bool,
+    /// The task reported success.
+    pub success: bool,
+    /// A person's label: `Some(true)` success (ends the episode), `Some(false)` failure.
+    pub label: Option<bool>,
+    /// A person asked for a reset (ends the episode).
+    pub reset: bool,
+}
+
+impl WireStep {
+    /// The step ends its episode.
+    pub fn ends_episode(&self) -> bool {
+        self.terminated || self.truncated || self.label.is_some() || self.reset
+    }
+}
+
+/// Transitions from an actor to the learner, numbered. Published on
+/// `reflex/<robot>/learn/transitions`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TransitionBatch {
+    /// Protocol version.
+    pub v: u16,
+    /// The actor's identity (random per actor process).
+    pub actor: u64,
+    /// Sequence number of `steps[0]`; the actor numbers every step from 0.
+    pub first_seq: u64,
+    /// The oldest step the actor still holds (everything before it was persisted by a learner):
+    /// where a learner that does not know this actor starts.
+    #[serde(default)]
+    pub held_from: u64,
+    /// Consecutive steps.
+    pub steps: Vec<WireStep>,
+}
+
+/// What the learner holds. Published on `reflex/<robot>/learn/state` after every batch and twice
+/// a second.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LearnerState {
+    /// Protocol version.
+    pub v: u16,
+    /// The learner process (random per start): a new value means "resend what I lack".
+    pub instance: u64,
+    /// The actor these numbers are about (0: the learner knows no actor yet; an actor then
+    /// resends all it holds).
+    pub actor: u64,
+    /// Next sequence number the learner accepts (everything before it was received).
+    pub received: u64,
+    /// Everything before this sequence number is in the learner's last checkpoint: the actor may
+    /// forget it.
+    pub persisted: u64,
+    /// Newest residual weights published.
+    pub weights_version: u64,
+    /// Batches refused because one before them was missing (the actor resends when it rises).
+    #[serde(default)]
+    pub gaps: u64,
+    /// Batches waiting in the learner's queue: while it is busy, silence is not loss.
+    #[serde(default)]
+    pub queued: u64,
+}
+
+/// A piece of a residual weight vector. Published on `reflex/<robot>/learn/weights`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WeightsChunk {
+    /// Protocol version.
+    pub v: u16,
+    /// Weight version (increasing).
+    pub version: u64,
+    /// Offset of `values` in the whole vector.
+    pub offset: u32,
+    /// Length of the whole vector.
+    pub total: u32,
+    /// The values.
+    pub values: Vec<f32>,
+}
+
+/// Why a message could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The bytes are not the expected MessagePack structure.
+    #[error("message on `{key}` is not a valid {what}: {source}")]
+    Format {
+        /// Key expression the message came from.
+        key: String,
+        /// Expected message type.
+        what: &'static str,
+        /// Decoder error.
+        source: rmp_serde::decode::Error,
+    },
+    /// The peer speaks another protocol version.
+    #[error(
+        "message on `{key}` has protocol version {got}, this reflex speaks version {want}; \
+         upgrade the older side"
+    )]
+    Version {
+        /// Key expression the message came from.
+        key: String,
+        /// Version found.
+        got: u16,
+        /// Version expected.
+        want: u16,
+    },
+}
+
+/// Messages that carry a protocol version.
+pub trait Versioned {
+    /// The `v` field.
+    fn version(&self) -> u16;
+    /// Name used in errors.
+    const WHAT: &'static str;
+}
+
+macro_rules! versioned {
+    ($($t:ty => $what:literal),* $(,)?) => {$(
+        impl Versioned for $t {
+            fn version(&self) -> u16 { self.v }
+            const WHAT: &'static str = $what;
+        }
+    )*};
+}
+versioned!(
+    RobotSpec => "RobotSpec",
+    Observation => "Observation",
+    Command => "Command",
+    ResetRequest => "ResetRequest",
+    EpisodeEvent => "EpisodeEvent",
+    TeleopMsg => "TeleopMsg",
+    StatusMsg => "StatusMsg",
+    StepTrace => "StepTrace",
+    TraceFrames => "TraceFrames",
+    TransitionBatch => "TransitionBatch",
+    LearnerState => "LearnerState",
+    WeightsChunk => "WeightsChunk",
+);
+
+/// Encodes a message as MessagePack with named fields.
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    // Encoding a plain struct into a Vec cannot fail (no I/O, every field type is supported).
+    rmp_serde::to_vec_named(msg).expect("MessagePack encoding of a reflex message")
+}
+
+/// Encodes into a reused buffer (cleared first), so a steady-state publisher does not allocate.
+pub fn encode_into<T: Serialize>(msg: &T, buf: &mut Vec<u8>) {
+    buf.clear();
+    let mut ser = rmp_serde::Serializer::new(&mut *buf).with_struct_map();
+    msg.serialize(&mut ser)
+        .expect("MessagePack encoding of a reflex message");
+}
+
+/// Decodes a message and checks its protocol version; `key` names the source in errors.
+pub fn decode<T: DeserializeOwned + Versioned>(key: &str, bytes: &[u8]) -> Result<T, DecodeError> {
+    let msg: T = rmp_serde::from_slice(bytes).map_err(|source| DecodeError::Format {
+        key: key.to_string(),
+        what: T::WHAT,
+        source,
+    })?;
+    if msg.version() != PROTOCOL_VERSION {
+        return Err(DecodeError::Version {
+            key: key.to_string(),
+            got: msg.version(),
+            want: PROTOCOL_VERSION,
+        });
+    }
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observation_round_trips_with_images() {
+        let obs = Observation {
+            v: PROTOCOL_VERSION,
+            seq: 7,
+            episode: 2,
+            step: 3,
+            time_ns: 150_000_000,
+            state: vec![0.5, -1.25, 3.0],
+            reward: 1.0,
+            terminated: true,
+            truncated: false,
+            success: true,
+            images: vec![Image {
+                camera: "front".into(),
+                width: 2,
+                height: 1,
+                encoding: "rgb8".into(),
+                data: vec![1, 2, 3, 4, 5, 6],
+            }],
+        };
+        let bytes = encode(&obs);
+        let back: Observation = decode("reflex/r/obs", &bytes).unwrap();
+        assert_eq!(back, obs);
+        let mut buf = Vec::new();
+        encode_into(&obs, &mut buf);
+        assert_eq!(buf, bytes);
+    }
+
+    #[test]
+    fn wrong_version_names_the_key() {
+        let cmd = Command {
+            v: 99,
+            seq: 1,
+            action: vec![0.0],
+        };
+        let err = decode::<Command>("reflex/arm/cmd", &encode(&cmd)).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("reflex/arm/cmd") && text.contains("99"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn garbage_names_the_key_and_type() {
+        let err = decode::<Observation>("reflex/arm/obs", b"\x01\x02").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("reflex/arm/obs") && text.contains("Observation"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn copy_from_reuses_buffers() {
+        let mut a = Observation {
+            state: vec![0.0; 4],
+            ..Default::default()
+        };
+        let b = Observation {
+            state: vec![1.0, 2.0, 3.0, 4.0],
+            step: 9,
+            ..Default::default()
+        };
+        let ptr = a.state.as_ptr();
+        a.copy_from(&b);
+        assert_eq!(a, b);
+        assert_eq!(ptr, a.state.as_ptr());
+    }
+
+    #[test]
+    fn spec_field_offsets() {
+        let spec = RobotSpec {
+            v: PROTOCOL_VERSION,
+            name: "r".into(),
+            kind: "sim/reach".into(),
+            control_hz: 20.0,
+            lockstep: true,
+            state: vec![StateField::new("a", 2, ""), StateField::new("b", 3, "")],
+            action: ActionSpec {
+                kind: ActionKind::Box,
+                names: vec![],
+                low: vec![],
+                high: vec![],
+            },
+            cameras: vec![],
+            joints: vec![],
+            max_episode_steps: 0,
+            scene: None,
+        };
+        assert_eq!(spec.state_dim(), 5);
+        assert_eq!(spec.field("b"), Some(2..5));
+        assert_eq!(spec.field("c"), None);
+    }
+}

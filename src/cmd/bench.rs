@@ -1,0 +1,184 @@
+//! `reflex bench bus|loop|learner`: arguments and what they print.
+
+use crate::cli::{BusArgs, print_json};
+use clap::{Args, Subcommand};
+use reflex_agent::bench::{bus_bench, learner_bench, loop_bench};
+use reflex_runtime::rt::RtConfig;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Observation -> command round trip between two processes over Zenoh on loopback.
+    Bus(BusBenchArgs),
+    /// The control loop's wake-up lateness, misses and per-step overhead.
+    Loop(LoopBenchArgs),
+    /// SAC update throughput and the wall time of 10k Pendulum steps.
+    Learner(LearnerBenchArgs),
+}
+
+#[derive(Args)]
+pub struct BusBenchArgs {
+    /// Round trips per payload.
+    #[arg(long, default_value_t = 5000)]
+    iters: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Internal: run as the echoing controller.
+    #[arg(long, hide = true)]
+    echo: bool,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+#[derive(Args)]
+pub struct LoopBenchArgs {
+    /// Loop rate, Hz.
+    #[arg(long, default_value_t = 1000.0)]
+    hz: f64,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Run one busy thread per CPU beside the loop (inference and learning stand-ins).
+    #[arg(long)]
+    load: bool,
+    /// SCHED_FIFO priority for the loop thread (warns if not permitted).
+    #[arg(long)]
+    fifo: Option<i32>,
+    /// Pin the loop thread to this CPU.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Lock memory (mlockall).
+    #[arg(long)]
+    mlock: bool,
+    /// Spin for the last part of each wait, us.
+    #[arg(long, default_value_t = 50.0)]
+    spin_us: f64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Record every step to RUNS/<id>/episodes (to measure the recording's cost on the loop).
+    #[arg(long, value_name = "RUNS")]
+    record: Option<std::path::PathBuf>,
+}
+
+#[derive(Args)]
+pub struct LearnerBenchArgs {
+    /// Updates timed per configuration.
+    #[arg(long, default_value_t = 1000)]
+    updates: usize,
+    /// Environment steps of the Pendulum run (0 skips it).
+    #[arg(long, default_value_t = 10_000)]
+    pendulum_steps: usize,
+    /// Threads the learner's matrix products may use.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Bus(a) if a.echo => bus_bench::echo(&a.bus.config())?,
+        BenchCommand::Bus(a) => {
+            let out = bus_bench::run(a.iters, a.bus.listen.first().cloned())?;
+            if a.json {
+                print_json(&out);
+            } else {
+                println!(
+                    "bus round trip obs -> cmd between two processes over {}:",
+                    out["transport"].as_str().unwrap_or("")
+                );
+                for (key, v) in out.as_object().into_iter().flatten() {
+                    if key == "transport" {
+                        continue;
+                    }
+                    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+                    println!(
+                        "  {key:>20} ({:>5} B): p50 {:>4.0} us, p99 {:>4.0} us, max {:>5.0} us over {} round trips",
+                        v["bytes"],
+                        f("p50_us"),
+                        f("p99_us"),
+                        f("max_us"),
+                        v["iters"]
+                    );
+                }
+            }
+        }
+        BenchCommand::Loop(a) => {
+            let o = loop_bench::LoopBenchOptions {
+                hz: a.hz,
+                seconds: a.seconds,
+                load: a.load,
+                rt: RtConfig {
+                    fifo_priority: a.fifo,
+                    cpu: a.cpu,
+                    mlockall: a.mlock,
+                },
+                spin_us: a.spin_us,
+                record: a.record,
+            };
+            let out = loop_bench::run(&o)?;
+            if a.json {
+                print_json(&out);
+            } else {
+                print_loop(&out, &o);
+            }
+        }
+        BenchCommand::Learner(a) => {
+            let out = learner_bench::run(a.updates, a.pendulum_steps, a.threads)?;
+            if a.json {
+                print_json(&out);
+            } else {
+                for (name, v) in out.as_object().into_iter().flatten() {
+                    if let Some(u) = v["updates_per_s"].as_f64() {
+                        println!("{name:<26} {u:>8.1} updates/s");
+                    }
+                }
+                if let Some(p) = out.get("pendulum") {
+                    println!(
+                        "pendulum {} steps (64x64, batch 100, 1 update/step): {:.1} s, final return {:.0}",
+                        p["steps"],
+                        p["wall_s"].as_f64().unwrap_or(0.0),
+                        p["final_return"].as_f64().unwrap_or(0.0)
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_loop(out: &serde_json::Value, o: &loop_bench::LoopBenchOptions) {
+    let f = |k: &str| out[k].as_f64().unwrap_or(0.0);
+    println!(
+        "loop at {} Hz for {:.1} s{}: {} ticks ({:.1} Hz achieved)",
+        o.hz,
+        f("seconds"),
+        if o.load {
+            format!(" with {} busy threads", out["load_threads"])
+        } else {
+            String::new()
+        },
+        out["ticks"],
+        f("rate_hz")
+    );
+    println!(
+        "  wake-up lateness: p50 {:.1} us, p99 {:.1} us, max {:.1} us; missed {}, overruns {}",
+        f("lateness_p50_us"),
+        f("lateness_p99_us"),
+        f("lateness_max_us"),
+        out["missed"],
+        out["overruns"]
+    );
+    println!(
+        "  per-step work (observe, chunks, residual, safety, command): p50 {:.2} us, p99 {:.2} us, mean {:.2} us",
+        f("step_p50_us"),
+        f("step_p99_us"),
+        f("step_mean_us")
+    );
+    println!(
+        "  chunks received {}, holds for want of a chunk {}",
+        out["chunks"], out["holds_no_chunk"]
+    );
+}

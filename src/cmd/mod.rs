@@ -1,0 +1,8 @@
+//! One module per command: its arguments and what it prints. The work is in reflex-agent.
+
+pub mod bench;
+pub mod demo;
+pub mod learn;
+pub mod run;
+pub mod sim;
+pub mod tools;

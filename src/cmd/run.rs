@@ -1,0 +1,215 @@
+//! `reflex run --config FILE`: arguments and the run's report.
+
+use crate::cli::{Bars, BusArgs, print_json};
+use clap::Args;
+use reflex_agent::actor::{RunOptions, RunReport, run_config};
+use reflex_agent::config::RunConfig;
+use reflex_runtime::control::EpisodeSummary;
+use reflex_runtime::safety::SafetyEvent;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The actor's TOML config (see configs/run/).
+    #[arg(long)]
+    config: PathBuf,
+    /// Episodes to run (overrides `[run] episodes`).
+    #[arg(long)]
+    episodes: Option<u64>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+    /// Record every episode to RUNS/<run-id>/episodes/episode_NNNNNN.rrd.
+    #[arg(long, value_name = "RUNS")]
+    record: Option<PathBuf>,
+    /// Live view: off, spawn (start a viewer), connect or connect=ADDR (a running viewer).
+    #[arg(long, default_value = "off")]
+    rerun: String,
+    /// Rate of the step trace on the bus for `reflex viz`, Hz (0: off; default `[bus] trace_hz`).
+    #[arg(long, value_name = "HZ")]
+    trace_hz: Option<f64>,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<()> {
+    let cfg = RunConfig::load(&a.config)?;
+    let o = RunOptions {
+        bus: a.bus.config(),
+        episodes: a.episodes,
+        record: a.record,
+        live: reflex_agent::replay::with_viewer(reflex_record::Live::parse(&a.rerun)?),
+        trace_hz: a.trace_hz,
+    };
+    let report = run_config(&cfg, &o, &Bars::new(a.json))?;
+    if a.json {
+        print_json(&report_json(&report));
+    } else {
+        print_text(&report);
+    }
+    Ok(())
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn episode_json(e: &EpisodeSummary) -> serde_json::Value {
+    serde_json::json!({
+        "episode": e.episode,
+        "seed": e.seed,
+        "steps": e.steps,
+        "return": e.ret,
+        "success": e.success,
+        "interventions": e.interventions,
+        "labelled": e.labelled,
+        "truncated": e.truncated,
+        "digest": format!("{:016x}", e.digest),
+    })
+}
+
+/// Success rate, mean return and mean length of `eps`, with every episode.
+fn episodes_json(eps: &[EpisodeSummary]) -> serde_json::Value {
+    let n = eps.len().max(1) as f64;
+    serde_json::json!({
+        "episodes": eps.len(),
+        "success_rate": eps.iter().filter(|e| e.success).count() as f64 / n,
+        "mean_return": eps.iter().map(|e| e.ret as f64).sum::<f64>() / n,
+        "mean_steps": eps.iter().map(|e| e.steps as f64).sum::<f64>() / n,
+        "episodes_detail": eps.iter().map(episode_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The run as JSON: success, returns, loop timing, safety, and every episode with its digest.
+pub fn report_json(r: &RunReport) -> serde_json::Value {
+    let n = r.episodes.len().max(1) as f64;
+    let ok = r.episodes.iter().filter(|e| e.success).count();
+    let steps: u32 = r.episodes.iter().map(|e| e.steps).sum();
+    let ret: f32 = r.episodes.iter().map(|e| e.ret).sum();
+    let safety: serde_json::Map<String, serde_json::Value> = SafetyEvent::ALL
+        .iter()
+        .map(|e| (e.name().to_string(), r.safety.get(*e).into()))
+        .collect();
+    serde_json::json!({
+        "run_id": r.run_id,
+        "episodes": r.episodes.len(),
+        "success_rate": ok as f64 / n,
+        "mean_return": ret as f64 / n,
+        "mean_steps": steps as f64 / n,
+        "wall_s": r.wall_s,
+        "ticks": r.stats.ticks,
+        "lateness_p50_us": us(r.stats.lateness.percentile(50.0)),
+        "lateness_p99_us": us(r.stats.lateness.percentile(99.0)),
+        "lateness_max_us": us(r.stats.lateness.max()),
+        "step_p50_us": us(r.stats.step.percentile(50.0)),
+        "step_p99_us": us(r.stats.step.percentile(99.0)),
+        "overruns": r.stats.overruns,
+        "missed": r.stats.missed,
+        "holds_no_chunk": r.stats.holds_no_chunk,
+        "chunks": r.stats.chunks,
+        "stale_chunks": r.stats.stale_chunks,
+        "safety": safety,
+        "traced_steps": r.traced,
+        "learner_link": r.link,
+        "learner": r.learner,
+        "residual_version": r.stats.residual_version,
+        "recording": r.recording,
+        "seeds": r.episodes.iter().map(|e| e.seed).collect::<Vec<_>>(),
+        "episodes_detail": r.episodes.iter().map(episode_json).collect::<Vec<_>>(),
+        "eval": (!r.eval.is_empty()).then(|| episodes_json(&r.eval)),
+    })
+}
+
+fn print_text(r: &RunReport) {
+    let n = r.episodes.len().max(1) as f64;
+    let ok = r.episodes.iter().filter(|e| e.success).count();
+    let steps: u32 = r.episodes.iter().map(|e| e.steps).sum();
+    let ret: f32 = r.episodes.iter().map(|e| e.ret).sum();
+    println!(
+        "{} episodes: {ok} successful ({:.1}%), mean return {:.2}, {:.1} steps per episode, {:.1} s",
+        r.episodes.len(),
+        100.0 * ok as f64 / n,
+        ret as f64 / n,
+        steps as f64 / n,
+        r.wall_s
+    );
+    println!(
+        "loop: {} ticks, lateness p50 {:.0} us / p99 {:.0} us / max {:.0} us, step p99 {:.0} us, {} overruns, {} missed, {} holds (no chunk)",
+        r.stats.ticks,
+        us(r.stats.lateness.percentile(50.0)),
+        us(r.stats.lateness.percentile(99.0)),
+        us(r.stats.lateness.max()),
+        us(r.stats.step.percentile(99.0)),
+        r.stats.overruns,
+        r.stats.missed,
+        r.stats.holds_no_chunk
+    );
+    println!(
+        "policy: {} chunks used, {} discarded as stale (from before a reset or hand-back)",
+        r.stats.chunks, r.stats.stale_chunks
+    );
+    let acted: Vec<String> = SafetyEvent::ALL
+        .iter()
+        .filter(|e| r.safety.get(**e) > 0)
+        .map(|e| format!("{} {}", e.name(), r.safety.get(*e)))
+        .collect();
+    println!(
+        "safety: {}",
+        if acted.is_empty() {
+            "no interventions".into()
+        } else {
+            acted.join(", ")
+        }
+    );
+    if !r.eval.is_empty() {
+        let e = episodes_json(&r.eval);
+        println!(
+            "evaluation (the learner's deterministic action): {} episodes, {:.1}% successful, mean return {:.2}",
+            r.eval.len(),
+            100.0 * e["success_rate"].as_f64().unwrap_or(0.0),
+            e["mean_return"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(rec) = &r.recording {
+        println!(
+            "recording: {} episodes in {} ({} steps, {} dropped)",
+            rec.episode_files,
+            rec.dir.display(),
+            rec.steps_recorded,
+            rec.steps_dropped
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reflex_agent::config::RunConfig;
+
+    #[test]
+    fn every_shipped_run_config_loads_and_validates() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/run");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                RunConfig::load(&p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 4, "configs found: {n}");
+    }
+
+    #[test]
+    fn a_learner_table_with_the_scripted_expert_is_refused_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.toml");
+        std::fs::write(
+            &p,
+            "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[policy]\nkind = \"expert\"\n[learner]\n",
+        )
+        .unwrap();
+        let e = format!("{:#}", RunConfig::load(&p).unwrap_err());
+        assert!(e.contains("learner") && e.contains("onnx"), "{e}");
+    }
+}

@@ -1,0 +1,282 @@
+//! `reflex sim ...`: serve, bench, demos, expert, snapshot.
+
+use crate::cli::{Bars, BusArgs, command_line, print_json};
+use clap::{Args, Subcommand, ValueEnum};
+use reflex_agent::simtools::{self, DemosOptions};
+use reflex_bus::robot::ServeMode;
+use reflex_contracts::msg::ActionKind;
+use reflex_sim::{SimConfig, TaskKind};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+#[derive(Subcommand)]
+pub enum SimCommand {
+    /// Serve the simulator as a robot on Zenoh (lockstep by default).
+    Serve(ServeArgs),
+    /// Environment steps per second on one thread, cameras off and on.
+    Bench(BenchArgs),
+    /// Record scripted-expert episodes to a directory.
+    Demos(DemosArgs),
+    /// Run the scripted expert and report its success rate.
+    Expert(ExpertArgs),
+    /// Write the camera images (PNG) after N expert steps of a seeded episode.
+    Snapshot(SnapshotArgs),
+}
+
+/// A task of the simulator.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum TaskArg {
+    /// Move the tool to a point.
+    Reach,
+    /// Push the cube into a goal region.
+    Push,
+    /// Lift the cube.
+    Pick,
+    /// Put the peg in the hole.
+    Insert,
+}
+
+/// An action space of the simulator.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ActionArg {
+    /// End-effector translation step and gripper opening.
+    EeDelta,
+    /// The same plus a yaw step.
+    EeDeltaYaw,
+    /// Absolute joint targets.
+    JointAbs,
+    /// Joint target steps.
+    JointDelta,
+}
+
+/// Which simulator to build: a config file, or a task with defaults.
+#[derive(Args, Clone, Debug)]
+pub struct SimSelect {
+    /// Task; ignored when --config is given.
+    #[arg(long, value_enum, default_value = "pick")]
+    pub task: TaskArg,
+    /// A TOML config file with a `[sim]` table.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Action space; overrides the config.
+    #[arg(long, value_enum)]
+    pub action: Option<ActionArg>,
+    /// Render the front and wrist cameras.
+    #[arg(long)]
+    pub cameras: bool,
+}
+
+impl SimSelect {
+    fn load(&self) -> anyhow::Result<SimConfig> {
+        let mut cfg = match &self.config {
+            Some(p) => simtools::load_sim_config(p)?,
+            None => SimConfig::for_task(match self.task {
+                TaskArg::Reach => TaskKind::Reach,
+                TaskArg::Push => TaskKind::Push,
+                TaskArg::Pick => TaskKind::Pick,
+                TaskArg::Insert => TaskKind::Insert,
+            }),
+        };
+        if let Some(a) = self.action {
+            cfg.action = match a {
+                ActionArg::EeDelta => ActionKind::EeDelta,
+                ActionArg::EeDeltaYaw => ActionKind::EeDeltaYaw,
+                ActionArg::JointAbs => ActionKind::JointAbs,
+                ActionArg::JointDelta => ActionKind::JointDelta,
+            };
+        }
+        if self.cameras {
+            cfg.cameras.enabled = true;
+        }
+        Ok(cfg)
+    }
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    sim: SimSelect,
+    /// Robot name on the bus (the `<robot>` of `reflex/<robot>/...`).
+    #[arg(long)]
+    robot: Option<String>,
+    /// Run on a fixed clock at this rate instead of lockstep (1-1000 Hz).
+    #[arg(long, value_name = "HZ")]
+    realtime: Option<f64>,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    sim: SimSelect,
+    /// Environment steps to time (state only); the camera run takes a tenth of them.
+    #[arg(long, default_value_t = 20_000)]
+    steps: u64,
+    /// Skip the run with cameras.
+    #[arg(long)]
+    no_cameras: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct DemosArgs {
+    #[command(flatten)]
+    sim: SimSelect,
+    /// Episodes to record.
+    #[arg(long, default_value_t = 20)]
+    episodes: u64,
+    /// Expert action noise (std as a fraction of half the action range).
+    #[arg(long, default_value_t = 0.0)]
+    noise: f64,
+    /// Seed of the episode seeds and of the expert's noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep only successful episodes.
+    #[arg(long)]
+    successes_only: bool,
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct ExpertArgs {
+    #[command(flatten)]
+    sim: SimSelect,
+    /// Episodes to run.
+    #[arg(long, default_value_t = 100)]
+    episodes: u64,
+    /// Expert action noise.
+    #[arg(long, default_value_t = 0.0)]
+    noise: f64,
+    /// Seed of the episode seeds.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Print every step of every episode (named state fields, action, reward) as JSON lines.
+    #[arg(long)]
+    trace: bool,
+}
+
+#[derive(Args)]
+pub struct SnapshotArgs {
+    #[command(flatten)]
+    sim: SimSelect,
+    /// Episode seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Expert steps before the snapshot.
+    #[arg(long, default_value_t = 0)]
+    steps: u32,
+    /// Output directory (one PNG per camera).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
+    match cmd {
+        SimCommand::Serve(a) => {
+            let mut cfg = a.sim.load()?;
+            if let Some(r) = a.robot {
+                cfg.robot = r;
+            }
+            let mode = match a.realtime {
+                Some(hz) => ServeMode::Realtime { hz },
+                None => ServeMode::Lockstep,
+            };
+            simtools::serve(cfg, mode, &a.bus.config(), &AtomicBool::new(false))?;
+        }
+        SimCommand::Bench(a) => {
+            let out = simtools::bench(a.sim.load()?, a.steps, a.no_cameras)?;
+            if a.json {
+                print_json(&out);
+            } else {
+                print_bench(&out, a.steps);
+            }
+        }
+        SimCommand::Demos(a) => {
+            let o = DemosOptions {
+                episodes: a.episodes,
+                noise: a.noise,
+                seed: a.seed,
+                successes_only: a.successes_only,
+                out: a.out.clone(),
+                command: command_line(),
+            };
+            let r = simtools::demos(a.sim.load()?, &o, &Bars::new(false))?;
+            println!(
+                "wrote {} episodes to {} ({} of {} run episodes succeeded)",
+                r.written,
+                a.out.display(),
+                r.successes,
+                r.tried
+            );
+        }
+        SimCommand::Expert(a) => expert(a)?,
+        SimCommand::Snapshot(a) => {
+            for p in simtools::snapshot(a.sim.load()?, a.seed, a.steps, &a.out)? {
+                println!("{}", p.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn expert(a: ExpertArgs) -> anyhow::Result<()> {
+    let mut print_line = |v: serde_json::Value| println!("{v}");
+    let trace: Option<&mut dyn FnMut(serde_json::Value)> =
+        if a.trace { Some(&mut print_line) } else { None };
+    let cfg = a.sim.load()?;
+    let task = cfg.task;
+    let out = simtools::expert(cfg, a.episodes, a.noise, a.seed, trace, &Bars::new(a.json))?;
+    if a.json {
+        println!("{out}");
+    } else {
+        println!(
+            "scripted expert on `{task}`: {}/{} successful ({:.1}%), {:.1} steps per episode, {:.1} s",
+            out["successes"],
+            a.episodes,
+            100.0 * out["success_rate"].as_f64().unwrap_or(0.0),
+            out["mean_steps"].as_f64().unwrap_or(0.0),
+            out["wall_s"].as_f64().unwrap_or(0.0)
+        );
+        let failed = out["failed_seeds"].as_array().cloned().unwrap_or_default();
+        if !failed.is_empty() {
+            println!("failed seeds: {:?}", &failed[..failed.len().min(10)]);
+        }
+    }
+    Ok(())
+}
+
+fn print_bench(out: &serde_json::Value, steps: u64) {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+    println!(
+        "sim bench {} ({} Hz control, {} Hz physics, {} substeps), one thread:",
+        out["task"].as_str().unwrap_or(""),
+        out["control_hz"],
+        out["physics_hz"],
+        out["substeps"]
+    );
+    let s = &out["state_only"];
+    println!(
+        "  state only: {:.0} steps/s ({:.1} us/step, {:.0} physics steps/s) over {steps} steps",
+        f(&s["steps_per_s"]),
+        f(&s["us_per_step"]),
+        f(&s["physics_steps_per_s"]),
+    );
+    if let Some(c) = out.get("cameras") {
+        println!(
+            "  2 cameras {}x{}: {:.0} steps/s ({:.0} us/step) over {} steps",
+            c["width"],
+            c["height"],
+            f(&c["steps_per_s"]),
+            f(&c["us_per_step"]),
+            c["steps"]
+        );
+    }
+}

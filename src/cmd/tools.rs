@@ -1,0 +1,317 @@
+//! `reflex policy`, `bc`, `teleop`, `replay`, `viz`: arguments and what they print.
+
+use crate::cli::{Bars, BusArgs, command_line, print_json};
+use clap::{Args, Subcommand, ValueEnum};
+use reflex_agent::policytools::{self, TrainOptions};
+use reflex_agent::teleop::{Keyboard, TeleopEvent};
+use reflex_agent::viz::{VizOptions, VizTarget};
+use reflex_policies::bc::TrainConfig;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Subcommand)]
+pub enum PolicyCommand {
+    /// Check a model against its spec (names, shapes, element types) and the robot it is for.
+    Check(CheckArgs),
+    /// Time one chunk (all sampler steps) on a provider.
+    Bench(PolicyBenchArgs),
+}
+
+#[derive(Subcommand)]
+pub enum BcCommand {
+    /// Train a diffusion policy on recorded episodes and export it to ONNX with its spec.
+    Train(TrainArgs),
+}
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// The .onnx file (its spec is NAME.policy.toml beside it).
+    #[arg(long)]
+    model: PathBuf,
+}
+
+/// An ONNX Runtime execution provider.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ProviderArg {
+    /// The CPU.
+    Cpu,
+    /// CUDA (an ONNX Runtime build with it and a GPU).
+    Cuda,
+    /// TensorRT (an ONNX Runtime build with it and a GPU).
+    Tensorrt,
+}
+
+#[derive(Args)]
+pub struct PolicyBenchArgs {
+    /// The .onnx file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Execution provider.
+    #[arg(long, value_enum, default_value = "cpu")]
+    provider: ProviderArg,
+    /// ONNX Runtime intra-op threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Chunks to time.
+    #[arg(long, default_value_t = 500)]
+    iters: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// A directory written by `reflex sim demos`.
+    #[arg(long)]
+    demos: PathBuf,
+    /// Output model, e.g. models/pick.onnx (the spec is written beside it).
+    #[arg(long)]
+    out: PathBuf,
+    /// Use only the first N episodes.
+    #[arg(long)]
+    episodes: Option<usize>,
+    /// Gradient steps.
+    #[arg(long, default_value_t = 4000)]
+    steps: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 256)]
+    batch: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Hidden width.
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    /// Chunk length.
+    #[arg(long, default_value_t = 16)]
+    horizon: usize,
+    /// Actions executed per chunk.
+    #[arg(long, default_value_t = 8)]
+    execute: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+pub fn policy(cmd: PolicyCommand) -> anyhow::Result<()> {
+    match cmd {
+        PolicyCommand::Check(a) => {
+            let r = policytools::check(&a.model)?;
+            for l in &r.lines {
+                println!("{l}");
+            }
+            match r.robot_kind {
+                Some(k) => println!("matches its spec and robot kind `{k}`: ok"),
+                None => println!("matches its spec: ok (no robot kind to check against)"),
+            }
+        }
+        PolicyCommand::Bench(a) => {
+            let provider = match a.provider {
+                ProviderArg::Cpu => "cpu",
+                ProviderArg::Cuda => "cuda",
+                ProviderArg::Tensorrt => "tensorrt",
+            };
+            let v = policytools::bench(&a.model, provider, a.threads, a.iters)?;
+            if a.json {
+                print_json(&v);
+            } else {
+                let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+                println!(
+                    "{} on {} ({} thread{}): {} network calls per chunk; per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} chunks",
+                    a.model.display(),
+                    provider,
+                    a.threads,
+                    if a.threads == 1 { "" } else { "s" },
+                    v["network_calls_per_chunk"],
+                    f("p50_us"),
+                    f("p99_us"),
+                    f("max_us"),
+                    a.iters
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
+    let BcCommand::Train(a) = cmd;
+    let o = TrainOptions {
+        demos: a.demos,
+        out: a.out,
+        episodes: a.episodes,
+        cfg: TrainConfig {
+            steps: a.steps,
+            batch: a.batch,
+            lr: a.lr,
+            hidden: a.hidden,
+            layers: 3,
+            horizon: a.horizon,
+            execute: a.execute,
+            ema: 0.995,
+            seed: a.seed,
+        },
+        command: command_line(),
+    };
+    let r = policytools::bc_train(&o, &Bars::new(false))?;
+    println!(
+        "wrote {} and {} (final loss {:.4}, {:.0} s)",
+        r.model.display(),
+        r.spec.display(),
+        r.final_loss,
+        r.wall_s
+    );
+    Ok(())
+}
+
+/// A teleop device.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DeviceArg {
+    /// This terminal's keyboard.
+    Keyboard,
+}
+
+#[derive(Args)]
+pub struct TeleopArgs {
+    /// Input device (gamepads, SpaceMouse and leader arms come with the hardware drivers).
+    #[arg(long, value_enum, default_value = "keyboard")]
+    device: DeviceArg,
+    /// The robot's name on the bus.
+    #[arg(long)]
+    robot: String,
+    /// Messages per second.
+    #[arg(long, default_value_t = 50.0)]
+    rate_hz: f64,
+    /// A key counts as held for this long after its last press, ms.
+    #[arg(long, default_value_t = 250.0)]
+    hold_ms: f64,
+    /// Fraction of the action bounds a held key commands.
+    #[arg(long, default_value_t = 0.5)]
+    speed: f32,
+    /// How long to wait for the robot's spec, s.
+    #[arg(long, default_value_t = 15.0)]
+    wait_s: f64,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
+    let session = a.bus.config().open()?;
+    let spec =
+        reflex_agent::teleop::fetch_spec(&session, &a.robot, Duration::from_secs_f64(a.wait_s))?;
+    let DeviceArg::Keyboard = a.device;
+    let mut dev = Keyboard::open(&spec, a.speed, Duration::from_secs_f64(a.hold_ms / 1e3))?;
+    eprint!(
+        "teleop `{}` ({}): w/s a/d r/f move, o/c gripper, space take over / hand back, y success, n failure, x reset, q quit\r\n",
+        spec.name, spec.kind
+    );
+    reflex_agent::teleop::drive(&mut dev, &session, &a.robot, a.rate_hz, &mut |e| match e {
+        TeleopEvent::Driving(true) => eprint!("-- you drive\r\n"),
+        TeleopEvent::Driving(false) => eprint!("-- the policy drives\r\n"),
+        TeleopEvent::Sent(what) => eprint!("-- sent: {what}\r\n"),
+        TeleopEvent::Connected(_) => {}
+    })?;
+    drop(dev);
+    eprintln!("teleop: handed back, bye");
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// An episode recording (`episode_NNNNNN.rrd`) or a directory of them.
+    path: PathBuf,
+    /// Print the episode's steps, return, success, takeovers and timing instead of opening a viewer.
+    #[arg(long)]
+    summary: bool,
+}
+
+pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
+    if !a.summary {
+        return Ok(reflex_agent::replay::open(&a.path)?);
+    }
+    let head = [
+        "episode",
+        "steps",
+        "return",
+        "success",
+        "takeovers",
+        "takeover",
+        "lateness p99",
+        "dropped",
+    ];
+    let unit = ["", "", "", "", "", "steps", "us", "steps"];
+    for row in [head, unit] {
+        println!(
+            "{:<22} {:>6} {:>7} {:>8} {:>9} {:>10} {:>12} {:>8}",
+            row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]
+        );
+    }
+    for (f, s) in reflex_agent::replay::summaries(&a.path)? {
+        println!(
+            "{:<22} {:>6} {:>7.2} {:>8} {:>9} {:>10} {:>12.0} {:>8}",
+            f.file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            s["steps"],
+            s["return"].as_f64().unwrap_or(0.0),
+            s["success"],
+            s["interventions"],
+            s["intervention_steps"],
+            s["lateness_p99_us"].as_f64().unwrap_or(0.0),
+            s["dropped_steps"]
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct VizArgs {
+    /// The robot's name on the bus.
+    #[arg(long)]
+    robot: String,
+    /// Where the stream goes: spawn (start a viewer), connect or connect=ADDR (a running viewer),
+    /// save=DIR (episode files, no viewer).
+    #[arg(long, default_value = "spawn")]
+    rerun: String,
+    /// Stop after this many episodes have ended (default: run until interrupted).
+    #[arg(long)]
+    episodes: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// How long to wait for the actor (or the robot) to answer, s.
+    #[arg(long, default_value_t = 15.0)]
+    wait_s: f64,
+    /// Print a JSON summary at the end.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+pub fn viz(a: VizArgs) -> anyhow::Result<()> {
+    let target = VizTarget::parse(&a.rerun)?;
+    let session = a.bus.config().open()?;
+    let o = VizOptions {
+        episodes: a.episodes,
+        seconds: a.seconds,
+        wait_s: a.wait_s,
+    };
+    let out = reflex_agent::viz::watch(&session, &a.robot, target, &o, &Bars::spinner(a.json))?;
+    if a.json {
+        print_json(&out);
+    } else {
+        println!(
+            "watched `{}`: {} steps, {} episodes ended{}",
+            out["robot"].as_str().unwrap_or(""),
+            out["steps"],
+            out["episodes_ended"],
+            out["dir"]
+                .as_str()
+                .map(|d| format!(", files in {d}"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
