@@ -12,7 +12,7 @@
 use crate::onnx_write::{Dim, Elem, Graph, batch};
 use crate::sampler::{BetaSchedule, Ddim, Prediction, betas};
 use crate::spec::{DiffusionSpec, GraphIo, InputSpec, Normalize, PolicyKind, PolicySpec};
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -361,6 +361,102 @@ pub struct Trained {
     pub losses: Vec<f32>,
 }
 
+/// The training set, normalised once, with the normalisations that the spec records.
+struct Dataset {
+    obs: Vec<f32>,
+    act: Vec<f32>,
+    n: usize,
+    obs_dim: usize,
+    obs_norm: Normalize,
+    act_norm: Normalize,
+}
+
+impl Dataset {
+    fn new(samples: &[Sample], action_dim: usize) -> Result<Self, BcError> {
+        if samples.is_empty() {
+            return Err(BcError::Data(
+                "no (observation, action) pairs: the demo directory has no steps".into(),
+            ));
+        }
+        let obs_dim = samples[0].obs.len();
+        let obs_norm = min_max(samples.iter().map(|s| s.obs.clone()), obs_dim);
+        let act_norm = min_max(
+            samples.iter().flat_map(|s| {
+                s.chunk
+                    .chunks(action_dim)
+                    .map(|c| c.to_vec())
+                    .collect::<Vec<_>>()
+            }),
+            action_dim,
+        );
+        let mut obs = Vec::with_capacity(samples.len() * obs_dim);
+        let mut act = Vec::with_capacity(samples.len() * samples[0].chunk.len());
+        for s in samples {
+            let mut o = s.obs.clone();
+            obs_norm.apply(&mut o);
+            obs.extend(o);
+            let mut c = s.chunk.clone();
+            act_norm.apply(&mut c);
+            act.extend(c);
+        }
+        Ok(Dataset {
+            obs,
+            act,
+            n: samples.len(),
+            obs_dim,
+            obs_norm,
+            act_norm,
+        })
+    }
+}
+
+/// Cumulative products of (1 - beta) of the training noise schedule.
+fn alpha_bars(d: &DiffusionSpec) -> Vec<f32> {
+    let mut acc = 1.0;
+    betas(
+        BetaSchedule::SquaredcosCapV2,
+        d.train_steps,
+        d.beta_start,
+        d.beta_end,
+    )
+    .into_iter()
+    .map(|b| {
+        acc *= 1.0 - b;
+        acc as f32
+    })
+    .collect()
+}
+
+/// One batch's buffers: observations, clean chunks, noise, noised chunks, timesteps.
+struct BatchBufs {
+    ob: Vec<f32>,
+    x0: Vec<f32>,
+    noise: Vec<f32>,
+    xt: Vec<f32>,
+    tt: Vec<f32>,
+}
+
+impl BatchBufs {
+    /// Draws a batch: random samples, random timesteps, noise added per the schedule.
+    fn draw(&mut self, data: &Dataset, chunk: usize, abar: &[f32], rng: &mut ChaCha8Rng) {
+        let od = data.obs_dim;
+        for b in 0..self.tt.len() {
+            let i = rng.random_range(0..data.n);
+            self.ob[b * od..(b + 1) * od].copy_from_slice(&data.obs[i * od..(i + 1) * od]);
+            self.x0[b * chunk..(b + 1) * chunk]
+                .copy_from_slice(&data.act[i * chunk..(i + 1) * chunk]);
+            let t = rng.random_range(0..abar.len());
+            self.tt[b] = t as f32;
+            let (sa, s1a) = (abar[t].sqrt(), (1.0 - abar[t]).sqrt());
+            for k in b * chunk..(b + 1) * chunk {
+                let e: f32 = StandardNormal.sample(rng);
+                self.noise[k] = e;
+                self.xt[k] = sa * self.x0[k] + s1a * e;
+            }
+        }
+    }
+}
+
 /// Trains a diffusion policy on `samples`. `report(step, loss)` is called every 100 steps.
 pub fn train(
     samples: &[Sample],
@@ -371,38 +467,11 @@ pub fn train(
     robot_kind: Option<String>,
     mut report: impl FnMut(usize, f32),
 ) -> Result<Trained, BcError> {
-    if samples.is_empty() {
-        return Err(BcError::Data(
-            "no (observation, action) pairs: the demo directory has no steps".into(),
-        ));
-    }
-    let obs_dim = samples[0].obs.len();
-    let obs_norm = min_max(samples.iter().map(|s| s.obs.clone()), obs_dim);
-    let act_norm = min_max(
-        samples.iter().flat_map(|s| {
-            s.chunk
-                .chunks(action_dim)
-                .map(|c| c.to_vec())
-                .collect::<Vec<_>>()
-        }),
-        action_dim,
-    );
-    // Normalise the whole dataset once.
-    let n = samples.len();
+    let data = Dataset::new(samples, action_dim)?;
     let (t_len, a) = (cfg.horizon, action_dim);
-    let mut obs_all = Vec::with_capacity(n * obs_dim);
-    let mut act_all = Vec::with_capacity(n * t_len * a);
-    for s in samples {
-        let mut o = s.obs.clone();
-        obs_norm.apply(&mut o);
-        obs_all.extend(o);
-        let mut c = s.chunk.clone();
-        act_norm.apply(&mut c);
-        act_all.extend(c);
-    }
     let dev = Device::Cpu;
     let shape = DenoiserShape {
-        obs_dim,
+        obs_dim: data.obs_dim,
         action_dim,
         horizon: t_len,
         hidden: cfg.hidden,
@@ -411,19 +480,7 @@ pub fn train(
     };
     let net = Denoiser::new(shape, cfg.seed)?;
     let diffusion = DiffusionSpec::default();
-    let mut acc = 1.0;
-    let abar: Vec<f32> = betas(
-        BetaSchedule::SquaredcosCapV2,
-        diffusion.train_steps,
-        diffusion.beta_start,
-        diffusion.beta_end,
-    )
-    .into_iter()
-    .map(|b| {
-        acc *= 1.0 - b;
-        acc as f32
-    })
-    .collect();
+    let abar = alpha_bars(&diffusion);
     let mut opt = AdamW::new(
         net.vars(),
         ParamsAdamW {
@@ -434,36 +491,24 @@ pub fn train(
     )?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0xbc);
     let mut ema = (cfg.ema > 0.0).then(|| net.snapshot()).transpose()?;
-    let mut losses = vec![];
-    let mut acc_loss = 0.0f32;
-    let bsz = cfg.batch.min(n);
-    let mut ob = vec![0.0f32; bsz * obs_dim];
-    let mut x0 = vec![0.0f32; bsz * t_len * a];
-    let mut noise = vec![0.0f32; bsz * t_len * a];
-    let mut xt = vec![0.0f32; bsz * t_len * a];
-    let mut tt = vec![0.0f32; bsz];
+    let (mut losses, mut acc_loss) = (vec![], 0.0f32);
+    let bsz = cfg.batch.min(data.n);
+    let chunk = t_len * a;
+    let mut buf = BatchBufs {
+        ob: vec![0.0; bsz * data.obs_dim],
+        x0: vec![0.0; bsz * chunk],
+        noise: vec![0.0; bsz * chunk],
+        xt: vec![0.0; bsz * chunk],
+        tt: vec![0.0; bsz],
+    };
     for step in 1..=cfg.steps {
-        for b in 0..bsz {
-            let i = rng.random_range(0..n);
-            ob[b * obs_dim..(b + 1) * obs_dim]
-                .copy_from_slice(&obs_all[i * obs_dim..(i + 1) * obs_dim]);
-            x0[b * t_len * a..(b + 1) * t_len * a]
-                .copy_from_slice(&act_all[i * t_len * a..(i + 1) * t_len * a]);
-            let t = rng.random_range(0..diffusion.train_steps);
-            tt[b] = t as f32;
-            let (sa, s1a) = (abar[t].sqrt(), (1.0 - abar[t]).sqrt());
-            for k in b * t_len * a..(b + 1) * t_len * a {
-                let e: f32 = StandardNormal.sample(&mut rng);
-                noise[k] = e;
-                xt[k] = sa * x0[k] + s1a * e;
-            }
-        }
+        buf.draw(&data, chunk, &abar, &mut rng);
         let pred = net.forward(
-            &Tensor::from_slice(&xt, (bsz, t_len, a), &dev)?,
-            &Tensor::from_slice(&tt, (bsz, 1), &dev)?,
-            &Tensor::from_slice(&ob, (bsz, obs_dim), &dev)?,
+            &Tensor::from_slice(&buf.xt, (bsz, t_len, a), &dev)?,
+            &Tensor::from_slice(&buf.tt, (bsz, 1), &dev)?,
+            &Tensor::from_slice(&buf.ob, (bsz, data.obs_dim), &dev)?,
         )?;
-        let target = Tensor::from_slice(&noise, (bsz, t_len, a), &dev)?;
+        let target = Tensor::from_slice(&buf.noise, (bsz, t_len, a), &dev)?;
         let loss = (pred - target)?.sqr()?.mean_all()?;
         opt.backward_step(&loss)?;
         if let Some(e) = &mut ema {
@@ -482,17 +527,38 @@ pub fn train(
     if let Some(e) = &ema {
         net.load(e)?;
     }
-    let _ = DType::F32;
-    let spec = PolicySpec {
+    let spec = trained_spec(
+        name,
+        action_dim,
+        cfg,
+        robot_kind,
+        state_fields,
+        data,
+        diffusion,
+    );
+    Ok(Trained { net, spec, losses })
+}
+
+/// The spec written beside a trained model.
+fn trained_spec(
+    name: &str,
+    action_dim: usize,
+    cfg: &TrainConfig,
+    robot_kind: Option<String>,
+    state_fields: Vec<String>,
+    data: Dataset,
+    diffusion: DiffusionSpec,
+) -> PolicySpec {
+    PolicySpec {
         format: "reflex-policy".into(),
         version: 1,
         name: name.into(),
         kind: PolicyKind::Diffusion,
         action_dim,
-        chunk_len: t_len,
+        chunk_len: cfg.horizon,
         execute: cfg.execute,
         robot_kind,
-        action_normalize: act_norm,
+        action_normalize: data.act_norm,
         graph: GraphIo {
             sample_input: Some("noisy_actions".into()),
             time_input: Some("timestep".into()),
@@ -502,7 +568,7 @@ pub fn train(
             name: "obs".into(),
             fields: state_fields,
             history: 1,
-            normalize: obs_norm,
+            normalize: data.obs_norm,
         }],
         diffusion: Some(DiffusionSpec {
             prediction: Prediction::Epsilon,
@@ -510,6 +576,5 @@ pub fn train(
         }),
         flow_steps: 10,
         provenance: None,
-    };
-    Ok(Trained { net, spec, losses })
+    }
 }

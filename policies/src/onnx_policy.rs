@@ -468,6 +468,86 @@ pub struct OnnxPolicy {
     rng: ChaCha8Rng,
 }
 
+/// The buffers of one graph input, sized for `robot`, its fields and cameras checked.
+fn prepare_input(
+    i: &InputSource,
+    robot: &RobotSpec,
+    dir: &Path,
+    bad: &dyn Fn(String) -> LoadError,
+) -> Result<Prepared, LoadError> {
+    Ok(match i {
+        InputSource::State {
+            fields,
+            history,
+            normalize,
+            ..
+        } => {
+            let ranges: Vec<Range<usize>> = if fields.is_empty() {
+                std::iter::once(0..robot.state_dim()).collect()
+            } else {
+                fields
+                    .iter()
+                    .map(|f| {
+                        robot.field(f).ok_or_else(|| {
+                            bad(format!(
+                                "input `{}` needs the state field `{f}`, which the robot does not have",
+                                i.name()
+                            ))
+                        })
+                    })
+                    .collect::<Result<_, _>>()?
+            };
+            let n: usize = ranges.iter().map(|r| r.len()).sum();
+            Prepared::State {
+                data: vec![0.0; n * history],
+                ranges,
+                history: *history,
+                filled: false,
+                normalize: normalize.clone(),
+            }
+        }
+        InputSource::Image {
+            camera,
+            width,
+            height,
+            mean,
+            std,
+            ..
+        } => {
+            if !robot.cameras.iter().any(|c| &c.name == camera) {
+                return Err(bad(format!(
+                    "input `{}` needs camera `{camera}`; the robot has {:?} (enable its cameras?)",
+                    i.name(),
+                    robot.cameras.iter().map(|c| &c.name).collect::<Vec<_>>()
+                )));
+            }
+            Prepared::Image {
+                data: vec![0.0; (3 * width * height) as usize],
+                camera: camera.clone(),
+                width: *width,
+                height: *height,
+                mean: *mean,
+                std: *std,
+            }
+        }
+        InputSource::Language {
+            tokenizer,
+            instruction,
+            max_len,
+            pad_id,
+            mask_input,
+            ..
+        } => {
+            let path = dir.join(tokenizer);
+            let (ids, mask) = crate::vla::tokenize(&path, instruction, *max_len, *pad_id)?;
+            Prepared::Tokens {
+                ids,
+                mask: mask_input.clone().map(|m| (m, mask)),
+            }
+        }
+    })
+}
+
 impl OnnxPolicy {
     /// Loads `model` and the spec beside it, checks both against each other and against `robot`.
     pub fn load(model: &Path, robot: &RobotSpec, opts: &RunOptions) -> Result<Self, LoadError> {
@@ -505,74 +585,11 @@ impl OnnxPolicy {
             )));
         }
         let dir = model.parent().unwrap_or(Path::new("."));
-        let mut inputs = vec![];
-        for i in &spec.inputs {
-            let prepared = match i {
-                InputSource::State {
-                    fields,
-                    history,
-                    normalize,
-                    ..
-                } => {
-                    let ranges: Vec<Range<usize>> = if fields.is_empty() {
-                        std::iter::once(0..robot.state_dim()).collect()
-                    } else {
-                        fields
-                            .iter()
-                            .map(|f| robot.field(f).ok_or_else(|| bad(format!("input `{}` needs the state field `{f}`, which the robot does not have", i.name()))))
-                            .collect::<Result<_, _>>()?
-                    };
-                    let n: usize = ranges.iter().map(|r| r.len()).sum();
-                    Prepared::State {
-                        data: vec![0.0; n * history],
-                        ranges,
-                        history: *history,
-                        filled: false,
-                        normalize: normalize.clone(),
-                    }
-                }
-                InputSource::Image {
-                    camera,
-                    width,
-                    height,
-                    mean,
-                    std,
-                    ..
-                } => {
-                    if !robot.cameras.iter().any(|c| &c.name == camera) {
-                        return Err(bad(format!(
-                            "input `{}` needs camera `{camera}`; the robot has {:?} (enable its cameras?)",
-                            i.name(),
-                            robot.cameras.iter().map(|c| &c.name).collect::<Vec<_>>()
-                        )));
-                    }
-                    Prepared::Image {
-                        data: vec![0.0; (3 * width * height) as usize],
-                        camera: camera.clone(),
-                        width: *width,
-                        height: *height,
-                        mean: *mean,
-                        std: *std,
-                    }
-                }
-                InputSource::Language {
-                    tokenizer,
-                    instruction,
-                    max_len,
-                    pad_id,
-                    mask_input,
-                    ..
-                } => {
-                    let path = dir.join(tokenizer);
-                    let (ids, mask) = crate::vla::tokenize(&path, instruction, *max_len, *pad_id)?;
-                    Prepared::Tokens {
-                        ids,
-                        mask: mask_input.clone().map(|m| (m, mask)),
-                    }
-                }
-            };
-            inputs.push((i.name().to_string(), prepared));
-        }
+        let inputs = spec
+            .inputs
+            .iter()
+            .map(|i| Ok((i.name().to_string(), prepare_input(i, robot, dir, &bad)?)))
+            .collect::<Result<Vec<_>, LoadError>>()?;
         let n = spec.chunk_len * spec.action_dim;
         let ddim = (spec.kind == PolicyKind::Diffusion)
             .then(|| spec.diffusion.clone().unwrap_or_default().ddim());

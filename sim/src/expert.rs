@@ -41,6 +41,94 @@ pub struct EeTarget {
     pub max_step: f64,
 }
 
+/// The largest tool step of the experts' fast moves, m.
+const FAST_STEP_M: f64 = 0.02;
+
+/// Where each task's state machine is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Reach has one phase: go to the target.
+    Reach,
+    /// Pick.
+    Pick(PickPhase),
+    /// Push.
+    Push(PushPhase),
+    /// Insert.
+    Insert(InsertPhase),
+}
+
+/// The phases of `pick`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PickPhase {
+    /// Above the cube, fingers open and aligned with a face pair.
+    Above,
+    /// Down to grasping height.
+    Descend,
+    /// Close until the fingers stop on the cube.
+    Close,
+    /// Lift to the target height.
+    Lift,
+}
+
+/// The phases of `push`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushPhase {
+    /// Above the spot behind the cube, on the line to the goal.
+    Behind,
+    /// Down to pushing height.
+    Lower,
+    /// Along the line to the goal.
+    Push,
+}
+
+/// The phases of `insert`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertPhase {
+    /// Above the hole, the peg's lower tip centred on it.
+    Hover,
+    /// Down into the hole.
+    Descend,
+}
+
+impl Phase {
+    /// Where `task` starts.
+    pub fn first(task: TaskKind) -> Self {
+        match task {
+            TaskKind::Reach => Phase::Reach,
+            TaskKind::Pick => Phase::Pick(PickPhase::Above),
+            TaskKind::Push => Phase::Push(PushPhase::Behind),
+            TaskKind::Insert => Phase::Insert(InsertPhase::Hover),
+        }
+    }
+}
+
+/// What every task reads from the observation.
+struct Sensed {
+    ee: Vector3<f64>,
+    yaw_now: f64,
+    goal: Vector3<f64>,
+    opening_now: f64,
+}
+
+struct PickCtx {
+    cube: Vector3<f64>,
+    yaw: f64,
+    grasp_z: f64,
+}
+
+struct PushCtx {
+    cube: Vector3<f64>,
+    dir: nalgebra::Vector2<f64>,
+    behind: nalgebra::Vector2<f64>,
+}
+
+struct InsertCtx {
+    bottom_z: f64,
+    err: nalgebra::Vector2<f64>,
+    hover: f64,
+    entered: bool,
+}
+
 struct Fields {
     joint_pos: Range<usize>,
     ee_pos: Range<usize>,
@@ -60,7 +148,7 @@ pub struct Expert {
     model: ArmModel,
     noise: f64,
     rng: ChaCha8Rng,
-    phase: u8,
+    phase: Phase,
     phase_steps: u32,
     last_opening: f64,
     start_z: f64,
@@ -118,7 +206,7 @@ impl Expert {
             model: ArmModel::so101(),
             noise,
             rng: ChaCha8Rng::seed_from_u64(seed),
-            phase: 0,
+            phase: Phase::first(task),
             phase_steps: 0,
             last_opening: 0.0,
             start_z: 0.0,
@@ -134,7 +222,7 @@ impl Expert {
 
     /// Forgets the episode's progress (call at every reset; `act` also does it when it sees step 0).
     pub fn reset(&mut self) {
-        self.phase = 0;
+        self.phase = Phase::first(self.task);
         self.phase_steps = 0;
         self.resume = false;
     }
@@ -146,12 +234,12 @@ impl Expert {
         self.resume = true;
     }
 
-    /// The phase the state machine is in (for tests and the simulated human).
-    pub fn phase(&self) -> u8 {
+    /// The phase the state machine is in.
+    pub fn phase(&self) -> Phase {
         self.phase
     }
 
-    fn goto(&mut self, phase: u8) {
+    fn goto(&mut self, phase: Phase) {
         if self.phase != phase {
             self.phase = phase;
             self.phase_steps = 0;
@@ -169,7 +257,6 @@ impl Expert {
             self.reset();
         }
         self.phase_steps += 1;
-        let ee = Self::v3(obs, &self.f.ee_pos);
         let q = &obs.state[self.f.ee_quat.clone()];
         let ee_rot = UnitQuaternion::from_quaternion(nalgebra::Quaternion::new(
             q[3] as f64,
@@ -177,229 +264,258 @@ impl Expert {
             q[1] as f64,
             q[2] as f64,
         ));
-        let yaw_now = yaw_of(&ee_rot);
-        let goal = Self::v3(obs, &self.f.target_pos);
-        let opening_now = obs.state[self.f.joint_pos.start + 5] as f64;
-        let fast = 0.02;
+        let s = Sensed {
+            ee: Self::v3(obs, &self.f.ee_pos),
+            yaw_now: yaw_of(&ee_rot),
+            goal: Self::v3(obs, &self.f.target_pos),
+            opening_now: obs.state[self.f.joint_pos.start + 5] as f64,
+        };
         match self.task {
             TaskKind::Reach => EeTarget {
-                pos: goal,
-                yaw: yaw_now,
+                pos: s.goal,
+                yaw: s.yaw_now,
                 opening: 0.04,
-                max_step: fast,
+                max_step: FAST_STEP_M,
             },
-            TaskKind::Pick => {
-                let cube = Self::v3(obs, self.f.object_pos.as_ref().expect("checked in new"));
-                if std::mem::take(&mut self.resume)
-                    && (cube - ee).norm() < 0.02
-                    && opening_now < CUBE_SIZE_M + 0.005
-                {
-                    // Already holding it: keep squeezing and lift.
-                    self.start_z = cube.z;
-                    self.goto(3);
-                }
-                let cube_yaw =
-                    object_yaw(&obs.state[self.f.object_quat.clone().expect("checked in new")]);
-                // Fingers close along the tool's y axis: align it with a cube face, choosing the
-                // face pair nearest to the current yaw.
-                let face = wrap(cube_yaw - yaw_now);
-                let quarter = std::f64::consts::FRAC_PI_2;
-                let yaw = yaw_now + (face - quarter * (face / quarter).round());
-                let grasp_z = cube.z.max(0.012);
-                loop {
-                    match self.phase {
-                        0 => {
-                            let above = Vector3::new(cube.x, cube.y, cube.z + 0.07);
-                            let yaw_ok = !matches!(
-                                self.kind,
-                                ActionKind::EeDeltaYaw
-                                    | ActionKind::JointAbs
-                                    | ActionKind::JointDelta
-                            ) || wrap(yaw - yaw_now).abs() < 0.05;
-                            if (ee.xy() - cube.xy()).norm() < 0.006
-                                && (ee.z - above.z).abs() < 0.015
-                                && yaw_ok
-                            {
-                                self.goto(1);
-                                continue;
-                            }
-                            return EeTarget {
-                                pos: above,
-                                yaw,
-                                opening: 0.06,
-                                max_step: fast,
-                            };
-                        }
-                        1 => {
-                            let at = Vector3::new(cube.x, cube.y, grasp_z);
-                            if (ee.z - grasp_z).abs() < 0.005 || self.phase_steps > 20 {
-                                self.goto(2);
-                                continue;
-                            }
-                            return EeTarget {
-                                pos: at,
-                                yaw,
-                                opening: 0.06,
-                                max_step: 0.015,
-                            };
-                        }
-                        2 => {
-                            // Close until the fingers stop moving on the cube.
-                            let settled = self.phase_steps > 3
-                                && (opening_now - self.last_opening).abs() < 5e-4;
-                            self.last_opening = opening_now;
-                            if (settled && opening_now < CUBE_SIZE_M + 0.003)
-                                || self.phase_steps > 12
-                            {
-                                self.start_z = cube.z;
-                                self.goto(3);
-                                continue;
-                            }
-                            return EeTarget {
-                                pos: Vector3::new(cube.x, cube.y, grasp_z),
-                                yaw,
-                                opening: 0.0,
-                                max_step: 0.01,
-                            };
-                        }
-                        _ => {
-                            // Lift; start over if the cube slipped out.
-                            if cube.z < CUBE_SIZE_M && ee.z > cube.z + 0.04 {
-                                self.goto(0);
-                                continue;
-                            }
-                            return EeTarget {
-                                pos: Vector3::new(ee.x, ee.y, goal.z + 0.06),
-                                yaw: yaw_now,
-                                opening: 0.0,
-                                max_step: 0.015,
-                            };
-                        }
-                    }
-                }
-            }
-            TaskKind::Push => {
-                let cube = Self::v3(obs, self.f.object_pos.as_ref().expect("checked in new"));
-                let to_goal = goal.xy() - cube.xy();
-                let dist = to_goal.norm();
-                let dir = if dist > 1e-6 {
-                    to_goal / dist
-                } else {
-                    nalgebra::Vector2::x()
-                };
-                let behind = cube.xy() - dir * 0.045;
-                let push_z = 0.02;
-                loop {
-                    match self.phase {
-                        0 => {
-                            // Above the spot behind the cube.
-                            let above = Vector3::new(behind.x, behind.y, 0.07);
-                            if (ee.xy() - behind).norm() < 0.006 && (ee.z - above.z).abs() < 0.02 {
-                                self.goto(1);
-                                continue;
-                            }
-                            let pos = if ee.z < 0.05 && (ee.xy() - behind).norm() > 0.01 {
-                                Vector3::new(ee.x, ee.y, 0.08)
-                            } else {
-                                above
-                            };
-                            return EeTarget {
-                                pos,
-                                yaw: yaw_now,
-                                opening: 0.0,
-                                max_step: fast,
-                            };
-                        }
-                        1 => {
-                            if (ee.z - push_z).abs() < 0.005 {
-                                self.goto(2);
-                                continue;
-                            }
-                            return EeTarget {
-                                pos: Vector3::new(behind.x, behind.y, push_z),
-                                yaw: yaw_now,
-                                opening: 0.0,
-                                max_step: 0.015,
-                            };
-                        }
-                        _ => {
-                            // Push along the line through the cube towards the goal; re-approach
-                            // when the tool has drifted off that line.
-                            let rel = ee.xy() - cube.xy();
-                            let lateral = (rel.x * dir.y - rel.y * dir.x).abs();
-                            if lateral > 0.012 || rel.dot(&dir) > 0.0 {
-                                self.goto(0);
-                                continue;
-                            }
-                            let aim = goal.xy() - dir * 0.03;
-                            return EeTarget {
-                                pos: Vector3::new(aim.x, aim.y, push_z),
-                                yaw: yaw_now,
-                                opening: 0.0,
-                                max_step: 0.008,
-                            };
-                        }
-                    }
-                }
-            }
-            TaskKind::Insert => {
-                let peg = Self::v3(obs, self.f.object_pos.as_ref().expect("checked in new"));
-                let pq = &obs.state[self.f.object_quat.clone().expect("checked in new")];
-                let peg_rot = UnitQuaternion::from_quaternion(nalgebra::Quaternion::new(
-                    pq[3] as f64,
-                    pq[0] as f64,
-                    pq[1] as f64,
-                    pq[2] as f64,
-                ));
-                // Align the peg's lower tip, not its centre: a peg tilted by a few degrees in the
-                // grasp is off by more than the clearance at its tip.
-                let half = peg_rot * Vector3::new(0.0, 0.0, PEG_LENGTH_M / 2.0);
-                let tip = if half.z < 0.0 { peg + half } else { peg - half };
-                let bottom_z = tip.z;
-                let err = goal.xy() - tip.xy();
-                let hover = goal.z + 0.01;
-                let hold = 0.0;
-                let entered = bottom_z < goal.z - 0.003;
-                loop {
-                    match self.phase {
-                        0 => {
-                            // Hover 1 cm above the opening and centre the peg (not the tool) on it.
-                            if err.norm() < 0.0008 && (bottom_z - hover).abs() < 0.003 {
-                                self.goto(1);
-                                continue;
-                            }
-                            // Far off: travel above the fixture first, then come down.
-                            let aim = ee.xy() + err;
-                            let lift = if err.norm() > 0.005 { 0.03 } else { 0.0 };
-                            let z = ee.z + (hover + lift - bottom_z);
-                            let step = if err.norm() > 0.02 { 0.01 } else { 0.005 };
-                            return EeTarget {
-                                pos: Vector3::new(aim.x, aim.y, z),
-                                yaw: yaw_now,
-                                opening: hold,
-                                max_step: step,
-                            };
-                        }
-                        _ => {
-                            // Descend while centred; back off to realign if the peg drifts before it
-                            // has entered (after that the hole's walls guide it).
-                            if !entered && err.norm() > 0.0012 {
-                                self.goto(0);
-                                continue;
-                            }
-                            let aim = ee.xy() + err;
-                            let floor = ee.z + (goal.z - HOLE_DEPTH_M + 0.004 - bottom_z);
-                            return EeTarget {
-                                pos: Vector3::new(aim.x, aim.y, (ee.z - 0.005).max(floor)),
-                                yaw: yaw_now,
-                                opening: hold,
-                                max_step: 0.005,
-                            };
-                        }
-                    }
-                }
+            TaskKind::Pick => self.pick(obs, &s),
+            TaskKind::Push => self.push(obs, &s),
+            TaskKind::Insert => self.insert(obs, &s),
+        }
+    }
+
+    fn object(&self, obs: &Observation) -> Vector3<f64> {
+        Self::v3(obs, self.f.object_pos.as_ref().expect("checked in new"))
+    }
+
+    fn object_quat<'a>(&self, obs: &'a Observation) -> &'a [f32] {
+        &obs.state[self.f.object_quat.clone().expect("checked in new")]
+    }
+
+    /// Pick: above the cube with the fingers along a face pair, down, close, lift.
+    fn pick(&mut self, obs: &Observation, s: &Sensed) -> EeTarget {
+        let cube = self.object(obs);
+        if std::mem::take(&mut self.resume)
+            && (cube - s.ee).norm() < 0.02
+            && s.opening_now < CUBE_SIZE_M + 0.005
+        {
+            // Already holding it: keep squeezing and lift.
+            self.start_z = cube.z;
+            self.goto(Phase::Pick(PickPhase::Lift));
+        }
+        let cube_yaw = object_yaw(self.object_quat(obs));
+        // Fingers close along the tool's y axis: align it with a cube face, choosing the face pair
+        // nearest to the current yaw.
+        let face = wrap(cube_yaw - s.yaw_now);
+        let quarter = std::f64::consts::FRAC_PI_2;
+        let c = PickCtx {
+            cube,
+            yaw: s.yaw_now + (face - quarter * (face / quarter).round()),
+            grasp_z: cube.z.max(0.012),
+        };
+        loop {
+            if let Some(t) = self.pick_step(s, &c) {
+                return t;
             }
         }
+    }
+
+    /// One phase of `pick`: the target, or `None` after moving to another phase.
+    fn pick_step(&mut self, s: &Sensed, c: &PickCtx) -> Option<EeTarget> {
+        let Phase::Pick(phase) = self.phase else {
+            unreachable!("pick phases only")
+        };
+        let (ee, cube) = (s.ee, c.cube);
+        let target = |pos, yaw, opening, max_step| EeTarget {
+            pos,
+            yaw,
+            opening,
+            max_step,
+        };
+        match phase {
+            PickPhase::Above => {
+                let above = Vector3::new(cube.x, cube.y, cube.z + 0.07);
+                let yaw_ok = !matches!(
+                    self.kind,
+                    ActionKind::EeDeltaYaw | ActionKind::JointAbs | ActionKind::JointDelta
+                ) || wrap(c.yaw - s.yaw_now).abs() < 0.05;
+                if (ee.xy() - cube.xy()).norm() < 0.006 && (ee.z - above.z).abs() < 0.015 && yaw_ok
+                {
+                    return self.next(Phase::Pick(PickPhase::Descend));
+                }
+                Some(target(above, c.yaw, 0.06, FAST_STEP_M))
+            }
+            PickPhase::Descend => {
+                if (ee.z - c.grasp_z).abs() < 0.005 || self.phase_steps > 20 {
+                    return self.next(Phase::Pick(PickPhase::Close));
+                }
+                let at = Vector3::new(cube.x, cube.y, c.grasp_z);
+                Some(target(at, c.yaw, 0.06, 0.015))
+            }
+            PickPhase::Close => {
+                // Close until the fingers stop moving on the cube.
+                let settled =
+                    self.phase_steps > 3 && (s.opening_now - self.last_opening).abs() < 5e-4;
+                self.last_opening = s.opening_now;
+                if (settled && s.opening_now < CUBE_SIZE_M + 0.003) || self.phase_steps > 12 {
+                    self.start_z = cube.z;
+                    return self.next(Phase::Pick(PickPhase::Lift));
+                }
+                let at = Vector3::new(cube.x, cube.y, c.grasp_z);
+                Some(target(at, c.yaw, 0.0, 0.01))
+            }
+            PickPhase::Lift => {
+                // Lift; start over if the cube slipped out.
+                if cube.z < CUBE_SIZE_M && ee.z > cube.z + 0.04 {
+                    return self.next(Phase::Pick(PickPhase::Above));
+                }
+                let up = Vector3::new(ee.x, ee.y, s.goal.z + 0.06);
+                Some(target(up, s.yaw_now, 0.0, 0.015))
+            }
+        }
+    }
+
+    /// Push: above the spot behind the cube, down to pushing height, push along the line to the
+    /// goal.
+    fn push(&mut self, obs: &Observation, s: &Sensed) -> EeTarget {
+        let cube = self.object(obs);
+        let to_goal = s.goal.xy() - cube.xy();
+        let dist = to_goal.norm();
+        let dir = if dist > 1e-6 {
+            to_goal / dist
+        } else {
+            nalgebra::Vector2::x()
+        };
+        let c = PushCtx {
+            cube,
+            dir,
+            behind: cube.xy() - dir * 0.045,
+        };
+        loop {
+            if let Some(t) = self.push_step(s, &c) {
+                return t;
+            }
+        }
+    }
+
+    /// One phase of `push`: the target, or `None` after moving to another phase.
+    fn push_step(&mut self, s: &Sensed, c: &PushCtx) -> Option<EeTarget> {
+        let Phase::Push(phase) = self.phase else {
+            unreachable!("push phases only")
+        };
+        const PUSH_Z_M: f64 = 0.02;
+        let (ee, behind) = (s.ee, c.behind);
+        let target = |pos, max_step| EeTarget {
+            pos,
+            yaw: s.yaw_now,
+            opening: 0.0,
+            max_step,
+        };
+        match phase {
+            PushPhase::Behind => {
+                let above = Vector3::new(behind.x, behind.y, 0.07);
+                if (ee.xy() - behind).norm() < 0.006 && (ee.z - above.z).abs() < 0.02 {
+                    return self.next(Phase::Push(PushPhase::Lower));
+                }
+                // Travel high when far from the spot, so the tool never sweeps the cube.
+                let pos = if ee.z < 0.05 && (ee.xy() - behind).norm() > 0.01 {
+                    Vector3::new(ee.x, ee.y, 0.08)
+                } else {
+                    above
+                };
+                Some(target(pos, FAST_STEP_M))
+            }
+            PushPhase::Lower => {
+                if (ee.z - PUSH_Z_M).abs() < 0.005 {
+                    return self.next(Phase::Push(PushPhase::Push));
+                }
+                Some(target(Vector3::new(behind.x, behind.y, PUSH_Z_M), 0.015))
+            }
+            PushPhase::Push => {
+                // Push along the line through the cube towards the goal; re-approach when the
+                // tool has drifted off that line.
+                let rel = ee.xy() - c.cube.xy();
+                let lateral = (rel.x * c.dir.y - rel.y * c.dir.x).abs();
+                if lateral > 0.012 || rel.dot(&c.dir) > 0.0 {
+                    return self.next(Phase::Push(PushPhase::Behind));
+                }
+                let aim = s.goal.xy() - c.dir * 0.03;
+                Some(target(Vector3::new(aim.x, aim.y, PUSH_Z_M), 0.008))
+            }
+        }
+    }
+
+    /// Insert: hover above the hole with the peg's lower tip centred on it, then descend.
+    fn insert(&mut self, obs: &Observation, s: &Sensed) -> EeTarget {
+        let peg = self.object(obs);
+        let pq = self.object_quat(obs);
+        let peg_rot = UnitQuaternion::from_quaternion(nalgebra::Quaternion::new(
+            pq[3] as f64,
+            pq[0] as f64,
+            pq[1] as f64,
+            pq[2] as f64,
+        ));
+        // Align the peg's lower tip, not its centre: a peg tilted by a few degrees in the grasp is
+        // off by more than the clearance at its tip.
+        let half = peg_rot * Vector3::new(0.0, 0.0, PEG_LENGTH_M / 2.0);
+        let tip = if half.z < 0.0 { peg + half } else { peg - half };
+        let c = InsertCtx {
+            bottom_z: tip.z,
+            err: s.goal.xy() - tip.xy(),
+            hover: s.goal.z + 0.01,
+            entered: tip.z < s.goal.z - 0.003,
+        };
+        loop {
+            if let Some(t) = self.insert_step(s, &c) {
+                return t;
+            }
+        }
+    }
+
+    /// One phase of `insert`: the target, or `None` after moving to another phase.
+    fn insert_step(&mut self, s: &Sensed, c: &InsertCtx) -> Option<EeTarget> {
+        let Phase::Insert(phase) = self.phase else {
+            unreachable!("insert phases only")
+        };
+        let ee = s.ee;
+        let aim = ee.xy() + c.err;
+        match phase {
+            InsertPhase::Hover => {
+                // Hover 1 cm above the opening and centre the peg (not the tool) on it.
+                if c.err.norm() < 0.0008 && (c.bottom_z - c.hover).abs() < 0.003 {
+                    return self.next(Phase::Insert(InsertPhase::Descend));
+                }
+                // Far off: travel above the fixture first, then come down.
+                let lift = if c.err.norm() > 0.005 { 0.03 } else { 0.0 };
+                let z = ee.z + (c.hover + lift - c.bottom_z);
+                let step = if c.err.norm() > 0.02 { 0.01 } else { 0.005 };
+                Some(EeTarget {
+                    pos: Vector3::new(aim.x, aim.y, z),
+                    yaw: s.yaw_now,
+                    opening: 0.0,
+                    max_step: step,
+                })
+            }
+            InsertPhase::Descend => {
+                // Descend while centred; back off to realign if the peg drifts before it has
+                // entered (after that the hole's walls guide it).
+                if !c.entered && c.err.norm() > 0.0012 {
+                    return self.next(Phase::Insert(InsertPhase::Hover));
+                }
+                let floor = ee.z + (s.goal.z - HOLE_DEPTH_M + 0.004 - c.bottom_z);
+                Some(EeTarget {
+                    pos: Vector3::new(aim.x, aim.y, (ee.z - 0.005).max(floor)),
+                    yaw: s.yaw_now,
+                    opening: 0.0,
+                    max_step: 0.005,
+                })
+            }
+        }
+    }
+
+    /// Moves to `phase`; the caller's phase loop then runs it in the same step.
+    fn next(&mut self, phase: Phase) -> Option<EeTarget> {
+        self.goto(phase);
+        None
     }
 
     /// Writes the expert's action for `obs` into `out` (length = action dimension).

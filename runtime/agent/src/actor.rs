@@ -286,6 +286,7 @@ struct Parts {
     link_progress: Option<Arc<LinkProgress>>,
     _subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _status: Option<reflex_bus::status::StatusPublisher>,
+    _spec: Option<zenoh::query::Queryable<()>>,
 }
 
 impl Wires {
@@ -312,105 +313,106 @@ impl Wires {
             )?),
             _ => None,
         };
-        let (mut residual, mut link, mut learner, learner_stop) =
-            (None, None, None, Arc::new(AtomicBool::new(false)));
-        if let (Some(setup), Some(session), Some(mode)) = (&b.learner, &b.session, mode) {
-            let sac = Sac::new(
-                setup
-                    .section
-                    .sac_config(mode, b.seed)
-                    .map_err(|e| AgentError::setup(format!("[{}]", e.key), e.value))?,
-                spec.state_dim(),
-                spec.action.dim(),
-            )?;
-            let (hook, writer) = ResidualMlp::new(&sac, action_norm(spec, &sac), true, b.seed ^ 7)?;
-            residual = Some((hook, setup.section.link.swap == SwapPoint::Episode));
-            link = Some(ActorLink::new(
-                session,
-                &keys,
-                setup.section.link.clone(),
-                writer,
-            )?);
-            if setup.section.in_process {
-                let cfg = LearnerConfig {
-                    robot: spec.name.clone(),
-                    section: setup.section.clone(),
-                    mode,
-                    base_model: setup.base_model.clone(),
-                    seed: b.seed,
-                };
-                learner = Some(spawn_learner(session.clone(), cfg, learner_stop.clone()));
+        let learning = match (&b.learner, &b.session, mode) {
+            (Some(setup), Some(session), Some(mode)) => {
+                Some(Learning::start(setup, session, spec, &keys, mode, b.seed)?)
             }
-        }
-        let link_progress = link.as_ref().map(|l| l.progress());
-        let (mut tap, mut outbox, mut frames) = (None, None, None);
-        if recorder.is_some() || trace.is_some() || link.is_some() {
-            let (otx, orx) =
-                reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
-            outbox = Some(otx);
-            let frx = if (recorder.is_some() || trace.is_some()) && !spec.cameras.is_empty() {
-                // A few frame buffers, at up to ~15 frames per second of camera video.
-                let (ftx, frx) = reflex_runtime::outbox::frames(8);
-                frames = Some((ftx, (spec.control_hz / 15.0).round().max(1.0) as u32));
-                Some(frx)
-            } else {
-                None
-            };
-            let (rec, dir) = match recorder {
-                Some((r, d)) => (Some(r), d),
-                None => (None, PathBuf::new()),
-            };
-            tap = Some(RecordingTap::with(rec, dir, trace, link, orx, frx));
-        }
-        let (mut teleop, mut status, mut estop, mut subs, mut status_pub) =
-            (None, None, None, Vec::new(), None);
-        if let Some(s) = &b.session {
-            let (w, r) = reflex_runtime::status::status_channel();
-            status = Some(w);
-            status_pub = Some(reflex_bus::status::spawn_publisher(
-                s.clone(),
-                keys.clone(),
-                r,
-                Duration::from_millis(50),
-                tap.as_ref().and_then(|t| t.recorder.as_ref()).map(|r| {
-                    let st = r.stats_handle();
-                    Box::new(move || st.dropped.load(Ordering::Relaxed))
-                        as Box<dyn Fn() -> u64 + Send>
-                }),
-            ));
-            let (tw, tr) = reflex_runtime::teleop::teleop_channel(spec.action.dim());
-            teleop = Some(tr);
-            let bus_err = |key: &str, e: zenoh::Error| reflex_bus::BusError::Declare {
-                key: key.into(),
-                message: e.to_string(),
-            };
-            subs.push(
-                reflex_bus::teleop::subscribe(s, &keys, tw)
-                    .map_err(|e| bus_err(&keys.teleop, e))?,
-            );
-            let flag = Arc::new(AtomicBool::new(false));
-            subs.push(
-                reflex_bus::teleop::subscribe_estop(s, &keys, flag.clone())
-                    .map_err(|e| bus_err(&keys.events, e))?,
-            );
-            estop = Some(flag);
-        }
-        Ok(Wires {
-            outbox,
-            frames,
-            residual,
-            teleop,
-            status,
-            estop,
+            _ => None,
+        };
+        let mut w = Wires {
+            outbox: None,
+            frames: None,
+            residual: None,
+            teleop: None,
+            status: None,
+            estop: None,
             parts: Parts {
-                tap,
-                learner,
-                learner_stop,
-                link_progress,
-                _subs: subs,
-                _status: status_pub,
+                tap: None,
+                learner: None,
+                learner_stop: Arc::new(AtomicBool::new(false)),
+                link_progress: None,
+                _subs: Vec::new(),
+                _status: None,
+                _spec: None,
             },
-        })
+        };
+        if let Some(s) = &b.session {
+            w.parts._spec = Some(reflex_bus::trace::serve_spec(s, &keys, spec)?);
+        }
+        let mut link = None;
+        if let Some(l) = learning {
+            w.residual = Some(l.residual);
+            w.parts.link_progress = Some(l.link.progress());
+            w.parts.learner = l.thread;
+            w.parts.learner_stop = l.stop;
+            link = Some(l.link);
+        }
+        if recorder.is_some() || trace.is_some() || link.is_some() {
+            w.tap(spec, recorder, trace, link);
+        }
+        if let Some(s) = &b.session {
+            w.bus_inputs(s, &keys, spec)?;
+        }
+        Ok(w)
+    }
+
+    /// The outbox and its consumer (recorder, trace, learner link); camera frames when someone
+    /// shows them.
+    fn tap(
+        &mut self,
+        spec: &RobotSpec,
+        recorder: Option<(Arc<reflex_record::Recorder>, PathBuf)>,
+        trace: Option<reflex_bus::trace::TracePublisher>,
+        link: Option<ActorLink>,
+    ) {
+        let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
+        self.outbox = Some(otx);
+        let frx = if (recorder.is_some() || trace.is_some()) && !spec.cameras.is_empty() {
+            // A few frame buffers, at up to ~15 frames per second of camera video.
+            let (ftx, frx) = reflex_runtime::outbox::frames(8);
+            self.frames = Some((ftx, (spec.control_hz / 15.0).round().max(1.0) as u32));
+            Some(frx)
+        } else {
+            None
+        };
+        let (rec, dir) = match recorder {
+            Some((r, d)) => (Some(r), d),
+            None => (None, PathBuf::new()),
+        };
+        self.parts.tap = Some(RecordingTap::with(rec, dir, trace, link, orx, frx));
+    }
+
+    /// Status out, teleop and e-stop in.
+    fn bus_inputs(&mut self, s: &zenoh::Session, keys: &Keys, spec: &RobotSpec) -> Result<()> {
+        let (w, r) = reflex_runtime::status::status_channel();
+        self.status = Some(w);
+        let recorder = self.parts.tap.as_ref().and_then(|t| t.recorder.as_ref());
+        self.parts._status = Some(reflex_bus::status::spawn_publisher(
+            s.clone(),
+            keys.clone(),
+            r,
+            Duration::from_millis(50),
+            recorder.map(|r| {
+                let st = r.stats_handle();
+                Box::new(move || st.dropped.load(Ordering::Relaxed)) as Box<dyn Fn() -> u64 + Send>
+            }),
+        ));
+        let (tw, tr) = reflex_runtime::teleop::teleop_channel(spec.action.dim());
+        self.teleop = Some(tr);
+        let bus_err = |key: &str, e: zenoh::Error| reflex_bus::BusError::Declare {
+            key: key.into(),
+            message: e.to_string(),
+        };
+        self.parts._subs.push(
+            reflex_bus::teleop::subscribe(s, keys, tw).map_err(|e| bus_err(&keys.teleop, e))?,
+        );
+        let flag = Arc::new(AtomicBool::new(false));
+        self.parts._subs.push(
+            reflex_bus::teleop::subscribe_estop(s, keys, flag.clone())
+                .map_err(|e| bus_err(&keys.events, e))?,
+        );
+        self.estop = Some(flag);
+        Ok(())
     }
 
     fn attach<R: Robot, C: Clock>(
@@ -436,6 +438,51 @@ impl Wires {
             b = b.estop_flag(e);
         }
         (b, self.parts)
+    }
+}
+
+/// The learner's side of the actor: the hook that runs the learner's actor on the loop, the
+/// link that carries steps out and weights in, the in-process learner thread.
+struct Learning {
+    residual: (ResidualMlp, bool),
+    link: ActorLink,
+    thread: Option<JoinHandle<Result<LearnerReport>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Learning {
+    fn start(
+        setup: &LearnerSetup,
+        session: &zenoh::Session,
+        spec: &RobotSpec,
+        keys: &Keys,
+        mode: Mode,
+        seed: u64,
+    ) -> Result<Self> {
+        let sac_cfg = setup
+            .section
+            .sac_config(mode, seed)
+            .map_err(|e| AgentError::setup(format!("[{}]", e.key), e.value))?;
+        let sac = Sac::new(sac_cfg, spec.state_dim(), spec.action.dim())?;
+        let (hook, writer) = ResidualMlp::new(&sac, action_norm(spec, &sac), true, seed ^ 7)?;
+        let link = ActorLink::new(session, keys, setup.section.link.clone(), writer)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = setup.section.in_process.then(|| {
+            let cfg = LearnerConfig {
+                robot: spec.name.clone(),
+                section: setup.section.clone(),
+                mode,
+                base_model: setup.base_model.clone(),
+                seed,
+            };
+            spawn_learner(session.clone(), cfg, stop.clone())
+        });
+        Ok(Learning {
+            residual: (hook, setup.section.link.swap == SwapPoint::Episode),
+            link,
+            thread,
+            stop,
+        })
     }
 }
 

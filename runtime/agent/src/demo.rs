@@ -387,57 +387,30 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
             )
         })
         .transpose()?;
-    let mut rows: Vec<EpisodeRow> = vec![];
     let mut step = WireStep::default();
-    let mut version = 0u64;
-    let mut rate = UpdateRate::new(rig.sac.counters.critic_updates);
-    let mut count = PersonCount::default();
-    let mut demos_left = if human.is_some() { o.demos } else { 0 };
-    if demos_left > 0 {
-        progress.start(demos_left as u64, "demonstrations");
+    let mut t = Tally {
+        rows: vec![],
+        count: PersonCount::default(),
+        version: 0,
+        rate: UpdateRate::new(rig.sac.counters.critic_updates),
+        demos_left: if human.is_some() { o.demos } else { 0 },
+    };
+    if t.demos_left > 0 {
+        progress.start(t.demos_left as u64, "demonstrations");
         progress.message("the person demonstrates before training starts");
     } else {
         progress.start(o.episodes as u64, "episodes");
     }
-    while rows.len() < o.episodes {
-        rig.person_and_learner_act(o, &mut human, demos_left, &mut msg, &mut count)?;
+    while t.rows.len() < o.episodes {
+        rig.person_and_learner_act(o, &mut human, t.demos_left, &mut msg, &mut t.count)?;
         let episodes_before = rig.lp.episodes().len();
         rig.lp.step()?;
         rig.learn_from_step(o, recorder.as_ref(), &human, &mut step)?;
-        if rig.lp.episodes().len() == episodes_before {
-            continue;
+        if rig.lp.episodes().len() > episodes_before {
+            t.episode_ended(&mut rig, o, progress)?;
         }
-        // Episode ends: count it, publish the new residual (swapped in at the episode boundary).
-        if demos_left > 0 {
-            demos_left -= 1;
-            count = PersonCount::default();
-            progress.inc(1);
-            if demos_left == 0 {
-                progress.finish();
-                progress.start(o.episodes as u64, "episodes");
-            }
-            continue;
-        }
-        let e = rig.lp.episodes().last().expect("just finished").clone();
-        rows.push(EpisodeRow {
-            episode: rows.len(),
-            success: e.success,
-            steps: e.steps,
-            ret: e.ret,
-            interventions: count.interventions,
-            intervention_steps: count.steps,
-        });
-        count = PersonCount::default();
-        if let Some(w) = &mut rig.weights {
-            version += 1;
-            w.publish(version, &export_actor(&rig.sac)?);
-        }
-        progress.message(&episode_line(
-            &rows,
-            rate.per_s(rig.sac.counters.critic_updates),
-        ));
-        progress.inc(1);
     }
+    let rows = t.rows;
     progress.finish();
     let wall = t0.elapsed().as_secs_f64();
     if let Some(r) = recorder {
@@ -449,6 +422,55 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     }
     let reasons = human.as_ref().map(|h| h.reasons);
     summarize(o, &dir, rows, wall, &rig.sac, reasons)
+}
+
+/// The demo's running count of episodes.
+struct Tally {
+    rows: Vec<EpisodeRow>,
+    count: PersonCount,
+    version: u64,
+    rate: UpdateRate,
+    demos_left: usize,
+}
+
+impl Tally {
+    /// An episode ended: a demonstration counted down, or a training episode recorded and the
+    /// new residual published (swapped in at the episode boundary).
+    fn episode_ended(
+        &mut self,
+        rig: &mut Rig,
+        o: &DemoOptions,
+        progress: &dyn Progress,
+    ) -> Result<()> {
+        if self.demos_left > 0 {
+            self.demos_left -= 1;
+            self.count = PersonCount::default();
+            progress.inc(1);
+            if self.demos_left == 0 {
+                progress.finish();
+                progress.start(o.episodes as u64, "episodes");
+            }
+            return Ok(());
+        }
+        let e = rig.lp.episodes().last().expect("just finished").clone();
+        self.rows.push(EpisodeRow {
+            episode: self.rows.len(),
+            success: e.success,
+            steps: e.steps,
+            ret: e.ret,
+            interventions: self.count.interventions,
+            intervention_steps: self.count.steps,
+        });
+        self.count = PersonCount::default();
+        if let Some(w) = &mut rig.weights {
+            self.version += 1;
+            w.publish(self.version, &export_actor(&rig.sac)?);
+        }
+        let ups = self.rate.per_s(rig.sac.counters.critic_updates);
+        progress.message(&episode_line(&self.rows, ups));
+        progress.inc(1);
+        Ok(())
+    }
 }
 
 /// Learner updates per second, measured over at least half a second.

@@ -12,7 +12,7 @@ use crate::assemble::Assembler;
 use crate::config::{LearnerSection, ObsNormSource, RunConfig};
 use crate::progress::Progress;
 use crate::{AgentError, error::Result};
-use reflex_bus::learnlink::{LearnerLink, LearnerLinkStats, LinkPosition};
+use reflex_bus::learnlink::{LearnerLink, LinkPosition};
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::RobotSpec;
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
@@ -191,6 +191,7 @@ struct Session<'a> {
     sac: Sac,
     link: LearnerLink,
     asm: Assembler,
+    resumed_at: u64,
     episodes: u64,
     checkpoints: u64,
     last_ckpt: Instant,
@@ -240,13 +241,13 @@ impl Session<'_> {
     }
 }
 
-/// The learner on `session` for `cfg.robot`, until the options say stop; returns its report.
-pub fn serve(
+/// Everything a learner needs before its first batch: the robot's spec from the bus, the base
+/// policy for relabelling (residual mode), the learner resumed or fresh, the link.
+fn start<'a>(
     session: &zenoh::Session,
-    cfg: &LearnerConfig,
+    cfg: &'a LearnerConfig,
     o: &ServeOptions,
-    progress: &dyn Progress,
-) -> Result<LearnerReport> {
+) -> Result<Session<'a>> {
     let keys = Keys::new(&cfg.robot).map_err(reflex_bus::BusError::from)?;
     tracing::info!("learner for `{}`: waiting for the actor's spec", cfg.robot);
     let spec = reflex_bus::trace::fetch_spec(session, &keys, Duration::from_secs_f64(o.wait_s))?;
@@ -282,16 +283,27 @@ pub fn serve(
     }
     let norm = action_norm(&spec, &sac);
     let asm = Assembler::new(cfg.mode, norm, relabel, cfg.section.rlif, spec.action.dim());
-    let mut s = Session {
+    Ok(Session {
         cfg,
         ckpt,
         sac,
         link,
         asm,
+        resumed_at: pos.received,
         episodes: 0,
         checkpoints: 0,
         last_ckpt: Instant::now(),
-    };
+    })
+}
+
+/// The learner on `session` for `cfg.robot`, until the options say stop; returns its report.
+pub fn serve(
+    session: &zenoh::Session,
+    cfg: &LearnerConfig,
+    o: &ServeOptions,
+    progress: &dyn Progress,
+) -> Result<LearnerReport> {
+    let mut s = start(session, cfg, o)?;
     let t0 = Instant::now();
     let (mut actor_seen, mut last_batch) = (false, Instant::now());
     loop {
@@ -328,27 +340,29 @@ pub fn serve(
     // stored by the actor's resend after the next start, if any).
     s.checkpoint(true)?;
     progress.finish();
-    let p = s.link.position();
-    let LearnerLinkStats {
-        duplicates_dropped,
-        gaps_refused,
-        ..
-    } = s.link.stats();
-    Ok(LearnerReport {
-        robot: cfg.robot.clone(),
-        actor: format!("{:x}", p.actor),
-        resumed_at: pos.received,
-        received: p.received,
-        persisted: p.persisted,
-        duplicates_dropped,
-        gaps_refused,
-        episodes: s.episodes,
-        weights_version: p.weights_version,
-        checkpoints: s.checkpoints,
-        updates: s.sac.counters.critic_updates,
-        online_buffer: s.sac.online.len(),
-        demo_buffer: s.sac.demo.len(),
-        wall_s: t0.elapsed().as_secs_f64(),
-        checkpoint: s.ckpt.display().to_string(),
-    })
+    Ok(s.report(t0.elapsed().as_secs_f64()))
+}
+
+impl Session<'_> {
+    fn report(&self, wall_s: f64) -> LearnerReport {
+        let p = self.link.position();
+        let st = self.link.stats();
+        LearnerReport {
+            robot: self.cfg.robot.clone(),
+            actor: format!("{:x}", p.actor),
+            resumed_at: self.resumed_at,
+            received: p.received,
+            persisted: p.persisted,
+            duplicates_dropped: st.duplicates_dropped,
+            gaps_refused: st.gaps_refused,
+            episodes: self.episodes,
+            weights_version: p.weights_version,
+            checkpoints: self.checkpoints,
+            updates: self.sac.counters.critic_updates,
+            online_buffer: self.sac.online.len(),
+            demo_buffer: self.sac.demo.len(),
+            wall_s,
+            checkpoint: self.ckpt.display().to_string(),
+        }
+    }
 }

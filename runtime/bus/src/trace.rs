@@ -55,7 +55,6 @@ pub struct TracePublisher {
     frames_every: std::time::Duration,
     last_frames: Option<std::time::Duration>,
     frames_msg: TraceFrames,
-    _spec_q: zenoh::query::Queryable<()>,
     every: u32,
     msg: StepTrace,
     buf: Vec<u8>,
@@ -71,7 +70,7 @@ pub struct TracePublisher {
 pub const TRACE_FRAMES_HZ: f64 = 5.0;
 
 impl TracePublisher {
-    /// Declares the publisher and the spec queryable; `hz` is the trace rate wanted (the robot's
+    /// Declares the trace and frame publishers; `hz` is the trace rate wanted (the robot's
     /// control rate divided down to it).
     pub fn new(
         session: &zenoh::Session,
@@ -90,15 +89,6 @@ impl TracePublisher {
             .congestion_control(zenoh::qos::CongestionControl::Drop)
             .wait()
             .map_err(|e| bus(&keys.trace_frames, e))?;
-        let bytes = msg::encode(spec);
-        let k = keys.trace_spec.clone();
-        let spec_q = session
-            .declare_queryable(keys.trace_spec.clone())
-            .callback(move |q| {
-                let _ = q.reply(k.clone(), bytes.clone()).wait();
-            })
-            .wait()
-            .map_err(|e| bus(&keys.trace_spec, e))?;
         Ok(TracePublisher {
             publisher,
             frames_pub,
@@ -108,7 +98,6 @@ impl TracePublisher {
             last_frames: None,
             frames_msg: TraceFrames::default(),
             frames_published: 0,
-            _spec_q: spec_q,
             every,
             msg: StepTrace::default(),
             buf: Vec::with_capacity(1024),
@@ -153,6 +142,25 @@ impl TracePublisher {
             Err(e) => tracing::debug!("trace on {}: {e}", self.key),
         }
     }
+}
+
+/// The actor's answer on `reflex/<robot>/trace/spec`: the spec of the robot it drives, for its
+/// learner, `reflex viz` and `reflex teleop` (which find it even when the robot itself is not on
+/// the bus). Keep the returned queryable alive as long as the actor runs.
+pub fn serve_spec(
+    session: &zenoh::Session,
+    keys: &Keys,
+    spec: &RobotSpec,
+) -> Result<zenoh::query::Queryable<()>, VizError> {
+    let bytes = msg::encode(spec);
+    let k = keys.trace_spec.clone();
+    session
+        .declare_queryable(keys.trace_spec.clone())
+        .callback(move |q| {
+            let _ = q.reply(k.clone(), bytes.clone()).wait();
+        })
+        .wait()
+        .map_err(|e| bus(&keys.trace_spec, e))
 }
 
 /// The watcher's side: asks for the spec (the actor's, else the robot's), waiting up to `wait`.

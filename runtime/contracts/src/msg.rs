@@ -222,6 +222,52 @@ pub struct RobotSpec {
 }
 
 impl RobotSpec {
+    /// A lockstep robot called `name` of `kind` at `control_hz`, with no state, action, cameras
+    /// or time limit yet (add them with the `with_*` methods).
+    pub fn new(name: &str, kind: &str, control_hz: f64) -> Self {
+        RobotSpec {
+            v: PROTOCOL_VERSION,
+            name: name.into(),
+            kind: kind.into(),
+            control_hz,
+            lockstep: true,
+            state: vec![],
+            action: ActionSpec {
+                kind: ActionKind::Box,
+                names: vec![],
+                low: vec![],
+                high: vec![],
+            },
+            cameras: vec![],
+            joints: vec![],
+            max_episode_steps: 0,
+            scene: None,
+        }
+    }
+
+    /// Adds a state field of `size` values.
+    pub fn with_state(mut self, name: &str, size: u32, unit: &str) -> Self {
+        self.state.push(StateField::new(name, size, unit));
+        self
+    }
+
+    /// Sets the action space: one component per name, each within `[low, high]`.
+    pub fn with_action(mut self, kind: ActionKind, names: &[&str], low: f32, high: f32) -> Self {
+        self.action = ActionSpec {
+            kind,
+            names: names.iter().map(|n| n.to_string()).collect(),
+            low: vec![low; names.len()],
+            high: vec![high; names.len()],
+        };
+        self
+    }
+
+    /// Sets the episode time limit, in control steps.
+    pub fn with_max_episode_steps(mut self, steps: u32) -> Self {
+        self.max_episode_steps = steps;
+        self
+    }
+
     /// Total length of the state vector.
     pub fn state_dim(&self) -> usize {
         self.state.iter().map(|f| f.size as usize).sum()
