@@ -687,6 +687,20 @@ impl OnnxPolicy {
                             policy: name.clone(),
                             message: format!("no image from camera `{camera}` in the observation"),
                         })?;
+                    let (iw, ih) = (img.width as usize, img.height as usize);
+                    if iw == 0 || ih == 0 || img.encoding != "rgb8" || img.data.len() != iw * ih * 3
+                    {
+                        return Err(PolicyError {
+                            policy: name.clone(),
+                            message: format!(
+                                "image from camera `{camera}` is {}x{} {} with {} bytes: not a non-empty rgb8 image",
+                                img.width,
+                                img.height,
+                                img.encoding,
+                                img.data.len()
+                            ),
+                        });
+                    }
                     crate::vla::image_to_nchw(img, *width, *height, mean, std, data);
                 }
                 Prepared::Tokens { .. } => {}

@@ -36,6 +36,10 @@ pub fn tokenize(
 /// Resizes an rgb8 image to `w x h` (bilinear, half-pixel centres, as OpenCV's INTER_LINEAR and
 /// PyTorch's `align_corners=False`), scales to [0, 1], normalises each channel with `mean`/`std`
 /// and writes it channel-first (NCHW without the batch) into `out` (length 3 w h).
+///
+/// # Panics
+/// When `img` is empty or its data is not `width x height x 3` bytes: callers check (the ONNX
+/// policy refuses such an image with an error naming the camera).
 pub fn image_to_nchw(
     img: &Image,
     w: u32,

@@ -17,8 +17,10 @@ struct Shared<T> {
 }
 
 // SAFETY: each slot is accessed by at most one side at a time: the writer owns one index, the
-// reader another, and the middle one is only touched through atomic swaps of the index.
-unsafe impl<T: Send> Sync for Shared<T> {}
+// reader another, and the middle one is only touched through atomic swaps of the index. Values
+// move between the two threads (T: Send). `T: Sync` too: a `Reader` shared between threads hands
+// out `&T` to each of them at once (`Reader::get`), so it may only be shared when `T` may.
+unsafe impl<T: Send + Sync> Sync for Shared<T> {}
 
 /// The writing half.
 pub struct Writer<T> {

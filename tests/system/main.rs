@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod control;
 mod demo;
+mod faults;
 mod gym_bridge;
 mod layers;
 mod learn;

@@ -46,6 +46,27 @@ pub fn export_actor(sac: &Sac) -> candle_core::Result<Vec<f32>> {
     Ok(out)
 }
 
+/// The length and architecture tag of the weights [`export_actor`] writes for `sac`: what an
+/// actor's hook can evaluate, and what it checks every published version against.
+pub fn actor_shape(sac: &Sac) -> (usize, u64) {
+    let mut dims = vec![sac.obs_dim + sac.base_dim];
+    dims.extend_from_slice(&sac.cfg.hidden);
+    dims.push(2 * sac.act_dim);
+    let ln = sac.cfg.actor_layer_norm;
+    let len = MlpEval::weights_len(&dims, ln);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let words = dims
+        .iter()
+        .map(|d| *d as u64)
+        .chain([ln as u64, sac.cfg.mode as u64 + 1]);
+    for w in words {
+        for b in w.to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    (len, h)
+}
+
 /// How the hook maps between robot action units and the learner's normalised units: each
 /// component `x` becomes `(x - center) / half_width`, with the half width of the action range
 /// widened by `1 + action_scale` (ResFiT), so the base sits inside [-1/(1+s), 1/(1+s)] and the
@@ -91,6 +112,7 @@ impl ActionNorm {
 pub struct MlpEval {
     dims: Vec<usize>,
     layer_norm: bool,
+    len: usize,
     a: Vec<f32>,
     b: Vec<f32>,
 }
@@ -102,9 +124,21 @@ impl MlpEval {
         MlpEval {
             a: vec![0.0; widest],
             b: vec![0.0; widest],
+            len: Self::weights_len(&dims, layer_norm),
             dims,
             layer_norm,
         }
+    }
+
+    /// Values in the flat weight vector of a network with layer widths `dims`.
+    pub fn weights_len(dims: &[usize], layer_norm: bool) -> usize {
+        let last = dims.len() - 2;
+        (0..=last)
+            .map(|l| {
+                let (i, o) = (dims[l], dims[l + 1]);
+                i * o + o + if layer_norm && l < last { 2 * o } else { 0 }
+            })
+            .sum()
     }
 
     /// The input buffer (fill it before [`Self::run`]).
@@ -112,8 +146,15 @@ impl MlpEval {
         &mut self.a[..self.dims[0]]
     }
 
-    /// Runs the network with weights `w` on the input; returns the head's outputs.
+    /// Runs the network with weights `w` on the input; returns the head's outputs. Weights of
+    /// another length (never published by a link that checks them) give a zero output rather
+    /// than a slice out of bounds.
     pub fn run(&mut self, w: &[f32]) -> &[f32] {
+        let out = self.dims[self.dims.len() - 1];
+        if w.len() != self.len {
+            self.b[..out].fill(0.0);
+            return &self.b[..out];
+        }
         let mut off = 0;
         let last = self.dims.len() - 2;
         for l in 0..=last {

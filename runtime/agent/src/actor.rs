@@ -465,7 +465,9 @@ impl Learning {
             .map_err(|e| AgentError::setup(format!("[{}]", e.key), e.value))?;
         let sac = Sac::new(sac_cfg, spec.state_dim(), spec.action.dim())?;
         let (hook, writer) = ResidualMlp::new(&sac, action_norm(spec, &sac), true, seed ^ 7)?;
-        let link = ActorLink::new(session, keys, setup.section.link.clone(), writer)?;
+        let (len, arch) = reflex_policies::sac::hook::actor_shape(&sac);
+        let shape = reflex_bus::learnlink::WeightsShape { len, arch };
+        let link = ActorLink::new(session, keys, setup.section.link.clone(), writer, shape)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = setup.section.in_process.then(|| {
             let cfg = LearnerConfig {

@@ -386,10 +386,26 @@ pub struct LearnerSection {
     /// Where the learner's state scaling comes from (docs/learner.md).
     #[serde(default)]
     pub obs_norm: ObsNormSource,
+    /// What to do when the checkpoint cannot be read (corrupt, truncated, another format).
+    #[serde(default)]
+    pub on_bad_checkpoint: BadCheckpoint,
     /// The settings `[learner.sac]` is laid over: `demo` (measured with a person correcting
     /// the robot, docs/training.md) or `sac` (SAC's own defaults, RLPD-like).
     #[serde(default)]
     pub preset: Preset,
+}
+
+/// What a learner does with a checkpoint it cannot read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadCheckpoint {
+    /// Stop at once with an error naming the file (nothing is trained over it).
+    #[default]
+    Stop,
+    /// Move it aside and resume from the one before it (`<file>.prev`).
+    Previous,
+    /// Move it aside and start afresh.
+    Fresh,
 }
 
 /// The SAC settings a `[learner.sac]` table starts from.

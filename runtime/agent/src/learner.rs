@@ -9,14 +9,14 @@
 //! lost or stored twice.
 
 use crate::assemble::Assembler;
-use crate::config::{LearnerSection, ObsNormSource, RunConfig};
+use crate::config::{BadCheckpoint, LearnerSection, ObsNormSource, RunConfig};
 use crate::progress::Progress;
 use crate::{AgentError, error::Result};
 use reflex_bus::learnlink::{LearnerLink, LinkPosition};
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::RobotSpec;
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
-use reflex_policies::sac::hook::{ActionNorm, export_actor};
+use reflex_policies::sac::hook::{ActionNorm, actor_shape, export_actor};
 use reflex_policies::sac::{Mode, Sac};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -90,6 +90,8 @@ pub struct LearnerReport {
     pub duplicates_dropped: u64,
     /// Batches refused after a missing one.
     pub gaps_refused: u64,
+    /// Steps left out because they did not fit the robot.
+    pub rejected_steps: u64,
     /// Episodes seen.
     pub episodes: u64,
     /// Newest weights version published.
@@ -134,7 +136,73 @@ pub fn action_norm(spec: &RobotSpec, sac: &Sac) -> ActionNorm {
     ActionNorm::new(&spec.action.low, &spec.action.high, scale)
 }
 
-/// Resumes from `ckpt` when it exists (checking it fits the robot), else starts afresh.
+/// The checkpoint before the newest (kept so that a corrupt newest one loses one interval).
+pub fn previous_checkpoint(ckpt: &Path) -> PathBuf {
+    let mut p = ckpt.as_os_str().to_owned();
+    p.push(".prev");
+    PathBuf::from(p)
+}
+
+/// Reads the newest good checkpoint: `ckpt`, or what `[learner] on_bad_checkpoint` says when it
+/// cannot be read. `None`: start afresh.
+fn load_checkpoint(cfg: &LearnerConfig, ckpt: &Path) -> Result<Option<Sac>> {
+    let prev = previous_checkpoint(ckpt);
+    if !ckpt.exists() {
+        if prev.exists() {
+            // A crash between keeping the previous one and writing the new one.
+            tracing::warn!(
+                "`{}` is missing; resuming from `{}`",
+                ckpt.display(),
+                prev.display()
+            );
+            return Ok(Some(Sac::load(&prev)?));
+        }
+        return Ok(None);
+    }
+    let err = match Sac::load(ckpt) {
+        Ok(s) => return Ok(Some(s)),
+        Err(e) => e,
+    };
+    let aside = |p: &Path| {
+        let mut a = p.as_os_str().to_owned();
+        a.push(format!(".bad-{}", crate::run_id("at")));
+        let a = PathBuf::from(a);
+        std::fs::rename(p, &a).map_err(|e| AgentError::io(p, e))?;
+        tracing::warn!("moved the unreadable checkpoint to `{}`", a.display());
+        Ok::<_, AgentError>(())
+    };
+    match cfg.section.on_bad_checkpoint {
+        BadCheckpoint::Stop => Err(AgentError::setup(
+            format!("checkpoint `{}`", ckpt.display()),
+            format!(
+                "{err}. Nothing was trained. Set [learner] on_bad_checkpoint = \"previous\" to resume from `{}`{}, or \"fresh\" to move it aside and start afresh",
+                prev.display(),
+                if prev.exists() {
+                    " (present)"
+                } else {
+                    " (absent)"
+                }
+            ),
+        )),
+        BadCheckpoint::Previous if prev.exists() => {
+            aside(ckpt)?;
+            Ok(Some(Sac::load(&prev)?))
+        }
+        BadCheckpoint::Previous => Err(AgentError::setup(
+            format!("checkpoint `{}`", ckpt.display()),
+            format!(
+                "{err}, and there is no previous checkpoint `{}`",
+                prev.display()
+            ),
+        )),
+        BadCheckpoint::Fresh => {
+            aside(ckpt)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Resumes from the newest good checkpoint (checking it fits the robot), else starts afresh.
 fn resume_or_start(
     cfg: &LearnerConfig,
     ckpt: &Path,
@@ -142,8 +210,7 @@ fn resume_or_start(
     base: Option<&OnnxPolicy>,
 ) -> Result<Sac> {
     let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
-    if ckpt.exists() {
-        let s = Sac::load(ckpt)?;
+    if let Some(s) = load_checkpoint(cfg, ckpt)? {
         if (s.obs_dim, s.act_dim, s.cfg.mode) != (obs_dim, act_dim, cfg.mode) {
             return Err(AgentError::setup(
                 format!("checkpoint `{}`", ckpt.display()),
@@ -172,13 +239,17 @@ fn resume_or_start(
     Ok(Sac::new(sc, obs_dim, act_dim)?)
 }
 
-/// Writes the checkpoint with the link position in its tags.
+/// Writes the checkpoint with the link position in its tags, keeping the one before as
+/// `<file>.prev` (each is written atomically: a crash leaves one of the two whole).
 fn save(sac: &mut Sac, ckpt: &Path, pos: &LinkPosition, stored_upto: u64) -> Result<()> {
     sac.tags.insert(TAG_ACTOR.into(), pos.actor);
     sac.tags.insert(TAG_RECEIVED.into(), stored_upto);
     sac.tags.insert(TAG_VERSION.into(), pos.weights_version);
     if let Some(d) = ckpt.parent() {
         std::fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
+    }
+    if ckpt.exists() {
+        std::fs::rename(ckpt, previous_checkpoint(ckpt)).map_err(|e| AgentError::io(ckpt, e))?;
     }
     sac.save(ckpt)?;
     Ok(())
@@ -206,6 +277,7 @@ impl Session<'_> {
         if batch.new_actor {
             self.asm.reset();
         }
+        let flush = batch.flush;
         for s in &batch.steps {
             self.asm.push(&mut self.sac, s)?;
             self.sac.train_step()?;
@@ -217,9 +289,13 @@ impl Session<'_> {
                 {
                     let v = self.link.position().weights_version + 1;
                     let w = export_actor(&self.sac)?;
-                    self.link.publish_weights(v, &w);
+                    self.link.publish_weights(v, &w, actor_shape(&self.sac).1);
                 }
             }
+        }
+        if flush {
+            // The actor is stopping and waits for this: persist everything stored now.
+            self.checkpoint(true)?;
         }
         self.link.publish_state();
         Ok(true)
@@ -278,8 +354,16 @@ fn start<'a>(
         weights_version: tag(TAG_VERSION),
     };
     let mut link = LearnerLink::new(session, &keys, pos)?;
+    link.expect_steps(reflex_bus::learnlink::StepShape {
+        obs: spec.state_dim(),
+        act: spec.action.dim(),
+    });
     if pos.weights_version > 0 {
-        link.publish_weights(pos.weights_version, &export_actor(&sac)?);
+        link.publish_weights(
+            pos.weights_version,
+            &export_actor(&sac)?,
+            actor_shape(&sac).1,
+        );
     }
     let norm = action_norm(&spec, &sac);
     let asm = Assembler::new(cfg.mode, norm, relabel, cfg.section.rlif, spec.action.dim());
@@ -355,6 +439,7 @@ impl Session<'_> {
             persisted: p.persisted,
             duplicates_dropped: st.duplicates_dropped,
             gaps_refused: st.gaps_refused,
+            rejected_steps: st.rejected_steps,
             episodes: self.episodes,
             weights_version: p.weights_version,
             checkpoints: self.checkpoints,

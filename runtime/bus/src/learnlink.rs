@@ -103,6 +103,8 @@ pub struct LinkStats {
     pub weights_version: u64,
     /// Learner processes seen (a restart counts anew).
     pub learner_instances: u64,
+    /// Weight messages rejected (another architecture, out of range, not finite, undecodable).
+    pub rejected_weights: u64,
 }
 
 /// How far the learner is behind the actor, readable from any thread.
@@ -124,43 +126,75 @@ impl LinkProgress {
     }
 }
 
+/// The weights an actor's hook can evaluate: their length and architecture tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightsShape {
+    /// Values in one version.
+    pub len: usize,
+    /// Architecture tag (see [`WeightsChunk::arch`]).
+    pub arch: u64,
+}
+
 /// What the Zenoh callbacks share with the link.
 struct Shared {
     state: Option<(LearnerState, Instant)>,
     instances: u64,
-    // Weight assembly.
+    shape: WeightsShape,
+    // Weight assembly: the version being assembled and which values have arrived.
     asm_version: u64,
     asm: Vec<f32>,
+    asm_got: Vec<bool>,
     asm_have: usize,
     ready: Option<(u64, Vec<f32>)>,
     writer: WeightsWriter,
     in_use: u64,
     swaps: u64,
+    rejects: Arc<crate::Rejects>,
 }
 
 impl Shared {
+    /// Takes one chunk. A chunk for another architecture, of another length, out of range, or a
+    /// version with a value that is not finite (a diverged learner) is rejected and counted; the
+    /// loop stays on its last good weights.
     fn take_chunk(&mut self, c: &WeightsChunk) {
         if c.version <= self.in_use || self.ready.as_ref().is_some_and(|r| r.0 >= c.version) {
             return; // old news
         }
-        if c.version != self.asm_version || self.asm.len() != c.total as usize {
-            self.asm_version = c.version;
-            self.asm = vec![f32::NAN; c.total as usize];
-            self.asm_have = 0;
+        if (c.arch != 0 && c.arch != self.shape.arch) || c.total as usize != self.shape.len {
+            return self.rejects.reject(&format!(
+                "weights v{} are for a network of {} values (architecture {:x}); this actor's has {} ({:x}): a learner with other layer sizes or mode?",
+                c.version, c.total, c.arch, self.shape.len, self.shape.arch
+            ));
         }
         let (o, n) = (c.offset as usize, c.values.len());
-        if o + n > self.asm.len() {
-            return;
+        if o.checked_add(n).is_none_or(|end| end > self.shape.len) {
+            return self.rejects.reject(&format!(
+                "weights v{} chunk at {o} of {n} values runs past {}",
+                c.version, self.shape.len
+            ));
         }
-        for (d, s) in self.asm[o..o + n].iter_mut().zip(&c.values) {
-            if d.is_nan() {
-                self.asm_have += 1;
-            }
-            *d = *s;
-        }
-        if self.asm_have == self.asm.len() {
-            self.ready = Some((self.asm_version, std::mem::take(&mut self.asm)));
+        if c.version != self.asm_version {
+            self.asm_version = c.version;
+            self.asm.resize(self.shape.len, 0.0);
+            self.asm_got.clear();
+            self.asm_got.resize(self.shape.len, false);
             self.asm_have = 0;
+        }
+        for i in o..o + n {
+            self.asm_have += !self.asm_got[i] as usize;
+            self.asm_got[i] = true;
+            self.asm[i] = c.values[i - o];
+        }
+        if self.asm_have == self.shape.len {
+            self.asm_have = 0;
+            self.asm_got.fill(false);
+            if let Some(i) = self.asm.iter().position(|v| !v.is_finite()) {
+                return self.rejects.reject(&format!(
+                    "weights v{} hold {} at index {i}: the learner diverged; keeping v{}",
+                    c.version, self.asm[i], self.in_use
+                ));
+            }
+            self.ready = Some((self.asm_version, self.asm.clone()));
             // Into the triple buffer at once; the loop takes it at its next step, or at the next
             // episode start with `SwapPoint::Episode` (ControlLoop::set_residual_swap_at_episode).
             self.swap_in();
@@ -227,6 +261,7 @@ impl ActorLink {
         keys: &Keys,
         cfg: LinkConfig,
         writer: WeightsWriter,
+        shape: WeightsShape,
     ) -> Result<Self, LinkError> {
         let id = rand::random::<u64>() | 1;
         let publisher = session
@@ -236,16 +271,20 @@ impl ActorLink {
             .congestion_control(zenoh::qos::CongestionControl::Block)
             .wait()
             .map_err(|e| err(&keys.learn_transitions, e))?;
+        let rejects = crate::Rejects::new(&keys.learn_weights);
         let shared = Arc::new(Mutex::new(Shared {
             state: None,
             instances: 0,
+            shape,
             asm_version: 0,
-            asm: Vec::new(),
+            asm: Vec::with_capacity(shape.len),
+            asm_got: Vec::with_capacity(shape.len),
             asm_have: 0,
             ready: None,
             writer,
             in_use: 0,
             swaps: 0,
+            rejects: rejects.clone(),
         }));
         let mut subs = Vec::new();
         let (sh, k) = (shared.clone(), keys.learn_state.clone());
@@ -276,7 +315,7 @@ impl ActorLink {
                 .callback(
                     move |s| match msg::decode::<WeightsChunk>(&k, &s.payload().to_bytes()) {
                         Ok(c) => sh.lock().expect("link state").take_chunk(&c),
-                        Err(e) => tracing::warn!("{e}"),
+                        Err(e) => rejects.reject(&e),
                     },
                 )
                 .wait()
@@ -438,11 +477,33 @@ impl ActorLink {
         }
     }
 
-    /// Waits up to `drain_s` for the learner to persist everything sent; returns the counters.
+    /// Asks the learner to persist what it holds now (an empty batch marked `flush`).
+    fn request_flush(&mut self) {
+        self.batch.first_seq = self.sent;
+        self.batch.held_from = self.base;
+        self.batch.steps.clear();
+        self.batch.flush = true;
+        msg::encode_into(&self.batch, &mut self.buf);
+        self.batch.flush = false;
+        if let Err(e) = self.publisher.put(self.buf.as_slice()).wait() {
+            tracing::warn!("asking the learner to persist on {}: {e}", self.key);
+        }
+    }
+
+    /// Sends what is left, asks the learner to persist it at once, and waits up to `drain_s`
+    /// for that; returns the counters. Whatever the learner has not persisted by then is lost
+    /// with the actor, and reported.
     pub fn finish(mut self) -> LinkStats {
         let t0 = Instant::now();
         self.flush();
+        let mut asked = None::<Instant>;
         while self.base < self.next && t0.elapsed().as_secs_f64() < self.cfg.drain_s {
+            if asked.is_none_or(|t| t.elapsed() > Duration::from_millis(500))
+                && self.sent == self.next
+            {
+                self.request_flush();
+                asked = Some(Instant::now());
+            }
             std::thread::sleep(Duration::from_millis(20));
             self.tick();
         }
@@ -462,6 +523,7 @@ impl ActorLink {
             swaps: g.swaps,
             weights_version: g.in_use,
             learner_instances: g.instances,
+            rejected_weights: g.rejects.count(),
             ..self.stats.clone()
         }
     }
@@ -494,6 +556,8 @@ pub struct LearnerLinkStats {
     pub gaps_refused: u64,
     /// Batches that did not decode.
     pub undecodable: u64,
+    /// Steps left out because they did not fit the robot (lengths, non-finite values).
+    pub rejected_steps: u64,
 }
 
 /// Steps a learner should take, in order.
@@ -501,8 +565,54 @@ pub struct LearnerLinkStats {
 pub struct Accepted {
     /// A new actor started this batch (the learner forgets any half-assembled step).
     pub new_actor: bool,
-    /// The steps not received before, consecutive.
+    /// The steps not received before, consecutive (malformed ones left out and counted).
     pub steps: Vec<WireStep>,
+    /// The actor is stopping: persist now.
+    pub flush: bool,
+}
+
+/// The sizes a learner expects of every step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepShape {
+    /// Observation length.
+    pub obs: usize,
+    /// Action length (the base action's too).
+    pub act: usize,
+}
+
+impl StepShape {
+    /// What is wrong with `s`, if anything: a length that is not the robot's, or a value that is
+    /// not finite.
+    pub fn check(&self, s: &WireStep) -> Result<(), String> {
+        for (what, v, n) in [
+            ("obs", &s.obs, self.obs),
+            ("next_obs", &s.next_obs, self.obs),
+            ("action", &s.action, self.act),
+            ("base", &s.base, self.act),
+        ] {
+            if v.len() != n {
+                return Err(format!(
+                    "step {} of episode {}: `{what}` has {} values, the robot {n}",
+                    s.step,
+                    s.episode,
+                    v.len()
+                ));
+            }
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(format!(
+                    "step {} of episode {}: `{what}`[{i}] is {}",
+                    s.step, s.episode, v[i]
+                ));
+            }
+        }
+        if !s.reward.is_finite() {
+            return Err(format!(
+                "step {} of episode {}: reward {}",
+                s.step, s.episode, s.reward
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The learner's end of the link: takes the actor's numbered batches (only the next expected
@@ -519,6 +629,9 @@ pub struct LearnerLink {
     stats: LearnerLinkStats,
     undecodable: Arc<std::sync::atomic::AtomicU64>,
     weights: Vec<f32>,
+    arch: u64,
+    shape: Option<StepShape>,
+    step_rejects: Arc<crate::Rejects>,
     last_state: Instant,
     last_weights: Instant,
     _sub: zenoh::pubsub::Subscriber<()>,
@@ -581,11 +694,19 @@ impl LearnerLink {
             stats: LearnerLinkStats::default(),
             undecodable,
             weights: Vec::new(),
+            arch: 0,
+            shape: None,
+            step_rejects: crate::Rejects::new(&keys.learn_transitions),
             last_state: now,
             last_weights: now,
             _sub: sub,
             _token: token,
         })
+    }
+
+    /// Checks every step against `shape` from now on (the robot's sizes).
+    pub fn expect_steps(&mut self, shape: StepShape) {
+        self.shape = Some(shape);
     }
 
     /// Where the link stands.
@@ -597,6 +718,7 @@ impl LearnerLink {
     pub fn stats(&self) -> LearnerLinkStats {
         LearnerLinkStats {
             undecodable: self.undecodable.load(std::sync::atomic::Ordering::Relaxed),
+            rejected_steps: self.step_rejects.count(),
             ..self.stats
         }
     }
@@ -633,9 +755,24 @@ impl LearnerLink {
         } else {
             let skip = (self.pos.received - b.first_seq) as usize;
             self.stats.duplicates_dropped += skip as u64;
-            out.steps = b.steps.into_iter().skip(skip).collect();
+            let shape = self.shape;
+            let rejects = &self.step_rejects;
+            // A malformed step keeps its number (the actor does not resend it) but is not stored.
+            out.steps = b
+                .steps
+                .into_iter()
+                .skip(skip)
+                .filter(|s| match shape.map(|sh| sh.check(s)) {
+                    Some(Err(e)) => {
+                        rejects.reject(&e);
+                        false
+                    }
+                    _ => true,
+                })
+                .collect();
             self.pos.received = end;
         }
+        out.flush = b.flush;
         Some(out)
     }
 
@@ -663,8 +800,10 @@ impl LearnerLink {
         self.last_state = Instant::now();
     }
 
-    /// Publishes a new weights version (and keeps it for late actors).
-    pub fn publish_weights(&mut self, version: u64, w: &[f32]) {
+    /// Publishes a new weights version of the architecture `arch` (and keeps it for late
+    /// actors).
+    pub fn publish_weights(&mut self, version: u64, w: &[f32], arch: u64) {
+        self.arch = arch;
         self.pos.weights_version = version;
         self.weights.clear();
         self.weights.extend_from_slice(w);
@@ -678,6 +817,7 @@ impl LearnerLink {
                 version: self.pos.weights_version,
                 offset: (i * WEIGHTS_CHUNK) as u32,
                 total: self.weights.len() as u32,
+                arch: self.arch,
                 values: c.to_vec(),
             };
             if let Err(e) = self.weights_pub.put(msg::encode(&m)).wait() {

@@ -22,6 +22,95 @@ use zenoh::Wait;
 
 pub use reflex_contracts::keys::Keys;
 
+/// Something that counts messages that did not decode or did not fit.
+pub(crate) trait CountsBad: Send + Sync + 'static {
+    /// One more.
+    fn bad(&self);
+}
+
+/// Messages rejected on one key expression (malformed, another protocol version, or not fitting
+/// the robot's spec): counted, and logged at most once a second so that a flood cannot flood the
+/// log. Never a panic: the receiver goes on with what it had.
+#[derive(Debug)]
+pub struct Rejects {
+    key: String,
+    count: std::sync::atomic::AtomicU64,
+    last_log_ms: std::sync::atomic::AtomicU64,
+    t0: std::time::Instant,
+}
+
+impl Rejects {
+    /// A counter for `key`.
+    pub fn new(key: &str) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Rejects {
+            key: key.to_string(),
+            count: Default::default(),
+            last_log_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+            t0: std::time::Instant::now(),
+        })
+    }
+
+    /// Counts one rejected message and logs `why` unless a rejection was logged in the last
+    /// second.
+    pub fn reject(&self, why: &dyn std::fmt::Display) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.count.fetch_add(1, Relaxed) + 1;
+        let now = self.t0.elapsed().as_millis() as u64;
+        let last = self.last_log_ms.load(Relaxed);
+        if (last == u64::MAX || now.saturating_sub(last) >= 1000)
+            && self
+                .last_log_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            tracing::warn!("rejected a message on `{}` ({n} so far): {why}", self.key);
+        }
+    }
+
+    /// Messages rejected so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The key expression.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl CountsBad for Rejects {
+    fn bad(&self) {}
+}
+
+/// Subscribes to `key`, decodes every sample as `M` (checking its protocol version) and hands
+/// it to `on_msg` on Zenoh's thread; a sample that does not decode is counted in `bad` and
+/// logged.
+pub(crate) fn subscribe_decoded<M, B, F>(
+    session: &zenoh::Session,
+    key: &str,
+    bad: std::sync::Arc<B>,
+    on_msg: F,
+) -> Result<zenoh::pubsub::Subscriber<()>, zenoh::Error>
+where
+    M: serde::de::DeserializeOwned + reflex_contracts::msg::Versioned,
+    B: CountsBad,
+    F: Fn(M) + Send + Sync + 'static,
+{
+    let k = key.to_string();
+    session
+        .declare_subscriber(key.to_string())
+        .callback(
+            move |s| match reflex_contracts::msg::decode::<M>(&k, &s.payload().to_bytes()) {
+                Ok(m) => on_msg(m),
+                Err(e) => {
+                    bad.bad();
+                    tracing::debug!("{e}");
+                }
+            },
+        )
+        .wait()
+}
+
 /// Errors opening or using the bus.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {

@@ -51,6 +51,7 @@ pub struct RemoteRobot {
     timeout: Duration,
     poll_window: Duration,
     buf: Vec<u8>,
+    rejects: std::sync::Arc<crate::Rejects>,
     _obs_sub: zenoh::pubsub::Subscriber<()>,
 }
 
@@ -68,19 +69,35 @@ impl RemoteRobot {
         })?;
         wait_for_token(session, &keys.alive_robot, robot, timeout)?;
         let spec: RobotSpec = query(session, &keys.spec, robot, Vec::new(), timeout)?;
-        // Observations are decoded on Zenoh's thread and handed over through a small channel; the
-        // newest matters, older ones are skipped by `observe`.
+        // Everything below indexes by the spec's sizes: a spec that does not hold together is
+        // refused here, before the loop sees it.
+        spec.validate()?;
+        if spec.name != robot {
+            return Err(RobotError::Device {
+                robot: robot.into(),
+                message: format!(
+                    "`{}` answered with the spec of robot `{}`",
+                    keys.spec, spec.name
+                ),
+            });
+        }
+        // Observations are decoded and checked against the spec on Zenoh's thread and handed
+        // over through a small channel; the newest matters, older ones are skipped by `observe`.
+        // One that does not fit the spec never reaches the loop: it is counted and dropped.
         let (tx, obs_rx) = channel::bounded::<Observation>(64);
-        let obs_key = keys.obs.clone();
+        let rejects = crate::Rejects::new(&keys.obs);
+        let (obs_key, r, sp) = (keys.obs.clone(), rejects.clone(), spec.clone());
         let obs_sub = session
             .declare_subscriber(keys.obs.clone())
             .callback(move |sample| {
-                match msg::decode::<Observation>(&obs_key, &sample.payload().to_bytes()) {
-                    Ok(o) => {
-                        let _ = tx.try_send(o);
-                    }
-                    Err(e) => tracing::warn!("{e}"),
+                let o = match msg::decode::<Observation>(&obs_key, &sample.payload().to_bytes()) {
+                    Ok(o) => o,
+                    Err(e) => return r.reject(&e),
+                };
+                if let Err(e) = o.check_against(&sp) {
+                    return r.reject(&e);
                 }
+                let _ = tx.try_send(o);
             })
             .wait()
             .map_err(|e| bus_err(&keys.obs, e))?;
@@ -103,8 +120,14 @@ impl RemoteRobot {
             timeout,
             poll_window: Duration::from_micros(500),
             buf: Vec::with_capacity(1024),
+            rejects,
             _obs_sub: obs_sub,
         })
+    }
+
+    /// Observations rejected so far (malformed, or not fitting the spec), with their key.
+    pub fn rejects(&self) -> std::sync::Arc<crate::Rejects> {
+        self.rejects.clone()
     }
 
     /// The deadline applied to every exchange.
@@ -235,6 +258,7 @@ impl Robot for RemoteRobot {
             req,
             self.timeout,
         )?;
+        obs.check_against(&self.spec)?;
         // Anything queued from the previous episode is stale now.
         while self.obs_rx.try_recv().is_ok() {}
         self.seq = self.seq.max(obs.seq);
@@ -322,6 +346,70 @@ impl Robot for RemoteRobot {
     }
 }
 
+/// Commands into the server's queue. Zenoh's callback never waits: a command that finds the
+/// queue full is dropped and counted (the controller's next command supersedes it), as is one
+/// that does not decode or does not fit the action space.
+fn command_subscriber(
+    session: &zenoh::Session,
+    keys: &Keys,
+    dim: usize,
+    tx: Sender<Incoming>,
+    rejects: &std::sync::Arc<crate::Rejects>,
+) -> Result<zenoh::pubsub::Subscriber<()>, zenoh::Error> {
+    let (cmd_key, r) = (keys.cmd.clone(), rejects.clone());
+    session
+        .declare_subscriber(keys.cmd.clone())
+        .callback(move |sample| {
+            let c = match msg::decode::<Command>(&cmd_key, &sample.payload().to_bytes()) {
+                Ok(c) => c,
+                Err(e) => return r.reject(&e),
+            };
+            if c.action.len() != dim {
+                return r.reject(&format!(
+                    "command {} has {} components, the action space has {dim}",
+                    c.seq,
+                    c.action.len()
+                ));
+            }
+            if tx.try_send(Incoming::Cmd(c)).is_err() {
+                r.reject(&"the robot's command queue is full");
+            }
+        })
+        .wait()
+}
+
+/// Reset queries into the server's queue; a full queue answers the query with an error.
+fn reset_queryable(
+    session: &zenoh::Session,
+    keys: &Keys,
+    tx: Sender<Incoming>,
+) -> Result<zenoh::query::Queryable<()>, zenoh::Error> {
+    let reset_key = keys.reset.clone();
+    session
+        .declare_queryable(keys.reset.clone())
+        .callback(move |query| {
+            let seed = match query.payload().map(|p| p.to_bytes()) {
+                Some(b) if !b.is_empty() => match msg::decode::<ResetRequest>(&reset_key, &b) {
+                    Ok(r) => r.seed,
+                    Err(e) => {
+                        let _ = query.reply_err(e.to_string()).wait();
+                        return;
+                    }
+                },
+                _ => None,
+            };
+            if let Err(e) = tx.try_send(Incoming::Reset(query, seed)) {
+                let Incoming::Reset(q, _) = e.into_inner() else {
+                    unreachable!("a reset was sent")
+                };
+                let _ = q
+                    .reply_err("the robot is busy: its queue is full; retry")
+                    .wait();
+            }
+        })
+        .wait()
+}
+
 /// How a served robot advances.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ServeMode {
@@ -351,6 +439,7 @@ pub struct RobotServer<R: Robot> {
     buf: Vec<u8>,
     hold: Vec<f32>,
     seed: Option<u64>,
+    cmd_rejects: std::sync::Arc<crate::Rejects>,
     _token: zenoh::liveliness::LivelinessToken,
     _cmd_sub: zenoh::pubsub::Subscriber<()>,
     _reset_q: zenoh::query::Queryable<()>,
@@ -366,6 +455,8 @@ pub struct ServeStats {
     pub resets: u64,
     /// Realtime ticks without a fresh command (the robot held).
     pub holds: u64,
+    /// Commands rejected (malformed, the wrong size, or the queue full).
+    pub rejected_commands: u64,
 }
 
 impl<R: Robot> RobotServer<R> {
@@ -385,38 +476,11 @@ impl<R: Robot> RobotServer<R> {
         // Bound: a controller that floods commands faster than the robot steps is told by
         // back-pressure on its own side; 256 covers any burst a well-behaved controller sends.
         let (tx, rx) = channel::bounded::<Incoming>(256);
-        let cmd_key = keys.cmd.clone();
-        let tx_cmd: Sender<Incoming> = tx.clone();
-        let cmd_sub = session
-            .declare_subscriber(keys.cmd.clone())
-            .callback(move |sample| {
-                match msg::decode::<Command>(&cmd_key, &sample.payload().to_bytes()) {
-                    Ok(c) => {
-                        let _ = tx_cmd.send(Incoming::Cmd(c));
-                    }
-                    Err(e) => tracing::warn!("{e}"),
-                }
-            })
-            .wait()
-            .map_err(|e| declare(&keys.cmd, e))?;
-        let reset_key = keys.reset.clone();
-        let reset_q = session
-            .declare_queryable(keys.reset.clone())
-            .callback(move |query| {
-                let seed = match query.payload().map(|p| p.to_bytes()) {
-                    Some(b) if !b.is_empty() => match msg::decode::<ResetRequest>(&reset_key, &b) {
-                        Ok(r) => r.seed,
-                        Err(e) => {
-                            let _ = query.reply_err(e.to_string()).wait();
-                            return;
-                        }
-                    },
-                    _ => None,
-                };
-                let _ = tx.send(Incoming::Reset(query, seed));
-            })
-            .wait()
-            .map_err(|e| declare(&keys.reset, e))?;
+        let cmd_rejects = crate::Rejects::new(&keys.cmd);
+        let cmd_sub =
+            command_subscriber(session, &keys, spec.action.dim(), tx.clone(), &cmd_rejects)
+                .map_err(|e| declare(&keys.cmd, e))?;
+        let reset_q = reset_queryable(session, &keys, tx).map_err(|e| declare(&keys.reset, e))?;
         let spec_bytes = msg::encode(&spec);
         let spec_key = keys.spec.clone();
         let spec_q = session
@@ -452,6 +516,7 @@ impl<R: Robot> RobotServer<R> {
             buf: Vec::with_capacity(4096),
             hold,
             seed: None,
+            cmd_rejects,
             _token: token,
             _cmd_sub: cmd_sub,
             _reset_q: reset_q,
@@ -542,6 +607,12 @@ impl<R: Robot> RobotServer<R> {
 
     /// Serves until `stop` is set. Returns the counters.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<ServeStats, RobotError> {
+        let mut stats = self.serve(stop)?;
+        stats.rejected_commands = self.cmd_rejects.count();
+        Ok(stats)
+    }
+
+    fn serve(&mut self, stop: &AtomicBool) -> Result<ServeStats, RobotError> {
         let mut stats = ServeStats::default();
         let mut seq = 0u64;
         match self.mode {

@@ -230,99 +230,69 @@ pub struct Watch {
     pub stats: Arc<WatchStats>,
 }
 
-/// Subscribes to the robot's trace, status and events and feeds them to `sink`.
+/// Subscribes to the robot's trace, camera frames, status and events and feeds them to `sink`.
 pub fn watch(
     session: &zenoh::Session,
     keys: &Keys,
     sink: Arc<dyn TraceSink>,
 ) -> Result<Watch, VizError> {
-    let recorder = sink;
     use std::sync::atomic::Ordering::Relaxed;
     let stats = Arc::new(WatchStats::default());
-    let mut subs = Vec::new();
-    let (r, st, k) = (recorder.clone(), stats.clone(), keys.trace.clone());
-    subs.push(
-        session
-            .declare_subscriber(keys.trace.clone())
-            .callback(
-                move |s| match msg::decode::<StepTrace>(&k, &s.payload().to_bytes()) {
-                    Ok(m) => {
-                        st.traces.fetch_add(1, Relaxed);
-                        let t = Transition::from_trace(&m);
-                        r.step(&t);
-                        if t.terminated || t.truncated || t.label.is_some() || t.reset_requested {
-                            st.episodes_ended.fetch_add(1, Relaxed);
-                        }
-                    }
-                    Err(e) => {
-                        st.bad.fetch_add(1, Relaxed);
-                        tracing::warn!("{e}");
-                    }
-                },
-            )
-            .wait()
-            .map_err(|e| bus(&keys.trace, e))?,
-    );
-    let (r, st, k) = (recorder.clone(), stats.clone(), keys.status.clone());
-    subs.push(
-        session
-            .declare_subscriber(keys.status.clone())
-            .callback(
-                move |s| match msg::decode::<StatusMsg>(&k, &s.payload().to_bytes()) {
-                    Ok(m) => {
-                        st.statuses.fetch_add(1, Relaxed);
-                        r.status(&m);
-                    }
-                    Err(_) => {
-                        st.bad.fetch_add(1, Relaxed);
-                    }
-                },
-            )
-            .wait()
-            .map_err(|e| bus(&keys.status, e))?,
-    );
-    let (r, st, k) = (recorder.clone(), stats.clone(), keys.trace_frames.clone());
-    subs.push(
-        session
-            .declare_subscriber(keys.trace_frames.clone())
-            .callback(
-                move |s| match msg::decode::<TraceFrames>(&k, &s.payload().to_bytes()) {
-                    Ok(m) => {
-                        st.frames.fetch_add(1, Relaxed);
-                        r.frames(&Frames {
-                            episode: m.episode,
-                            step: m.step,
-                            t: Duration::from_nanos(m.t_ns),
-                            images: m.images,
-                        });
-                    }
-                    Err(_) => {
-                        st.bad.fetch_add(1, Relaxed);
-                    }
-                },
-            )
-            .wait()
-            .map_err(|e| bus(&keys.trace_frames, e))?,
-    );
-    let (r, st, k) = (recorder, stats.clone(), keys.events.clone());
-    subs.push(
-        session
-            .declare_subscriber(keys.events.clone())
-            .callback(
-                move |s| match msg::decode::<EpisodeEvent>(&k, &s.payload().to_bytes()) {
-                    Ok(m) => {
-                        st.events.fetch_add(1, Relaxed);
-                        r.event(&m);
-                    }
-                    Err(_) => {
-                        st.bad.fetch_add(1, Relaxed);
-                    }
-                },
-            )
-            .wait()
-            .map_err(|e| bus(&keys.events, e))?,
-    );
-    Ok(Watch { _subs: subs, stats })
+    let (r, st) = (sink.clone(), stats.clone());
+    let trace =
+        crate::subscribe_decoded(session, &keys.trace, stats.clone(), move |m: StepTrace| {
+            st.traces.fetch_add(1, Relaxed);
+            let t = Transition::from_trace(&m);
+            r.step(&t);
+            if t.terminated || t.truncated || t.label.is_some() || t.reset_requested {
+                st.episodes_ended.fetch_add(1, Relaxed);
+            }
+        })
+        .map_err(|e| bus(&keys.trace, e))?;
+    let (r, st) = (sink.clone(), stats.clone());
+    let status =
+        crate::subscribe_decoded(session, &keys.status, stats.clone(), move |m: StatusMsg| {
+            st.statuses.fetch_add(1, Relaxed);
+            r.status(&m);
+        })
+        .map_err(|e| bus(&keys.status, e))?;
+    let (r, st) = (sink.clone(), stats.clone());
+    let frames = crate::subscribe_decoded(
+        session,
+        &keys.trace_frames,
+        stats.clone(),
+        move |m: TraceFrames| {
+            st.frames.fetch_add(1, Relaxed);
+            r.frames(&Frames {
+                episode: m.episode,
+                step: m.step,
+                t: Duration::from_nanos(m.t_ns),
+                images: m.images,
+            });
+        },
+    )
+    .map_err(|e| bus(&keys.trace_frames, e))?;
+    let (r, st) = (sink, stats.clone());
+    let events = crate::subscribe_decoded(
+        session,
+        &keys.events,
+        stats.clone(),
+        move |m: EpisodeEvent| {
+            st.events.fetch_add(1, Relaxed);
+            r.event(&m);
+        },
+    )
+    .map_err(|e| bus(&keys.events, e))?;
+    Ok(Watch {
+        _subs: vec![trace, status, frames, events],
+        stats,
+    })
+}
+
+impl crate::CountsBad for WatchStats {
+    fn bad(&self) {
+        self.bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]

@@ -602,6 +602,9 @@ pub struct TransitionBatch {
     pub held_from: u64,
     /// Consecutive steps.
     pub steps: Vec<WireStep>,
+    /// The actor is stopping: persist what you hold now (it waits for that before it exits).
+    #[serde(default)]
+    pub flush: bool,
 }
 
 /// What the learner holds. Published on `reflex/<robot>/learn/state` after every batch and twice
@@ -641,6 +644,10 @@ pub struct WeightsChunk {
     pub offset: u32,
     /// Length of the whole vector.
     pub total: u32,
+    /// The network's architecture (a hash of its layer sizes and options): an actor takes only
+    /// weights of the architecture its hook evaluates. 0 from older learners: not checked.
+    #[serde(default)]
+    pub arch: u64,
     /// The values.
     pub values: Vec<f32>,
 }

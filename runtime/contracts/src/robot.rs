@@ -40,6 +40,12 @@ pub enum RobotError {
     /// A message could not be decoded.
     #[error(transparent)]
     Decode(#[from] crate::msg::DecodeError),
+    /// The robot describes itself in a way that cannot be driven.
+    #[error(transparent)]
+    Spec(#[from] crate::validate::SpecError),
+    /// An observation that does not fit the robot's spec.
+    #[error(transparent)]
+    Observation(#[from] crate::validate::ObservationError),
     /// The transport failed.
     #[error("bus error on `{key}`: {message}")]
     Bus {

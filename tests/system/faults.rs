@@ -1,0 +1,504 @@
+//! Nothing from the network can hurt the robot: each test pins one defect found by reading the
+//! code as a peer would attack it (docs/reliability.md lists them with what reflex guarantees).
+
+use crate::common::{json_output, reflex, repo};
+use reflex_bus::learnlink::{
+    ActorLink, LearnerLink, LinkConfig, LinkPosition, StepShape, WeightsShape,
+};
+use reflex_bus::robot::{RemoteRobot, RobotServer, ServeMode};
+use reflex_bus::{BusConfig, Keys};
+use reflex_contracts::msg::{
+    self, Command, Observation, PROTOCOL_VERSION, RobotSpec, TransitionBatch, WireStep,
+};
+use reflex_contracts::robot::{Robot, RobotError};
+use reflex_runtime::testkit::NullRobot;
+use std::time::{Duration, Instant};
+use zenoh::Wait;
+
+/// Two sessions on one loopback endpoint (a unix socket in `dir`).
+fn pair(dir: &tempfile::TempDir) -> (zenoh::Session, zenoh::Session) {
+    let ep = crate::common::unix_endpoint(dir, "bus");
+    let a = BusConfig::hermetic(vec![ep.clone()], vec![])
+        .open()
+        .unwrap();
+    let b = BusConfig::hermetic(vec![], vec![ep]).open().unwrap();
+    (a, b)
+}
+
+/// A robot whose spec is whatever the test makes it.
+struct Liar {
+    inner: NullRobot,
+    spec: RobotSpec,
+}
+
+impl Robot for Liar {
+    fn spec(&self) -> &RobotSpec {
+        &self.spec
+    }
+    fn reset(&mut self, s: Option<u64>) -> Result<&Observation, RobotError> {
+        self.inner.reset(s)
+    }
+    fn command(&mut self, a: &[f32]) -> Result<(), RobotError> {
+        self.inner.command(a)
+    }
+    fn observe(&mut self) -> Result<&Observation, RobotError> {
+        self.inner.observe()
+    }
+    fn hold_action(&self, out: &mut [f32]) {
+        out.fill(0.0)
+    }
+}
+
+#[test]
+fn a_robot_spec_with_short_action_bounds_is_refused_when_connecting_not_indexed_on_the_loop() {
+    // Before: `hold_action` and the loop's clamp indexed `action.low[i]` past its end.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(&dir);
+    let inner = NullRobot::new("liar", 8, 0);
+    let mut spec = inner.spec().clone();
+    spec.lockstep = true;
+    spec.action.low.truncate(2);
+    let server = RobotServer::new(&a, Liar { inner, spec }, ServeMode::Lockstep)
+        .unwrap()
+        .spawn();
+    let err = RemoteRobot::connect(&b, "liar", Duration::from_secs(20))
+        .err()
+        .expect("a spec that cannot be driven is refused");
+    let text = err.to_string();
+    assert!(text.contains("liar") && text.contains("bounds"), "{text}");
+    drop(server);
+}
+
+/// Serves a lockstep robot by hand on `a`: a valid spec and reset, then on every command the
+/// observation `answer(seq)` (the test decides how wrong it is).
+fn hostile_robot(
+    a: &zenoh::Session,
+    answer: impl Fn(u64) -> Observation + Send + Sync + 'static,
+) -> Vec<Box<dyn std::any::Any>> {
+    let keys = Keys::new("hostile").unwrap();
+    let spec = RobotSpec::new("hostile", "test/hostile", 50.0)
+        .with_state("ee_pos", 3, "m")
+        .with_state("rest", 1, "")
+        .with_action(
+            reflex_contracts::msg::ActionKind::Box,
+            &["a", "b"],
+            -1.0,
+            1.0,
+        );
+    let good = Observation {
+        v: PROTOCOL_VERSION,
+        episode: 1,
+        state: vec![0.1, 0.0, 0.1, 0.0],
+        ..Default::default()
+    };
+    let mut keep: Vec<Box<dyn std::any::Any>> = vec![];
+    let (sk, bytes) = (keys.spec.clone(), msg::encode(&spec));
+    keep.push(Box::new(
+        a.declare_queryable(keys.spec.clone())
+            .callback(move |q| {
+                let _ = q.reply(sk.clone(), bytes.clone()).wait();
+            })
+            .wait()
+            .unwrap(),
+    ));
+    let (rk, reset) = (keys.reset.clone(), msg::encode(&good));
+    keep.push(Box::new(
+        a.declare_queryable(keys.reset.clone())
+            .callback(move |q| {
+                let _ = q.reply(rk.clone(), reset.clone()).wait();
+            })
+            .wait()
+            .unwrap(),
+    ));
+    let publisher = a.declare_publisher(keys.obs.clone()).wait().unwrap();
+    keep.push(Box::new(
+        a.declare_subscriber(keys.cmd.clone())
+            .callback(move |s| {
+                let c: Command = msg::decode("cmd", &s.payload().to_bytes()).unwrap();
+                let _ = publisher.put(msg::encode(&answer(c.seq))).wait();
+            })
+            .wait()
+            .unwrap(),
+    ));
+    keep.push(Box::new(
+        a.liveliness()
+            .declare_token(keys.alive_robot.clone())
+            .wait()
+            .unwrap(),
+    ));
+    keep
+}
+
+#[test]
+fn observations_that_do_not_fit_the_spec_are_rejected_and_counted_never_indexed() {
+    // Before: a state shorter than the spec reached the loop, which sliced `ee_pos` out of it.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(&dir);
+    let _robot = hostile_robot(&a, |seq| Observation {
+        v: PROTOCOL_VERSION,
+        seq,
+        episode: 1,
+        step: seq as u32,
+        // seq 1: too short; seq 2: NaN; later: good.
+        state: match seq {
+            1 => vec![0.1],
+            2 => vec![f32::NAN, 0.0, 0.1, 0.0],
+            _ => vec![0.1, 0.0, 0.1, 0.0],
+        },
+        ..Default::default()
+    });
+    let mut r = RemoteRobot::connect(&b, "hostile", Duration::from_millis(1500)).unwrap();
+    r.reset(Some(1)).unwrap();
+    for bad in [1, 2] {
+        r.command(&[0.0, 0.0]).unwrap();
+        let e = r.observe().err().expect("the bad answer never arrives");
+        assert!(matches!(e, RobotError::Timeout { .. }), "step {bad}: {e}");
+    }
+    r.command(&[0.0, 0.0]).unwrap();
+    assert_eq!(r.observe().unwrap().state.len(), 4);
+    assert_eq!(r.rejects().count(), 2, "both bad observations are counted");
+}
+
+fn link_pair(
+    dir: &tempfile::TempDir,
+    shape: WeightsShape,
+) -> (
+    (zenoh::Session, zenoh::Session),
+    ActorLink,
+    LearnerLink,
+    reflex_runtime::triple::Reader<reflex_runtime::residual::Weights>,
+) {
+    let (a, b) = pair(dir);
+    let keys = Keys::new("w").unwrap();
+    let (w, r) = reflex_runtime::triple::triple(reflex_runtime::residual::Weights::default());
+    let actor = ActorLink::new(
+        &a,
+        &keys,
+        LinkConfig::default(),
+        reflex_runtime::residual::WeightsWriter::from_writer(w),
+        shape,
+    )
+    .unwrap();
+    let learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    ((a, b), actor, learner, r)
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{what} never happened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn weights_of_another_architecture_or_diverged_are_rejected_and_the_loop_keeps_its_last_good_ones()
+{
+    // Before: `total` sized an allocation with no bound, NaN marked "missing" (so NaN weights
+    // corrupted the count), and the hook sliced a vector of any length.
+    let dir = tempfile::tempdir().unwrap();
+    let shape = WeightsShape { len: 10, arch: 77 };
+    let (_s, actor, mut learner, mut reader) = link_pair(&dir, shape);
+    std::thread::sleep(Duration::from_millis(300));
+    learner.publish_weights(1, &[0.5; 10], 77);
+    wait_for("version 1", || actor.stats().weights_version == 1);
+    learner.publish_weights(2, &[0.5; 3_000_000], 77); // another size: 3 M floats, not 10
+    learner.publish_weights(3, &[0.5; 10], 78); // another architecture
+    let mut nan = [0.25f32; 10];
+    nan[4] = f32::NAN;
+    learner.publish_weights(4, &nan, 77); // a diverged learner
+    wait_for("three rejections", || actor.stats().rejected_weights >= 3);
+    reader.update();
+    assert_eq!(
+        reader.get().version,
+        1,
+        "the loop keeps its last good weights"
+    );
+    assert!(reader.get().values.iter().all(|v| *v == 0.5));
+    learner.publish_weights(5, &[0.75; 10], 77);
+    wait_for("version 5", || actor.stats().weights_version == 5);
+    // Counted per message: the 3 M-value version arrived as 184 chunks, each refused unread.
+    let st = actor.stats();
+    assert_eq!(st.rejected_weights, 184 + 2, "{st:?}");
+}
+
+#[test]
+fn the_learner_leaves_out_steps_that_do_not_fit_the_robot() {
+    // Before: the learner copied whatever lengths a `WireStep` carried into its replay buffer.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(&dir);
+    let keys = Keys::new("s").unwrap();
+    let mut learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    learner.expect_steps(StepShape { obs: 3, act: 2 });
+    let publisher = a
+        .declare_publisher(keys.learn_transitions.clone())
+        .wait()
+        .unwrap();
+    let step = |obs: Vec<f32>| WireStep {
+        obs: obs.clone(),
+        next_obs: obs,
+        base: vec![0.0; 2],
+        action: vec![0.0; 2],
+        ..Default::default()
+    };
+    let batch = TransitionBatch {
+        v: PROTOCOL_VERSION,
+        actor: 9,
+        first_seq: 0,
+        held_from: 0,
+        steps: vec![
+            step(vec![0.0; 3]),
+            step(vec![0.0; 1]),
+            step(vec![0.0, f32::INFINITY, 0.0]),
+            step(vec![1.0; 3]),
+        ],
+        flush: false,
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    publisher.put(msg::encode(&batch)).wait().unwrap();
+    let got = learner
+        .next_batch(Duration::from_secs(10))
+        .expect("the batch arrives");
+    assert_eq!(got.steps.len(), 2, "two good steps");
+    assert_eq!(
+        learner.position().received,
+        4,
+        "the bad ones keep their numbers"
+    );
+    assert_eq!(learner.stats().rejected_steps, 2);
+}
+
+#[test]
+fn a_flood_of_commands_never_blocks_the_robot_servers_callbacks() {
+    // Before: Zenoh's callback did a blocking `send` on the server's bounded queue.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(&dir);
+    let mut spec_robot = NullRobot::new("flood", 4, 0);
+    let _ = spec_robot.reset(None);
+    let mut server = RobotServer::new(&a, spec_robot, ServeMode::Lockstep).unwrap();
+    let keys = Keys::new("flood").unwrap();
+    let p = b.declare_publisher(keys.cmd.clone()).wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // The server is not running: nothing drains its queue of 256.
+    for seq in 1..=600u64 {
+        let c = Command {
+            v: PROTOCOL_VERSION,
+            seq,
+            action: vec![0.0; 4],
+        };
+        p.put(msg::encode(&c)).wait().unwrap();
+    }
+    let bad = Command {
+        v: PROTOCOL_VERSION,
+        seq: 601,
+        action: vec![0.0; 3],
+    };
+    p.put(msg::encode(&bad)).wait().unwrap();
+    // The spec still answers promptly: Zenoh's threads are not stuck in a callback.
+    let t0 = Instant::now();
+    let replies = b
+        .get(keys.spec.clone())
+        .timeout(Duration::from_secs(5))
+        .wait()
+        .unwrap();
+    assert!(replies.recv().is_ok() && t0.elapsed() < Duration::from_secs(5));
+    let stop = std::sync::atomic::AtomicBool::new(true);
+    let stats = server.run(&stop).unwrap();
+    assert!(
+        stats.rejected_commands >= 600 - 256,
+        "dropped commands are counted: {stats:?}"
+    );
+}
+
+#[test]
+fn a_reader_of_a_type_that_is_not_sync_is_not_sync_itself() {
+    // Before: `Shared<T: Send>` was declared Sync, so a `Reader<Cell<_>>` could be shared between
+    // threads, each holding `&Cell` at once.
+    struct Probe<T: ?Sized>(std::marker::PhantomData<T>);
+    trait NotSync {
+        const SYNC: bool = false;
+    }
+    impl<T: ?Sized> NotSync for Probe<T> {}
+    impl<T: ?Sized + Sync> Probe<T> {
+        const SYNC: bool = true;
+    }
+    type R<T> = reflex_runtime::triple::Reader<T>;
+    assert!(!Probe::<R<std::cell::Cell<u8>>>::SYNC);
+    assert!(Probe::<R<u8>>::SYNC);
+}
+
+/// `configs/run/sim-pick-hil.toml` as the issue ran it: simulated time, 2 episodes, the learner's
+/// checkpoint in `dir`, no multicast.
+fn hil_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(repo().join("configs/run/sim-pick-hil.toml"))
+        .unwrap()
+        .replace("clock = \"wall\"", "clock = \"sim\"")
+        .replace(
+            "runs/learner/pick-sac.ckpt",
+            &dir.join("ckpt/pick-sac.ckpt").display().to_string(),
+        )
+        .replace("../../models/", &format!("{}/models/", repo().display()));
+    let p = dir.join("hil.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn a_corrupt_checkpoint_stops_the_run_at_once_naming_the_file() {
+    // Before: the in-process learner died, and every episode waited 120 s for it in silence.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = hil_config(dir.path());
+    let ckpt = dir.path().join("ckpt/pick-sac.ckpt");
+    std::fs::create_dir_all(ckpt.parent().unwrap()).unwrap();
+    std::fs::write(&ckpt, b"not a checkpoint").unwrap();
+    let t0 = Instant::now();
+    let out = reflex()
+        .args([
+            "run",
+            "--episodes",
+            "2",
+            "--no-multicast",
+            "--json",
+            "--config",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("pick-sac.ckpt") && err.contains("on_bad_checkpoint"),
+        "{err}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "it took {:?}",
+        t0.elapsed()
+    );
+    // As configured: start afresh after moving the bad file aside.
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("[learner]\n", "[learner]\non_bad_checkpoint = \"fresh\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    json_output(
+        reflex()
+            .args([
+                "run",
+                "--episodes",
+                "1",
+                "--no-multicast",
+                "--json",
+                "--config",
+            ])
+            .arg(&cfg),
+    );
+    let aside = std::fs::read_dir(ckpt.parent().unwrap())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".bad-")
+        })
+        .count();
+    assert_eq!(aside, 1, "the bad file is kept aside");
+}
+
+#[test]
+fn the_learner_persists_every_step_before_the_actor_exits_and_the_checkpoint_grows_with_the_data() {
+    // Before: the end of every run lost its last steps after a 10 s wait ("200 steps were not
+    // persisted"), and the checkpoint after 200 steps was 160 MB (the preallocated capacity).
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = hil_config(dir.path());
+    let t0 = Instant::now();
+    let v = json_output(
+        reflex()
+            .args([
+                "run",
+                "--episodes",
+                "2",
+                "--no-multicast",
+                "--json",
+                "--config",
+            ])
+            .arg(&cfg),
+    );
+    let wall = t0.elapsed();
+    let link = &v["learner_link"];
+    assert_eq!(link["persisted"], link["steps"], "{link}");
+    assert_eq!(link["lost"], 0, "{link}");
+    assert!(wall < Duration::from_secs(60), "{wall:?}");
+    let size = std::fs::metadata(dir.path().join("ckpt/pick-sac.ckpt"))
+        .unwrap()
+        .len();
+    let steps = link["steps"].as_u64().unwrap();
+    assert!(
+        size < 8 << 20,
+        "{size} bytes for {steps} steps: the checkpoint should hold the data, not the capacity"
+    );
+}
+
+#[test]
+fn a_typo_in_the_learners_sac_table_is_an_error_naming_the_key() {
+    // Before: `overlay_sac(..).unwrap_or(base)` replaced a bad table with the defaults silently.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = hil_config(dir.path());
+    let text = std::fs::read_to_string(&cfg).unwrap() + "\n[learner.sac]\nhiden = [64, 64]\n";
+    std::fs::write(&cfg, text).unwrap();
+    let out = reflex()
+        .args(["run", "--episodes", "1", "--no-multicast", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("hiden"), "{err}");
+}
+
+#[test]
+fn real_time_settings_reach_the_loop_thread_only() {
+    // Before: they were applied before the helper threads started, which inherited the loop's
+    // CPU pin (and SCHED_FIFO).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        panic!("this test needs two CPUs to tell a pinned thread from an unpinned one");
+    }
+    let runs = tempfile::tempdir().unwrap();
+    let robot = NullRobot::new("rt", 8, 20);
+    let mut cfg = reflex_runtime::control::LoopConfig::at(100.0);
+    cfg.rt.cpu = Some(1);
+    let mut actor = reflex_agent::actor::ActorBuilder::new(robot)
+        .loop_config(cfg)
+        .record(runs.path().to_path_buf())
+        .build()
+        .unwrap();
+    actor
+        .run_episodes(1, &reflex_agent::progress::Silent)
+        .unwrap();
+    let mut seen = std::collections::BTreeMap::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = t.unwrap().path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        seen.insert(name.trim().to_string(), cpus);
+    }
+    for helper in ["recorder", "outbox"] {
+        let c = seen
+            .get(helper)
+            .unwrap_or_else(|| panic!("no `{helper}` thread: {seen:?}"));
+        assert_ne!(
+            c, "1",
+            "the {helper} thread inherited the loop's CPU pin: {seen:?}"
+        );
+    }
+    actor.finish().unwrap();
+}
