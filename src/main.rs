@@ -53,6 +53,9 @@ enum Command {
     Viz(cmd::tools::VizArgs),
     /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
     Doctor,
+    /// Actor and learner for a long run with faults injected at random: memory, transitions,
+    /// safety holds, timing.
+    Soak(cmd::bench::SoakArgs),
 }
 
 /// glibc returns large freed blocks (> 128 KiB) to the OS and maps fresh zeroed pages for the next
@@ -103,6 +106,7 @@ fn main() {
         Command::Policy { command } => cmd::tools::policy(command),
         Command::Bc { command } => cmd::tools::bc(command),
         Command::Doctor => cli::doctor(),
+        Command::Soak(a) => cmd::bench::soak(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

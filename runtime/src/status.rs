@@ -31,6 +31,7 @@ pub fn to_msg(robot: &str, s: &LoopStatus) -> StatusMsg {
         outbox_dropped: s.outbox_dropped,
         recorder_dropped: 0,
         residual_version: s.residual_version,
+        rejected: Vec::new(),
     }
 }
 

@@ -174,96 +174,26 @@ impl Renderer {
         out.resize(n * 3, 0);
         let scale = (2.0 * (fov_y_rad / 2.0).tan()) as f32;
         let rot: Matrix3<f32> = pose.rotation.to_rotation_matrix().matrix().cast();
-        let eye: Vector3<f32> = pose.translation.vector.cast();
-        // Bounding spheres reject most ray/shape pairs cheaply.
-        self.spheres.clear();
-        for (i, info) in scene.colliders.iter().enumerate() {
-            if info.part == Part::Table {
-                continue;
-            }
-            let c = &scene.world.colliders[info.handle];
-            let bs = c.shape().compute_bounding_sphere(c.position());
-            let ctr = bs.center();
-            self.spheres
-                .push((Vector3::new(ctr.x, ctr.y, ctr.z), bs.radius(), i));
-        }
-        let light = Vector3::from(LIGHT).normalize();
-        let marker = match layout.kind {
-            TaskKind::Reach => Some((layout.target.cast::<f32>(), 0.012f32)),
-            _ => None,
+        self.bound_shapes(scene);
+        let view = View {
+            eye: pose.translation.vector.cast(),
+            marker: match layout.kind {
+                TaskKind::Reach => Some((layout.target.cast::<f32>(), 0.012f32)),
+                _ => None,
+            },
+            goal_disc: (layout.kind == TaskKind::Push).then(|| layout.target.cast::<f32>()),
+            table: scene
+                .colliders
+                .iter()
+                .find(|c| c.part == Part::Table)
+                .map(|c| c.handle),
         };
-        let goal_disc = (layout.kind == TaskKind::Push).then(|| layout.target.cast::<f32>());
-        let table = scene
-            .colliders
-            .iter()
-            .find(|c| c.part == Part::Table)
-            .map(|c| c.handle);
+        let light = Vector3::from(LIGHT).normalize();
         for (p, ray_cam) in self.rays.iter().enumerate() {
             let mut d = rot * Vector3::new(ray_cam.x * scale, ray_cam.y * scale, 1.0);
             d.normalize_mut();
-            let ray = Ray::new(Vector::new(eye.x, eye.y, eye.z), Vector::new(d.x, d.y, d.z));
-            let mut best_t = 5.0f32;
-            let mut color = None;
-            let mut normal = Vector3::zeros();
-            for &(ctr, rad, i) in &self.spheres {
-                // Ray/sphere rejection: distance from the centre to the ray line.
-                let oc = ctr - eye;
-                let along = oc.dot(&d);
-                if along + rad < 0.0 || oc.norm_squared() - along * along > rad * rad {
-                    continue;
-                }
-                let info = &scene.colliders[i];
-                let c = &scene.world.colliders[info.handle];
-                if let Some(hit) =
-                    c.shape()
-                        .cast_ray_and_get_normal(c.position(), &ray, best_t, true)
-                {
-                    best_t = hit.time_of_impact;
-                    normal = Vector3::new(hit.normal.x, hit.normal.y, hit.normal.z);
-                    color = Some(info.color);
-                }
-            }
-            if let Some(th) = table {
-                let c = &scene.world.colliders[th];
-                if let Some(hit) =
-                    c.shape()
-                        .cast_ray_and_get_normal(c.position(), &ray, best_t, true)
-                {
-                    best_t = hit.time_of_impact;
-                    normal = Vector3::new(hit.normal.x, hit.normal.y, hit.normal.z);
-                    let pt = eye + d * best_t;
-                    let checker =
-                        ((pt.x / 0.05).floor() as i32 + (pt.y / 0.05).floor() as i32) & 1 == 0;
-                    let mut col = if checker {
-                        [0.62, 0.52, 0.42]
-                    } else {
-                        [0.55, 0.45, 0.36]
-                    };
-                    if let Some(g) = goal_disc
-                        && (Vector3::new(pt.x - g.x, pt.y - g.y, 0.0)).norm()
-                            < PUSH_TOLERANCE_M as f32
-                    {
-                        col = [0.3, 0.75, 0.35];
-                    }
-                    color = Some(col);
-                }
-            }
-            if let Some((m, r)) = marker {
-                let oc = m - eye;
-                let along = oc.dot(&d);
-                let dist2 = oc.norm_squared() - along * along;
-                if along > 0.0 && dist2 < r * r {
-                    let t = along - (r * r - dist2).sqrt();
-                    if t < best_t {
-                        best_t = t;
-                        normal = (eye + d * t - m).normalize();
-                        color = Some([0.2, 0.9, 0.3]);
-                    }
-                }
-            }
-            let _ = best_t;
-            let rgb = match color {
-                Some(c) => {
+            let rgb = match self.trace(scene, &view, d) {
+                Some((c, normal)) => {
                     let shade = 0.35 + 0.65 * normal.dot(&light).max(0.0);
                     [c[0] * shade, c[1] * shade, c[2] * shade]
                 }
@@ -278,6 +208,95 @@ impl Renderer {
                 o[k] = (rgb[k].clamp(0.0, 1.0) * 255.0 + 0.5) as u8;
             }
         }
+    }
+
+    /// Bounding spheres of every shape but the table: they reject most ray/shape pairs cheaply.
+    fn bound_shapes(&mut self, scene: &Scene) {
+        self.spheres.clear();
+        for (i, info) in scene.colliders.iter().enumerate() {
+            if info.part == Part::Table {
+                continue;
+            }
+            let c = &scene.world.colliders[info.handle];
+            let bs = c.shape().compute_bounding_sphere(c.position());
+            let ctr = bs.center();
+            self.spheres
+                .push((Vector3::new(ctr.x, ctr.y, ctr.z), bs.radius(), i));
+        }
+    }
+
+    /// The colour and surface normal the ray from the eye along `d` meets first, if any.
+    fn trace(&self, scene: &Scene, v: &View, d: Vector3<f32>) -> Option<([f32; 3], Vector3<f32>)> {
+        let eye = v.eye;
+        let ray = Ray::new(Vector::new(eye.x, eye.y, eye.z), Vector::new(d.x, d.y, d.z));
+        let mut best_t = 5.0f32;
+        let mut hit_color = None;
+        for &(ctr, rad, i) in &self.spheres {
+            // Ray/sphere rejection: distance from the centre to the ray line.
+            let oc = ctr - eye;
+            let along = oc.dot(&d);
+            if along + rad < 0.0 || oc.norm_squared() - along * along > rad * rad {
+                continue;
+            }
+            let info = &scene.colliders[i];
+            let c = &scene.world.colliders[info.handle];
+            if let Some(hit) = c
+                .shape()
+                .cast_ray_and_get_normal(c.position(), &ray, best_t, true)
+            {
+                best_t = hit.time_of_impact;
+                let normal = Vector3::new(hit.normal.x, hit.normal.y, hit.normal.z);
+                hit_color = Some((info.color, normal));
+            }
+        }
+        if let Some(th) = v.table {
+            let c = &scene.world.colliders[th];
+            if let Some(hit) = c
+                .shape()
+                .cast_ray_and_get_normal(c.position(), &ray, best_t, true)
+            {
+                best_t = hit.time_of_impact;
+                let normal = Vector3::new(hit.normal.x, hit.normal.y, hit.normal.z);
+                hit_color = Some((table_color(eye + d * best_t, v.goal_disc), normal));
+            }
+        }
+        if let Some((m, r)) = v.marker {
+            let oc = m - eye;
+            let along = oc.dot(&d);
+            let dist2 = oc.norm_squared() - along * along;
+            if along > 0.0 && dist2 < r * r {
+                let t = along - (r * r - dist2).sqrt();
+                if t < best_t {
+                    hit_color = Some(([0.2, 0.9, 0.3], (eye + d * t - m).normalize()));
+                }
+            }
+        }
+        hit_color
+    }
+}
+
+/// What a view needs besides the rays: the eye, the reach target's marker, the push goal's disc,
+/// the table.
+struct View {
+    eye: Vector3<f32>,
+    marker: Option<(Vector3<f32>, f32)>,
+    goal_disc: Option<Vector3<f32>>,
+    table: Option<ColliderHandle>,
+}
+
+/// The table's checkerboard at `pt`, green inside the push goal's disc.
+fn table_color(pt: Vector3<f32>, goal_disc: Option<Vector3<f32>>) -> [f32; 3] {
+    let checker = ((pt.x / 0.05).floor() as i32 + (pt.y / 0.05).floor() as i32) & 1 == 0;
+    let col = if checker {
+        [0.62, 0.52, 0.42]
+    } else {
+        [0.55, 0.45, 0.36]
+    };
+    match goal_disc {
+        Some(g) if (Vector3::new(pt.x - g.x, pt.y - g.y, 0.0)).norm() < PUSH_TOLERANCE_M as f32 => {
+            [0.3, 0.75, 0.35]
+        }
+        _ => col,
     }
 }
 

@@ -263,128 +263,10 @@ impl Scene {
         q: &[f64; 5],
         opening: f32,
     ) -> Self {
-        let mut world = PhysicsWorld::new();
-        world.gravity = Vector::new(0.0, 0.0, -9.81);
-        world.integration_parameters.dt = physics_dt;
-        world.integration_parameters.num_solver_iterations = solver.iterations;
-        // rapier's default speculative margin is 2 cm; at the hole's 2 mm clearance it produces
-        // ghost contacts on the rim that hold an aligned peg up (pinned by
-        // `aligned_peg_drops_into_the_hole`).
-        world.integration_parameters.normalized_prediction_distance = solver.prediction_distance_m;
-        world
-            .integration_parameters
-            .contact_softness
-            .natural_frequency = solver.contact_hz;
+        let mut world = physics_world(solver, physics_dt);
         let mut colliders = Vec::new();
-
-        // Table: top surface at z = 0.
-        let table = world
-            .bodies
-            .insert(RigidBodyBuilder::fixed().translation(Vector::new(0.2, 0.0, -0.02)));
-        let h = world.colliders.insert_with_parent(
-            ColliderBuilder::cuboid(0.45, 0.45, 0.02)
-                .friction(0.8)
-                .collision_groups(InteractionGroups::new(
-                    groups::TABLE,
-                    groups::GRIPPER | groups::OBJECT,
-                    InteractionTestMode::And,
-                )),
-            table,
-            &mut world.bodies,
-        );
-        colliders.push(ColliderInfo {
-            handle: h,
-            part: Part::Table,
-            color: [0.55, 0.45, 0.35],
-        });
-
-        // Arm from the URDF.
-        let options = UrdfLoaderOptions {
-            make_roots_fixed: true,
-            rigid_body_blueprint: RigidBodyBuilder::dynamic().can_sleep(false),
-            collider_blueprint: ColliderBuilder::default().density(0.0).friction(1.2),
-            ..Default::default()
-        };
-        let (robot, urdf) = UrdfRobot::from_str(ARM_URDF, options, std::path::Path::new("."))
-            .expect("shipped URDF loads");
-        // The loader drops frame-only links (the `tcp`), so map its elements back by index.
-        let link_names: Vec<String> = robot
-            .links
-            .iter()
-            .map(|l| urdf.links[l.urdf_link_index].name.clone())
-            .collect();
-        let joint_names: Vec<String> = robot
-            .joints
-            .iter()
-            .map(|j| urdf.joints[j.urdf_joint_index].name.clone())
-            .collect();
-        let handles = robot.insert_using_multibody_joints(
-            &mut world.bodies,
-            &mut world.colliders,
-            &mut world.multibody_joints,
-            UrdfMultibodyOptions::DISABLE_SELF_CONTACTS,
-        );
-        let mut links = Vec::new();
-        for (link, name) in handles.links.iter().zip(link_names) {
-            let (part, groups, color) = match name.as_str() {
-                "finger_left" | "finger_right" => (
-                    Part::Finger,
-                    InteractionGroups::new(
-                        groups::GRIPPER,
-                        groups::TABLE | groups::OBJECT | groups::FIXTURE,
-                        InteractionTestMode::And,
-                    ),
-                    [0.15, 0.15, 0.15],
-                ),
-                "gripper" => (
-                    Part::Link,
-                    InteractionGroups::new(
-                        groups::GRIPPER,
-                        groups::TABLE | groups::OBJECT | groups::FIXTURE,
-                        InteractionTestMode::And,
-                    ),
-                    [0.95, 0.78, 0.15],
-                ),
-                _ => (
-                    Part::Link,
-                    InteractionGroups::new(
-                        groups::ARM,
-                        groups::OBJECT | groups::FIXTURE,
-                        InteractionTestMode::And,
-                    ),
-                    [0.95, 0.78, 0.15],
-                ),
-            };
-            for c in &link.colliders {
-                if let Some(col) = world.colliders.get_mut(c.handle) {
-                    col.set_collision_groups(groups);
-                }
-                colliders.push(ColliderInfo {
-                    handle: c.handle,
-                    part,
-                    color,
-                });
-            }
-            links.push((name, link.body));
-        }
-        let joint_of = |name: &str| -> MultibodyJointHandle {
-            let i = joint_names
-                .iter()
-                .position(|n| n == name)
-                .expect("joint in shipped URDF");
-            handles.joints[i]
-                .joint
-                .expect("movable joint inserted as a multibody joint")
-        };
-        let joints = [
-            joint_of(ARM_JOINTS[0]),
-            joint_of(ARM_JOINTS[1]),
-            joint_of(ARM_JOINTS[2]),
-            joint_of(ARM_JOINTS[3]),
-            joint_of(ARM_JOINTS[4]),
-            joint_of(FINGER_JOINTS[0]),
-            joint_of(FINGER_JOINTS[1]),
-        ];
+        insert_table(&mut world, &mut colliders);
+        let (links, joints) = insert_arm(&mut world, &mut colliders);
         let link_ids = joints.map(|h| world.multibody_joints.get(h).expect("arm joint").1);
         let mut targets = [0.0; NUM_ACTUATORS];
         for i in 0..5 {
@@ -658,6 +540,135 @@ impl Scene {
         }
         touching[0] && touching[1]
     }
+}
+
+/// The physics world with reflex's solver settings.
+fn physics_world(solver: &SolverParams, physics_dt: f32) -> PhysicsWorld {
+    let mut world = PhysicsWorld::new();
+    world.gravity = Vector::new(0.0, 0.0, -9.81);
+    world.integration_parameters.dt = physics_dt;
+    world.integration_parameters.num_solver_iterations = solver.iterations;
+    // rapier's default speculative margin is 2 cm; at the hole's 2 mm clearance it produces
+    // ghost contacts on the rim that hold an aligned peg up (pinned by
+    // `aligned_peg_drops_into_the_hole`).
+    world.integration_parameters.normalized_prediction_distance = solver.prediction_distance_m;
+    world
+        .integration_parameters
+        .contact_softness
+        .natural_frequency = solver.contact_hz;
+    world
+}
+
+/// The table: its top surface at z = 0.
+fn insert_table(world: &mut PhysicsWorld, colliders: &mut Vec<ColliderInfo>) {
+    let table = world
+        .bodies
+        .insert(RigidBodyBuilder::fixed().translation(Vector::new(0.2, 0.0, -0.02)));
+    let h = world.colliders.insert_with_parent(
+        ColliderBuilder::cuboid(0.45, 0.45, 0.02)
+            .friction(0.8)
+            .collision_groups(InteractionGroups::new(
+                groups::TABLE,
+                groups::GRIPPER | groups::OBJECT,
+                InteractionTestMode::And,
+            )),
+        table,
+        &mut world.bodies,
+    );
+    colliders.push(ColliderInfo {
+        handle: h,
+        part: Part::Table,
+        color: [0.55, 0.45, 0.35],
+    });
+}
+
+/// What a link of the arm collides with, and how it is drawn.
+fn link_groups(name: &str) -> (Part, InteractionGroups, [f32; 3]) {
+    let gripper = InteractionGroups::new(
+        groups::GRIPPER,
+        groups::TABLE | groups::OBJECT | groups::FIXTURE,
+        InteractionTestMode::And,
+    );
+    match name {
+        "finger_left" | "finger_right" => (Part::Finger, gripper, [0.15, 0.15, 0.15]),
+        "gripper" => (Part::Link, gripper, [0.95, 0.78, 0.15]),
+        _ => (
+            Part::Link,
+            InteractionGroups::new(
+                groups::ARM,
+                groups::OBJECT | groups::FIXTURE,
+                InteractionTestMode::And,
+            ),
+            [0.95, 0.78, 0.15],
+        ),
+    }
+}
+
+/// The arm from the shipped URDF as a multibody; returns its links and its actuated joints
+/// (five arm joints, then the two fingers).
+fn insert_arm(
+    world: &mut PhysicsWorld,
+    colliders: &mut Vec<ColliderInfo>,
+) -> (Vec<(String, RigidBodyHandle)>, [MultibodyJointHandle; 7]) {
+    let options = UrdfLoaderOptions {
+        make_roots_fixed: true,
+        rigid_body_blueprint: RigidBodyBuilder::dynamic().can_sleep(false),
+        collider_blueprint: ColliderBuilder::default().density(0.0).friction(1.2),
+        ..Default::default()
+    };
+    let (robot, urdf) = UrdfRobot::from_str(ARM_URDF, options, std::path::Path::new("."))
+        .expect("shipped URDF loads");
+    // The loader drops frame-only links (the `tcp`), so map its elements back by index.
+    let link_names: Vec<String> = robot
+        .links
+        .iter()
+        .map(|l| urdf.links[l.urdf_link_index].name.clone())
+        .collect();
+    let joint_names: Vec<String> = robot
+        .joints
+        .iter()
+        .map(|j| urdf.joints[j.urdf_joint_index].name.clone())
+        .collect();
+    let handles = robot.insert_using_multibody_joints(
+        &mut world.bodies,
+        &mut world.colliders,
+        &mut world.multibody_joints,
+        UrdfMultibodyOptions::DISABLE_SELF_CONTACTS,
+    );
+    let mut links = Vec::new();
+    for (link, name) in handles.links.iter().zip(link_names) {
+        let (part, groups, color) = link_groups(&name);
+        for c in &link.colliders {
+            if let Some(col) = world.colliders.get_mut(c.handle) {
+                col.set_collision_groups(groups);
+            }
+            colliders.push(ColliderInfo {
+                handle: c.handle,
+                part,
+                color,
+            });
+        }
+        links.push((name, link.body));
+    }
+    let joint_of = |name: &str| -> MultibodyJointHandle {
+        let i = joint_names
+            .iter()
+            .position(|n| n == name)
+            .expect("joint in shipped URDF");
+        handles.joints[i]
+            .joint
+            .expect("movable joint inserted as a multibody joint")
+    };
+    let joints = [
+        joint_of(ARM_JOINTS[0]),
+        joint_of(ARM_JOINTS[1]),
+        joint_of(ARM_JOINTS[2]),
+        joint_of(ARM_JOINTS[3]),
+        joint_of(ARM_JOINTS[4]),
+        joint_of(FINGER_JOINTS[0]),
+        joint_of(FINGER_JOINTS[1]),
+    ];
+    (links, joints)
 }
 
 #[cfg(test)]

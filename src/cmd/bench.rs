@@ -16,6 +16,70 @@ pub enum BenchCommand {
 }
 
 #[derive(Args)]
+pub struct SoakArgs {
+    /// Control steps.
+    #[arg(long, default_value_t = 1_000_000)]
+    steps: u64,
+    /// Seed of the faults.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// No faults (the baseline).
+    #[arg(long)]
+    no_faults: bool,
+    /// Where the learner's checkpoints go (default: a temporary directory).
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
+    let tmp;
+    let dir = match a.dir {
+        Some(d) => d,
+        None => {
+            tmp = std::env::temp_dir().join(reflex_agent::run_id("soak"));
+            tmp
+        }
+    };
+    let o = reflex_agent::soak::SoakOptions {
+        steps: a.steps,
+        seed: a.seed,
+        dir,
+        faults: !a.no_faults,
+    };
+    let v = reflex_agent::soak::run(&o, &crate::cli::Bars::new(a.json))?;
+    if a.json {
+        print_json(&v);
+    } else {
+        println!(
+            "soak: {} steps in {:.0} s ({:.0} steps/s), per-step work p50 {:.1} us / p99 {:.1} us",
+            v["steps"],
+            v["wall_s"].as_f64().unwrap_or(0.0),
+            v["steps_per_s"].as_f64().unwrap_or(0.0),
+            v["step_p50_us"].as_f64().unwrap_or(0.0),
+            v["step_p99_us"].as_f64().unwrap_or(0.0)
+        );
+        println!(
+            "  transitions sent {}, persisted {}, lost {}; {} learner restarts, {} NaN chunks, {} hostile messages",
+            v["transitions_sent"],
+            v["transitions_persisted"],
+            v["transitions_lost"],
+            v["learner_restarts"],
+            v["nan_chunks_injected"],
+            v["hostile_messages"]
+        );
+        println!(
+            "  resident memory grew {:.1} MB after warm-up; safety: {}",
+            v["rss_growth_after_warmup_mb"].as_f64().unwrap_or(0.0),
+            v["safety"]
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
 pub struct BusBenchArgs {
     /// Round trips per payload.
     #[arg(long, default_value_t = 5000)]

@@ -179,6 +179,12 @@ fn print_text(r: &RunReport) {
             rec.steps_recorded,
             rec.steps_dropped
         );
+        if rec.episodes_incomplete > 0 {
+            println!(
+                "recording: {} episode files are incomplete (kept as .rrd.partial; {} write errors)",
+                rec.episodes_incomplete, rec.write_errors
+            );
+        }
     }
 }
 

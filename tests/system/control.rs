@@ -414,7 +414,7 @@ fn status_is_published_on_the_bus() {
         Keys::new("w").unwrap(),
         r,
         Duration::from_millis(10),
-        None,
+        Default::default(),
     );
     // 100 Hz simulated for 1 s, with real pauses so the publisher thread runs.
     for _ in 0..10 {

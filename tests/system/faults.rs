@@ -151,7 +151,7 @@ fn observations_that_do_not_fit_the_spec_are_rejected_and_counted_never_indexed(
     r.reset(Some(1)).unwrap();
     for bad in [1, 2] {
         r.command(&[0.0, 0.0]).unwrap();
-        let e = r.observe().err().expect("the bad answer never arrives");
+        let e = r.observe().expect_err("the bad answer never arrives");
         assert!(matches!(e, RobotError::Timeout { .. }), "step {bad}: {e}");
     }
     r.command(&[0.0, 0.0]).unwrap();
@@ -326,8 +326,8 @@ fn a_reader_of_a_type_that_is_not_sync_is_not_sync_itself() {
         const SYNC: bool = true;
     }
     type R<T> = reflex_runtime::triple::Reader<T>;
-    assert!(!Probe::<R<std::cell::Cell<u8>>>::SYNC);
-    assert!(Probe::<R<u8>>::SYNC);
+    const { assert!(!Probe::<R<std::cell::Cell<u8>>>::SYNC) };
+    const { assert!(Probe::<R<u8>>::SYNC) };
 }
 
 /// `configs/run/sim-pick-hil.toml` as the issue ran it: simulated time, 2 episodes, the learner's
@@ -501,4 +501,255 @@ fn real_time_settings_reach_the_loop_thread_only() {
         );
     }
     actor.finish().unwrap();
+}
+
+#[test]
+fn a_short_soak_with_faults_loses_no_transition_and_rejects_every_hostile_message() {
+    // The shortened `reflex soak` (the full one runs 1,000,000 steps; docs/reliability.md):
+    // learner restarts, NaN chunks and hostile traffic on every key, through the real binary.
+    let dir = tempfile::tempdir().unwrap();
+    let v = json_output(
+        reflex()
+            .args(["soak", "--steps", "20000", "--json", "--dir"])
+            .arg(dir.path()),
+    );
+    assert!(v["steps"].as_u64().unwrap() >= 20_000, "{v}");
+    assert_eq!(v["transitions_lost"], 0, "{v}");
+    assert_eq!(v["transitions_persisted"], v["transitions_sent"], "{v}");
+    assert_eq!(
+        v["transitions_received_by_last_learner"], v["transitions_sent"],
+        "the last learner holds every step once: {v}"
+    );
+    assert!(v["learner_restarts"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["hostile_messages"].as_u64().unwrap() > 50, "{v}");
+    for key in ["teleop", "events", "learn/state", "learn/weights"] {
+        let n = v["rejected"][format!("reflex/soak/{key}")]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(n > 0, "no rejection counted on {key}: {v}");
+    }
+    if v["nan_chunks_injected"].as_u64().unwrap() > 0 {
+        assert!(v["safety"]["non_finite"].as_u64().unwrap() > 0, "{v}");
+    }
+}
+
+/// A TCP relay between a controller and a robot server that the test can cut (every open
+/// connection shut, new ones refused) and restore: a network link that drops.
+struct Relay {
+    port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    fn to(target: std::net::SocketAddr) -> Relay {
+        use std::sync::atomic::Ordering::Relaxed;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let relay = Relay {
+            port: listener.local_addr().unwrap().port(),
+            cut: Default::default(),
+            open: Default::default(),
+            stop: Default::default(),
+        };
+        let (cut, open, stop) = (relay.cut.clone(), relay.open.clone(), relay.stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Relaxed) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                if cut.load(Relaxed) {
+                    continue; // refused: dropped at once
+                }
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = std::net::TcpStream::connect(target) else {
+                    continue;
+                };
+                let mut g = open.lock().unwrap();
+                g.extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        relay
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.cut();
+    }
+}
+
+#[test]
+fn a_dropped_link_to_a_remote_robot_holds_it_on_its_own_side_and_work_resumes_after() {
+    use reflex_agent::actor::{ActorBuilder, ClockChoice};
+    use reflex_runtime::safety::SafetyEvent;
+    use std::sync::atomic::Ordering::Relaxed;
+    // The robot side: a free-running robot at 100 Hz behind a TCP relay.
+    let server_ep = crate::common::free_tcp_endpoint();
+    let robot_bus = BusConfig::hermetic(vec![server_ep.clone()], vec![])
+        .open()
+        .unwrap();
+    let server = RobotServer::new(
+        &robot_bus,
+        NullRobot::new("far", 6, 0),
+        ServeMode::Realtime { hz: 100.0 },
+    )
+    .unwrap();
+    let counters = server.counters();
+    let _serving = server.spawn();
+    let target = server_ep.trim_start_matches("tcp/").parse().unwrap();
+    let relay = Relay::to(target);
+    // The controller: the actor on the wall clock, through the relay.
+    let bus = BusConfig::hermetic(vec![], vec![format!("tcp/127.0.0.1:{}", relay.port)])
+        .open()
+        .unwrap();
+    let robot = RemoteRobot::connect(&bus, "far", Duration::from_secs(5)).unwrap();
+    let mut actor = ActorBuilder::new(robot)
+        .policy(Box::new(reflex_runtime::testkit::SweepPolicy::new(8, 4)))
+        .clock(ClockChoice::Wall {
+            spin: Duration::from_micros(200),
+        })
+        .build()
+        .unwrap();
+    actor.run_ticks(100).unwrap();
+    let before = counters.commands.load(Relaxed);
+    assert!(before > 50, "{before} commands reached the robot in 1 s");
+    assert_eq!(counters.watchdog_trips.load(Relaxed), 0);
+
+    // Link down for 1.5 s: the robot's own watchdog holds it; the actor's loop keeps its rate
+    // and holds too (its observations went stale), and nothing fails.
+    relay.cut();
+    let stale0 = actor
+        .control_loop()
+        .safety_counters()
+        .get(SafetyEvent::ObsStale);
+    actor.run_ticks(150).unwrap();
+    let during = counters.commands.load(Relaxed) - before;
+    assert!(during <= 5, "{during} commands crossed a cut link");
+    assert!(counters.holding.load(Relaxed), "the robot is not held");
+    assert_eq!(counters.watchdog_trips.load(Relaxed), 1);
+    let stale = actor
+        .control_loop()
+        .safety_counters()
+        .get(SafetyEvent::ObsStale)
+        - stale0;
+    assert!(
+        stale > 100,
+        "the actor held on only {stale} of 150 stale ticks"
+    );
+
+    // Link back: Zenoh reconnects on its own (its retry backs off up to 4 s); commands resume,
+    // the robot leaves its hold, the actor acts on fresh observations again.
+    relay.restore();
+    let t0 = Instant::now();
+    let resumed = counters.commands.load(Relaxed);
+    while counters.commands.load(Relaxed) < resumed + 50 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "commands did not resume within 15 s of the link coming back"
+        );
+        actor.run_ticks(20).unwrap();
+    }
+    assert!(
+        !counters.holding.load(Relaxed),
+        "still held after commands resumed"
+    );
+    let stale_end = actor
+        .control_loop()
+        .safety_counters()
+        .get(SafetyEvent::ObsStale);
+    actor.run_ticks(100).unwrap();
+    let stale_after = actor
+        .control_loop()
+        .safety_counters()
+        .get(SafetyEvent::ObsStale)
+        - stale_end;
+    assert!(
+        stale_after < 10,
+        "{stale_after} stale ticks after the link came back"
+    );
+}
+
+#[test]
+fn a_full_disk_while_recording_marks_the_episodes_incomplete_and_the_run_goes_on() {
+    // The disk "fills" at 20 kB per file: RLIMIT_FSIZE makes every write past it fail (EFBIG,
+    // with SIGXFSZ ignored), as ENOSPC would. The run must finish its episodes, say which
+    // recordings are incomplete and keep them under a name that says so.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = repo().join("configs/run/sim-pick-bc.toml");
+    let full = json_output(
+        std::process::Command::new("sh")
+            .env("RUST_LOG", "warn")
+            .args([
+                "-c",
+                "trap '' XFSZ; exec prlimit --fsize=20000 -- \"$0\" \"$@\"",
+                env!("CARGO_BIN_EXE_reflex"),
+                "run",
+                "--episodes",
+                "3",
+                "--json",
+                "--record",
+            ])
+            .arg(dir.path())
+            .arg("--config")
+            .arg(&cfg),
+    );
+    assert_eq!(full["episodes"], 3, "{full}");
+    let rec = &full["recording"];
+    assert!(rec["steps_recorded"].as_u64().unwrap() > 0, "{rec}");
+    assert_eq!(rec["episodes_incomplete"], 3, "{rec}");
+    let ep_dir = std::path::PathBuf::from(rec["dir"].as_str().unwrap());
+    assert!(ep_dir.join("episode_000001.rrd.partial").is_file());
+    assert!(!ep_dir.join("episode_000001.rrd").exists());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ep_dir.join("episode_000001.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["complete"], false, "{summary}");
+    assert_eq!(summary["recording"], "episode_000001.rrd.partial");
+    // The same run with room to write: complete files, the same episodes.
+    let dir2 = tempfile::tempdir().unwrap();
+    let ok = json_output(
+        reflex()
+            .args(["run", "--episodes", "3", "--json", "--record"])
+            .arg(dir2.path())
+            .arg("--config")
+            .arg(&cfg),
+    );
+    assert_eq!(ok["recording"]["episodes_incomplete"], 0);
+    let steps = |v: &serde_json::Value| -> Vec<u64> {
+        v["episodes_detail"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["steps"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        steps(&full),
+        steps(&ok),
+        "the full disk changed the episodes"
+    );
 }

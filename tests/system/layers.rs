@@ -84,3 +84,32 @@ fn the_binarys_command_modules_never_import_each_other() {
     }
     assert!(n >= 5, "command modules found: {n}");
 }
+
+#[test]
+fn no_library_code_changes_the_process_environment() {
+    // `std::env::set_var` while other threads run is undefined behaviour (Rust 2024 makes it
+    // unsafe). Only the binary sets RAYON_NUM_THREADS, once, before any thread exists.
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = vec![];
+    for d in ["runtime", "policies", "sim"] {
+        walk(&repo().join(d), &mut files);
+    }
+    assert!(files.len() > 20, "{} files", files.len());
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(
+            !text.contains("env::set_var") && !text.contains("env::remove_var"),
+            "{} changes the environment",
+            f.display()
+        );
+    }
+}

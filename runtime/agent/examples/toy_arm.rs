@@ -89,9 +89,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (q, goal, obs) = ([0.0; 2], [0.0; 2], Observation::default());
     let robot = ToyArm { spec, obs, q, goal };
     // The residual SAC learner on a thread of this process, small nets for a small problem.
-    let mut section = reflex_agent::config::LearnerSection::default();
-    section.checkpoint = dir.join("learner.ckpt");
-    section.sac = Some(toml::from_str("hidden = [32, 32]\nbatch = 64")?);
+    let section = reflex_agent::config::LearnerSection {
+        checkpoint: dir.join("learner.ckpt"),
+        sac: Some(toml::from_str("hidden = [32, 32]\nbatch = 64")?),
+        ..Default::default()
+    };
     let setup = LearnerSetup {
         section,
         base_model: Some(model),

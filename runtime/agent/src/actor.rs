@@ -104,6 +104,7 @@ pub struct ActorBuilder<R: Robot> {
     live: Live,
     learner: Option<LearnerSetup>,
     run_id: Option<String>,
+    rejects: Vec<Arc<reflex_bus::Rejects>>,
 }
 
 impl<R: Robot + 'static> ActorBuilder<R> {
@@ -123,7 +124,15 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             live: Live::Off,
             learner: None,
             run_id: None,
+            rejects: Vec::new(),
         }
+    }
+
+    /// Reports this counter of rejected messages in the status (e.g. a remote robot's
+    /// observations, [`RemoteRobot::rejects`]).
+    pub fn count_rejects(mut self, r: Arc<reflex_bus::Rejects>) -> Self {
+        self.rejects.push(r);
+        self
     }
 
     /// The base policy.
@@ -283,7 +292,9 @@ struct Parts {
     tap: Option<RecordingTap>,
     learner: Option<JoinHandle<Result<LearnerReport>>>,
     learner_stop: Arc<AtomicBool>,
+    learner_restart: Option<(zenoh::Session, LearnerConfig)>,
     link_progress: Option<Arc<LinkProgress>>,
+    rejects: Vec<Arc<reflex_bus::Rejects>>,
     _subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _status: Option<reflex_bus::status::StatusPublisher>,
     _spec: Option<zenoh::query::Queryable<()>>,
@@ -330,7 +341,9 @@ impl Wires {
                 tap: None,
                 learner: None,
                 learner_stop: Arc::new(AtomicBool::new(false)),
+                learner_restart: None,
                 link_progress: None,
+                rejects: Vec::new(),
                 _subs: Vec::new(),
                 _status: None,
                 _spec: None,
@@ -345,13 +358,15 @@ impl Wires {
             w.parts.link_progress = Some(l.link.progress());
             w.parts.learner = l.thread;
             w.parts.learner_stop = l.stop;
+            w.parts.learner_restart = l.restart;
+            b.rejects.extend(l.link.rejects());
             link = Some(l.link);
         }
         if recorder.is_some() || trace.is_some() || link.is_some() {
             w.tap(spec, recorder, trace, link);
         }
         if let Some(s) = &b.session {
-            w.bus_inputs(s, &keys, spec)?;
+            w.bus_inputs(s, &keys, spec, std::mem::take(&mut b.rejects))?;
         }
         Ok(w)
     }
@@ -382,8 +397,19 @@ impl Wires {
         self.parts.tap = Some(RecordingTap::with(rec, dir, trace, link, orx, frx));
     }
 
-    /// Status out, teleop and e-stop in.
-    fn bus_inputs(&mut self, s: &zenoh::Session, keys: &Keys, spec: &RobotSpec) -> Result<()> {
+    /// Status out, teleop and e-stop in; `rejects` are reported in the status beside the teleop
+    /// and event keys' own.
+    fn bus_inputs(
+        &mut self,
+        s: &zenoh::Session,
+        keys: &Keys,
+        spec: &RobotSpec,
+        mut rejects: Vec<Arc<reflex_bus::Rejects>>,
+    ) -> Result<()> {
+        let teleop_rejects = reflex_bus::Rejects::new(&keys.teleop);
+        let event_rejects = reflex_bus::Rejects::new(&keys.events);
+        rejects.extend([teleop_rejects.clone(), event_rejects.clone()]);
+        self.parts.rejects = rejects.clone();
         let (w, r) = reflex_runtime::status::status_channel();
         self.status = Some(w);
         let recorder = self.parts.tap.as_ref().and_then(|t| t.recorder.as_ref());
@@ -392,10 +418,14 @@ impl Wires {
             keys.clone(),
             r,
             Duration::from_millis(50),
-            recorder.map(|r| {
-                let st = r.stats_handle();
-                Box::new(move || st.dropped.load(Ordering::Relaxed)) as Box<dyn Fn() -> u64 + Send>
-            }),
+            reflex_bus::status::StatusExtras {
+                recorder_dropped: recorder.map(|r| {
+                    let st = r.stats_handle();
+                    Box::new(move || st.dropped.load(Ordering::Relaxed))
+                        as Box<dyn Fn() -> u64 + Send>
+                }),
+                rejects,
+            },
         ));
         let (tw, tr) = reflex_runtime::teleop::teleop_channel(spec.action.dim());
         self.teleop = Some(tr);
@@ -404,11 +434,12 @@ impl Wires {
             message: e.to_string(),
         };
         self.parts._subs.push(
-            reflex_bus::teleop::subscribe(s, keys, tw).map_err(|e| bus_err(&keys.teleop, e))?,
+            reflex_bus::teleop::subscribe(s, keys, tw, spec.action.dim(), teleop_rejects)
+                .map_err(|e| bus_err(&keys.teleop, e))?,
         );
         let flag = Arc::new(AtomicBool::new(false));
         self.parts._subs.push(
-            reflex_bus::teleop::subscribe_estop(s, keys, flag.clone())
+            reflex_bus::teleop::subscribe_estop(s, keys, flag.clone(), event_rejects)
                 .map_err(|e| bus_err(&keys.events, e))?,
         );
         self.estop = Some(flag);
@@ -448,6 +479,7 @@ struct Learning {
     link: ActorLink,
     thread: Option<JoinHandle<Result<LearnerReport>>>,
     stop: Arc<AtomicBool>,
+    restart: Option<(zenoh::Session, LearnerConfig)>,
 }
 
 impl Learning {
@@ -469,21 +501,23 @@ impl Learning {
         let shape = reflex_bus::learnlink::WeightsShape { len, arch };
         let link = ActorLink::new(session, keys, setup.section.link.clone(), writer, shape)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = setup.section.in_process.then(|| {
-            let cfg = LearnerConfig {
-                robot: spec.name.clone(),
-                section: setup.section.clone(),
-                mode,
-                base_model: setup.base_model.clone(),
-                seed,
-            };
-            spawn_learner(session.clone(), cfg, stop.clone())
-        });
+        let cfg = LearnerConfig {
+            robot: spec.name.clone(),
+            section: setup.section.clone(),
+            mode,
+            base_model: setup.base_model.clone(),
+            seed,
+        };
+        let thread = setup
+            .section
+            .in_process
+            .then(|| spawn_learner(session.clone(), cfg.clone(), stop.clone()));
         Ok(Learning {
             residual: (hook, setup.section.link.swap == SwapPoint::Episode),
             link,
             thread,
             stop,
+            restart: setup.section.in_process.then(|| (session.clone(), cfg)),
         })
     }
 }
@@ -563,6 +597,11 @@ pub struct Recording {
     pub episode_files: u64,
     /// Camera-frame sets dropped.
     pub frames_dropped: u64,
+    /// Errors writing recordings (the loop never waits for them).
+    pub write_errors: u64,
+    /// Episode files cut short by a failed write (a full disk): kept as `episode_N.rrd.partial`,
+    /// their summaries say `"complete": false`.
+    pub episodes_incomplete: u64,
 }
 
 /// How long an actor in simulated time waits between episodes for a learner in another process
@@ -650,6 +689,56 @@ impl<R: Robot> Actor<R> {
         Ok(())
     }
 
+    /// Messages rejected so far per key the actor reads (as in its status); empty without a bus.
+    pub fn rejected(&self) -> Vec<(String, u64)> {
+        self.parts
+            .rejects
+            .iter()
+            .map(|r| (r.key().to_string(), r.count()))
+            .collect()
+    }
+
+    /// Stops the in-process learner (it checkpoints what it holds) and starts a new one, which
+    /// resumes from that checkpoint; the link resends what the new one lacks. Returns the old
+    /// one's report. For fault drills (`reflex soak`) and restarts after a configuration change.
+    pub fn restart_learner(&mut self) -> Result<LearnerReport> {
+        let Some((session, cfg)) = self.parts.learner_restart.clone() else {
+            return Err(AgentError::setup(
+                "restart_learner",
+                "this actor has no in-process learner",
+            ));
+        };
+        self.parts.learner_stop.store(true, Ordering::Relaxed);
+        let report = match self.parts.learner.take().map(|h| h.join()) {
+            Some(Ok(r)) => r?,
+            Some(Err(_)) => return Err(AgentError::setup("the in-process learner", "it panicked")),
+            None => {
+                return Err(AgentError::setup(
+                    "the in-process learner",
+                    "it is not running",
+                ));
+            }
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        self.parts.learner = Some(spawn_learner(session, cfg, stop.clone()));
+        self.parts.learner_stop = stop;
+        Ok(report)
+    }
+
+    /// Runs `n` ticks of the loop (no episode accounting; for drills and benchmarks).
+    pub fn run_ticks(&mut self, n: u64) -> Result<()> {
+        Ok(self.lp.run_ticks(n)?)
+    }
+
+    /// The link to the learner's counters so far (steps sent, persisted, weights), if learning.
+    pub fn link_progress(&self) -> Option<(u64, u64)> {
+        let p = self.parts.link_progress.as_ref()?;
+        Some((
+            p.offered.load(Ordering::Relaxed),
+            p.received.load(Ordering::Relaxed),
+        ))
+    }
+
     /// The in-process learner ended while the actor needs it: its error, or a plain statement.
     fn learner_stopped(&mut self) -> AgentError {
         match self.parts.learner.take().map(|h| h.join()) {
@@ -682,6 +771,8 @@ impl<R: Robot> Actor<R> {
                     steps_dropped: r.dropped,
                     episode_files: r.episodes,
                     frames_dropped: r.frames_dropped,
+                    write_errors: r.write_errors,
+                    episodes_incomplete: r.incomplete,
                 });
             }
         }
@@ -769,7 +860,15 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
             }
             let env = reflex_sim::SimEnv::new(sim)?;
             let chain = Some(reflex_sim::world::ArmModel::so101().chain);
-            drive(env, chain, cfg, session, o, episodes, progress)
+            drive(
+                ActorBuilder::new(env),
+                chain,
+                cfg,
+                session,
+                o,
+                episodes,
+                progress,
+            )
         }
         RobotSource::Remote => {
             let name = cfg.robot_name();
@@ -787,13 +886,15 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
                     ),
                 ));
             }
-            drive(robot, None, cfg, session, o, episodes, progress)
+            let rejects = robot.rejects();
+            let b = ActorBuilder::new(robot).count_rejects(rejects);
+            drive(b, None, cfg, session, o, episodes, progress)
         }
     }
 }
 
 fn drive<R: Robot + 'static>(
-    robot: R,
+    b: ActorBuilder<R>,
     default_chain: Option<Chain>,
     cfg: &RunConfig,
     session: Option<zenoh::Session>,
@@ -801,7 +902,7 @@ fn drive<R: Robot + 'static>(
     episodes: u64,
     progress: &dyn Progress,
 ) -> Result<RunReport> {
-    let policy = make_policy(cfg, robot.spec())?;
+    let policy = make_policy(cfg, b.robot.spec())?;
     let chain = match &cfg.robot.urdf {
         Some(p) => Some(Chain::from_urdf_file(p, "base", "tcp")?),
         None => default_chain,
@@ -812,7 +913,7 @@ fn drive<R: Robot + 'static>(
             spin: Duration::from_secs_f64(cfg.loop_.as_ref().map_or(50.0, |l| l.spin_us) / 1e6),
         },
     };
-    let mut b = ActorBuilder::new(robot)
+    let mut b = b
         .clock(clock)
         .safety(cfg.safety.clone())
         .chain(chain)

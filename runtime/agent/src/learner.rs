@@ -331,10 +331,10 @@ fn start<'a>(
     let relabel = match (cfg.mode, &cfg.base_model) {
         (Mode::Residual, Some(m)) => Some(OnnxPolicy::load(m, &spec, &RunOptions::default())?),
         (Mode::Residual, None) => {
-            return Err(AgentError::setup(
-                "[learner]",
-                "the residual learner relabels a person's steps with the base policy: [policy] kind = \"onnx\" with a model",
-            ));
+            tracing::warn!(
+                "the residual learner has no base model to relabel a person's steps with: they keep the base action the actor recorded (zeros while a person drives)"
+            );
+            None
         }
         _ => None,
     };

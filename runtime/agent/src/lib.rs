@@ -29,6 +29,7 @@ pub mod presets;
 pub mod progress;
 pub mod replay;
 pub mod simtools;
+pub mod soak;
 pub mod tap;
 pub mod teleop;
 pub mod viz;

@@ -102,6 +102,10 @@ pub struct TapReport {
     pub traced: u64,
     /// Camera-frame sets dropped (the frame pool was empty, or the recorder behind).
     pub frames_dropped: u64,
+    /// Errors writing recordings.
+    pub write_errors: u64,
+    /// Episode files cut short (kept as `.rrd.partial`).
+    pub incomplete: u64,
     /// The learner link's counters, when learning.
     pub link: Option<reflex_bus::learnlink::LinkStats>,
 }
@@ -192,6 +196,8 @@ impl RecordingTap {
             rep.dropped = st.dropped.load(Ordering::Relaxed);
             rep.episodes = st.episodes.load(Ordering::Relaxed);
             rep.frames_dropped += st.frames_dropped.load(Ordering::Relaxed);
+            rep.write_errors = st.errors.load(Ordering::Relaxed);
+            rep.incomplete = st.incomplete.load(Ordering::Relaxed);
         }
         rep
     }

@@ -210,6 +210,33 @@ impl Shared {
     }
 }
 
+/// Follows the learner's reports about this actor (or about no actor yet) on `learn/state`.
+fn state_subscriber(
+    session: &zenoh::Session,
+    keys: &Keys,
+    id: u64,
+    shared: Arc<Mutex<Shared>>,
+    rejects: Arc<crate::Rejects>,
+) -> Result<zenoh::pubsub::Subscriber<()>, zenoh::Error> {
+    crate::subscribe_decoded(
+        session,
+        &keys.learn_state,
+        rejects,
+        move |m: LearnerState| {
+            if m.actor == id || m.actor == 0 {
+                let mut g = shared.lock().expect("link state");
+                if g.state
+                    .as_ref()
+                    .is_none_or(|(o, _)| o.instance != m.instance)
+                {
+                    g.instances += 1;
+                }
+                g.state = Some((m, Instant::now()));
+            }
+        },
+    )
+}
+
 /// The actor's link to the learner.
 pub struct ActorLink {
     cfg: LinkConfig,
@@ -232,6 +259,7 @@ pub struct ActorLink {
     batch: TransitionBatch,
     buf: Vec<u8>,
     stats: LinkStats,
+    rejects: Vec<Arc<crate::Rejects>>,
     _subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _token: zenoh::liveliness::LivelinessToken,
 }
@@ -286,41 +314,16 @@ impl ActorLink {
             swaps: 0,
             rejects: rejects.clone(),
         }));
-        let mut subs = Vec::new();
-        let (sh, k) = (shared.clone(), keys.learn_state.clone());
-        subs.push(
-            session
-                .declare_subscriber(keys.learn_state.clone())
-                .callback(move |s| {
-                    if let Ok(m) = msg::decode::<LearnerState>(&k, &s.payload().to_bytes())
-                        && (m.actor == id || m.actor == 0)
-                    {
-                        let mut g = sh.lock().expect("link state");
-                        if g.state
-                            .as_ref()
-                            .is_none_or(|(o, _)| o.instance != m.instance)
-                        {
-                            g.instances += 1;
-                        }
-                        g.state = Some((m, Instant::now()));
-                    }
-                })
-                .wait()
+        let state_rejects = crate::Rejects::new(&keys.learn_state);
+        let subs = vec![
+            state_subscriber(session, keys, id, shared.clone(), state_rejects.clone())
                 .map_err(|e| err(&keys.learn_state, e))?,
-        );
-        let (sh, k) = (shared.clone(), keys.learn_weights.clone());
-        subs.push(
-            session
-                .declare_subscriber(keys.learn_weights.clone())
-                .callback(
-                    move |s| match msg::decode::<WeightsChunk>(&k, &s.payload().to_bytes()) {
-                        Ok(c) => sh.lock().expect("link state").take_chunk(&c),
-                        Err(e) => rejects.reject(&e),
-                    },
-                )
-                .wait()
-                .map_err(|e| err(&keys.learn_weights, e))?,
-        );
+            crate::subscribe_decoded(session, &keys.learn_weights, rejects.clone(), {
+                let sh = shared.clone();
+                move |c: WeightsChunk| sh.lock().expect("link state").take_chunk(&c)
+            })
+            .map_err(|e| err(&keys.learn_weights, e))?,
+        ];
         let token = session
             .liveliness()
             .declare_token(keys.alive_actor.clone())
@@ -350,6 +353,7 @@ impl ActorLink {
             progress: Arc::new(LinkProgress::default()),
             buf: Vec::with_capacity(64 * 1024),
             stats: LinkStats::default(),
+            rejects: vec![rejects, state_rejects],
             _subs: subs,
             _token: token,
         })
@@ -358,6 +362,11 @@ impl ActorLink {
     /// Shared counters to follow the learner from another thread (see [`LinkProgress`]).
     pub fn progress(&self) -> Arc<LinkProgress> {
         self.progress.clone()
+    }
+
+    /// Rejection counters of the keys the link reads (weights, learner state), for the status.
+    pub fn rejects(&self) -> Vec<Arc<crate::Rejects>> {
+        self.rejects.clone()
     }
 
     /// This actor's identity on the link.
@@ -627,7 +636,7 @@ pub struct LearnerLink {
     instance: u64,
     pos: LinkPosition,
     stats: LearnerLinkStats,
-    undecodable: Arc<std::sync::atomic::AtomicU64>,
+    undecodable: Arc<crate::Rejects>,
     weights: Vec<f32>,
     arch: u64,
     shape: Option<StepShape>,
@@ -654,23 +663,16 @@ impl LearnerLink {
         // resend; the actor bounds what it sends by what the learner acknowledges, and
         // `LearnerState::queued` tells it the learner is busy rather than lossy.
         let (tx, rx) = crossbeam::channel::unbounded::<TransitionBatch>();
-        let undecodable = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (k, bad) = (keys.learn_transitions.clone(), undecodable.clone());
-        let sub = session
-            .declare_subscriber(keys.learn_transitions.clone())
-            .callback(
-                move |s| match msg::decode::<TransitionBatch>(&k, &s.payload().to_bytes()) {
-                    Ok(b) => {
-                        let _ = tx.send(b);
-                    }
-                    Err(e) => {
-                        bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!("{e}");
-                    }
-                },
-            )
-            .wait()
-            .map_err(|e| err(&keys.learn_transitions, e))?;
+        let undecodable = crate::Rejects::new(&keys.learn_transitions);
+        let sub = crate::subscribe_decoded(
+            session,
+            &keys.learn_transitions,
+            undecodable.clone(),
+            move |b: TransitionBatch| {
+                let _ = tx.send(b);
+            },
+        )
+        .map_err(|e| err(&keys.learn_transitions, e))?;
         let state_pub = session
             .declare_publisher(keys.learn_state.clone())
             .wait()
@@ -717,7 +719,7 @@ impl LearnerLink {
     /// Counters so far.
     pub fn stats(&self) -> LearnerLinkStats {
         LearnerLinkStats {
-            undecodable: self.undecodable.load(std::sync::atomic::Ordering::Relaxed),
+            undecodable: self.undecodable.count(),
             rejected_steps: self.step_rejects.count(),
             ..self.stats
         }

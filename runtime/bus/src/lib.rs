@@ -24,8 +24,8 @@ pub use reflex_contracts::keys::Keys;
 
 /// Something that counts messages that did not decode or did not fit.
 pub(crate) trait CountsBad: Send + Sync + 'static {
-    /// One more.
-    fn bad(&self);
+    /// One more, and why.
+    fn bad(&self, why: &dyn std::fmt::Display);
 }
 
 /// Messages rejected on one key expression (malformed, another protocol version, or not fitting
@@ -79,7 +79,9 @@ impl Rejects {
 }
 
 impl CountsBad for Rejects {
-    fn bad(&self) {}
+    fn bad(&self, why: &dyn std::fmt::Display) {
+        self.reject(why);
+    }
 }
 
 /// Subscribes to `key`, decodes every sample as `M` (checking its protocol version) and hands
@@ -102,10 +104,7 @@ where
         .callback(
             move |s| match reflex_contracts::msg::decode::<M>(&k, &s.payload().to_bytes()) {
                 Ok(m) => on_msg(m),
-                Err(e) => {
-                    bad.bad();
-                    tracing::debug!("{e}");
-                }
+                Err(e) => bad.bad(&e),
             },
         )
         .wait()

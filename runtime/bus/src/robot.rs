@@ -25,7 +25,7 @@ use reflex_contracts::msg::{
 };
 use reflex_contracts::robot::{Robot, RobotError, check_action};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use zenoh::Wait;
 
@@ -101,10 +101,18 @@ impl RemoteRobot {
             })
             .wait()
             .map_err(|e| bus_err(&keys.obs, e))?;
+        // Lockstep waits for each answer anyway: a command must not be dropped. Free-running,
+        // the loop must never wait on the network: a command that cannot be queued is dropped
+        // (the robot holds on its side and the next tick sends a fresh one).
+        let congestion = if spec.lockstep {
+            zenoh::qos::CongestionControl::Block
+        } else {
+            zenoh::qos::CongestionControl::Drop
+        };
         let cmd_pub = session
             .declare_publisher(keys.cmd.clone())
             .express(true)
-            .congestion_control(zenoh::qos::CongestionControl::Block)
+            .congestion_control(congestion)
             .wait()
             .map_err(|e| bus_err(&keys.cmd, e))?;
         Ok(RemoteRobot {
@@ -440,6 +448,8 @@ pub struct RobotServer<R: Robot> {
     hold: Vec<f32>,
     seed: Option<u64>,
     cmd_rejects: std::sync::Arc<crate::Rejects>,
+    counters: Arc<ServeCounters>,
+    watchdog: Duration,
     _token: zenoh::liveliness::LivelinessToken,
     _cmd_sub: zenoh::pubsub::Subscriber<()>,
     _reset_q: zenoh::query::Queryable<()>,
@@ -457,6 +467,19 @@ pub struct ServeStats {
     pub holds: u64,
     /// Commands rejected (malformed, the wrong size, or the queue full).
     pub rejected_commands: u64,
+    /// Times the watchdog found no controller and held the robot.
+    pub watchdog_trips: u64,
+}
+
+/// Live counters of a served robot, readable from any thread while it runs.
+#[derive(Debug, Default)]
+pub struct ServeCounters {
+    /// Commands from a controller executed.
+    pub commands: AtomicU64,
+    /// Times the watchdog found no controller and held the robot.
+    pub watchdog_trips: AtomicU64,
+    /// The watchdog holds the robot now (no command for longer than the watchdog period).
+    pub holding: AtomicBool,
 }
 
 impl<R: Robot> RobotServer<R> {
@@ -506,6 +529,11 @@ impl<R: Robot> RobotServer<R> {
             .wait()
             .map_err(|e| declare(&keys.alive_robot, e))?;
         let hold = vec![0.0; spec.action.dim()];
+        let watchdog = match mode {
+            // Five periods without a command, and never less than 50 ms.
+            ServeMode::Realtime { hz } => Duration::from_secs_f64((5.0 / hz).max(0.05)),
+            ServeMode::Lockstep => Duration::MAX,
+        };
         Ok(RobotServer {
             robot,
             keys,
@@ -517,6 +545,8 @@ impl<R: Robot> RobotServer<R> {
             hold,
             seed: None,
             cmd_rejects,
+            counters: Arc::default(),
+            watchdog,
             _token: token,
             _cmd_sub: cmd_sub,
             _reset_q: reset_q,
@@ -527,6 +557,52 @@ impl<R: Robot> RobotServer<R> {
     /// The key expressions served.
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// Live counters (commands, watchdog trips, holding now).
+    pub fn counters(&self) -> Arc<ServeCounters> {
+        self.counters.clone()
+    }
+
+    /// A free-running robot whose controller has sent nothing for `after` is held, counted and
+    /// logged once, until commands resume (default: five periods, at least 50 ms). Every tick
+    /// without a fresh command holds anyway; the watchdog makes a lost link visible.
+    pub fn with_watchdog(mut self, after: Duration) -> Self {
+        if matches!(self.mode, ServeMode::Realtime { .. }) {
+            self.watchdog = after;
+        }
+        self
+    }
+
+    /// Notes a command from the controller at `now` (ends a watchdog hold).
+    fn fed(&mut self, now: Instant, last: &mut Option<Instant>) {
+        if let Some(t) = *last
+            && self.counters.holding.swap(false, Ordering::Relaxed)
+        {
+            tracing::info!(
+                "robot `{}`: commands resumed after {:.2} s without a controller",
+                self.keys.robot,
+                now.duration_since(t).as_secs_f64()
+            );
+        }
+        *last = Some(now);
+        self.counters.commands.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Trips the watchdog when commands had been flowing and stopped for longer than allowed.
+    fn starved(&mut self, now: Instant, last: Option<Instant>) {
+        if let Some(t) = last
+            && now.duration_since(t) > self.watchdog
+            && !self.counters.holding.swap(true, Ordering::Relaxed)
+        {
+            self.counters.watchdog_trips.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "robot `{}`: no command on `{}` for {} ms: holding until a controller returns",
+                self.keys.robot,
+                self.keys.cmd,
+                now.duration_since(t).as_millis()
+            );
+        }
     }
 
     fn event(&mut self, kind: EventKind, obs_episode: u64, step: u32) {
@@ -609,6 +685,7 @@ impl<R: Robot> RobotServer<R> {
     pub fn run(&mut self, stop: &AtomicBool) -> Result<ServeStats, RobotError> {
         let mut stats = self.serve(stop)?;
         stats.rejected_commands = self.cmd_rejects.count();
+        stats.watchdog_trips = self.counters.watchdog_trips.load(Ordering::Relaxed);
         Ok(stats)
     }
 
@@ -621,6 +698,7 @@ impl<R: Robot> RobotServer<R> {
                     match self.rx.recv_timeout(Duration::from_millis(50)) {
                         Ok(Incoming::Cmd(c)) => {
                             seq = c.seq;
+                            self.counters.commands.fetch_add(1, Ordering::Relaxed);
                             if let Err(e) = self.robot.command(&c.action) {
                                 tracing::warn!("command {} rejected: {e}", c.seq);
                             } else {
@@ -643,6 +721,7 @@ impl<R: Robot> RobotServer<R> {
                 let period = Duration::from_secs_f64(1.0 / hz);
                 let mut next = Instant::now() + period;
                 let mut pending: Option<Command> = None;
+                let mut last_cmd: Option<Instant> = None;
                 while !stop.load(Ordering::Relaxed) {
                     // Collect what arrived until the tick.
                     loop {
@@ -652,6 +731,8 @@ impl<R: Robot> RobotServer<R> {
                             Ok(Incoming::Reset(q, s)) => {
                                 stats.resets += 1;
                                 pending = None;
+                                // A new episode: the controller's first command is not late yet.
+                                last_cmd = last_cmd.map(|_| Instant::now());
                                 if let Err(e) = self.handle_reset(q, s, seq) {
                                     tracing::warn!("reset failed: {e}");
                                 }
@@ -669,10 +750,12 @@ impl<R: Robot> RobotServer<R> {
                     let result = match pending.take() {
                         Some(c) => {
                             seq = c.seq;
+                            self.fed(now, &mut last_cmd);
                             self.robot.command(&c.action)
                         }
                         None => {
                             stats.holds += 1;
+                            self.starved(now, last_cmd);
                             // A delta command is applied once; between commands the robot holds.
                             self.robot.hold_action(&mut self.hold);
                             let hold = std::mem::take(&mut self.hold);

@@ -2,6 +2,7 @@
 //! triple buffer and publishes them; the loop never waits for it. It also logs the loop's safety
 //! events, which the loop cannot format itself without allocating.
 
+use crate::Rejects;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg;
 use reflex_runtime::control::LoopStatus;
@@ -13,6 +14,26 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use zenoh::Wait;
 
+/// What the status carries beside the loop's own snapshot.
+#[derive(Default)]
+pub struct StatusExtras {
+    /// The episode recorder's count of dropped steps, when recording.
+    pub recorder_dropped: Option<Box<dyn Fn() -> u64 + Send>>,
+    /// Rejection counters of the keys the actor reads.
+    pub rejects: Vec<Arc<Rejects>>,
+}
+
+impl StatusExtras {
+    /// Keys with at least one rejected message, with their counts.
+    pub fn rejected(&self) -> Vec<(String, u64)> {
+        self.rejects
+            .iter()
+            .filter(|r| r.count() > 0)
+            .map(|r| (r.key().to_string(), r.count()))
+            .collect()
+    }
+}
+
 /// A running status publisher.
 pub struct StatusPublisher {
     stop: Arc<AtomicBool>,
@@ -20,13 +41,14 @@ pub struct StatusPublisher {
 }
 
 /// Publishes each new snapshot on `reflex/<robot>/status`, checking every `poll`;
-/// `recorder_dropped` is the episode recorder's count of dropped steps, when recording.
+/// `extras` adds what the loop does not know: the recorder's dropped steps and the rejected
+/// messages of each key the actor reads.
 pub fn spawn_publisher(
     session: zenoh::Session,
     keys: Keys,
     mut reader: Reader<LoopStatus>,
     poll: Duration,
-    recorder_dropped: Option<Box<dyn Fn() -> u64 + Send>>,
+    extras: StatusExtras,
 ) -> StatusPublisher {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -59,9 +81,10 @@ pub fn spawn_publisher(
                     }
                     last_safety = now;
                     let mut m = reflex_runtime::status::to_msg(&keys.robot, reader.get());
-                    if let Some(r) = &recorder_dropped {
+                    if let Some(r) = &extras.recorder_dropped {
                         m.recorder_dropped = r();
                     }
+                    m.rejected = extras.rejected();
                     if let Err(e) = publisher.put(msg::encode(&m)).wait() {
                         tracing::warn!("status on {}: {e}", keys.status);
                     }

@@ -2,53 +2,53 @@
 //! lock-free teleop channel, and emergency stops on `reflex/<robot>/events` into a flag the loop
 //! checks every tick.
 
+use crate::Rejects;
 use reflex_contracts::keys::Keys;
-use reflex_contracts::msg::{self, EpisodeEvent, EventKind, TeleopMsg};
+use reflex_contracts::msg::{EpisodeEvent, EventKind, TeleopMsg};
 use reflex_runtime::teleop::TeleopWriter;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use zenoh::Wait;
 
-/// Feeds `reflex/<robot>/teleop` from the bus into a teleop channel. Keep the returned
-/// subscriber alive as long as the loop should listen.
+/// Feeds `reflex/<robot>/teleop` from the bus into a teleop channel. A message that does not
+/// decode, or that intervenes with an action that is not `action_dim` finite values, is counted in `rejects` and never
+/// reaches the loop. Keep the returned subscriber alive as long as the loop should listen.
 pub fn subscribe(
     session: &zenoh::Session,
     keys: &Keys,
     writer: TeleopWriter,
+    action_dim: usize,
+    rejects: Arc<Rejects>,
 ) -> Result<zenoh::pubsub::Subscriber<()>, zenoh::Error> {
-    let key = keys.teleop.clone();
-    let writer = Arc::new(Mutex::new(writer));
-    session
-        .declare_subscriber(keys.teleop.clone())
-        .callback(move |sample| {
-            match msg::decode::<TeleopMsg>(&key, &sample.payload().to_bytes()) {
-                Ok(m) => {
-                    if let Ok(mut w) = writer.lock() {
-                        w.send(&m);
-                    }
-                }
-                Err(e) => tracing::warn!("{e}"),
-            }
-        })
-        .wait()
+    let writer = Mutex::new(writer);
+    let r = rejects.clone();
+    crate::subscribe_decoded(session, &keys.teleop, rejects, move |m: TeleopMsg| {
+        // The loop reads the action only while a person intervenes: then it must fit the robot.
+        let fits = !m.intervene
+            || (m.action.len() == action_dim && m.action.iter().all(|v| v.is_finite()));
+        if !fits {
+            r.reject(&format_args!(
+                "teleop action of {} values (finite: {}) for a robot with {action_dim}",
+                m.action.len(),
+                m.action.iter().all(|v| v.is_finite())
+            ));
+        } else if let Ok(mut w) = writer.lock() {
+            w.send(&m);
+        }
+    })
 }
 
 /// Sets `flag` when an `estop` event arrives on `reflex/<robot>/events` (the loop latches it at
-/// its next tick). Keep the returned subscriber alive as long as the loop should listen.
+/// its next tick); messages that do not decode are counted in `rejects`. Keep the returned
+/// subscriber alive as long as the loop should listen.
 pub fn subscribe_estop(
     session: &zenoh::Session,
     keys: &Keys,
     flag: Arc<AtomicBool>,
+    rejects: Arc<Rejects>,
 ) -> Result<zenoh::pubsub::Subscriber<()>, zenoh::Error> {
-    let key = keys.events.clone();
-    session
-        .declare_subscriber(keys.events.clone())
-        .callback(move |sample| {
-            if let Ok(ev) = msg::decode::<EpisodeEvent>(&key, &sample.payload().to_bytes())
-                && ev.kind == EventKind::Estop
-            {
-                flag.store(true, Ordering::Relaxed);
-            }
-        })
-        .wait()
+    crate::subscribe_decoded(session, &keys.events, rejects, move |ev: EpisodeEvent| {
+        if ev.kind == EventKind::Estop {
+            flag.store(true, Ordering::Relaxed);
+        }
+    })
 }

@@ -290,7 +290,7 @@ pub fn watch(
 }
 
 impl crate::CountsBad for WatchStats {
-    fn bad(&self) {
+    fn bad(&self, _why: &dyn std::fmt::Display) {
         self.bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -20,6 +20,9 @@ pub mod robot;
 pub mod teleop;
 pub mod validate;
 
+#[cfg(test)]
+mod fuzz;
+
 /// The types most users need, in one import.
 pub mod prelude {
     pub use crate::keys::Keys;

@@ -485,6 +485,10 @@ pub struct StatusMsg {
     pub recorder_dropped: u64,
     /// Residual weight version in use.
     pub residual_version: u64,
+    /// Messages rejected so far, per key expression the actor reads (malformed, another protocol
+    /// version, or not fitting the robot's spec); keys with none are left out.
+    #[serde(default)]
+    pub rejected: Vec<(String, u64)>,
 }
 
 /// One control step as the actor saw it, for visualisation on other machines. Published on

@@ -36,14 +36,23 @@ pub struct ObservationError {
     pub what: String,
 }
 
-fn unique<'a>(names: impl Iterator<Item = &'a String>) -> Result<(), String> {
+/// What is wrong with a spec, before the robot's name is attached.
+struct Problem(String);
+
+impl From<String> for Problem {
+    fn from(s: String) -> Self {
+        Problem(s)
+    }
+}
+
+fn unique<'a>(what: &str, names: impl Iterator<Item = &'a String>) -> Result<(), Problem> {
     let mut seen = std::collections::BTreeSet::new();
     for n in names {
         if n.is_empty() {
-            return Err("an empty name".into());
+            return Err(Problem(format!("{what}: an empty name")));
         }
         if !seen.insert(n.as_str()) {
-            return Err(format!("`{n}` appears twice"));
+            return Err(Problem(format!("{what}: `{n}` appears twice")));
         }
     }
     Ok(())
@@ -55,125 +64,127 @@ impl RobotSpec {
     /// ordered bound per value), an action space whose names and finite, ordered bounds agree in
     /// length, cameras of sane size, and a scene that refers to existing state fields.
     pub fn validate(&self) -> Result<(), SpecError> {
-        self.check().map_err(|what| SpecError {
+        self.check().map_err(|p| SpecError {
             robot: self.name.clone(),
-            what,
+            what: p.0,
         })
     }
 
-    fn check(&self) -> Result<(), String> {
-        Keys::new(&self.name).map_err(|e| e.to_string())?;
+    fn check(&self) -> Result<(), Problem> {
+        Keys::new(&self.name).map_err(|e| Problem(e.to_string()))?;
         if !(self.control_hz.is_finite() && self.control_hz > 0.0 && self.control_hz <= 10_000.0) {
-            return Err(format!(
+            return Err(Problem(format!(
                 "control_hz = {} (allowed: above 0, at most 10000)",
                 self.control_hz
-            ));
+            )));
         }
         self.check_state()?;
         self.check_action()?;
         if self.cameras.len() > MAX_CAMERAS {
-            return Err(format!(
+            return Err(Problem(format!(
                 "{} cameras (at most {MAX_CAMERAS})",
                 self.cameras.len()
-            ));
+            )));
         }
-        unique(self.cameras.iter().map(|c| &c.name)).map_err(|e| format!("cameras: {e}"))?;
+        unique("cameras", self.cameras.iter().map(|c| &c.name))?;
         for c in &self.cameras {
             let ok = |v: u32| (1..=MAX_CAMERA_SIDE).contains(&v);
             if !ok(c.width) || !ok(c.height) {
-                return Err(format!(
+                return Err(Problem(format!(
                     "camera `{}` is {}x{} (each side 1 ..= {MAX_CAMERA_SIDE})",
                     c.name, c.width, c.height
-                ));
+                )));
             }
         }
         self.check_scene()
     }
 
-    fn check_state(&self) -> Result<(), String> {
-        unique(self.state.iter().map(|f| &f.name)).map_err(|e| format!("state fields: {e}"))?;
+    fn check_state(&self) -> Result<(), Problem> {
+        unique("state fields", self.state.iter().map(|f| &f.name))?;
         let mut total = 0usize;
         for f in &self.state {
             if f.size == 0 {
-                return Err(format!("state field `{}` has size 0", f.name));
+                return Err(Problem(format!("state field `{}` has size 0", f.name)));
             }
             total = total.saturating_add(f.size as usize);
             for (which, b) in [("low", &f.low), ("high", &f.high)] {
                 if let Some(b) = b
                     && b.len() != f.size as usize
                 {
-                    return Err(format!(
+                    return Err(Problem(format!(
                         "state field `{}` has {} `{which}` bounds for {} values",
                         f.name,
                         b.len(),
                         f.size
-                    ));
+                    )));
                 }
             }
             if let (Some(lo), Some(hi)) = (&f.low, &f.high)
                 && let Some(i) =
                     (0..lo.len()).find(|&i| lo[i].is_nan() || hi[i].is_nan() || lo[i] > hi[i])
             {
-                return Err(format!(
+                return Err(Problem(format!(
                     "state field `{}` value {i}: low {} is not <= high {}",
                     f.name, lo[i], hi[i]
-                ));
+                )));
             }
         }
         if total > MAX_STATE {
-            return Err(format!("state has {total} values (at most {MAX_STATE})"));
+            return Err(Problem(format!(
+                "state has {total} values (at most {MAX_STATE})"
+            )));
         }
         Ok(())
     }
 
-    fn check_action(&self) -> Result<(), String> {
+    fn check_action(&self) -> Result<(), Problem> {
         let a = &self.action;
         let n = a.names.len();
         if n == 0 || n > MAX_ACTION {
-            return Err(format!(
+            return Err(Problem(format!(
                 "action has {n} components (allowed 1 ..= {MAX_ACTION})"
-            ));
+            )));
         }
         if a.low.len() != n || a.high.len() != n {
-            return Err(format!(
+            return Err(Problem(format!(
                 "action has {n} names but {} low and {} high bounds",
                 a.low.len(),
                 a.high.len()
-            ));
+            )));
         }
-        unique(a.names.iter()).map_err(|e| format!("action names: {e}"))?;
+        unique("action names", a.names.iter())?;
         for i in 0..n {
             let (lo, hi) = (a.low[i], a.high[i]);
             if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
-                return Err(format!(
+                return Err(Problem(format!(
                     "action `{}` bounds [{lo}, {hi}] must be finite with low <= high",
                     a.names[i]
-                ));
+                )));
             }
         }
         Ok(())
     }
 
-    fn check_scene(&self) -> Result<(), String> {
+    fn check_scene(&self) -> Result<(), Problem> {
         let Some(s) = &self.scene else { return Ok(()) };
         let field = |name: &str, size: usize| match self.field(name) {
             Some(r) if r.len() >= size => Ok(()),
-            Some(r) => Err(format!(
+            Some(r) => Err(Problem(format!(
                 "scene: state field `{name}` has {} values, needs {size}",
                 r.len()
-            )),
-            None => Err(format!("scene: no state field `{name}`")),
+            ))),
+            None => Err(Problem(format!("scene: no state field `{name}`"))),
         };
         if let Some(arm) = &s.arm {
             field(&arm.joint_field, 1)?;
             if let Some(g) = &arm.gripper
                 && g.opening_index as usize >= self.state_dim()
             {
-                return Err(format!(
+                return Err(Problem(format!(
                     "scene: gripper opening index {} is outside the state ({} values)",
                     g.opening_index,
                     self.state_dim()
-                ));
+                )));
             }
         }
         for o in &s.objects {
@@ -282,7 +293,8 @@ mod tests {
     #[test]
     fn a_good_spec_passes_and_each_defect_is_named() {
         spec().validate().unwrap();
-        let cases: Vec<(&str, Box<dyn Fn(&mut RobotSpec)>)> = vec![
+        type Breaker = Box<dyn Fn(&mut RobotSpec)>;
+        let cases: Vec<(&str, Breaker)> = vec![
             (
                 "bounds",
                 Box::new(|s| s.action.high.pop().map(|_| ()).unwrap_or(())),
@@ -311,7 +323,7 @@ mod tests {
             let mut s = spec();
             break_it(&mut s);
             let e = s.validate().unwrap_err().to_string();
-            assert!(e.contains(want) && e.contains("arm"), "{want}: {e}");
+            assert!(e.contains(want) && e.contains(&s.name), "{want}: {e}");
         }
     }
 

@@ -32,7 +32,9 @@ pub(crate) fn open_episode(
     id: u64,
     stats: &RecorderStats,
 ) -> Option<Episode> {
-    let file = cfg.dir.join(format!("episode_{id:06}.rrd"));
+    // Written under a `.partial` name and renamed when every byte is on disk: a recording cut
+    // short (a full disk, a crash) keeps the name that says so.
+    let file = cfg.dir.join(format!("episode_{id:06}.rrd.partial"));
     let rec = if !cfg.files {
         Ok(None)
     } else {
@@ -99,13 +101,32 @@ pub(crate) fn finish_episode(
         "lateness_p99_us": ep.lateness.percentile(99.0).as_secs_f64() * 1e6,
         "lateness_max_us": ep.lateness.max().as_secs_f64() * 1e6,
         "dropped_steps": ep.dropped,
-        "recording": format!("episode_{:06}.rrd", ep.id),
     });
+    let mut summary = summary;
+    let done = format!("episode_{:06}.rrd", ep.id);
     if let Some(rec) = ep.rec.take() {
-        if let Err(e) = rec.flush_blocking() {
-            tracing::warn!("flushing episode {}: {e}", ep.id);
-        }
+        let partial = cfg.dir.join(format!("{done}.partial"));
+        let flushed = rec.flush_blocking();
         drop(rec);
+        let complete = match flushed {
+            Ok(()) => std::fs::rename(&partial, cfg.dir.join(&done)).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = &complete {
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            stats.incomplete.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "episode {} is recorded incompletely (kept as {}): {e}",
+                ep.id,
+                partial.display()
+            );
+        }
+        summary["complete"] = complete.is_ok().into();
+        summary["recording"] = if complete.is_ok() {
+            done.into()
+        } else {
+            format!("{done}.partial").into()
+        };
     }
     stats.episodes.fetch_add(1, Ordering::Relaxed);
     if !cfg.files {

@@ -73,6 +73,8 @@ pub struct RecorderStats {
     pub episodes: AtomicU64,
     /// Errors writing (the robot never stops for them).
     pub errors: AtomicU64,
+    /// Episode files cut short (a write failed, e.g. a full disk): kept as `.rrd.partial`.
+    pub incomplete: AtomicU64,
     /// Camera frames dropped because the recorder was behind.
     pub frames_dropped: AtomicU64,
     /// Status messages and bus events dropped because the recorder was behind.

@@ -1,0 +1,250 @@
+//! `reflex soak`: the actor and its in-process learner for a long run with faults injected at
+//! random, reporting what a deployment cares about: resident memory over time (flat after
+//! warm-up), steps the actor sent against steps the learner took (equal), safety holds, the
+//! loop's per-step work.
+//!
+//! The robot is the test double `NullRobot` (episodes of 200 steps) and the policy a sweeping
+//! chunk policy, so the run measures the runtime, not a simulator. Faults, each drawn from the
+//! seed: the learner stopped and restarted from its checkpoint; NaN chunks from the policy;
+//! undecodable bytes and messages of the wrong shape on every key the actor and the learner
+//! read (teleop, events, learner state, weights, transitions); emergency stops. Not injected
+//! here: dropped network links and a slow or full disk (docs/reliability.md).
+
+use crate::actor::{ActorBuilder, ClockChoice, LearnerSetup};
+use crate::progress::Progress;
+use crate::{AgentError, error::Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use reflex_bus::{BusConfig, Keys};
+use reflex_contracts::msg::{self, EpisodeEvent, EventKind, Observation, PROTOCOL_VERSION};
+use reflex_contracts::policy::{ChunkSpec, Policy, PolicyError};
+use reflex_runtime::testkit::{NullRobot, SweepPolicy};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use zenoh::Wait;
+
+/// How long and how hard to soak.
+#[derive(Clone, Debug)]
+pub struct SoakOptions {
+    /// Control steps.
+    pub steps: u64,
+    /// Seed of the faults (and of the run).
+    pub seed: u64,
+    /// Where the learner's checkpoints and the bus socket live.
+    pub dir: PathBuf,
+    /// Inject faults (off: a clean run of the same length, the baseline).
+    pub faults: bool,
+}
+
+/// A policy that returns a chunk of NaN with probability `p`.
+struct Faulty {
+    inner: SweepPolicy,
+    p: f64,
+    rng: ChaCha8Rng,
+    nan_chunks: Arc<AtomicU64>,
+}
+
+impl Policy for Faulty {
+    fn name(&self) -> &str {
+        "sweep with NaN faults"
+    }
+    fn chunk_spec(&self) -> ChunkSpec {
+        self.inner.chunk_spec()
+    }
+    fn reset(&mut self) {
+        self.inner.reset()
+    }
+    fn infer(
+        &mut self,
+        obs: &Observation,
+        out: &mut [f32],
+    ) -> std::result::Result<(), PolicyError> {
+        self.inner.infer(obs, out)?;
+        if self.rng.random_bool(self.p) {
+            out.fill(f32::NAN);
+            self.nan_chunks.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Publishes garbage and wrong-shaped messages on the actor's and learner's keys until stopped.
+fn hostile_peer(
+    endpoint: String,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<Result<()>> {
+    std::thread::spawn(move || {
+        let session = BusConfig::hermetic(vec![], vec![endpoint]).open()?;
+        let keys = Keys::new("soak").map_err(reflex_bus::BusError::from)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xbad);
+        let targets = [
+            keys.teleop.clone(),
+            keys.events.clone(),
+            keys.learn_state.clone(),
+            keys.learn_weights.clone(),
+            keys.learn_transitions.clone(),
+        ];
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(rng.random_range(10..100)));
+            let key = &targets[rng.random_range(0..targets.len())];
+            let payload = match rng.random_range(0..8) {
+                0..=3 => (0..rng.random_range(0..300))
+                    .map(|_| rng.random())
+                    .collect(),
+                4 => msg::encode(&reflex_contracts::msg::WeightsChunk {
+                    v: PROTOCOL_VERSION,
+                    version: u64::MAX / 2,
+                    offset: 0,
+                    total: rng.random_range(1..100_000),
+                    arch: rng.random(),
+                    values: vec![f32::NAN; 8],
+                }),
+                5 | 6 => msg::encode(&reflex_contracts::msg::TeleopMsg {
+                    v: PROTOCOL_VERSION,
+                    seq: rng.random(),
+                    intervene: true,
+                    action: vec![1.0; rng.random_range(0..3)],
+                    ..Default::default()
+                }),
+                _ => msg::encode(&EpisodeEvent {
+                    v: PROTOCOL_VERSION,
+                    kind: EventKind::Estop,
+                    episode: 0,
+                    step: 0,
+                    seed: None,
+                    source: "soak".into(),
+                }),
+            };
+            if session.put(key.clone(), payload).wait().is_ok() {
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Resident memory of this process, MB (Linux; 0 elsewhere).
+fn rss_mb() -> f64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    pages * 4096.0 / 1e6
+}
+
+/// Runs the soak; returns its figures as JSON.
+pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value> {
+    std::fs::create_dir_all(&o.dir).map_err(|e| AgentError::io(&o.dir, e))?;
+    let endpoint = format!("unixsock-stream/{}", o.dir.join("soak.sock").display());
+    let _ = std::fs::remove_file(o.dir.join("soak.sock"));
+    let session = BusConfig::hermetic(vec![endpoint.clone()], vec![]).open()?;
+    let nan_chunks = Arc::new(AtomicU64::new(0));
+    let policy = Faulty {
+        inner: SweepPolicy::new(8, 4),
+        p: if o.faults { 0.002 } else { 0.0 },
+        rng: ChaCha8Rng::seed_from_u64(o.seed),
+        nan_chunks: nan_chunks.clone(),
+    };
+    let section = crate::config::LearnerSection {
+        checkpoint: o.dir.join("learner.ckpt"),
+        checkpoint_every_s: 5.0,
+        preset: crate::config::Preset::Sac,
+        // NullRobot's state has no bounds; its values are small, so the raw state is fine.
+        obs_norm: crate::config::ObsNormSource::Off,
+        sac: Some(
+            toml::from_str("hidden = [16, 16]\nbatch = 32\nwarmup_steps = 200\ncapacity = 100000")
+                .expect("a valid table"),
+        ),
+        ..Default::default()
+    };
+    let mut actor = ActorBuilder::new(NullRobot::new("soak", 16, 200))
+        .policy(Box::new(policy))
+        .clock(ClockChoice::Wall {
+            spin: Duration::from_micros(50),
+        })
+        .seed(o.seed)
+        .bus(session)
+        .learner(LearnerSetup {
+            section,
+            base_model: None,
+        })
+        .build()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let hostile_sent = Arc::new(AtomicU64::new(0));
+    let peer = o
+        .faults
+        .then(|| hostile_peer(endpoint, o.seed, stop.clone(), hostile_sent.clone()));
+    let mut rng = ChaCha8Rng::seed_from_u64(o.seed ^ 0x50a4);
+    let (t0, mut rss, mut restarts) = (Instant::now(), vec![], 0u64);
+    let every = (o.steps / 20).max(1);
+    let mut next_sample = 0;
+    progress.start(o.steps, "steps");
+    let mut ticks = 0;
+    while ticks < o.steps {
+        actor.run_episodes(1, &crate::progress::Silent)?;
+        let now = actor.control_loop().stats().ticks;
+        progress.inc(now - ticks);
+        ticks = now;
+        if ticks >= next_sample {
+            rss.push(serde_json::json!({"step": ticks, "rss_mb": rss_mb(), "wall_s": t0.elapsed().as_secs_f64()}));
+            next_sample += every;
+        }
+        // About ten learner restarts per soak.
+        if o.faults && rng.random_bool((10.0 * 200.0 / o.steps as f64).min(1.0)) {
+            actor.restart_learner()?;
+            restarts += 1;
+        }
+    }
+    progress.finish();
+    stop.store(true, Ordering::Relaxed);
+    if let Some(p) = peer {
+        let _ = p.join();
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let stats = actor.control_loop().stats().clone();
+    let safety = actor.control_loop().safety_counters();
+    let rejected: std::collections::BTreeMap<_, _> = actor.rejected().into_iter().collect();
+    let report = actor.finish()?;
+    let link = report.link.clone().unwrap_or_default();
+    let learner = report.learner.clone();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let after_warmup: Vec<f64> = rss
+        .iter()
+        .skip(rss.len() / 4)
+        .filter_map(|r| r["rss_mb"].as_f64())
+        .collect();
+    let growth = after_warmup.last().unwrap_or(&0.0) - after_warmup.first().unwrap_or(&0.0);
+    Ok(serde_json::json!({
+        "steps": stats.ticks,
+        "episodes": report.episodes.len(),
+        "wall_s": wall,
+        "steps_per_s": stats.ticks as f64 / wall,
+        "step_p50_us": us(stats.step.percentile(50.0)),
+        "step_p99_us": us(stats.step.percentile(99.0)),
+        "lateness_p99_us": us(stats.lateness.percentile(99.0)),
+        "missed": stats.missed,
+        "overruns": stats.overruns,
+        "rss_mb": rss,
+        "rss_growth_after_warmup_mb": growth,
+        "transitions_sent": link.steps,
+        "transitions_persisted": link.persisted,
+        "transitions_received_by_last_learner": learner.as_ref().map(|l| l.received),
+        "transitions_lost": link.lost,
+        "resent": link.resent,
+        "rejected_weights": link.rejected_weights,
+        "learner_restarts": restarts,
+        "learner_instances_seen": link.learner_instances,
+        "nan_chunks_injected": nan_chunks.load(Ordering::Relaxed),
+        "hostile_messages": hostile_sent.load(Ordering::Relaxed),
+        "safety": reflex_runtime::safety::SafetyEvent::ALL
+            .iter()
+            .map(|e| (e.name().to_string(), safety.get(*e)))
+            .collect::<std::collections::BTreeMap<_, _>>(),
+        "faults": o.faults,
+        "rejected": rejected,
+    }))
+}
