@@ -56,6 +56,10 @@ pub struct DemoArgs {
     /// that replace the demo's defaults.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Held-out episodes at the end: the refined policy alone, on seeds training never saw
+    /// (0: skip).
+    #[arg(long, default_value_t = 100)]
+    eval_episodes: usize,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
@@ -74,6 +78,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         runs: a.runs,
         record: !a.no_record,
         config: a.config,
+        eval_episodes: a.eval_episodes,
     };
     let r = reflex_agent::demo::run(&o, &Bars::new(a.json))?;
     if a.json {
@@ -108,6 +113,22 @@ fn print_table(o: &DemoOptions, r: &DemoReport) {
             pct(&format!("{key}_last_20"))
         );
     }
+    let h = &s["held_out"];
+    if let Some(rate) = h["success_rate"].as_f64() {
+        let ci = &h["success_rate_wilson_95"];
+        println!(
+            "  held out, robot alone ({} new seeds, no person): {:.0}% success (95% CI {:.0}-{:.0}%), mean {:.1} steps",
+            h["episodes"],
+            rate * 100.0,
+            ci[0].as_f64().unwrap_or(f64::NAN) * 100.0,
+            ci[1].as_f64().unwrap_or(f64::NAN) * 100.0,
+            h["mean_steps"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    println!(
+        "  learner checkpoint: {}",
+        s["checkpoint"].as_str().unwrap_or("")
+    );
     println!(
         "  {} episodes, {} environment steps, {} learner updates, {:.0} s",
         s["episodes"],
@@ -120,7 +141,7 @@ fn print_table(o: &DemoOptions, r: &DemoReport) {
         None => println!("  rolling 20-episode success did not reach 90%"),
     }
     println!(
-        "  learning curve (green: success, red: takeovers; last 20 episodes): {}",
+        "  learning curve (green: success, red: takeovers, over the last 20 episodes; blue: held out): {}",
         r.dir.join("learning_curve.png").display()
     );
 }

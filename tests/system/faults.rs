@@ -478,27 +478,52 @@ fn real_time_settings_reach_the_loop_thread_only() {
     actor
         .run_episodes(1, &reflex_agent::progress::Silent)
         .unwrap();
-    let mut seen = std::collections::BTreeMap::new();
-    for t in std::fs::read_dir("/proc/self/task").unwrap() {
-        let dir = t.unwrap().path();
-        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
-        let cpus = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        seen.insert(name.trim().to_string(), cpus);
-    }
-    for helper in ["recorder", "outbox"] {
-        let c = seen
-            .get(helper)
-            .unwrap_or_else(|| panic!("no `{helper}` thread: {seen:?}"));
-        assert_ne!(
-            c, "1",
-            "the {helper} thread inherited the loop's CPU pin: {seen:?}"
+    // A new thread names itself once it first runs; until then /proc shows its parent's name.
+    // Poll (by thread id) until both helpers have named themselves.
+    let threads = || -> Vec<(String, String)> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| {
+                let dir = t.ok()?.path();
+                let name = std::fs::read_to_string(dir.join("comm")).ok()?;
+                let status = std::fs::read_to_string(dir.join("status")).ok()?;
+                let cpus = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+                    .trim()
+                    .to_string();
+                Some((name.trim().to_string(), cpus))
+            })
+            .collect()
+    };
+    let t0 = Instant::now();
+    let mut seen = threads();
+    while !["recorder", "outbox"]
+        .iter()
+        .all(|h| seen.iter().any(|(n, _)| n == h))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the helper threads never named themselves: {seen:?}"
         );
+        std::thread::sleep(Duration::from_millis(20));
+        seen = threads();
+    }
+    // The loop ran on this thread: it is the one pinned.
+    let own = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    let own = own
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    assert_eq!(own, "1", "the loop thread is not pinned");
+    for (name, cpus) in &seen {
+        if name == "recorder" || name == "outbox" {
+            assert_ne!(
+                cpus, "1",
+                "the {name} thread inherited the loop's CPU pin: {seen:?}"
+            );
+        }
     }
     actor.finish().unwrap();
 }
@@ -705,7 +730,8 @@ fn a_full_disk_while_recording_marks_the_episodes_incomplete_and_the_run_goes_on
             .env("RUST_LOG", "warn")
             .args([
                 "-c",
-                "trap '' XFSZ; exec prlimit --fsize=20000 -- \"$0\" \"$@\"",
+                // `timeout`: a run that hangs on the full disk fails the test instead.
+                "trap '' XFSZ; exec timeout 300 prlimit --fsize=20000 -- \"$0\" \"$@\"",
                 env!("CARGO_BIN_EXE_reflex"),
                 "run",
                 "--episodes",
@@ -729,6 +755,12 @@ fn a_full_disk_while_recording_marks_the_episodes_incomplete_and_the_run_goes_on
             .unwrap();
     assert_eq!(summary["complete"], false, "{summary}");
     assert_eq!(summary["recording"], "episode_000001.rrd.partial");
+    // After the failed write the run records no more episode files, and says so per episode.
+    let second: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ep_dir.join("episode_000002.json")).unwrap())
+            .unwrap();
+    assert_eq!(second["complete"], false, "{second}");
+    assert!(!ep_dir.join("episode_000002.rrd.partial").exists());
     // The same run with room to write: complete files, the same episodes.
     let dir2 = tempfile::tempdir().unwrap();
     let ok = json_output(

@@ -51,6 +51,8 @@ pub struct DemoOptions {
     pub record: bool,
     /// A TOML file with `[learner]` and/or `[human]` tables replacing the demo's defaults.
     pub config: Option<PathBuf>,
+    /// Held-out episodes after training: the refined policy alone (0: none).
+    pub eval_episodes: usize,
 }
 
 impl Default for DemoOptions {
@@ -66,6 +68,7 @@ impl Default for DemoOptions {
             runs: PathBuf::from("runs"),
             record: true,
             config: None,
+            eval_episodes: 100,
         }
     }
 }
@@ -281,6 +284,56 @@ impl PersonCount {
 }
 
 impl Rig {
+    /// The refined policy alone on `o.eval_episodes` more episodes: nobody takes over, the
+    /// residual's deterministic action (its mean), no training. The episodes' seeds continue
+    /// the loop's seed stream, so none repeats a training seed (checked in [`HeldOut`]). In
+    /// `full` mode the learner's mean action is the command; in `noise` mode the steered
+    /// policy still samples its noise from the actor's Gaussian.
+    fn evaluate_alone(
+        &mut self,
+        o: &DemoOptions,
+        progress: &dyn Progress,
+    ) -> Result<Vec<reflex_runtime::control::EpisodeSummary>> {
+        let dim = self.lp.robot().spec().action.dim();
+        let mut msg = TeleopMsg {
+            action: vec![0.0; dim],
+            seq: u64::MAX / 2,
+            ..Default::default()
+        };
+        self.teleop.send(&msg); // nobody drives from here on
+        self.lp.set_residual_explore(false);
+        let start = self.lp.episodes().len();
+        progress.start(o.eval_episodes as u64, "held-out episodes");
+        progress.message("the refined policy alone");
+        while self.lp.episodes().len() - start < o.eval_episodes {
+            if o.mode == Mode::Full {
+                let state = self.lp.robot().obs().state.clone();
+                let mut a = self.sac.act(&state, &[], true)?;
+                self.norm.to_robot(&mut a);
+                msg.action.copy_from_slice(&a);
+                msg.intervene = true;
+                msg.seq += 1;
+                self.teleop.send(&msg);
+            }
+            let before = self.lp.episodes().len();
+            self.lp.step()?;
+            while let Some(tr) = self.orx.try_recv() {
+                self.orx.recycle(tr);
+            }
+            if let Some(t) = &self.tap {
+                while let Some(n) = t.try_recv() {
+                    t.recycle(n);
+                }
+            }
+            if self.lp.episodes().len() > before {
+                progress.inc(1);
+            }
+        }
+        progress.finish();
+        self.lp.set_residual_explore(true);
+        Ok(self.lp.episodes()[start..].to_vec())
+    }
+
     /// The person looks at the robot and decides; in `full` mode the learner's own (exploring)
     /// action is the command, through the same teleop path (the loop has no base policy).
     fn person_and_learner_act(
@@ -413,6 +466,20 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let rows = t.rows;
     progress.finish();
     let wall = t0.elapsed().as_secs_f64();
+    // Keep what was learned, then judge it alone on seeds training never saw.
+    let ckpt = dir.join("learner.ckpt");
+    rig.sac.save(&ckpt)?;
+    let trained = rig.lp.episodes().to_vec();
+    let held = if o.eval_episodes > 0 {
+        let eval = rig.evaluate_alone(o, progress)?;
+        let mut h = crate::heldout::HeldOut::of(&eval, &trained);
+        if o.mode == Mode::Full {
+            h.takeovers = 0; // the learner's own commands travel the teleop path
+        }
+        Some(h)
+    } else {
+        None
+    };
     if let Some(r) = recorder {
         let st = r.finish();
         let dropped = st.dropped.load(std::sync::atomic::Ordering::Relaxed);
@@ -421,7 +488,23 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
         }
     }
     let reasons = human.as_ref().map(|h| h.reasons);
-    summarize(o, &dir, rows, wall, &rig.sac, reasons)
+    let mut r = summarize(o, &dir, rows, wall, &rig.sac, reasons, held.as_ref())?;
+    r.summary["checkpoint"] = ckpt.display().to_string().into();
+    if let Some(h) = held {
+        // The headline is the policy alone on held-out seeds; training's figures keep their
+        // own names (`success_rate_last_20`).
+        r.summary["success_rate"] = h.success_rate.into();
+        r.summary["held_out"] = serde_json::to_value(&h).expect("plain values");
+    } else {
+        r.summary["success_rate"] = serde_json::Value::Null;
+    }
+    let summary_file = dir.join("summary.json");
+    let body =
+        serde_json::to_vec_pretty(&serde_json::json!({ "summary": r.summary, "episodes": r.rows }))
+            .expect("json of plain values");
+    reflex_runtime::fsio::atomic_write(&summary_file, &body)
+        .map_err(|e| AgentError::io(&summary_file, e))?;
+    Ok(r)
 }
 
 /// The demo's running count of episodes.
@@ -533,6 +616,7 @@ fn summarize(
     wall: f64,
     sac: &Sac,
     reasons: Option<TakeoverReasons>,
+    held: Option<&crate::heldout::HeldOut>,
 ) -> Result<DemoReport> {
     // The headline: success without a takeover (the robot's own); `success` counts assisted
     // episodes too.
@@ -549,6 +633,11 @@ fn summarize(
     crate::plot::curves_png(
         &dir.join("learning_curve.png"),
         &[(&s20, [30, 160, 60]), (&i20, [210, 50, 40])],
+        held.map(|h| crate::plot::Band {
+            rate: h.success_rate,
+            low: h.success_rate_wilson_95.0,
+            high: h.success_rate_wilson_95.1,
+        }),
     )?;
     let points: Vec<reflex_record::LearningPoint> = rows
         .iter()
@@ -572,7 +661,6 @@ fn summarize(
         "mode": mode_name(o.mode),
         "success_rate_first_20": first,
         "success_rate_last_20": last,
-        "success_rate": last,
         "success_with_assistance_first_20": window(&assisted, 0, n.min(20)),
         "success_with_assistance_last_20": window(&assisted, n.saturating_sub(20), n),
         "intervention_rate_first_20": window(&intv, 0, n.min(20)),
@@ -590,11 +678,6 @@ fn summarize(
         "learning_recording": dir.join("learning.rrd").display().to_string(),
         "episode_recordings": o.record.then(|| dir.join("episodes").display().to_string()),
     });
-    let rows_json =
-        serde_json::to_vec_pretty(&serde_json::json!({ "summary": summary, "episodes": rows }))
-            .expect("json of plain values");
-    let p = dir.join("summary.json");
-    reflex_runtime::fsio::atomic_write(&p, &rows_json).map_err(|e| AgentError::io(&p, e))?;
     Ok(DemoReport {
         dir: dir.to_path_buf(),
         summary,

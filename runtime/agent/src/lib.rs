@@ -22,6 +22,7 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 mod error;
+pub mod heldout;
 pub mod learner;
 pub mod plot;
 pub mod policytools;

@@ -1,11 +1,25 @@
 //! Learning curves as PNG without a font or plotting dependency: lines on a grid. The legend is
 //! the file's own caption in the run summary and docs/training.md (green: success rate, red:
-//! intervention rate, both over the last 20 episodes; grid: every 10% and every 10 episodes).
+//! intervention rate, both over the last 20 episodes; grid: every 10% and every 10 episodes;
+//! blue, when given: the held-out success rate as a dashed line over its 95% interval, shaded).
 
-/// Draws `series` (values in [0, 1], one per episode, each with an RGB colour) into a PNG.
+/// A held-out figure to mark across the plot: the rate and its interval, in [0, 1].
+#[derive(Clone, Copy, Debug)]
+pub struct Band {
+    /// The rate.
+    pub rate: f64,
+    /// Lower end of the interval.
+    pub low: f64,
+    /// Upper end of the interval.
+    pub high: f64,
+}
+
+/// Draws `series` (values in [0, 1], one per episode, each with an RGB colour) into a PNG, with
+/// `held_out` marked across it when given.
 pub fn curves_png(
     path: &std::path::Path,
     series: &[(&[f64], [u8; 3])],
+    held_out: Option<Band>,
 ) -> crate::error::Result<()> {
     let (w, h, m) = (640usize, 360usize, 30usize);
     let mut img = vec![255u8; w * h * 3];
@@ -46,6 +60,23 @@ pub fn curves_png(
                     [225, 225, 225]
                 },
             );
+        }
+    }
+    if let Some(b) = held_out {
+        // The interval shaded light blue behind the curves, the rate dashed in blue.
+        let (top, bottom) = (py(b.high) as usize, py(b.low) as usize);
+        for y in top..=bottom {
+            for x in (m + 1..w - m).filter(|x| x % 2 == 0) {
+                if img[(y * w + x) * 3] == 255 {
+                    put(&mut img, x, y, [215, 230, 250]);
+                }
+            }
+        }
+        let y = py(b.rate) as usize;
+        for x in (m..w - m).filter(|x| x % 12 < 8) {
+            for dy in 0..2 {
+                put(&mut img, x, y + dy, [40, 90, 200]);
+            }
         }
     }
     for (vals, c) in series {

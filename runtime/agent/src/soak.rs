@@ -136,18 +136,19 @@ fn rss_mb() -> f64 {
     pages * 4096.0 / 1e6
 }
 
-/// Runs the soak; returns its figures as JSON.
-pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value> {
-    std::fs::create_dir_all(&o.dir).map_err(|e| AgentError::io(&o.dir, e))?;
-    let endpoint = format!("unixsock-stream/{}", o.dir.join("soak.sock").display());
-    let _ = std::fs::remove_file(o.dir.join("soak.sock"));
-    let session = BusConfig::hermetic(vec![endpoint.clone()], vec![]).open()?;
-    let nan_chunks = Arc::new(AtomicU64::new(0));
+/// The actor under soak: the NullRobot at 1 kHz on the wall clock, a sweeping policy that
+/// returns NaN chunks at random (counted in `nan_chunks`), and an in-process SAC learner with
+/// small nets checkpointing into `o.dir`.
+fn soak_actor(
+    o: &SoakOptions,
+    session: zenoh::Session,
+    nan_chunks: Arc<AtomicU64>,
+) -> Result<crate::actor::Actor<NullRobot>> {
     let policy = Faulty {
         inner: SweepPolicy::new(8, 4),
         p: if o.faults { 0.002 } else { 0.0 },
         rng: ChaCha8Rng::seed_from_u64(o.seed),
-        nan_chunks: nan_chunks.clone(),
+        nan_chunks,
     };
     let section = crate::config::LearnerSection {
         checkpoint: o.dir.join("learner.ckpt"),
@@ -161,7 +162,7 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
         ),
         ..Default::default()
     };
-    let mut actor = ActorBuilder::new(NullRobot::new("soak", 16, 200))
+    ActorBuilder::new(NullRobot::new("soak", 16, 200))
         .policy(Box::new(policy))
         .clock(ClockChoice::Wall {
             spin: Duration::from_micros(50),
@@ -172,7 +173,27 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
             section,
             base_model: None,
         })
-        .build()?;
+        .build()
+}
+
+/// Growth of resident memory from the end of the first quarter (warm-up) to the end, MB.
+fn rss_growth(rss: &[serde_json::Value]) -> f64 {
+    let after: Vec<f64> = rss
+        .iter()
+        .skip(rss.len() / 4)
+        .filter_map(|r| r["rss_mb"].as_f64())
+        .collect();
+    after.last().unwrap_or(&0.0) - after.first().unwrap_or(&0.0)
+}
+
+/// Runs the soak; returns its figures as JSON.
+pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value> {
+    std::fs::create_dir_all(&o.dir).map_err(|e| AgentError::io(&o.dir, e))?;
+    let endpoint = format!("unixsock-stream/{}", o.dir.join("soak.sock").display());
+    let _ = std::fs::remove_file(o.dir.join("soak.sock"));
+    let session = BusConfig::hermetic(vec![endpoint.clone()], vec![]).open()?;
+    let nan_chunks = Arc::new(AtomicU64::new(0));
+    let mut actor = soak_actor(o, session, nan_chunks.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     let hostile_sent = Arc::new(AtomicU64::new(0));
     let peer = o
@@ -212,12 +233,6 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
     let link = report.link.clone().unwrap_or_default();
     let learner = report.learner.clone();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    let after_warmup: Vec<f64> = rss
-        .iter()
-        .skip(rss.len() / 4)
-        .filter_map(|r| r["rss_mb"].as_f64())
-        .collect();
-    let growth = after_warmup.last().unwrap_or(&0.0) - after_warmup.first().unwrap_or(&0.0);
     Ok(serde_json::json!({
         "steps": stats.ticks,
         "episodes": report.episodes.len(),
@@ -228,12 +243,13 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
         "lateness_p99_us": us(stats.lateness.percentile(99.0)),
         "missed": stats.missed,
         "overruns": stats.overruns,
-        "rss_mb": rss,
-        "rss_growth_after_warmup_mb": growth,
+        "rss_mb": &rss,
+        "rss_growth_after_warmup_mb": rss_growth(&rss),
         "transitions_sent": link.steps,
         "transitions_persisted": link.persisted,
         "transitions_received_by_last_learner": learner.as_ref().map(|l| l.received),
         "transitions_lost": link.lost,
+        "transitions_unpersisted_at_exit": link.unpersisted_at_exit,
         "resent": link.resent,
         "rejected_weights": link.rejected_weights,
         "learner_restarts": restarts,

@@ -95,6 +95,9 @@ pub struct LinkStats {
     pub resent: u64,
     /// Steps dropped from a backlog over `max_unacked` (the learner never got them).
     pub lost: u64,
+    /// Steps no learner had persisted when the actor stopped (after waiting `drain_s`): they
+    /// are gone with the actor unless a learner still holds them in memory and checkpoints later.
+    pub unpersisted_at_exit: u64,
     /// Steps the learner has persisted.
     pub persisted: u64,
     /// Weight versions handed to the loop's residual hook.
@@ -507,9 +510,9 @@ impl ActorLink {
         self.flush();
         let mut asked = None::<Instant>;
         while self.base < self.next && t0.elapsed().as_secs_f64() < self.cfg.drain_s {
-            if asked.is_none_or(|t| t.elapsed() > Duration::from_millis(500))
-                && self.sent == self.next
-            {
+            // Asked again every half second, whether or not every step is out yet: a request or
+            // an answer lost to congestion must not leave the actor waiting out `drain_s`.
+            if asked.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
                 self.request_flush();
                 asked = Some(Instant::now());
             }
@@ -518,11 +521,14 @@ impl ActorLink {
         }
         if self.base < self.next {
             tracing::warn!(
-                "{} steps were not persisted by a learner before the actor stopped",
-                self.next - self.base
+                "{} steps were not persisted by a learner before the actor stopped (waited {:.0} s, `drain_s`)",
+                self.next - self.base,
+                self.cfg.drain_s
             );
         }
-        self.stats()
+        let mut stats = self.stats();
+        stats.unpersisted_at_exit = self.next - self.base;
+        stats
     }
 
     /// Counters so far.
@@ -673,8 +679,11 @@ impl LearnerLink {
             },
         )
         .map_err(|e| err(&keys.learn_transitions, e))?;
+        // Block: a state that tells the actor what is persisted must not be dropped under load
+        // (the weights share the session's queue); this is the learner's thread, not the loop's.
         let state_pub = session
             .declare_publisher(keys.learn_state.clone())
+            .congestion_control(zenoh::qos::CongestionControl::Block)
             .wait()
             .map_err(|e| err(&keys.learn_state, e))?;
         let weights_pub = session

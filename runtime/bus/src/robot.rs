@@ -717,62 +717,72 @@ impl<R: Robot> RobotServer<R> {
                     }
                 }
             }
-            ServeMode::Realtime { hz } => {
-                let period = Duration::from_secs_f64(1.0 / hz);
-                let mut next = Instant::now() + period;
-                let mut pending: Option<Command> = None;
-                let mut last_cmd: Option<Instant> = None;
-                while !stop.load(Ordering::Relaxed) {
-                    // Collect what arrived until the tick.
-                    loop {
-                        let left = next.saturating_duration_since(Instant::now());
-                        match self.rx.recv_timeout(left) {
-                            Ok(Incoming::Cmd(c)) => pending = Some(c),
-                            Ok(Incoming::Reset(q, s)) => {
-                                stats.resets += 1;
-                                pending = None;
-                                // A new episode: the controller's first command is not late yet.
-                                last_cmd = last_cmd.map(|_| Instant::now());
-                                if let Err(e) = self.handle_reset(q, s, seq) {
-                                    tracing::warn!("reset failed: {e}");
-                                }
-                            }
-                            Err(RecvTimeoutError::Timeout) => break,
-                            Err(RecvTimeoutError::Disconnected) => return Ok(stats),
-                        }
-                    }
-                    next += period;
-                    let now = Instant::now();
-                    if next < now {
-                        // Fell behind (e.g. a slow reset): restart the schedule instead of bursting.
-                        next = now + period;
-                    }
-                    let result = match pending.take() {
-                        Some(c) => {
-                            seq = c.seq;
-                            self.fed(now, &mut last_cmd);
-                            self.robot.command(&c.action)
-                        }
-                        None => {
-                            stats.holds += 1;
-                            self.starved(now, last_cmd);
-                            // A delta command is applied once; between commands the robot holds.
-                            self.robot.hold_action(&mut self.hold);
-                            let hold = std::mem::take(&mut self.hold);
-                            let r = self.robot.command(&hold);
-                            self.hold = hold;
-                            r
-                        }
-                    };
-                    match result {
-                        Ok(()) => stats.steps += 1,
-                        Err(e) => tracing::warn!("tick command rejected: {e}"),
-                    }
-                    self.publish_obs(seq)?;
-                }
-            }
+            ServeMode::Realtime { hz } => self.serve_realtime(hz, stop, &mut stats)?,
         }
         Ok(stats)
+    }
+
+    /// Free-running: one tick per period, the newest command or a hold, an observation each tick.
+    fn serve_realtime(
+        &mut self,
+        hz: f64,
+        stop: &AtomicBool,
+        stats: &mut ServeStats,
+    ) -> Result<(), RobotError> {
+        let mut seq = 0u64;
+        let period = Duration::from_secs_f64(1.0 / hz);
+        let mut next = Instant::now() + period;
+        let mut pending: Option<Command> = None;
+        let mut last_cmd: Option<Instant> = None;
+        while !stop.load(Ordering::Relaxed) {
+            // Collect what arrived until the tick.
+            loop {
+                let left = next.saturating_duration_since(Instant::now());
+                match self.rx.recv_timeout(left) {
+                    Ok(Incoming::Cmd(c)) => pending = Some(c),
+                    Ok(Incoming::Reset(q, s)) => {
+                        stats.resets += 1;
+                        pending = None;
+                        // A new episode: the controller's first command is not late yet.
+                        last_cmd = last_cmd.map(|_| Instant::now());
+                        if let Err(e) = self.handle_reset(q, s, seq) {
+                            tracing::warn!("reset failed: {e}");
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                }
+            }
+            next += period;
+            let now = Instant::now();
+            if next < now {
+                // Fell behind (e.g. a slow reset): restart the schedule instead of bursting.
+                next = now + period;
+            }
+            let result = match pending.take() {
+                Some(c) => {
+                    seq = c.seq;
+                    self.fed(now, &mut last_cmd);
+                    self.robot.command(&c.action)
+                }
+                None => {
+                    stats.holds += 1;
+                    self.starved(now, last_cmd);
+                    // A delta command is applied once; between commands the robot holds.
+                    self.robot.hold_action(&mut self.hold);
+                    let hold = std::mem::take(&mut self.hold);
+                    let r = self.robot.command(&hold);
+                    self.hold = hold;
+                    r
+                }
+            };
+            match result {
+                Ok(()) => stats.steps += 1,
+                Err(e) => tracing::warn!("tick command rejected: {e}"),
+            }
+            self.publish_obs(seq)?;
+        }
+        Ok(())
     }
 
     /// Runs the server on its own thread until the returned handle is stopped.

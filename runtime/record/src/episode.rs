@@ -23,7 +23,12 @@ pub(crate) struct Episode {
     pub(crate) dropped: u64,
     /// Step index expected next.
     pub(crate) next_step: u32,
+    /// Files were asked for but recording is suspended (an earlier write failed).
+    pub(crate) unrecorded: bool,
 }
+
+/// How long the end of an episode waits for its file to reach the disk.
+const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(crate) fn open_episode(
     cfg: &RecorderConfig,
@@ -35,7 +40,8 @@ pub(crate) fn open_episode(
     // Written under a `.partial` name and renamed when every byte is on disk: a recording cut
     // short (a full disk, a crash) keeps the name that says so.
     let file = cfg.dir.join(format!("episode_{id:06}.rrd.partial"));
-    let rec = if !cfg.files {
+    let suspended = stats.suspended.load(Ordering::Relaxed);
+    let rec = if !cfg.files || suspended {
         Ok(None)
     } else {
         rerun::RecordingStreamBuilder::new("reflex")
@@ -77,6 +83,7 @@ pub(crate) fn open_episode(
         path: Vec::new(),
         dropped: 0,
         next_step: 0,
+        unrecorded: cfg.files && suspended,
     })
 }
 
@@ -106,17 +113,25 @@ pub(crate) fn finish_episode(
     let done = format!("episode_{:06}.rrd", ep.id);
     if let Some(rec) = ep.rec.take() {
         let partial = cfg.dir.join(format!("{done}.partial"));
-        let flushed = rec.flush_blocking();
-        drop(rec);
-        let complete = match flushed {
-            Ok(()) => std::fs::rename(&partial, cfg.dir.join(&done)).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+        let complete = match rec.flush_with_timeout(FLUSH_TIMEOUT) {
+            Ok(()) => {
+                drop(rec);
+                std::fs::rename(&partial, cfg.dir.join(&done)).map_err(|e| e.to_string())
+            }
+            Err(e) => {
+                // Rerun's file writer stopped at the failed write; a flush queued behind it is
+                // never answered and dropping the stream would wait for it: let the stream go
+                // (two idle threads) and write no more files this run.
+                std::mem::forget(rec);
+                stats.suspended.store(true, Ordering::Relaxed);
+                Err(e.to_string())
+            }
         };
         if let Err(e) = &complete {
             stats.errors.fetch_add(1, Ordering::Relaxed);
             stats.incomplete.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
-                "episode {} is recorded incompletely (kept as {}): {e}",
+                "episode {} is recorded incompletely (kept as {}): {e}; no more episode files this run",
                 ep.id,
                 partial.display()
             );
@@ -127,6 +142,11 @@ pub(crate) fn finish_episode(
         } else {
             format!("{done}.partial").into()
         };
+    }
+    if ep.unrecorded {
+        stats.incomplete.fetch_add(1, Ordering::Relaxed);
+        summary["complete"] = false.into();
+        summary["recording"] = serde_json::Value::Null;
     }
     stats.episodes.fetch_add(1, Ordering::Relaxed);
     if !cfg.files {

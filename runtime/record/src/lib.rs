@@ -73,8 +73,11 @@ pub struct RecorderStats {
     pub episodes: AtomicU64,
     /// Errors writing (the robot never stops for them).
     pub errors: AtomicU64,
-    /// Episode files cut short (a write failed, e.g. a full disk): kept as `.rrd.partial`.
+    /// Episodes not completely recorded: the file whose write failed (e.g. a full disk, kept as
+    /// `.rrd.partial`) and every later one (no file: recording stops after a failed write).
     pub incomplete: AtomicU64,
+    /// A write failed: no more episode files this run.
+    pub suspended: std::sync::atomic::AtomicBool,
     /// Camera frames dropped because the recorder was behind.
     pub frames_dropped: AtomicU64,
     /// Status messages and bus events dropped because the recorder was behind.
