@@ -595,36 +595,77 @@ pub struct StepShape {
     pub act: usize,
 }
 
+/// Why a step does not fit the robot.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StepError {
+    /// A vector of the wrong length.
+    #[error("step {step} of episode {episode}: `{field}` has {got} values, the robot {want}")]
+    Length {
+        /// Episode of the step.
+        episode: u64,
+        /// Step index.
+        step: u32,
+        /// `obs`, `next_obs`, `action` or `base`.
+        field: &'static str,
+        /// Values sent.
+        got: usize,
+        /// Values the robot has.
+        want: usize,
+    },
+    /// A value that is not finite.
+    #[error("step {step} of episode {episode}: `{field}`[{index}] is {value}")]
+    NotFinite {
+        /// Episode of the step.
+        episode: u64,
+        /// Step index.
+        step: u32,
+        /// `obs`, `next_obs`, `action`, `base` or `reward`.
+        field: &'static str,
+        /// Position in the vector.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+}
+
 impl StepShape {
     /// What is wrong with `s`, if anything: a length that is not the robot's, or a value that is
     /// not finite.
-    pub fn check(&self, s: &WireStep) -> Result<(), String> {
-        for (what, v, n) in [
+    pub fn check(&self, s: &WireStep) -> Result<(), StepError> {
+        let (episode, step) = (s.episode, s.step);
+        for (field, v, want) in [
             ("obs", &s.obs, self.obs),
             ("next_obs", &s.next_obs, self.obs),
             ("action", &s.action, self.act),
             ("base", &s.base, self.act),
         ] {
-            if v.len() != n {
-                return Err(format!(
-                    "step {} of episode {}: `{what}` has {} values, the robot {n}",
-                    s.step,
-                    s.episode,
-                    v.len()
-                ));
+            if v.len() != want {
+                return Err(StepError::Length {
+                    episode,
+                    step,
+                    field,
+                    got: v.len(),
+                    want,
+                });
             }
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(format!(
-                    "step {} of episode {}: `{what}`[{i}] is {}",
-                    s.step, s.episode, v[i]
-                ));
+            if let Some(index) = v.iter().position(|x| !x.is_finite()) {
+                return Err(StepError::NotFinite {
+                    episode,
+                    step,
+                    field,
+                    index,
+                    value: v[index],
+                });
             }
         }
         if !s.reward.is_finite() {
-            return Err(format!(
-                "step {} of episode {}: reward {}",
-                s.step, s.episode, s.reward
-            ));
+            return Err(StepError::NotFinite {
+                episode,
+                step,
+                field: "reward",
+                index: 0,
+                value: s.reward,
+            });
         }
         Ok(())
     }
