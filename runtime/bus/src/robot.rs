@@ -51,6 +51,7 @@ pub struct RemoteRobot {
     timeout: Duration,
     poll_window: Duration,
     buf: Vec<u8>,
+    cmd: Command,
     rejects: std::sync::Arc<crate::Rejects>,
     _obs_sub: zenoh::pubsub::Subscriber<()>,
 }
@@ -115,6 +116,7 @@ impl RemoteRobot {
             .congestion_control(congestion)
             .wait()
             .map_err(|e| bus_err(&keys.cmd, e))?;
+        let act_dim = spec.action.dim();
         Ok(RemoteRobot {
             session: session.clone(),
             keys,
@@ -128,6 +130,11 @@ impl RemoteRobot {
             timeout,
             poll_window: Duration::from_micros(500),
             buf: Vec::with_capacity(1024),
+            cmd: Command {
+                v: PROTOCOL_VERSION,
+                seq: 0,
+                action: Vec::with_capacity(act_dim),
+            },
             rejects,
             _obs_sub: obs_sub,
         })
@@ -279,12 +286,11 @@ impl Robot for RemoteRobot {
     fn command(&mut self, action: &[f32]) -> Result<(), RobotError> {
         check_action(&self.keys.robot, self.spec.action.dim(), action)?;
         self.seq += 1;
-        let cmd = Command {
-            v: PROTOCOL_VERSION,
-            seq: self.seq,
-            action: action.to_vec(),
-        };
-        msg::encode_into(&cmd, &mut self.buf);
+        // Reused: no allocation per command on the loop thread once the vectors have grown.
+        self.cmd.seq = self.seq;
+        self.cmd.action.clear();
+        self.cmd.action.extend_from_slice(action);
+        msg::encode_into(&self.cmd, &mut self.buf);
         self.cmd_pub
             .put(self.buf.as_slice())
             .wait()
