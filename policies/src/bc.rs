@@ -563,6 +563,7 @@ fn trained_spec(
             sample_input: Some("noisy_actions".into()),
             time_input: Some("timestep".into()),
             output: "eps".into(),
+            ..Default::default()
         },
         inputs: vec![InputSpec::State {
             name: "obs".into(),

@@ -2,7 +2,7 @@
 //! preparing inputs from robot observations, running the sampler, and returning action chunks.
 
 use crate::sampler::Ddim;
-use crate::spec::{InputSource, PolicyKind, PolicySpec, spec_path};
+use crate::spec::{InputSource, PolicyKind, PolicySpec, TimeDtype, TimeShape, spec_path};
 use ort::session::{Session, SessionInputValue};
 use ort::value::TensorRef;
 use rand::SeedableRng;
@@ -284,7 +284,11 @@ fn expected_inputs(
         v.push((s.clone(), "float32", Some(vec![t, a])));
     }
     if let Some(s) = &spec.graph.time_input {
-        v.push((s.clone(), "float32", Some(vec![1])));
+        let dims = match spec.graph.time_shape {
+            TimeShape::Batch1 => vec![1],
+            TimeShape::Batch => vec![],
+        };
+        v.push((s.clone(), spec.graph.time_dtype.ort_name(), Some(dims)));
     }
     for i in &spec.inputs {
         match i {
@@ -373,9 +377,17 @@ pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpe
             ));
             continue;
         };
+        let is_time = spec.graph.time_input.as_deref() == Some(name.as_str());
         if g.elem != *elem {
+            let fix = match g.elem.as_str() {
+                "int64" | "float32" if is_time => format!(
+                    "; set `time_dtype = \"{}\"` under [graph] in the spec",
+                    g.elem
+                ),
+                _ => String::new(),
+            };
             problems.push(format!(
-                "input `{name}`: the graph takes {}, the spec feeds {elem}",
+                "input `{name}`: the graph takes {}, the spec feeds {elem}{fix}",
                 g.elem
             ));
         }
@@ -384,13 +396,18 @@ pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpe
             let fits = graph_tail.len() == d.len()
                 && graph_tail.iter().zip(d).all(|(g, e)| *g == -1 || g == e);
             if !fits {
+                let fix = match g.dims.len() {
+                    1 if is_time => "; set `time_shape = \"batch\"` under [graph] in the spec",
+                    2 if is_time => "; set `time_shape = \"batch_1\"` under [graph] in the spec",
+                    _ => "",
+                };
+                let fed = std::iter::once("batch".to_string())
+                    .chain(d.iter().map(|x| x.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 problems.push(format!(
-                    "input `{name}`: the graph's shape is {:?}, the spec feeds [batch, {}]",
-                    g.dims,
-                    d.iter()
-                        .map(|x| x.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "input `{name}`: the graph's shape is {:?}, the spec feeds [{fed}]{fix}",
+                    g.dims
                 ));
             }
         }
@@ -465,7 +482,9 @@ pub struct OnnxPolicy {
     x: Vec<f32>,
     out: Vec<f32>,
     time: [f32; 1],
+    time_i64: [i64; 1],
     rng: ChaCha8Rng,
+    trace: Option<Vec<Vec<f32>>>,
 }
 
 /// The buffers of one graph input, sized for `robot`, its fields and cameras checked.
@@ -604,7 +623,9 @@ impl OnnxPolicy {
             x: vec![0.0; n],
             out: vec![0.0; n],
             time: [0.0],
+            time_i64: [0],
             rng: ChaCha8Rng::seed_from_u64(opts.seed),
+            trace: None,
         })
     }
 
@@ -726,12 +747,30 @@ impl OnnxPolicy {
                     .into(),
             ));
             let tn = self.spec.graph.time_input.as_deref().expect("validated");
-            feeds.push((
-                tn.into(),
-                TensorRef::from_array_view(([1usize, 1], &self.time[..]))
-                    .map_err(err)?
-                    .into(),
-            ));
+            let g = &self.spec.graph;
+            let time: SessionInputValue = match (g.time_dtype, g.time_shape) {
+                (TimeDtype::Float32, TimeShape::Batch1) => {
+                    TensorRef::from_array_view(([1usize, 1], &self.time[..]))
+                        .map_err(err)?
+                        .into()
+                }
+                (TimeDtype::Float32, TimeShape::Batch) => {
+                    TensorRef::from_array_view(([1usize], &self.time[..]))
+                        .map_err(err)?
+                        .into()
+                }
+                (TimeDtype::Int64, TimeShape::Batch1) => {
+                    TensorRef::from_array_view(([1usize, 1], &self.time_i64[..]))
+                        .map_err(err)?
+                        .into()
+                }
+                (TimeDtype::Int64, TimeShape::Batch) => {
+                    TensorRef::from_array_view(([1usize], &self.time_i64[..]))
+                        .map_err(err)?
+                        .into()
+                }
+            };
+            feeds.push((tn.into(), time));
         }
         for (name, p) in &self.inputs {
             match p {
@@ -782,6 +821,18 @@ impl OnnxPolicy {
         Ok(())
     }
 
+    /// Keeps the sample after every denoising step of the following inferences (normalised
+    /// units; diffusion and flow), for comparing a sampler step by step with another
+    /// implementation. Off by default: it allocates per step.
+    pub fn set_trace(&mut self, on: bool) {
+        self.trace = on.then(Vec::new);
+    }
+
+    /// The samples kept since [`Self::set_trace`], one per denoising step, and clears them.
+    pub fn take_trace(&mut self) -> Vec<Vec<f32>> {
+        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// Computes a chunk (in robot action units) for `obs` into `out`.
     pub fn infer_chunk(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
         self.prepare(obs)?;
@@ -817,10 +868,14 @@ impl OnnxPolicy {
                     let ddim = self.ddim.clone().expect("diffusion has a schedule");
                     for &t in &ddim.timesteps {
                         self.time[0] = t as f32;
+                        self.time_i64[0] = t as i64;
                         self.run_graph(true)?;
                         let out = std::mem::take(&mut self.out);
                         ddim.step(t, &out, &mut self.x);
                         self.out = out;
+                        if let Some(tr) = &mut self.trace {
+                            tr.push(self.x.clone());
+                        }
                     }
                 } else {
                     let steps = self.spec.flow_steps;
@@ -830,6 +885,9 @@ impl OnnxPolicy {
                         let dt = 1.0 / steps as f32;
                         for (x, v) in self.x.iter_mut().zip(&self.out) {
                             *x += dt * v;
+                        }
+                        if let Some(tr) = &mut self.trace {
+                            tr.push(self.x.clone());
                         }
                     }
                 }

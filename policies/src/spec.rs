@@ -245,16 +245,59 @@ fn d_flow_steps() -> usize {
     10
 }
 
+/// Element type of the time input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeDtype {
+    /// float32 (reflex's own exports, flow policies).
+    #[default]
+    Float32,
+    /// int64: the training step as an integer (LeRobot's and diffusers' diffusion exports).
+    Int64,
+}
+
+impl TimeDtype {
+    /// The name ONNX Runtime gives the type.
+    pub fn ort_name(self) -> &'static str {
+        match self {
+            TimeDtype::Float32 => "float32",
+            TimeDtype::Int64 => "int64",
+        }
+    }
+}
+
+/// Shape of the time input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeShape {
+    /// `[B, 1]` (reflex's own exports).
+    #[default]
+    Batch1,
+    /// `[B]` (LeRobot's and diffusers' UNets).
+    Batch,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
 /// Names of the graph's sampler-facing inputs and its output.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GraphIo {
     /// Input that takes the noisy chunk (`[B, T, A]`; diffusion and flow).
     #[serde(default)]
     pub sample_input: Option<String>,
-    /// Input that takes the timestep (`[B, 1]` float32; diffusion: the training step, flow: t in [0, 1]).
+    /// Input that takes the timestep (diffusion: the training step, flow: t in [0, 1]); its type
+    /// and shape are `time_dtype` and `time_shape`.
     #[serde(default)]
     pub time_input: Option<String>,
+    /// `float32` (default) or `int64` (diffusion only: the step is an integer).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub time_dtype: TimeDtype,
+    /// `batch_1` for `[B, 1]` (default) or `batch` for `[B]`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub time_shape: TimeShape,
     /// Output: the chunk (chunk), the noise or sample prediction (diffusion), or the velocity (flow).
     pub output: String,
 }
@@ -337,6 +380,13 @@ impl Validate for PolicySpec {
                             ),
                         });
                     }
+                }
+                if self.kind == PolicyKind::Flow && self.graph.time_dtype == TimeDtype::Int64 {
+                    return Err(Invalid {
+                        key: key(&key(p, "graph"), "time_dtype"),
+                        value: "\"int64\"".into(),
+                        allowed: "\"float32\" for kind = \"flow\" (t runs through [0, 1])".into(),
+                    });
                 }
                 if self.kind == PolicyKind::Diffusion {
                     let d = self.diffusion.clone().unwrap_or_default();

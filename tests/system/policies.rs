@@ -27,6 +27,7 @@ fn diffusion_spec(obs_dim_fields: Vec<String>, chunk: usize, dim: usize) -> Poli
             sample_input: Some("noisy_actions".into()),
             time_input: Some("timestep".into()),
             output: "eps".into(),
+            ..Default::default()
         },
         inputs: vec![InputSpec::State {
             name: "obs".into(),
@@ -539,4 +540,125 @@ fn a_steered_policy_runs_the_base_from_the_noise_its_actor_chose() {
         .unwrap()
         .to_string();
     assert!(err.contains("noise"), "{err}");
+}
+
+/// Builds the LeRobot-shaped UNet in Python (tests/system/lerobot_unet.py) and returns its
+/// directory and what onnxruntime's Python API computed: the noise and the sample after every
+/// DDIM step.
+fn lerobot_unet(state: &[f32]) -> (tempfile::TempDir, Vec<f32>, Vec<Vec<f32>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(python())
+        .arg(repo().join("tests/system/lerobot_unet.py"))
+        .arg(dir.path())
+        .arg(serde_json::to_string(state).unwrap())
+        .arg("3")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let floats = |x: &serde_json::Value| -> Vec<f32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let steps = v["steps"].as_array().unwrap().iter().map(floats).collect();
+    (dir, floats(&v["noise"]), steps)
+}
+
+/// A robot with `state_dim` state values and 2 actions (the UNet's).
+fn two_action_robot(state_dim: usize) -> reflex_runtime::msg::RobotSpec {
+    let mut spec = NullRobot::new("r", state_dim, 0).spec().clone();
+    spec.action.names.truncate(2);
+    spec.action.low.truncate(2);
+    spec.action.high.truncate(2);
+    spec
+}
+
+#[test]
+fn a_lerobot_shaped_diffusion_unet_agrees_with_onnxruntime_python_at_every_ddim_step() {
+    // int64 timestep [B] with its sinusoidal embedding in the graph, Conv1d / GroupNorm / Mish
+    // residual blocks with FiLM, the stacked state as global conditioning.
+    let state = [0.5f32, -1.0, 1.5, 0.25];
+    let (dir, noise, want) = lerobot_unet(&state);
+    let spec = two_action_robot(4);
+    let mut policy =
+        OnnxPolicy::load(&dir.path().join("unet.onnx"), &spec, &RunOptions::default()).unwrap();
+    policy.set_trace(true);
+    policy.set_next_noise(noise);
+    let obs = Observation {
+        state: state.to_vec(),
+        ..Default::default()
+    };
+    let mut chunk = vec![0.0f32; 16];
+    policy.infer_chunk(&obs, &mut chunk).unwrap();
+    let got = policy.take_trace();
+    assert_eq!(got.len(), 10, "one sample per DDIM step");
+    let mut largest = 0.0f32;
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        let gap = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            gap < 1e-5,
+            "DDIM step {}: reflex and onnxruntime (Python) differ by {gap}",
+            k + 1
+        );
+        largest = largest.max(gap);
+    }
+    eprintln!("largest difference over the 10 DDIM steps: {largest:e}");
+    assert_eq!(
+        chunk, got[9],
+        "the chunk is the last step (no action normalisation)"
+    );
+    assert!(
+        chunk.iter().any(|x| x.abs() > 0.1),
+        "a chunk far from zero: the network does something"
+    );
+}
+
+#[test]
+fn reflex_policy_check_says_which_spec_lines_fit_a_lerobot_timestep() {
+    let (dir, _, _) = lerobot_unet(&[0.0; 4]);
+    let spec_file = dir.path().join("unet.policy.toml");
+    let text = std::fs::read_to_string(&spec_file).unwrap();
+    // The spec as reflex's own exports write it: float32 [B, 1].
+    std::fs::write(
+        &spec_file,
+        text.replace("time_dtype = \"int64\"\n", "")
+            .replace("time_shape = \"batch\"\n", ""),
+    )
+    .unwrap();
+    let out = reflex()
+        .args(["policy", "check", "--model"])
+        .arg(dir.path().join("unet.onnx"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("the graph takes int64, the spec feeds float32")
+            && err.contains("time_dtype = \"int64\"")
+            && err.contains("time_shape = \"batch\""),
+        "{err}"
+    );
+    // With the suggested lines the check passes.
+    std::fs::write(&spec_file, &text).unwrap();
+    let out = reflex()
+        .args(["policy", "check", "--model"])
+        .arg(dir.path().join("unet.onnx"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
