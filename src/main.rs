@@ -43,6 +43,9 @@ enum Command {
     },
     /// The actor: runs the control loop against a robot with a policy (config file).
     Run(cmd::run::RunArgs),
+    /// Judge a policy alone: the config's robot and policy (and a kept residual), no learner, no
+    /// person, seeds apart from training's; success with a 95% Wilson interval.
+    Eval(cmd::run::EvalArgs),
     /// Open a recorded episode in the Rerun viewer, or print its summary.
     Replay(cmd::tools::ReplayArgs),
     /// The learner on the bus, for an actor started with the same config file.
@@ -98,6 +101,7 @@ fn main() {
         Command::Sim { command } => cmd::sim::run(command),
         Command::Bench { command } => cmd::bench::run(command),
         Command::Run(a) => cmd::run::run(a),
+        Command::Eval(a) => cmd::run::eval(a),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Replay(a) => cmd::tools::replay(a),
         Command::Viz(a) => cmd::tools::viz(a),

@@ -15,6 +15,7 @@ pub mod bc;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod onnx_policy;
+pub mod onnx_read;
 pub mod onnx_write;
 pub mod ort_env;
 pub mod sac;

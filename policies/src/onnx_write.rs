@@ -147,20 +147,24 @@ impl Graph {
 
     /// A float32 constant (initializer).
     pub fn constant(&mut self, hint: &str, dims: &[i64], data: &[f32]) -> String {
+        let name = self.fresh(hint);
+        self.named_constant(&name, dims, data)
+    }
+
+    /// A float32 constant under exactly `name` (weights a reader looks up by name).
+    pub fn named_constant(&mut self, name: &str, dims: &[i64], data: &[f32]) -> String {
         assert_eq!(
             dims.iter().product::<i64>() as usize,
             data.len(),
-            "constant {hint}: shape and data disagree"
+            "constant {name}: shape and data disagree"
         );
-        let name = self.fresh(hint);
-        let raw = data.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.inits.push(Tensor {
-            name: name.clone(),
+            name: name.into(),
             elem: Elem::F32,
             dims: dims.to_vec(),
-            raw,
+            raw: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
         });
-        name
+        name.into()
     }
 
     /// An int64 constant (shapes for Reshape, indices).

@@ -615,6 +615,14 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         self.intervening
     }
 
+    /// Draws episode seeds from a new stream seeded with `seed` and restarts the episode in
+    /// progress with the first of them (an evaluation on held-out seeds after training; the
+    /// unfinished episode is not counted).
+    pub fn restart_with_seed(&mut self, seed: u64) -> Result<(), LoopError> {
+        self.seeds = ChaCha8Rng::seed_from_u64(seed);
+        self.start_episode()
+    }
+
     /// Starts a new episode (resets the robot with the next seed).
     pub fn start_episode(&mut self) -> Result<(), LoopError> {
         let seed: u64 = self.seeds.random();

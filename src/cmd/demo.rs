@@ -129,6 +129,9 @@ fn print_table(o: &DemoOptions, r: &DemoReport) {
         "  learner checkpoint: {}",
         s["checkpoint"].as_str().unwrap_or("")
     );
+    if let (Some(model), Some(config)) = (s["residual"].as_str(), s["refined_config"].as_str()) {
+        println!("  refined policy: {model} (run it alone: reflex run --config {config})");
+    }
     println!(
         "  {} episodes, {} environment steps, {} learner updates, {:.0} s",
         s["episodes"],

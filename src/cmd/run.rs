@@ -51,6 +51,73 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(Args)]
+pub struct EvalArgs {
+    /// The run config whose robot and policy are judged (its [learner] is left out).
+    #[arg(long)]
+    config: PathBuf,
+    /// Episodes.
+    #[arg(long, default_value_t = 100)]
+    episodes: u64,
+    /// A kept residual (`residual.onnx` with its spec) to run on the config's base policy.
+    #[arg(long, value_name = "FILE")]
+    residual: Option<PathBuf>,
+    /// Seed of the episode stream (default: a held-out stream derived from `[run] seed`).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+pub fn eval(a: EvalArgs) -> anyhow::Result<()> {
+    let cfg = RunConfig::load(&a.config)?;
+    let o = reflex_agent::heldout::EvalOptions {
+        episodes: a.episodes,
+        residual: a.residual,
+        seed: a.seed,
+        run: RunOptions {
+            bus: a.bus.config(),
+            ..Default::default()
+        },
+    };
+    let (h, report, seed) = reflex_agent::heldout::evaluate_config(&cfg, &o, &Bars::new(a.json))?;
+    let (lo, hi) = h.success_rate_wilson_95;
+    if a.json {
+        let mut v = serde_json::to_value(&h)?;
+        let m = v.as_object_mut().expect("an object");
+        // Nothing here knows training's seeds; the stream is apart from them by construction.
+        m.remove("seeds_seen_in_training");
+        m.insert("seed".into(), seed.into());
+        m.insert("wall_s".into(), report.wall_s.into());
+        m.insert(
+            "seeds".into(),
+            report
+                .episodes
+                .iter()
+                .map(|e| e.seed)
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        print_json(&v);
+    } else {
+        println!(
+            "{} episodes alone (seed stream {seed}): success {:.1}% (95% Wilson {:.1}-{:.1}%), mean return {:.2}, {:.1} steps per episode, {} takeovers, {:.1} s",
+            h.episodes,
+            100.0 * h.success_rate,
+            100.0 * lo,
+            100.0 * hi,
+            h.mean_return,
+            h.mean_steps,
+            h.takeovers,
+            report.wall_s
+        );
+    }
+    Ok(())
+}
+
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }

@@ -41,6 +41,15 @@ fn demo_runs_end_to_end_and_writes_its_summary_and_curve() {
         "{}",
         ckpt.display()
     );
+    // The residual as a file with its spec, and a config that runs it.
+    let residual = std::path::PathBuf::from(v["residual"].as_str().unwrap());
+    let spec = std::fs::read_to_string(residual.with_extension("policy.toml")).unwrap();
+    assert!(
+        spec.contains("kind = \"residual\"") && spec.contains("base_model = \"pick.onnx\""),
+        "{spec}"
+    );
+    let refined = std::fs::read_to_string(v["refined_config"].as_str().unwrap()).unwrap();
+    assert!(refined.contains("[policy.residual]"), "{refined}");
     assert_eq!(v["demonstrations"], 2);
     // Five updates per environment step (demonstrations included) from the 256th step on.
     let (steps, updates) = (
@@ -125,9 +134,10 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
     assert!(!out.status.success() && err.contains("utd_ratio"), "{err}");
 }
 
-fn demo_summary(mode: &str, episodes: u32) -> serde_json::Value {
+/// The demo's summary, and the directory its run lives in (kept while the value is alive).
+fn demo_summary(mode: &str, episodes: u32) -> (tempfile::TempDir, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
-    crate::common::json_output(
+    let v = crate::common::json_output(
         reflex()
             .current_dir(repo())
             .args([
@@ -143,14 +153,15 @@ fn demo_summary(mode: &str, episodes: u32) -> serde_json::Value {
                 "--runs",
             ])
             .arg(dir.path()),
-    )
+    );
+    (dir, v)
 }
 
 #[test]
 fn the_demo_lifts_the_base_within_100_episodes() {
     // The full budget on seed 0. Measured on seeds 0-3 (docs/training.md): 45, 45, 40, 55% in the
     // first 20 episodes, 95% in the last 20 on each.
-    let v = demo_summary("residual", 100);
+    let (_dir, v) = demo_summary("residual", 100);
     let f64_of = |k: &str| v[k].as_f64().unwrap();
     let (first, last) = (
         f64_of("success_rate_first_20"),
@@ -173,4 +184,43 @@ fn the_demo_lifts_the_base_within_100_episodes() {
     assert_eq!(h["seeds_seen_in_training"], 0, "{v}");
     let held = h["success_rate"].as_f64().unwrap();
     assert!(held >= 0.85, "held out: {held}: {h}");
+    // What the demo kept runs without a learner: `reflex run` on its config, in a process of
+    // its own, replays the held-out episodes (the demo judged the same files the same way).
+    let config = v["refined_config"].as_str().unwrap();
+    let run = crate::common::json_output(
+        reflex()
+            .current_dir(repo())
+            .args(["run", "--config", config, "--json"]),
+    );
+    assert_eq!(run["episodes"], 100, "{run}");
+    assert!(run["learner"].is_null(), "no learner runs: {run}");
+    let (lo, hi) = (
+        h["success_rate_wilson_95"][0].as_f64().unwrap(),
+        h["success_rate_wilson_95"][1].as_f64().unwrap(),
+    );
+    let rate = run["success_rate"].as_f64().unwrap();
+    assert!(
+        lo <= rate && rate <= hi,
+        "reflex run on refined.toml: {rate}, the demo's held-out interval {lo}-{hi}"
+    );
+    assert_eq!(
+        run["success_rate"], h["success_rate"],
+        "the same episodes: {run}"
+    );
+    assert_eq!(
+        run["mean_steps"], h["mean_steps"],
+        "the same episodes: {run}"
+    );
+    // `reflex eval` judges it again on another held-out stream, nobody driving.
+    let e = crate::common::json_output(reflex().current_dir(repo()).args([
+        "eval",
+        "--config",
+        config,
+        "--episodes",
+        "40",
+        "--json",
+    ]));
+    assert_eq!(e["episodes"], 40, "{e}");
+    assert_eq!(e["takeovers"], 0, "{e}");
+    assert!(e["success_rate"].as_f64().unwrap() >= 0.75, "{e}");
 }

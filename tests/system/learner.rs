@@ -501,27 +501,12 @@ fn residual_lifts_a_weak_base_and_beats_learning_from_scratch() {
 
 #[test]
 fn the_loop_hook_computes_the_learners_action_with_the_state_scaling_folded_in() {
-    use reflex_policies::sac::ObsNorm;
     use reflex_policies::sac::hook::{ActionNorm, ResidualMlp, export_actor};
     use reflex_runtime::residual::ResidualHook;
     // A state far from unit scale, as a robot's is; the learner scales it, the exported weights
-    // carry the scaling in their first layer.
-    let cfg = SacConfig {
-        action_scale: 0.5,
-        actor_layer_norm: true,
-        // A fast actor, so that the residual is far from its zero start after 200 updates.
-        actor_lr: 3e-3,
-        obs_norm: Some(ObsNorm {
-            center: vec![0.5, -1.0, 2.0],
-            half: vec![0.1, 2.0, 0.5],
-        }),
-        ..small(Mode::Residual, 3)
-    };
-    let mut sac = Sac::new(cfg, 3, 1).unwrap();
-    fill(&mut sac, 300, 3);
-    for _ in 0..200 {
-        sac.train_step().unwrap();
-    }
+    // carry the scaling in their first layer. A fast actor, so that the residual is far from its
+    // zero start after 200 updates.
+    let mut sac = trained_actor(Mode::Residual);
     let norm = ActionNorm::new(&[-2.0], &[2.0], 0.5);
     let (mut hook, mut writer) = ResidualMlp::new(&sac, norm.clone(), false, 0).unwrap();
     writer.publish(1, &export_actor(&sac).unwrap());
@@ -549,6 +534,104 @@ fn the_loop_hook_computes_the_learners_action_with_the_state_scaling_folded_in()
         largest > 1e-2,
         "the trained residual is not zero ({largest})"
     );
+}
+
+/// A trained actor with LayerNorm and a state scaling folded in, in `mode`.
+fn trained_actor(mode: Mode) -> Sac {
+    use reflex_policies::sac::ObsNorm;
+    let cfg = SacConfig {
+        action_scale: 0.5,
+        actor_layer_norm: true,
+        actor_lr: 3e-3,
+        obs_norm: Some(ObsNorm {
+            center: vec![0.5, -1.0, 2.0],
+            half: vec![0.1, 2.0, 0.5],
+        }),
+        ..small(mode, 3)
+    };
+    let mut sac = Sac::new(cfg, 3, 1).unwrap();
+    fill(&mut sac, 300, 3);
+    for _ in 0..200 {
+        sac.train_step().unwrap();
+    }
+    sac
+}
+
+#[test]
+fn the_exported_residual_file_computes_what_the_loop_hook_computes() {
+    use reflex_policies::sac::export::{ExportInfo, ResidualModel, write_residual};
+    use reflex_policies::sac::hook::{ActionNorm, ResidualMlp};
+    use reflex_runtime::residual::ResidualHook;
+    let dir = tempfile::tempdir().unwrap();
+    for mode in [Mode::Residual, Mode::Full] {
+        let sac = trained_actor(mode);
+        let file = dir.path().join(format!("{mode:?}.onnx"));
+        let base = dir.path().join("base.onnx");
+        let info = ExportInfo {
+            name: "test",
+            action_low: &[-2.0],
+            action_high: &[2.0],
+            base_model: Some(&base),
+            provenance: "test".into(),
+        };
+        let spec = write_residual(&sac, &info, &file).unwrap();
+        assert_eq!(spec.kind, "residual");
+        let m = ResidualModel::load(&file).unwrap();
+        assert_eq!(m.spec, spec, "the spec reads back as written");
+        // ONNX Runtime on the file against reflex's evaluation of its weights.
+        let gap = m.check_with_ort(500, 1).unwrap();
+        assert!(
+            gap < 1e-5,
+            "{mode:?}: ONNX Runtime and the hook differ by {gap}"
+        );
+        // The file's hook against the live learner's hook (exploration off): the same numbers.
+        let scale = if mode == Mode::Residual { 0.5 } else { 0.0 };
+        let (mut live, _w) =
+            ResidualMlp::new(&sac, ActionNorm::new(&[-2.0], &[2.0], scale), false, 0).unwrap();
+        let mut kept = m.hook();
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let mut largest = 0.0f32;
+        for _ in 0..200 {
+            let obs: Vec<f32> = (0..3).map(|_| rng.random::<f32>() * 4.0 - 2.0).collect();
+            let base = [rng.random::<f32>() * 3.2 - 1.6];
+            let (mut a, mut b) = ([0.0f32], [0.0f32]);
+            live.residual(&obs, &base, &mut a);
+            kept.residual(&obs, &base, &mut b);
+            assert_eq!(a, b, "{mode:?} at {obs:?}");
+            largest = largest.max(a[0].abs());
+        }
+        assert!(largest > 1e-2, "{mode:?}: a trained actor is not zero");
+    }
+    // A file changed after export: the graph no longer matches its spec, and the check says so.
+    let file = dir.path().join("Residual.onnx");
+    let spec_file = reflex_policies::spec::spec_path(&file);
+    let text = std::fs::read_to_string(&spec_file).unwrap();
+    std::fs::write(
+        &spec_file,
+        text.replace("action_scale = 0.5", "action_scale = 0.25"),
+    )
+    .unwrap();
+    let gap = ResidualModel::load(&file)
+        .unwrap()
+        .check_with_ort(100, 1)
+        .unwrap();
+    assert!(gap > 1e-3, "an edited spec went unnoticed ({gap})");
+    // Weights of the wrong shape and a truncated file are errors naming the file.
+    std::fs::write(
+        &spec_file,
+        text.replace(
+            "hidden = [\n    32,\n    32,\n]",
+            "hidden = [\n    32,\n    16,\n]",
+        ),
+    )
+    .unwrap();
+    let e = ResidualModel::load(&file).unwrap_err().to_string();
+    assert!(e.contains("Residual.onnx") && e.contains("l1.w"), "{e}");
+    std::fs::write(&spec_file, &text).unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+    let e = ResidualModel::load(&file).unwrap_err().to_string();
+    assert!(e.contains("Residual.onnx"), "{e}");
 }
 
 #[test]

@@ -230,24 +230,50 @@ impl ResidualMlp {
         dims.extend_from_slice(&sac.cfg.hidden);
         dims.push(2 * sac.act_dim);
         let w = export_actor(sac)?;
-        let (mut writer, reader) = triple(Weights {
+        let (mut hook, writer) = Self::with_weights(
+            MlpEval::new(dims, sac.cfg.actor_layer_norm),
+            sac.cfg.mode == super::Mode::Full,
+            norm,
+            sac.cfg.action_scale,
+            w,
+        );
+        hook.log_std = sac.cfg.log_std;
+        hook.explore = explore;
+        hook.rng = ChaCha8Rng::seed_from_u64(seed);
+        Ok((hook, writer))
+    }
+
+    /// A hook with fixed weights `w` (a residual file, [`super::export::ResidualModel::hook`]):
+    /// the Gaussian's mean, no exploration, nothing publishes to it.
+    pub fn frozen(mlp: MlpEval, full: bool, norm: ActionNorm, scale: f32, w: Vec<f32>) -> Self {
+        Self::with_weights(mlp, full, norm, scale, w).0
+    }
+
+    fn with_weights(
+        mlp: MlpEval,
+        full: bool,
+        norm: ActionNorm,
+        scale: f32,
+        w: Vec<f32>,
+    ) -> (Self, WeightsWriter) {
+        let act_dim = norm.center.len();
+        let (writer, reader) = triple(Weights {
             version: 0,
-            values: w.clone(),
+            values: w,
         });
         let hook = ResidualMlp {
-            mlp: MlpEval::new(dims, sac.cfg.actor_layer_norm),
-            full: sac.cfg.mode == super::Mode::Full,
-            act_dim: sac.act_dim,
-            scale: sac.cfg.action_scale,
-            log_std: sac.cfg.log_std,
+            mlp,
+            full,
+            act_dim,
+            scale,
+            log_std: (-5.0, 2.0),
             norm,
             weights: reader,
-            explore,
-            rng: ChaCha8Rng::seed_from_u64(seed),
-            base_n: vec![0.0; sac.act_dim],
+            explore: false,
+            rng: ChaCha8Rng::seed_from_u64(0),
+            base_n: vec![0.0; act_dim],
         };
-        writer.write(|s| s.values.clone_from(&w));
-        Ok((hook, crate::sac::hook::writer(writer)))
+        (hook, crate::sac::hook::writer(writer))
     }
 }
 

@@ -13,6 +13,7 @@
 
 pub mod adam;
 pub mod checkpoint;
+pub mod export;
 pub mod hil;
 pub mod hook;
 pub mod nets;

@@ -103,6 +103,7 @@ pub struct ActorBuilder<R: Robot> {
     record: Option<PathBuf>,
     live: Live,
     learner: Option<LearnerSetup>,
+    frozen: Option<ResidualMlp>,
     run_id: Option<String>,
     rejects: Vec<Arc<reflex_bus::Rejects>>,
 }
@@ -123,6 +124,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             record: None,
             live: Live::Off,
             learner: None,
+            frozen: None,
             run_id: None,
             rejects: Vec::new(),
         }
@@ -203,6 +205,14 @@ impl<R: Robot + 'static> ActorBuilder<R> {
         self
     }
 
+    /// Runs a kept residual on the base policy (no learner): the refined policy a learner
+    /// exported ([`reflex_policies::sac::export::ResidualModel::hook`]). A full-mode file
+    /// (trained without a base) runs with no base policy given.
+    pub fn residual_model(mut self, hook: ResidualMlp) -> Self {
+        self.frozen = Some(hook);
+        self
+    }
+
     /// The run's id (default: [`crate::run_id`]).
     pub fn run_id(mut self, id: String) -> Self {
         self.run_id = Some(id);
@@ -219,12 +229,19 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             // reaches nothing but this process.
             self.session = Some(BusConfig::hermetic(vec![], vec![]).open()?);
         }
+        if self.learner.is_some() && self.frozen.is_some() {
+            return Err(AgentError::setup(
+                "a kept residual",
+                "runs without a learner; a learner trains its own from its checkpoint",
+            ));
+        }
         let mode = match (&self.learner, &self.policy) {
             (Some(_), Some(_)) => Some(Mode::Residual),
             (Some(_), None) => Some(Mode::Full),
             (None, _) => None,
         };
-        if mode == Some(Mode::Full) {
+        let frozen_full = self.frozen.is_some() && self.policy.is_none();
+        if mode == Some(Mode::Full) || frozen_full {
             let centre = spec
                 .action
                 .low
@@ -234,7 +251,8 @@ impl<R: Robot + 'static> ActorBuilder<R> {
                 .collect();
             self.policy = Some(Box::new(CentrePolicy { centre }));
         }
-        let inline = matches!(self.clock, ClockChoice::Sim) || mode == Some(Mode::Full);
+        let inline =
+            matches!(self.clock, ClockChoice::Sim) || mode == Some(Mode::Full) || frozen_full;
         let driver = match self.policy.take() {
             None => PolicyDriver::None,
             Some(p) if inline => PolicyDriver::inline(p),
@@ -244,7 +262,10 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             ClockChoice::Sim => Box::new(SimClock::new()),
             ClockChoice::Wall { spin } => Box::new(WallClock::new(spin)),
         };
-        let wires = Wires::start(&mut self, &spec, &run_id, mode)?;
+        let mut wires = Wires::start(&mut self, &spec, &run_id, mode)?;
+        if let Some(h) = self.frozen.take() {
+            wires.residual = Some((h, true));
+        }
         let mut b = ControlLoop::builder(self.robot, clock)
             .safety(self.safety)
             .policy(driver)
@@ -841,6 +862,77 @@ pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn P
     })
 }
 
+/// The kept residual of `[policy.residual]`, checked against the robot, the base policy and
+/// (with ONNX Runtime) its own graph; `None` without one.
+pub fn load_residual(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<ResidualMlp>> {
+    use reflex_policies::sac::export::{ResidualMode, ResidualModel};
+    let Some(r) = &cfg.policy.residual else {
+        return Ok(None);
+    };
+    let m = ResidualModel::load(&r.model)?;
+    let file = r.model.display().to_string();
+    let unfit =
+        |message: String| AgentError::setup(format!("[policy.residual] model `{file}`"), message);
+    match (m.spec.mode, cfg.policy.kind) {
+        (ResidualMode::Residual, PolicyKind::Onnx) => {
+            let base = cfg
+                .policy
+                .model
+                .as_ref()
+                .and_then(|p| p.file_name())
+                .map(|f| f.to_string_lossy().into_owned());
+            if let Some(want) = &m.spec.base_model
+                && base.as_deref() != Some(want.as_str())
+            {
+                return Err(unfit(format!(
+                    "was trained on the base `{want}`, but [policy] model is `{}`: a residual corrects one base policy; run it on that one",
+                    base.unwrap_or_default()
+                )));
+            }
+        }
+        (ResidualMode::Full, PolicyKind::None) => {}
+        (mode, kind) => {
+            return Err(unfit(format!(
+                "is a {mode:?} file and [policy] kind is {kind:?}: a residual runs on kind = \"onnx\" (its base), a full-mode file on kind = \"none\""
+            )));
+        }
+    }
+    if m.spec.state_dim != spec.state_dim() || m.spec.action_dim != spec.action.dim() {
+        return Err(unfit(format!(
+            "takes {} state values and {} actions; robot `{}` has {} and {}",
+            m.spec.state_dim,
+            m.spec.action_dim,
+            spec.name,
+            spec.state_dim(),
+            spec.action.dim()
+        )));
+    }
+    let same = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-6 * x.abs().max(1.0))
+    };
+    if !same(&m.spec.action_low, &spec.action.low) || !same(&m.spec.action_high, &spec.action.high)
+    {
+        return Err(unfit(format!(
+            "was made for action bounds {:?}..{:?}; robot `{}` has {:?}..{:?}",
+            m.spec.action_low, m.spec.action_high, spec.name, spec.action.low, spec.action.high
+        )));
+    }
+    let gap = m.check_with_ort(32, 0)?;
+    if gap > 1e-4 {
+        return Err(unfit(format!(
+            "its graph and its weights disagree by {gap:.2e} (ONNX Runtime against reflex's evaluation): the file was changed after export; export it again"
+        )));
+    }
+    tracing::info!(
+        "kept residual `{file}` ({:?} mode, hidden {:?}); ONNX Runtime agrees within {gap:.1e}",
+        m.spec.mode,
+        m.spec.hidden
+    );
+    Ok(Some(m.hook()))
+}
+
 /// Runs a run config to the end: what `reflex run --config F` does.
 pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> Result<RunReport> {
     let use_bus = cfg.uses_bus(&o.bus);
@@ -922,6 +1014,9 @@ fn drive<R: Robot + 'static>(
         .trace_hz(o.trace_hz.unwrap_or(cfg.bus.trace_hz));
     if let Some(p) = policy {
         b = b.policy(p);
+    }
+    if let Some(h) = load_residual(cfg, b.robot.spec())? {
+        b = b.residual_model(h);
     }
     if let Some(l) = cfg.loop_.clone() {
         b = b.loop_config(l);

@@ -88,6 +88,19 @@ pub struct PolicySection {
     /// ONNX Runtime intra-op threads.
     #[serde(default = "d_threads")]
     pub intra_threads: usize,
+    /// `[policy.residual]`: a refined policy kept from training, run on the base with no
+    /// learner (docs/training.md).
+    #[serde(default)]
+    pub residual: Option<ResidualSection>,
+}
+
+/// `[policy.residual]`: a residual file written by a learner (`residual.onnx` and its spec).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResidualSection {
+    /// The .onnx file; its spec (`kind = "residual"`) is NAME.policy.toml beside it. Relative
+    /// paths are relative to the config file.
+    pub model: PathBuf,
 }
 
 fn d_threads() -> usize {
@@ -104,6 +117,7 @@ impl Default for PolicySection {
             model: None,
             provider: Default::default(),
             intra_threads: d_threads(),
+            residual: None,
         }
     }
 }
@@ -266,6 +280,9 @@ impl RunConfig {
         if let Some(u) = &mut c.robot.urdf {
             resolve(u);
         }
+        if let Some(r) = &mut c.policy.residual {
+            resolve(&mut r.model);
+        }
         Ok(c)
     }
 
@@ -311,6 +328,22 @@ impl Validate for RunConfig {
         self.safety.validate("safety")?;
         in_range("robot", "timeout_ms", self.robot.timeout_ms, 1.0, 600_000.0)?;
         in_range("bus", "trace_hz", self.bus.trace_hz, 0.0, 1000.0)?;
+        if self.policy.residual.is_some() && self.learner.is_some() {
+            return Err(Invalid {
+                key: "policy.residual".into(),
+                value: "(present with a [learner] table)".into(),
+                allowed: "a kept residual runs without a learner: remove [learner] to run it, or remove [policy.residual] to train (a learner resumes from its checkpoint, not from the residual file)".into(),
+            });
+        }
+        if self.policy.residual.is_some()
+            && !matches!(self.policy.kind, PolicyKind::Onnx | PolicyKind::None)
+        {
+            return Err(Invalid {
+                key: "policy.residual".into(),
+                value: format!("(present with policy.kind = {:?})", self.policy.kind),
+                allowed: "policy.kind = \"onnx\" (the base the residual was trained on) or \"none\" (a policy learned from scratch)".into(),
+            });
+        }
         if let Some(l) = &self.learner {
             l.validate(self.learner_mode())?;
             if self.policy.kind == PolicyKind::Expert {
@@ -351,6 +384,9 @@ fn d_every() -> f64 {
 }
 fn d_one() -> u64 {
     1
+}
+fn d_backlog() -> usize {
+    5_000
 }
 
 /// `[learner]` of a run config: shared by the actor (`reflex run`) and the learner.
@@ -393,6 +429,11 @@ pub struct LearnerSection {
     /// the robot, docs/training.md) or `sac` (SAC's own defaults, RLPD-like).
     #[serde(default)]
     pub preset: Preset,
+    /// When more than about this many received steps wait to be taken, the learner stores
+    /// them without training on them (counted as `updates_shed`): a learner slower than the
+    /// robot keeps every step and a bounded queue, and trains at the rate it can.
+    #[serde(default = "d_backlog")]
+    pub shed_updates_above: usize,
 }
 
 /// What a learner does with a checkpoint it cannot read.
@@ -482,6 +523,13 @@ impl LearnerSection {
             self.publish_every_episodes,
             1,
             1_000_000,
+        )?;
+        in_range(
+            "learner",
+            "shed_updates_above",
+            self.shed_updates_above,
+            64,
+            100_000_000,
         )?;
         self.sac_config(mode, 0)?;
         self.link.validate("learner.link")

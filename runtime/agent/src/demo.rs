@@ -284,37 +284,29 @@ impl PersonCount {
 }
 
 impl Rig {
-    /// The refined policy alone on `o.eval_episodes` more episodes: nobody takes over, the
-    /// residual's deterministic action (its mean), no training. The episodes' seeds continue
-    /// the loop's seed stream, so none repeats a training seed (checked in [`HeldOut`]). In
-    /// `full` mode the learner's mean action is the command; in `noise` mode the steered
-    /// policy still samples its noise from the actor's Gaussian.
+    /// The steered policy alone on `o.eval_episodes` more episodes (noise mode, which keeps no
+    /// residual file): nobody takes over, no training, the held-out seed stream (checked against
+    /// training's in [`HeldOut`]); the steered policy still samples its noise from the actor's
+    /// Gaussian.
     fn evaluate_alone(
         &mut self,
         o: &DemoOptions,
         progress: &dyn Progress,
     ) -> Result<Vec<reflex_runtime::control::EpisodeSummary>> {
         let dim = self.lp.robot().spec().action.dim();
-        let mut msg = TeleopMsg {
+        let msg = TeleopMsg {
             action: vec![0.0; dim],
             seq: u64::MAX / 2,
             ..Default::default()
         };
         self.teleop.send(&msg); // nobody drives from here on
         self.lp.set_residual_explore(false);
+        self.lp
+            .restart_with_seed(crate::heldout::held_out_seed(o.seed))?;
         let start = self.lp.episodes().len();
         progress.start(o.eval_episodes as u64, "held-out episodes");
-        progress.message("the refined policy alone");
+        progress.message("the steered policy alone");
         while self.lp.episodes().len() - start < o.eval_episodes {
-            if o.mode == Mode::Full {
-                let state = self.lp.robot().obs().state.clone();
-                let mut a = self.sac.act(&state, &[], true)?;
-                self.norm.to_robot(&mut a);
-                msg.action.copy_from_slice(&a);
-                msg.intervene = true;
-                msg.seq += 1;
-                self.teleop.send(&msg);
-            }
             let before = self.lp.episodes().len();
             self.lp.step()?;
             while let Some(tr) = self.orx.try_recv() {
@@ -469,16 +461,22 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     // Keep what was learned, then judge it alone on seeds training never saw.
     let ckpt = dir.join("learner.ckpt");
     rig.sac.save(&ckpt)?;
+    let kept = keep_refined(o, &dir, &rig.sac, &spec)?;
     let trained = rig.lp.episodes().to_vec();
-    let held = if o.eval_episodes > 0 {
-        let eval = rig.evaluate_alone(o, progress)?;
-        let mut h = crate::heldout::HeldOut::of(&eval, &trained);
-        if o.mode == Mode::Full {
-            h.takeovers = 0; // the learner's own commands travel the teleop path
+    let held = match (&kept, o.eval_episodes) {
+        (_, 0) => None,
+        // The kept files judged as a robot would run them: `reflex run --config refined.toml`
+        // in this process (fresh base policy, the residual read back from its file).
+        (Some((_, config)), _) => {
+            progress.message("the refined policy alone, from the kept files");
+            let cfg = crate::config::RunConfig::load(config)?;
+            let report = crate::actor::run_config(&cfg, &Default::default(), progress)?;
+            Some(crate::heldout::HeldOut::of(&report.episodes, &trained))
         }
-        Some(h)
-    } else {
-        None
+        (None, _) => Some(crate::heldout::HeldOut::of(
+            &rig.evaluate_alone(o, progress)?,
+            &trained,
+        )),
     };
     if let Some(r) = recorder {
         let st = r.finish();
@@ -490,6 +488,10 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let reasons = human.as_ref().map(|h| h.reasons);
     let mut r = summarize(o, &dir, rows, wall, &rig.sac, reasons, held.as_ref())?;
     r.summary["checkpoint"] = ckpt.display().to_string().into();
+    if let Some((model, config)) = &kept {
+        r.summary["residual"] = model.display().to_string().into();
+        r.summary["refined_config"] = config.display().to_string().into();
+    }
     if let Some(h) = held {
         // The headline is the policy alone on held-out seeds; training's figures keep their
         // own names (`success_rate_last_20`).
@@ -505,6 +507,58 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     reflex_runtime::fsio::atomic_write(&summary_file, &body)
         .map_err(|e| AgentError::io(&summary_file, e))?;
     Ok(r)
+}
+
+/// Keeps the refined policy as files a robot runs without a learner: the residual (ONNX and its
+/// spec) and `refined.toml`, a run config of the base with that residual on the held-out seed
+/// stream, so `reflex run --config refined.toml` runs the held-out evaluation again. Noise mode
+/// steers a diffusion policy's noise and has no residual to keep (its checkpoint is kept).
+fn keep_refined(
+    o: &DemoOptions,
+    dir: &std::path::Path,
+    sac: &Sac,
+    spec: &reflex_contracts::msg::RobotSpec,
+) -> Result<Option<(PathBuf, PathBuf)>> {
+    if o.mode == Mode::Noise {
+        return Ok(None);
+    }
+    let model = dir.join("residual.onnx");
+    let base = std::fs::canonicalize(&o.model).map_err(|e| AgentError::io(&o.model, e))?;
+    let info = reflex_policies::sac::export::ExportInfo {
+        name: &format!("pick residual, demo seed {}", o.seed),
+        action_low: &spec.action.low,
+        action_high: &spec.action.high,
+        base_model: Some(&base),
+        provenance: format!(
+            "reflex demo --seed {} --episodes {} --mode {}",
+            o.seed,
+            o.episodes,
+            mode_name(o.mode)
+        ),
+    };
+    reflex_policies::sac::export::write_residual(sac, &info, &model)?;
+    let policy = match o.mode {
+        Mode::Full => "kind = \"none\"".to_string(),
+        _ => format!(
+            "kind = \"onnx\"\nmodel = {:?}\nseed = {}",
+            base.display().to_string(),
+            o.seed
+        ),
+    };
+    let text = format!(
+        "# The refined policy of this demo run: the base policy with the residual its learner kept,\n\
+         # no learner. `reflex run --config refined.toml` runs the demo's held-out episodes again;\n\
+         # `reflex eval --config refined.toml` judges it on another held-out seed stream.\n\
+         [robot]\nsource = \"sim\"\n\n[sim]\ntask = \"pick\"\n\n[policy]\n{policy}\n\n\
+         [policy.residual]\nmodel = \"residual.onnx\"\n\n\
+         [run]\nepisodes = {}\nseed = {}\nclock = \"sim\"\n",
+        o.eval_episodes.max(1),
+        crate::heldout::held_out_seed(o.seed)
+    );
+    let config = dir.join("refined.toml");
+    reflex_runtime::fsio::atomic_write(&config, text.as_bytes())
+        .map_err(|e| AgentError::io(&config, e))?;
+    Ok(Some((model, config)))
 }
 
 /// The demo's running count of episodes.
@@ -630,14 +684,32 @@ fn summarize(
         .map(|r| (r.interventions > 0) as u8 as f64)
         .collect();
     let (s20, i20) = (rolling(&succ, 20), rolling(&intv, 20));
+    let title = format!("reflex demo, {} mode, seed {}", mode_name(o.mode), o.seed);
     crate::plot::curves_png(
         &dir.join("learning_curve.png"),
-        &[(&s20, [30, 160, 60]), (&i20, [210, 50, 40])],
-        held.map(|h| crate::plot::Band {
-            rate: h.success_rate,
-            low: h.success_rate_wilson_95.0,
-            high: h.success_rate_wilson_95.1,
-        }),
+        &crate::plot::Chart {
+            title: &title,
+            x_label: "training episode",
+            y_label: "rate over the last 20 episodes (%)",
+            series: &[
+                crate::plot::Series {
+                    label: "success, robot alone",
+                    values: &s20,
+                    rgb: [30, 160, 60],
+                },
+                crate::plot::Series {
+                    label: "episodes with a takeover",
+                    values: &i20,
+                    rgb: [210, 50, 40],
+                },
+            ],
+            band: held.map(|h| crate::plot::Band {
+                rate: h.success_rate,
+                low: h.success_rate_wilson_95.0,
+                high: h.success_rate_wilson_95.1,
+                label: format!("held-out success, {} episodes (95% CI)", h.episodes),
+            }),
+        },
     )?;
     let points: Vec<reflex_record::LearningPoint> = rows
         .iter()

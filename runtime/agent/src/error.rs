@@ -50,6 +50,9 @@ pub enum AgentError {
     /// A learner checkpoint.
     #[error(transparent)]
     Checkpoint(#[from] reflex_policies::sac::checkpoint::CheckpointError),
+    /// A kept residual file.
+    #[error(transparent)]
+    Residual(#[from] reflex_policies::sac::export::ResidualError),
     /// Diffusion steering.
     #[error(transparent)]
     Steer(#[from] reflex_policies::sac::steer::SteerError),

@@ -2,7 +2,24 @@
 //! takeovers (which must be zero when nobody watches), and a check that the seeds are not ones
 //! training saw.
 
+use crate::actor::{RunOptions, RunReport, run_config};
+use crate::config::RunConfig;
+use crate::progress::Progress;
+use crate::{AgentError, error::Result};
 use reflex_runtime::control::EpisodeSummary;
+use std::path::PathBuf;
+
+/// The seed of the held-out episode stream of a run trained with episode seed `train_seed`: a
+/// different generator stream (SplitMix64 of the seed with a tag), so an evaluation never
+/// replays training's episodes, and not an involution, so evaluating the evaluation's own
+/// config draws a third stream rather than training's. Below 2^63, so a TOML file (signed
+/// 64-bit integers) holds it as `[run] seed`.
+pub fn held_out_seed(train_seed: u64) -> u64 {
+    let mut z = (train_seed ^ 0x4845_4c44_4f55_5421).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) >> 1
+}
 
 /// The 95% Wilson score interval of `k` successes in `n` trials (Wilson 1927; it stays inside
 /// [0, 1] and is honest at small `n` and at rates near 0 or 1, unlike the normal approximation).
@@ -64,9 +81,77 @@ impl HeldOut {
     }
 }
 
+/// What `reflex eval` is asked.
+#[derive(Clone, Debug, Default)]
+pub struct EvalOptions {
+    /// Episodes.
+    pub episodes: u64,
+    /// A residual file to run instead of the config's `[policy.residual]`.
+    pub residual: Option<PathBuf>,
+    /// Seed of the episode stream (default: [`held_out_seed`] of the config's `[run] seed`).
+    pub seed: Option<u64>,
+    /// How the actor reaches the bus (remote robots).
+    pub run: RunOptions,
+}
+
+/// `reflex eval`: the config's robot and policy alone (no learner, nobody driving), the kept
+/// residual's deterministic action when there is one, on a seed stream apart from training's.
+/// A takeover during the evaluation is an error: the figure would not be the policy's.
+pub fn evaluate_config(
+    cfg: &RunConfig,
+    o: &EvalOptions,
+    progress: &dyn Progress,
+) -> Result<(HeldOut, RunReport, u64)> {
+    let mut cfg = cfg.clone();
+    if cfg.learner.take().is_some() {
+        tracing::info!("reflex eval: the config's [learner] is left out (the policy alone)");
+    }
+    if let Some(r) = &o.residual {
+        cfg.policy.residual = Some(crate::config::ResidualSection { model: r.clone() });
+    }
+    let seed = o.seed.unwrap_or_else(|| held_out_seed(cfg.run.seed));
+    cfg.run.seed = seed;
+    cfg.run.episodes = o.episodes;
+    cfg.run.eval_episodes = 0;
+    let report = run_config(
+        &cfg,
+        &RunOptions {
+            episodes: None,
+            ..o.run.clone()
+        },
+        progress,
+    )?;
+    let h = HeldOut::of(&report.episodes, &[]);
+    if h.takeovers > 0 {
+        return Err(AgentError::setup(
+            "reflex eval",
+            format!(
+                "a person took over {} times during the evaluation, so its success rate is not the policy's; stop teleop on this robot and evaluate again",
+                h.takeovers
+            ),
+        ));
+    }
+    Ok((h, report, seed))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_out_seeds_differ_from_training_and_from_their_own_held_out() {
+        for s in [0u64, 1, 2, 3, 42, u64::MAX] {
+            let h = held_out_seed(s);
+            assert!(h <= i64::MAX as u64, "a TOML integer");
+            assert_ne!(h, s);
+            assert_ne!(
+                held_out_seed(h),
+                s,
+                "evaluating an evaluation must not replay training"
+            );
+            assert_ne!(held_out_seed(h), h);
+        }
+    }
 
     #[test]
     fn wilson_matches_published_values() {

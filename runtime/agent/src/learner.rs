@@ -100,6 +100,9 @@ pub struct LearnerReport {
     pub checkpoints: u64,
     /// Critic updates.
     pub updates: u64,
+    /// Steps stored without an update because the learner was behind
+    /// (`[learner] shed_updates_above`).
+    pub updates_shed: u64,
     /// Transitions in the online buffer.
     pub online_buffer: usize,
     /// Transitions in the demo buffer.
@@ -134,6 +137,11 @@ pub fn action_norm(spec: &RobotSpec, sac: &Sac) -> ActionNorm {
         0.0
     };
     ActionNorm::new(&spec.action.low, &spec.action.high, scale)
+}
+
+/// The residual file a learner keeps beside its checkpoint: `X.ckpt` -> `X.residual.onnx`.
+pub fn residual_path(ckpt: &Path) -> PathBuf {
+    ckpt.with_extension("residual.onnx")
 }
 
 /// The checkpoint before the newest (kept so that a corrupt newest one loses one interval).
@@ -266,6 +274,9 @@ struct Session<'a> {
     episodes: u64,
     checkpoints: u64,
     last_ckpt: Instant,
+    updates_shed: u64,
+    /// The robot's action bounds, for the residual file kept beside each checkpoint.
+    action_bounds: (Vec<f32>, Vec<f32>),
 }
 
 impl Session<'_> {
@@ -278,9 +289,17 @@ impl Session<'_> {
             self.asm.reset();
         }
         let flush = batch.flush;
+        // Behind the robot: store this batch without training on it, so the queue stays
+        // bounded and no step is lost (the update-to-data ratio drops instead).
+        let shed =
+            self.link.queued() * batch.steps.len().max(1) > self.cfg.section.shed_updates_above;
         for s in &batch.steps {
             self.asm.push(&mut self.sac, s)?;
-            self.sac.train_step()?;
+            if shed {
+                self.updates_shed += 1;
+            } else {
+                self.sac.train_step()?;
+            }
             if s.ends_episode() {
                 self.episodes += 1;
                 if self
@@ -301,6 +320,29 @@ impl Session<'_> {
         Ok(true)
     }
 
+    /// Writes the actor beside the checkpoint as a residual file a robot runs without a learner
+    /// (`<checkpoint>.residual.onnx` and its spec; docs/training.md). Noise mode has none.
+    fn keep_residual(&self) -> Result<()> {
+        if self.cfg.mode == Mode::Noise {
+            return Ok(());
+        }
+        let model = residual_path(&self.ckpt);
+        let info = reflex_policies::sac::export::ExportInfo {
+            name: &format!("{} residual", self.cfg.robot),
+            action_low: &self.action_bounds.0,
+            action_high: &self.action_bounds.1,
+            base_model: self.cfg.base_model.as_deref(),
+            provenance: format!(
+                "learner checkpoint {} after {} steps, {} updates",
+                self.ckpt.display(),
+                self.link.position().persisted,
+                self.sac.counters.critic_updates
+            ),
+        };
+        reflex_policies::sac::export::write_residual(&self.sac, &info, &model)?;
+        Ok(())
+    }
+
     /// Checkpoints what is stored (a step held for its successor is not stored yet).
     fn checkpoint(&mut self, force: bool) -> Result<()> {
         let pos = self.link.position();
@@ -309,6 +351,7 @@ impl Session<'_> {
             force || self.last_ckpt.elapsed().as_secs_f64() >= self.cfg.section.checkpoint_every_s;
         if pos.actor != 0 && stored_upto > pos.persisted && due {
             save(&mut self.sac, &self.ckpt, &pos, stored_upto)?;
+            self.keep_residual()?;
             self.link.persisted(stored_upto);
             self.checkpoints += 1;
             self.last_ckpt = Instant::now();
@@ -377,6 +420,8 @@ fn start<'a>(
         episodes: 0,
         checkpoints: 0,
         last_ckpt: Instant::now(),
+        updates_shed: 0,
+        action_bounds: (spec.action.low.clone(), spec.action.high.clone()),
     })
 }
 
@@ -444,6 +489,7 @@ impl Session<'_> {
             weights_version: p.weights_version,
             checkpoints: self.checkpoints,
             updates: self.sac.counters.critic_updates,
+            updates_shed: self.updates_shed,
             online_buffer: self.sac.online.len(),
             demo_buffer: self.sac.demo.len(),
             wall_s,

@@ -248,6 +248,8 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
         "transitions_sent": link.steps,
         "transitions_persisted": link.persisted,
         "transitions_received_by_last_learner": learner.as_ref().map(|l| l.received),
+        "updates_by_last_learner": learner.as_ref().map(|l| l.updates),
+        "updates_shed_by_last_learner": learner.as_ref().map(|l| l.updates_shed),
         "transitions_lost": link.lost,
         "transitions_unpersisted_at_exit": link.unpersisted_at_exit,
         "resent": link.resent,
