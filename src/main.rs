@@ -36,10 +36,15 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
-    /// Imitation learning: train a diffusion policy from recorded episodes.
+    /// Imitation learning: train a diffusion policy from recorded episodes or a LeRobot dataset.
     Bc {
         #[command(subcommand)]
         command: BcCommand,
+    },
+    /// Datasets: export recorded episodes as a LeRobotDataset v3.0.
+    Dataset {
+        #[command(subcommand)]
+        command: cmd::tools::DatasetCommand,
     },
     /// The actor: runs the control loop against a robot with a policy (config file).
     Run(cmd::run::RunArgs),
@@ -109,6 +114,7 @@ fn main() {
         Command::Learn(a) => cmd::learn::run(a),
         Command::Policy { command } => cmd::tools::policy(command),
         Command::Bc { command } => cmd::tools::bc(command),
+        Command::Dataset { command } => cmd::tools::dataset(command),
         Command::Doctor => cli::doctor(),
         Command::Soak(a) => cmd::bench::soak(a),
     };

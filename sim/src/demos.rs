@@ -37,6 +37,16 @@ pub struct Episode {
     pub terminated: bool,
     /// The episode hit its time limit.
     pub truncated: bool,
+    /// Who acted at each step: 0 the policy, 1 a person (empty: not recorded, e.g. an expert's
+    /// demonstrations).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actors: Vec<u8>,
+    /// The base policy's action at each step (with `actors`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub base_actions: Vec<Vec<f32>>,
+    /// The residual added to it at each step (with `actors`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub residuals: Vec<Vec<f32>>,
 }
 
 /// One line of the manifest.

@@ -63,8 +63,18 @@ pub struct PolicyBenchArgs {
 #[derive(Args)]
 pub struct TrainArgs {
     /// A directory written by `reflex sim demos`.
+    #[arg(long, required_unless_present = "dataset", conflicts_with = "dataset")]
+    demos: Option<PathBuf>,
+    /// A LeRobotDataset v3.0 directory (meta/info.json, data/...), e.g. one `reflex dataset
+    /// export` wrote or one from the Hugging Face Hub.
     #[arg(long)]
-    demos: PathBuf,
+    dataset: Option<PathBuf>,
+    /// The dataset's state feature.
+    #[arg(long, default_value = "observation.state")]
+    state_key: String,
+    /// The dataset's action feature.
+    #[arg(long, default_value = "action")]
+    action_key: String,
     /// Output model, e.g. models/pick.onnx (the spec is written beside it).
     #[arg(long)]
     out: PathBuf,
@@ -135,10 +145,82 @@ pub fn policy(cmd: PolicyCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(Subcommand)]
+pub enum DatasetCommand {
+    /// Write recorded episodes as a dataset other tools read (LeRobotDataset v3.0).
+    Export(ExportArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DatasetFormat {
+    /// LeRobotDataset v3.0 (parquet data and metadata, info.json, stats.json).
+    Lerobot,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// Recorded episodes: a directory written by `reflex sim demos`.
+    #[arg(long, required_unless_present = "run", conflicts_with = "run")]
+    demos: Option<PathBuf>,
+    /// A run directory with recorded steps (`<run>/steps`, written by `reflex demo`).
+    #[arg(long)]
+    run: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "lerobot")]
+    format: DatasetFormat,
+    /// The dataset directory to create (new or empty).
+    #[arg(long)]
+    out: PathBuf,
+    /// The task in words (default: the robot's kind).
+    #[arg(long)]
+    task: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn dataset(cmd: DatasetCommand) -> anyhow::Result<()> {
+    let DatasetCommand::Export(a) = cmd;
+    let DatasetFormat::Lerobot = a.format;
+    let demos = match (a.demos, a.run) {
+        (Some(d), _) => d,
+        (None, Some(r)) => r.join("steps"),
+        (None, None) => anyhow::bail!("give --demos DIR or --run DIR"),
+    };
+    let r = reflex_agent::dataset::export_lerobot(&reflex_agent::dataset::ExportOptions {
+        demos,
+        out: a.out.clone(),
+        task: a.task,
+    })?;
+    if a.json {
+        print_json(&serde_json::to_value(&r)?);
+    } else {
+        println!(
+            "wrote {} episodes, {} frames ({} data files; features {}) to {} (LeRobotDataset {})",
+            r.episodes,
+            r.frames,
+            r.data_files,
+            r.features.join(", "),
+            a.out.display(),
+            reflex_agent::dataset::CODEBASE_VERSION
+        );
+    }
+    Ok(())
+}
+
 pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
     let BcCommand::Train(a) = cmd;
+    let source = match (a.demos, a.dataset) {
+        (Some(d), _) => policytools::TrainSource::Demos(d),
+        (None, Some(dir)) => policytools::TrainSource::LeRobot {
+            dir,
+            state_key: a.state_key,
+            action_key: a.action_key,
+        },
+        (None, None) => anyhow::bail!("give --demos DIR or --dataset DIR"),
+    };
     let o = TrainOptions {
-        demos: a.demos,
+        source,
         out: a.out,
         episodes: a.episodes,
         cfg: TrainConfig {

@@ -50,6 +50,40 @@ fn demo_runs_end_to_end_and_writes_its_summary_and_curve() {
     );
     let refined = std::fs::read_to_string(v["refined_config"].as_str().unwrap()).unwrap();
     assert!(refined.contains("[policy.residual]"), "{refined}");
+    // The run's steps as a LeRobot dataset, with who acted, the base action and the residual.
+    let ds = dir.path().join("lerobot");
+    let out = reflex()
+        .args([
+            "dataset",
+            "export",
+            "--run",
+            v["run_dir"].as_str().unwrap(),
+            "--out",
+        ])
+        .arg(&ds)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c = crate::dataset::check_lerobot(&ds);
+    assert_eq!(
+        c["episodes"], 8,
+        "6 training episodes and 2 demonstrations: {c}"
+    );
+    assert_eq!(c["frames"], v["env_steps"], "{c}");
+    assert!(
+        c["people"].as_u64().unwrap() > 0,
+        "the person's steps are marked: {c}"
+    );
+    for f in ["reflex.person", "reflex.base_action", "reflex.residual"] {
+        assert!(
+            c["features"].as_array().unwrap().iter().any(|x| x == f),
+            "{f}: {c}"
+        );
+    }
     assert_eq!(v["demonstrations"], 2);
     // Five updates per environment step (demonstrations included) from the 256th step on.
     let (steps, updates) = (

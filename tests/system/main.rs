@@ -6,6 +6,7 @@ mod bus;
 mod cli;
 mod common;
 mod control;
+mod dataset;
 mod demo;
 mod faults;
 mod gym_bridge;

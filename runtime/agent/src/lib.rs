@@ -20,6 +20,7 @@ pub mod actor;
 pub mod assemble;
 pub mod bench;
 pub mod config;
+pub mod dataset;
 pub mod demo;
 mod error;
 pub mod heldout;

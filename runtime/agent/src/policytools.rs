@@ -169,11 +169,27 @@ pub fn write_model(out: &Path, onnx: &[u8], spec: &PolicySpec) -> Result<()> {
     Ok(())
 }
 
+/// Where `reflex bc train` reads its episodes.
+#[derive(Clone, Debug)]
+pub enum TrainSource {
+    /// A directory written by `reflex sim demos`.
+    Demos(PathBuf),
+    /// A LeRobotDataset v3.0 directory, and the state and action features to train on.
+    LeRobot {
+        /// The dataset's root (with `meta/info.json`).
+        dir: PathBuf,
+        /// State feature (default `observation.state`).
+        state_key: String,
+        /// Action feature (default `action`).
+        action_key: String,
+    },
+}
+
 /// What `reflex bc train` asks for.
 #[derive(Clone, Debug)]
 pub struct TrainOptions {
-    /// A directory written by `reflex sim demos`.
-    pub demos: PathBuf,
+    /// The episodes.
+    pub source: TrainSource,
     /// Output model (its spec is written beside it).
     pub out: PathBuf,
     /// Use only the first N episodes.
@@ -199,13 +215,34 @@ pub struct TrainReport {
 
 /// Trains a diffusion policy on recorded episodes and exports it to ONNX with its spec.
 pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport> {
-    let m = reflex_sim::demos::read_manifest(&o.demos)?;
-    let take = o.episodes.unwrap_or(m.episodes.len()).min(m.episodes.len());
-    let mut eps = vec![];
-    for e in &m.episodes[..take] {
-        let ep = reflex_sim::demos::read_episode(&o.demos, e)?;
-        eps.push((ep.observations, ep.actions));
-    }
+    // The episodes, the action size, the robot kind and where they came from.
+    let (mut eps, action_dim, kind, origin) = match &o.source {
+        TrainSource::Demos(dir) => {
+            let m = reflex_sim::demos::read_manifest(dir)?;
+            let take = o.episodes.unwrap_or(m.episodes.len()).min(m.episodes.len());
+            let mut eps = vec![];
+            for e in &m.episodes[..take] {
+                let ep = reflex_sim::demos::read_episode(dir, e)?;
+                eps.push((ep.observations, ep.actions));
+            }
+            let origin = format!("demos {}: {}", dir.display(), m.command);
+            (eps, m.spec.action.dim(), Some(m.spec.kind.clone()), origin)
+        }
+        TrainSource::LeRobot {
+            dir,
+            state_key,
+            action_key,
+        } => {
+            let d = crate::dataset::read_lerobot(dir, state_key, action_key)?;
+            let origin = format!(
+                "LeRobot dataset {} ({state_key} -> {action_key})",
+                dir.display()
+            );
+            (d.episodes, d.action_dim, d.robot_type, origin)
+        }
+    };
+    eps.truncate(o.episodes.unwrap_or(eps.len()));
+    let take = eps.len();
     let samples = make_samples(&eps, o.cfg.horizon);
     let name = o
         .out
@@ -213,20 +250,19 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
         .map(|s| s.to_string_lossy().to_string())
         .unwrap_or_else(|| "policy".into());
     tracing::info!(
-        "training `{name}` on {take} episodes ({} samples) from {}",
+        "training `{name}` on {take} episodes ({} samples) from {origin}",
         samples.len(),
-        o.demos.display()
     );
     progress.start(o.cfg.steps as u64, "steps");
     let t0 = Instant::now();
     let mut last = 0u64;
     let mut trained = train(
         &samples,
-        m.spec.action.dim(),
+        action_dim,
         &o.cfg,
         &name,
         vec![],
-        Some(m.spec.kind.clone()),
+        kind,
         |step, loss| {
             progress.inc(step as u64 - last.min(step as u64));
             last = step as u64;
@@ -235,9 +271,8 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
     )?;
     progress.finish();
     trained.spec.provenance = Some(format!(
-        "{} (demos: {}; {take} episodes, {} samples; trained in {:.0} s)",
+        "{} ({origin}; {take} episodes, {} samples; trained in {:.0} s)",
         o.command,
-        m.command,
         samples.len(),
         t0.elapsed().as_secs_f64()
     ));

@@ -1,0 +1,156 @@
+//! Datasets out and in: a LeRobotDataset v3.0 export checked the way LeRobot's loader reads it
+//! (tests/system/check_lerobot_dataset.py), and a base policy trained from the export against one
+//! trained from reflex's own episode format on the same episodes.
+
+use crate::common::{python, reflex, repo};
+use std::path::Path;
+
+/// What the checker says about the dataset at `dir` (it fails the test with its reason).
+pub fn check_lerobot(dir: &Path) -> serde_json::Value {
+    crate::common::json_output(
+        std::process::Command::new(python())
+            .arg(repo().join("tests/system/check_lerobot_dataset.py"))
+            .arg(dir),
+    )
+}
+
+/// Success rate of `model` alone on the pick task, 20 held-out episodes (`reflex eval`).
+fn success_of(model: &Path, dir: &Path) -> f64 {
+    let cfg = dir.join(format!(
+        "{}.toml",
+        model
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+    ));
+    std::fs::write(
+        &cfg,
+        format!(
+            "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[policy]\nkind = \"onnx\"\nmodel = {:?}\n[run]\nseed = 5\n",
+            model.display().to_string()
+        ),
+    )
+    .unwrap();
+    let v = crate::common::json_output(reflex().current_dir(repo()).args([
+        "eval",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--episodes",
+        "20",
+        "--json",
+    ]));
+    assert_eq!(v["takeovers"], 0, "{v}");
+    v["success_rate"].as_f64().unwrap()
+}
+
+#[test]
+fn an_exported_lerobot_dataset_loads_as_lerobot_reads_it_and_trains_the_same_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (demos, ds) = (dir.path().join("demos"), dir.path().join("ds"));
+    let out = reflex()
+        .current_dir(repo())
+        .args([
+            "sim",
+            "demos",
+            "--task",
+            "pick",
+            "--episodes",
+            "12",
+            "--noise",
+            "0.2",
+        ])
+        .args(["--seed", "1", "--out"])
+        .arg(&demos)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = crate::common::json_output(
+        reflex()
+            .args([
+                "dataset", "export", "--format", "lerobot", "--json", "--demos",
+            ])
+            .arg(&demos)
+            .arg("--out")
+            .arg(&ds),
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(demos.join("manifest.json")).unwrap()).unwrap();
+    let steps: u64 = manifest["episodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["steps"].as_u64().unwrap())
+        .sum();
+    assert_eq!(e["episodes"], 12, "{e}");
+    assert_eq!(e["frames"], steps, "{e}");
+    let c = check_lerobot(&ds);
+    assert_eq!(c["frames"], steps, "{c}");
+    assert_eq!(c["robot_type"], "sim/pick", "{c}");
+    assert_eq!(c["task"], "sim/pick", "{c}");
+    assert_eq!(c["fps"], 20.0, "{c}");
+    // Exporting into a directory that holds something is refused (nothing is overwritten).
+    let again = reflex()
+        .args(["dataset", "export", "--demos"])
+        .arg(&demos)
+        .arg("--out")
+        .arg(&ds)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && err.contains("not empty"),
+        "{err}"
+    );
+    // The same episodes through both readers: the same samples, the same network bit for bit,
+    // and so the same success.
+    let (a, b) = (
+        dir.path().join("a/pick.onnx"),
+        dir.path().join("b/pick.onnx"),
+    );
+    for (flag, src, model) in [("--demos", &demos, &a), ("--dataset", &ds, &b)] {
+        let out = reflex()
+            .current_dir(repo())
+            .args(["bc", "train", flag])
+            .arg(src)
+            .arg("--out")
+            .arg(model)
+            .args(["--steps", "300", "--seed", "1"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{flag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "the policy trained from the LeRobot export differs from the one trained from reflex's format"
+    );
+    let (sa, sb) = (success_of(&a, dir.path()), success_of(&b, dir.path()));
+    eprintln!(
+        "success alone, 20 episodes: from reflex's format {sa}, from the LeRobot export {sb}"
+    );
+    assert!(sb >= sa, "{sb} < {sa}");
+    // A feature the dataset does not have is named, with the ones it has.
+    let out = reflex()
+        .args(["bc", "train", "--dataset"])
+        .arg(&ds)
+        .args(["--state-key", "observation.joints", "--out"])
+        .arg(dir.path().join("c/pick.onnx"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("observation.joints")
+            && err.contains("observation.state"),
+        "{err}"
+    );
+}
