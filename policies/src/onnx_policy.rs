@@ -325,6 +325,13 @@ fn expected_inputs(
                 "float32",
                 Some(vec![3, *height as i64, *width as i64]),
             )),
+            InputSource::Constant {
+                name, dtype, shape, ..
+            } => v.push((
+                name.clone(),
+                dtype.ort_name(),
+                Some(shape.iter().map(|d| *d as i64).collect()),
+            )),
             InputSource::Language {
                 name,
                 max_len,
@@ -414,8 +421,21 @@ pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpe
     }
     for g in &inputs {
         if !expected.iter().any(|(n, _, _)| n == &g.name) {
+            // A fixed-size input nothing feeds: say how to feed it a constant.
+            let tail: Vec<i64> = g.dims.iter().skip(1).copied().collect();
+            let fix = if matches!(g.elem.as_str(), "float32" | "int64")
+                && tail.iter().all(|d| *d > 0)
+            {
+                let n: i64 = tail.iter().product();
+                format!(
+                    "; if it takes the same values at every call, add to the spec: [[inputs]] source = \"constant\", name = \"{}\", dtype = \"{}\", shape = {tail:?}, values = [{n} values]",
+                    g.name, g.elem
+                )
+            } else {
+                String::new()
+            };
             problems.push(format!(
-                "graph input `{}` ({} {:?}) is not fed by any spec input",
+                "graph input `{}` ({} {:?}) is not fed by any spec input{fix}",
                 g.name, g.elem, g.dims
             ));
         }
@@ -467,6 +487,12 @@ enum Prepared {
     Tokens {
         ids: Vec<i64>,
         mask: Option<(String, Vec<i64>)>,
+    },
+    Constant {
+        shape: Vec<usize>,
+        f32s: Vec<f32>,
+        i64s: Vec<i64>,
+        int: bool,
     },
 }
 
@@ -564,6 +590,17 @@ fn prepare_input(
                 mask: mask_input.clone().map(|m| (m, mask)),
             }
         }
+        InputSource::Constant {
+            dtype,
+            shape,
+            values,
+            ..
+        } => Prepared::Constant {
+            shape: std::iter::once(1).chain(shape.iter().copied()).collect(),
+            f32s: values.iter().map(|v| *v as f32).collect(),
+            i64s: values.iter().map(|v| *v as i64).collect(),
+            int: *dtype == TimeDtype::Int64,
+        },
     })
 }
 
@@ -724,7 +761,7 @@ impl OnnxPolicy {
                     }
                     crate::vla::image_to_nchw(img, *width, *height, mean, std, data);
                 }
-                Prepared::Tokens { .. } => {}
+                Prepared::Tokens { .. } | Prepared::Constant { .. } => {}
             }
         }
         Ok(())
@@ -793,6 +830,23 @@ impl OnnxPolicy {
                     ))
                     .map_err(err)?
                     .into(),
+                )),
+                Prepared::Constant {
+                    shape,
+                    f32s,
+                    i64s,
+                    int,
+                } => feeds.push((
+                    name.as_str().into(),
+                    if *int {
+                        TensorRef::from_array_view((shape.clone(), &i64s[..]))
+                            .map_err(err)?
+                            .into()
+                    } else {
+                        TensorRef::from_array_view((shape.clone(), &f32s[..]))
+                            .map_err(err)?
+                            .into()
+                    },
                 )),
                 Prepared::Tokens { ids, mask } => {
                     feeds.push((

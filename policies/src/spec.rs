@@ -147,6 +147,18 @@ pub enum InputSource {
         #[serde(default)]
         mask_input: Option<String>,
     },
+    /// The same values at every call (a flag, a mask, an embodiment id an export expects).
+    Constant {
+        /// Graph input name.
+        name: String,
+        /// `float32` or `int64`.
+        dtype: TimeDtype,
+        /// Shape without the batch dimension (`[]` for one value per batch row).
+        #[serde(default)]
+        shape: Vec<usize>,
+        /// Values, row-major, as many as the shape holds.
+        values: Vec<f64>,
+    },
 }
 
 /// One graph input fed from the robot (`[[inputs]]` with its `source`).
@@ -158,7 +170,8 @@ impl InputSource {
         match self {
             InputSource::State { name, .. }
             | InputSource::Image { name, .. }
-            | InputSource::Language { name, .. } => name,
+            | InputSource::Language { name, .. }
+            | InputSource::Constant { name, .. } => name,
         }
     }
 }
@@ -245,7 +258,7 @@ fn d_flow_steps() -> usize {
     10
 }
 
-/// Element type of the time input.
+/// Element type of the time input and of constant inputs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TimeDtype {
@@ -415,6 +428,18 @@ impl Validate for PolicySpec {
                 }
                 InputSource::Language { max_len, .. } => {
                     in_range(&k, "max_len", *max_len, 1, 4096)?
+                }
+                InputSource::Constant { shape, values, .. } => {
+                    let n: usize = shape.iter().product();
+                    if n != values.len() || n > 1 << 20 {
+                        return Err(Invalid {
+                            key: format!("{k}.values"),
+                            value: format!("{} values", values.len()),
+                            allowed: format!(
+                                "{n} values (the product of shape {shape:?}, at most 2^20)"
+                            ),
+                        });
+                    }
                 }
             }
         }

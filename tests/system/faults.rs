@@ -440,6 +440,29 @@ fn the_learner_persists_every_step_before_the_actor_exits_and_the_checkpoint_gro
         size < 8 << 20,
         "{size} bytes for {steps} steps: the checkpoint should hold the data, not the capacity"
     );
+    // Beside the checkpoint the learner keeps its actor as a residual file, which runs on the
+    // base with no learner.
+    let residual = dir.path().join("ckpt/pick-sac.residual.onnx");
+    let spec = std::fs::read_to_string(residual.with_extension("policy.toml")).unwrap();
+    assert!(spec.contains("base_model = \"pick.onnx\""), "{spec}");
+    let kept = dir.path().join("kept.toml");
+    std::fs::write(
+        &kept,
+        format!(
+            "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[policy]\nkind = \"onnx\"\nmodel = {:?}\n[policy.residual]\nmodel = {:?}\n[run]\nepisodes = 2\n",
+            repo().join("models/pick.onnx").display().to_string(),
+            residual.display().to_string()
+        ),
+    )
+    .unwrap();
+    let v = json_output(
+        reflex()
+            .current_dir(repo())
+            .args(["run", "--json", "--config"])
+            .arg(&kept),
+    );
+    assert_eq!(v["episodes"], 2, "{v}");
+    assert!(v["learner"].is_null(), "{v}");
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod learner;
 mod policies;
 mod remote;
 mod replay;
+mod servo_packets;
 mod sim_tasks;
 
 /// Every allocation in this test binary goes through a counter that only counts on threads that

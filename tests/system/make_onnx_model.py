@@ -1,7 +1,9 @@
 """Builds a chunk policy with the `onnx` package (no reflex code involved), writes it with its
 reflex spec, and prints what the `onnxruntime` Python package computes for a given state.
 
-usage: make_onnx_model.py OUT_DIR STATE_JSON
+usage: make_onnx_model.py OUT_DIR STATE_JSON [GAIN]
+With GAIN, the graph has a second input `gain` (float32 [batch, 1]) that scales its output, and
+the spec feeds it as a constant.
 """
 import json
 import sys
@@ -12,6 +14,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 out_dir, state = sys.argv[1], json.loads(sys.argv[2])
+gain = float(sys.argv[3]) if len(sys.argv) > 3 else None
 S, T, A = len(state), 4, 3
 rng = np.random.default_rng(42)
 w = rng.normal(0, 0.5, size=(S, T * A)).astype(np.float32)
@@ -20,11 +23,13 @@ graph = helper.make_graph(
     [
         helper.make_node("MatMul", ["state", "w"], ["h"]),
         helper.make_node("Add", ["h", "b"], ["hb"]),
-        helper.make_node("Tanh", ["hb"], ["t"]),
+        helper.make_node("Tanh", ["hb"], ["t0"]),
+        helper.make_node("Mul" if gain is not None else "Identity", ["t0", "gain"] if gain is not None else ["t0"], ["t"]),
         helper.make_node("Reshape", ["t", "shape"], ["actions"]),
     ],
     "python_chunk_policy",
-    [helper.make_tensor_value_info("state", TensorProto.FLOAT, ["batch", S])],
+    [helper.make_tensor_value_info("state", TensorProto.FLOAT, ["batch", S])]
+    + ([helper.make_tensor_value_info("gain", TensorProto.FLOAT, ["batch", 1])] if gain is not None else []),
     [helper.make_tensor_value_info("actions", TensorProto.FLOAT, ["batch", T, A])],
     [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array([-1, T, A], dtype=np.int64), "shape")],
 )
@@ -47,7 +52,17 @@ output = "actions"
 [[inputs]]
 source = "state"
 name = "state"
-""")
+""" + ("" if gain is None else f"""
+[[inputs]]
+source = "constant"
+name = "gain"
+dtype = "float32"
+shape = [1]
+values = [{gain}]
+"""))
 sess = ort.InferenceSession(f"{out_dir}/py.onnx", providers=["CPUExecutionProvider"])
-(y,) = sess.run(["actions"], {"state": np.asarray([state], dtype=np.float32)})
+feeds = {"state": np.asarray([state], dtype=np.float32)}
+if gain is not None:
+    feeds["gain"] = np.asarray([[gain]], dtype=np.float32)
+(y,) = sess.run(["actions"], feeds)
 print(json.dumps([float(v) for v in y.ravel()]))

@@ -344,14 +344,46 @@ fields = ["joint_pos"]
 
 #[test]
 fn a_model_built_by_the_onnx_package_runs_in_reflex_like_in_onnxruntime_python() {
-    let dir = tempfile::tempdir().unwrap();
-    let state: Vec<f32> = vec![0.25, -1.5, 0.75, 2.0, -0.125];
-    let out = std::process::Command::new(python())
-        .arg(repo().join("tests/system/make_onnx_model.py"))
-        .arg(dir.path())
-        .arg(serde_json::to_string(&state).unwrap())
+    model_built_in_python(None);
+}
+
+#[test]
+fn a_constant_input_reaches_the_graph_and_policy_check_suggests_it() {
+    // A graph input the robot does not feed (here a gain), given the same value at every call.
+    let dir = model_built_in_python(Some(0.5));
+    let spec = dir.path().join("py.policy.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let cut = text.find("\n[[inputs]]\nsource = \"constant\"").unwrap();
+    std::fs::write(&spec, &text[..cut]).unwrap();
+    let out = reflex()
+        .args(["policy", "check", "--model"])
+        .arg(dir.path().join("py.onnx"))
         .output()
         .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("graph input `gain`")
+            && err.contains(
+                "source = \"constant\", name = \"gain\", dtype = \"float32\", shape = [1]"
+            ),
+        "{err}"
+    );
+}
+
+/// Builds the chunk policy of tests/system/make_onnx_model.py (with a constant `gain` input when
+/// given), runs it in reflex and checks the chunk against onnxruntime's Python API.
+fn model_built_in_python(gain: Option<f64>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let state: Vec<f32> = vec![0.25, -1.5, 0.75, 2.0, -0.125];
+    let mut cmd = std::process::Command::new(python());
+    cmd.arg(repo().join("tests/system/make_onnx_model.py"))
+        .arg(dir.path())
+        .arg(serde_json::to_string(&state).unwrap());
+    if let Some(g) = gain {
+        cmd.arg(g.to_string());
+    }
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -378,6 +410,8 @@ fn a_model_built_by_the_onnx_package_runs_in_reflex_like_in_onnxruntime_python()
     let mut got = vec![0.0f32; 12];
     policy.infer_chunk(&obs, &mut got).unwrap();
     assert_eq!(got, py, "reflex and onnxruntime (Python) disagree");
+    assert!(got.iter().any(|x| x.abs() > 0.05), "a chunk far from zero");
+    dir
 }
 
 #[test]
