@@ -43,6 +43,24 @@ fn recorded_episodes_pass_rerun_verify_and_hold_the_expected_entities() {
     let (v, dir) = record_pick(runs.path(), 2);
     assert_eq!(v["recording"]["episode_files"], 2);
     assert_eq!(v["recording"]["steps_dropped"], 0);
+    // The same run's steps in reflex's episode format export as a LeRobot dataset.
+    let ds = runs.path().join("lerobot");
+    let out = reflex()
+        .args(["dataset", "export", "--run"])
+        .arg(dir.parent().unwrap())
+        .arg("--out")
+        .arg(&ds)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c = crate::dataset::check_lerobot(&ds);
+    assert_eq!(c["episodes"], 2, "{c}");
+    assert_eq!(c["frames"], v["ticks"], "{c}");
+    assert_eq!(c["people"], 0, "nobody drove: {c}");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

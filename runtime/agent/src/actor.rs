@@ -383,8 +383,18 @@ impl Wires {
             b.rejects.extend(l.link.rejects());
             link = Some(l.link);
         }
+        // With a records directory, every step also goes to `<run>/steps/` in reflex's episode
+        // format (who acted, base, residual), for `reflex dataset export --run`.
+        let steps = match &b.record {
+            Some(r) => Some(crate::steplog::StepLog::create(
+                &r.join(run_id).join("steps"),
+                spec,
+                &format!("reflex run (run {run_id})"),
+            )?),
+            None => None,
+        };
         if recorder.is_some() || trace.is_some() || link.is_some() {
-            w.tap(spec, recorder, trace, link);
+            w.tap(spec, recorder, trace, link, steps);
         }
         if let Some(s) = &b.session {
             w.bus_inputs(s, &keys, spec, std::mem::take(&mut b.rejects))?;
@@ -400,6 +410,7 @@ impl Wires {
         recorder: Option<(Arc<reflex_record::Recorder>, PathBuf)>,
         trace: Option<reflex_bus::trace::TracePublisher>,
         link: Option<ActorLink>,
+        steps: Option<crate::steplog::StepLog>,
     ) {
         let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
         self.outbox = Some(otx);
@@ -415,7 +426,7 @@ impl Wires {
             Some((r, d)) => (Some(r), d),
             None => (None, PathBuf::new()),
         };
-        self.parts.tap = Some(RecordingTap::with(rec, dir, trace, link, orx, frx));
+        self.parts.tap = Some(RecordingTap::with(rec, dir, trace, link, orx, frx, steps));
     }
 
     /// Status out, teleop and e-stop in; `rejects` are reported in the status beside the teleop

@@ -367,7 +367,7 @@ impl Rig {
         &mut self,
         o: &DemoOptions,
         recorder: Option<&Recorder>,
-        log: Option<&mut StepLog>,
+        log: Option<&mut crate::steplog::StepLog>,
         human: &Option<SimHuman>,
         step: &mut WireStep,
     ) -> Result<()> {
@@ -385,7 +385,7 @@ impl Rig {
                 && (o.mode != Mode::Full || human.as_ref().is_some_and(|h| h.intervening()));
             if let Some(l) = log.as_deref_mut() {
                 let seed = self.lp.episodes().last().and_then(|e| e.seed);
-                l.push(&tr, step, seed)?;
+                l.push(&tr, step.teleop, seed)?;
             }
             if o.mode == Mode::Noise {
                 let before = self.chunk_asm.stored;
@@ -404,45 +404,6 @@ impl Rig {
         }
         if o.mode != Mode::Noise {
             self.sac.train_step()?;
-        }
-        Ok(())
-    }
-}
-
-/// Every training step in reflex's episode format under `<run>/steps/` (docs/sim.md), with who
-/// acted, the base action and the residual: what `reflex dataset export --run` turns into a
-/// LeRobot dataset.
-struct StepLog {
-    writer: reflex_sim::demos::DemoWriter,
-    ep: reflex_sim::demos::Episode,
-}
-
-impl StepLog {
-    fn push(
-        &mut self,
-        tr: &reflex_runtime::outbox::Transition,
-        step: &WireStep,
-        seed: Option<u64>,
-    ) -> Result<()> {
-        let ep = &mut self.ep;
-        if ep.actions.is_empty() {
-            ep.observations.push(tr.obs.clone());
-        }
-        ep.observations.push(tr.next_obs.clone());
-        ep.actions.push(tr.action.clone());
-        ep.rewards.push(tr.reward);
-        ep.ret += tr.reward;
-        ep.actors.push(step.teleop as u8);
-        ep.base_actions.push(tr.base.clone());
-        ep.residuals.push(tr.residual.clone());
-        if step.ends_episode() {
-            ep.success = tr.success || tr.label == Some(true);
-            ep.terminated = tr.terminated;
-            ep.truncated = tr.truncated;
-            // The loop closed the episode in the step that produced this transition.
-            ep.seed = seed.unwrap_or(0);
-            self.writer.write(ep)?;
-            *ep = Default::default();
         }
         Ok(())
     }
@@ -479,15 +440,12 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
         .transpose()?;
     let mut log = o
         .record
-        .then(|| -> Result<StepLog> {
-            Ok(StepLog {
-                writer: reflex_sim::demos::DemoWriter::create(
-                    &dir.join("steps"),
-                    &spec,
-                    &format!("reflex demo --seed {} --mode {}", o.seed, mode_name(o.mode)),
-                )?,
-                ep: Default::default(),
-            })
+        .then(|| {
+            crate::steplog::StepLog::create(
+                &dir.join("steps"),
+                &spec,
+                &format!("reflex demo --seed {} --mode {}", o.seed, mode_name(o.mode)),
+            )
         })
         .transpose()?;
     let mut step = WireStep::default();

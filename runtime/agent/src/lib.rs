@@ -32,6 +32,7 @@ pub mod progress;
 pub mod replay;
 pub mod simtools;
 pub mod soak;
+pub mod steplog;
 pub mod tap;
 pub mod teleop;
 pub mod viz;

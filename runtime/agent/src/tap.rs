@@ -35,10 +35,14 @@ pub struct RecordingTap {
     /// The recorder, when recording.
     pub recorder: Option<Arc<Recorder>>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<(u64, u64, Option<reflex_bus::learnlink::LinkStats>)>>,
+    thread: Option<std::thread::JoinHandle<TapThreadReport>>,
     /// Directory of the episode files.
     pub dir: PathBuf,
 }
+
+/// What the outbox thread reports when it ends: steps traced, frame sets dropped, step-log
+/// write errors, the learner link's counters.
+type TapThreadReport = (u64, u64, u64, Option<reflex_bus::learnlink::LinkStats>);
 
 /// The outbox's consumer: hands every step to the recorder, the trace and the learner link, and
 /// camera frames to the recorder and the trace.
@@ -48,6 +52,8 @@ struct Consumer {
     link: Option<reflex_bus::learnlink::ActorLink>,
     frames: Option<OutboxReceiver<Frames>>,
     held: Option<Box<Frames>>,
+    steps: Option<crate::steplog::StepLog>,
+    step_errors: u64,
 }
 
 impl Consumer {
@@ -85,6 +91,15 @@ impl Consumer {
         if let Some(l) = &mut self.link {
             l.offer(&t);
         }
+        if let Some(log) = &mut self.steps {
+            let person = t.source == reflex_runtime::outbox::Source::Teleop;
+            if let Err(e) = log.push(&t, person, None) {
+                // A full disk: the step log stops (the recorder reports its own files).
+                tracing::warn!("the step log stopped: {e}");
+                self.steps = None;
+                self.step_errors += 1;
+            }
+        }
         rx.recycle(t);
     }
 }
@@ -121,10 +136,19 @@ impl RecordingTap {
     ) -> Result<Self, RecorderError> {
         let dir = runs.join(run_id).join("episodes");
         let rec = make_recorder(Some(dir.clone()), live, spec, true)?;
-        Ok(Self::with(Some(Arc::new(rec)), dir, None, None, rx, None))
+        Ok(Self::with(
+            Some(Arc::new(rec)),
+            dir,
+            None,
+            None,
+            rx,
+            None,
+            None,
+        ))
     }
 
-    /// The general form: any of a recorder, a trace publisher and a frame source.
+    /// The general form: any of a recorder, a trace publisher, a learner link, a frame source
+    /// and a step log.
     pub fn with(
         recorder: Option<Arc<Recorder>>,
         dir: PathBuf,
@@ -132,6 +156,7 @@ impl RecordingTap {
         link: Option<reflex_bus::learnlink::ActorLink>,
         rx: OutboxReceiver,
         frames: Option<OutboxReceiver<Frames>>,
+        steps: Option<crate::steplog::StepLog>,
     ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let mut c = Consumer {
@@ -140,6 +165,8 @@ impl RecordingTap {
             link,
             frames,
             held: None,
+            steps,
+            step_errors: 0,
         };
         let s = stop.clone();
         let thread = std::thread::Builder::new()
@@ -163,7 +190,12 @@ impl RecordingTap {
                 c.frames_up_to(None);
                 let pool_drops = c.frames.as_ref().map_or(0, |f| f.dropped());
                 let link = c.link.map(|l| l.finish());
-                (c.trace.map_or(0, |p| p.published), pool_drops, link)
+                (
+                    c.trace.map_or(0, |p| p.published),
+                    pool_drops,
+                    c.step_errors,
+                    link,
+                )
             })
             .expect("spawn the outbox thread");
         RecordingTap {
@@ -177,13 +209,14 @@ impl RecordingTap {
     /// Drains what is left, finishes the files, returns the counters.
     pub fn finish(mut self) -> TapReport {
         self.stop.store(true, Ordering::Relaxed);
-        let (traced, pool_drops, link) = self
+        let (traced, pool_drops, step_errors, link) = self
             .thread
             .take()
-            .map_or((0, 0, None), |t| t.join().unwrap_or((0, 0, None)));
+            .map_or((0, 0, 0, None), |t| t.join().unwrap_or((0, 0, 0, None)));
         let mut rep = TapReport {
             traced,
             frames_dropped: pool_drops,
+            write_errors: step_errors,
             link,
             ..Default::default()
         };
@@ -196,7 +229,7 @@ impl RecordingTap {
             rep.dropped = st.dropped.load(Ordering::Relaxed);
             rep.episodes = st.episodes.load(Ordering::Relaxed);
             rep.frames_dropped += st.frames_dropped.load(Ordering::Relaxed);
-            rep.write_errors = st.errors.load(Ordering::Relaxed);
+            rep.write_errors += st.errors.load(Ordering::Relaxed);
             rep.incomplete = st.incomplete.load(Ordering::Relaxed);
         }
         rep
