@@ -64,6 +64,11 @@ enum Command {
     /// Actor and learner for a long run with faults injected at random: memory, transitions,
     /// safety holds, timing.
     Soak(cmd::bench::SoakArgs),
+    /// Servo buses: emulated servos on a pseudo-terminal, bus latency.
+    Hw {
+        #[command(subcommand)]
+        command: cmd::hw::HwCommand,
+    },
 }
 
 /// glibc returns large freed blocks (> 128 KiB) to the OS and maps fresh zeroed pages for the next
@@ -117,6 +122,7 @@ fn main() {
         Command::Dataset { command } => cmd::tools::dataset(command),
         Command::Doctor => cli::doctor(),
         Command::Soak(a) => cmd::bench::soak(a),
+        Command::Hw { command } => cmd::hw::run(command),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

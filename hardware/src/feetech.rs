@@ -194,6 +194,37 @@ pub struct Status<'a> {
 /// The first status packet in `bytes` (leading noise skipped up to its header) and the bytes
 /// it used, checked: header, length, checksum.
 pub fn parse_status(bytes: &[u8]) -> Result<(Status<'_>, usize), PacketError> {
+    let ((id, error, params), used) = frame(bytes)?;
+    Ok((Status { id, error, params }, used))
+}
+
+/// An instruction packet as a servo (or the emulator) receives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Command<'a> {
+    /// The servo addressed ([`BROADCAST_ID`]: all).
+    pub id: u8,
+    /// The instruction byte.
+    pub instruction: u8,
+    /// Its parameters.
+    pub params: &'a [u8],
+}
+
+/// The first instruction packet in `bytes` and the bytes it used (same framing as a status).
+pub fn parse_instruction(bytes: &[u8]) -> Result<(Command<'_>, usize), PacketError> {
+    let ((id, instruction, params), used) = frame(bytes)?;
+    Ok((
+        Command {
+            id,
+            instruction,
+            params,
+        },
+        used,
+    ))
+}
+
+/// `FF FF ID LEN CODE PARAMS CHECKSUM`: (id, code, params) and the bytes used.
+#[allow(clippy::type_complexity)]
+fn frame(bytes: &[u8]) -> Result<((u8, u8, &[u8]), usize), PacketError> {
     let start = bytes
         .windows(2)
         .position(|w| w == [0xFF, 0xFF])
@@ -231,14 +262,7 @@ pub fn parse_status(bytes: &[u8]) -> Result<(Status<'_>, usize), PacketError> {
             bytes: hex(&b[..total]),
         });
     }
-    Ok((
-        Status {
-            id: b[2],
-            error: b[4],
-            params: &b[5..total - 1],
-        },
-        s + total,
-    ))
+    Ok(((b[2], b[4], &b[5..total - 1]), s + total))
 }
 
 /// A status packet for `id` with `error` and `params` (what a servo, or the emulator, sends).

@@ -1,14 +1,18 @@
 //! reflex-hardware: the servo buses of the arms people use for robot learning.
 //!
 //! So far the packet layers, each a faithful implementation of a public protocol, checked byte
-//! for byte against the vendors' own Python SDKs (tests/system/servo_packets.rs):
+//! for byte against the vendors' own Python SDKs (tests/system/servo_packets.rs), a Feetech bus
+//! on a serial port ([`bus`]) and emulated Feetech servos behind a pseudo-terminal
+//! ([`emulate`]):
 //! - [`feetech`]: Feetech STS/SMS ("protocol 0", SO-100/SO-101's STS3215), little-endian;
 //! - [`dynamixel`]: Dynamixel Protocol 2.0 (Koch's XL330/XL430), CRC-16 and byte stuffing.
 //!
 //! Each decoder takes bytes from a serial line, which can be corrupt, cut short or from another
 //! servo: every failure is a [`PacketError`] that says what came back, never a panic.
 
+pub mod bus;
 pub mod dynamixel;
+pub mod emulate;
 pub mod feetech;
 
 /// Why bytes from the bus are not the status packet that was expected.

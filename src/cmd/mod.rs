@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod hw;
 pub mod learn;
 pub mod run;
 pub mod sim;

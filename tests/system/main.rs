@@ -16,6 +16,7 @@ mod learner;
 mod policies;
 mod remote;
 mod replay;
+mod servo_bus;
 mod servo_packets;
 mod sim_tasks;
 

@@ -1,0 +1,319 @@
+//! A Feetech servo bus on a serial port: every transaction (an instruction out, the status packets
+//! back) under a deadline, retried a configured number of times, counted. A servo that stays
+//! silent is an error naming the port, the id and the register, never a hang or a panic: the
+//! caller (a robot profile) holds the arm safe on it.
+
+use crate::PacketError;
+use crate::feetech;
+use serialport::SerialPort;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+/// Why a transaction failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    /// The port could not be opened.
+    #[error(
+        "serial port `{port}`: {message} (is the adapter plugged in, and are you in the dialout group?)"
+    )]
+    Open {
+        /// The port.
+        port: String,
+        /// What the system said.
+        message: String,
+    },
+    /// Reading or writing the port failed.
+    #[error("serial port `{port}`: {source}")]
+    Io {
+        /// The port.
+        port: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// No valid answer within the deadline, after every retry.
+    #[error(
+        "serial port `{port}`: servo {id} did not answer {what} after {attempts} attempts ({last})"
+    )]
+    NoAnswer {
+        /// The port.
+        port: String,
+        /// The servo.
+        id: u8,
+        /// The instruction and register, e.g. `READ Present_Position (56, 2 bytes)`.
+        what: String,
+        /// Attempts made.
+        attempts: u32,
+        /// What the last attempt got: a timeout, or the packet error.
+        last: String,
+    },
+    /// The servo answered with its error bits set.
+    #[error("serial port `{port}`: servo {id} reports error bits {bits:#04x} on {what}")]
+    Servo {
+        /// The port.
+        port: String,
+        /// The servo.
+        id: u8,
+        /// The instruction and register.
+        what: String,
+        /// The status packet's error byte.
+        bits: u8,
+    },
+}
+
+/// Counters of a bus.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BusStats {
+    /// Transactions started.
+    pub transactions: u64,
+    /// Attempts repeated after a timeout or a corrupt answer.
+    pub retries: u64,
+    /// Transactions that failed after every retry.
+    pub failures: u64,
+    /// Answers that failed their checksum or framing.
+    pub corrupt: u64,
+    /// Attempts that timed out.
+    pub timeouts: u64,
+}
+
+/// A Feetech STS bus.
+pub struct FeetechBus {
+    port: Box<dyn SerialPort>,
+    name: String,
+    tx: Vec<u8>,
+    rx: Vec<u8>,
+    /// Deadline of one attempt.
+    pub timeout: Duration,
+    /// Attempts after the first.
+    pub retries: u32,
+    stats: BusStats,
+}
+
+impl FeetechBus {
+    /// Opens `port` at `baud` (1,000,000 for the SO-101's STS3215).
+    pub fn open(port: &str, baud: u32) -> Result<Self, BusError> {
+        let p = serialport::new(port, baud)
+            .timeout(Duration::from_millis(1))
+            .open()
+            .map_err(|e| BusError::Open {
+                port: port.into(),
+                message: e.to_string(),
+            })?;
+        Ok(FeetechBus {
+            port: p,
+            name: port.into(),
+            tx: Vec::with_capacity(64),
+            rx: Vec::with_capacity(256),
+            timeout: Duration::from_millis(20),
+            retries: 2,
+            stats: BusStats::default(),
+        })
+    }
+
+    /// The port's name.
+    pub fn port(&self) -> &str {
+        &self.name
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> BusStats {
+        self.stats
+    }
+
+    fn send(&mut self) -> Result<(), BusError> {
+        // Whatever is left from an earlier answer is stale.
+        let _ = self.port.clear(serialport::ClearBuffer::Input);
+        self.rx.clear();
+        self.port
+            .write_all(&self.tx)
+            .and_then(|_| self.port.flush())
+            .map_err(|source| BusError::Io {
+                port: self.name.clone(),
+                source,
+            })
+    }
+
+    /// Reads until a whole status packet from `id` arrives or `deadline` passes; returns its
+    /// error byte and copies its parameters into `params`.
+    fn receive(&mut self, id: u8, deadline: Instant, params: &mut Vec<u8>) -> Result<u8, String> {
+        let mut chunk = [0u8; 256];
+        loop {
+            match feetech::parse_status(&self.rx) {
+                Ok((s, used)) => {
+                    if s.id != id {
+                        let e = PacketError::WrongId {
+                            got: s.id,
+                            want: id,
+                        };
+                        self.rx.drain(..used);
+                        return Err(e.to_string());
+                    }
+                    params.clear();
+                    params.extend_from_slice(s.params);
+                    let error = s.error;
+                    self.rx.drain(..used);
+                    return Ok(error);
+                }
+                Err(PacketError::Short { .. }) | Err(PacketError::NoHeader(_)) => {}
+                Err(e) => {
+                    self.stats.corrupt += 1;
+                    return Err(e.to_string());
+                }
+            }
+            if Instant::now() >= deadline {
+                self.stats.timeouts += 1;
+                return Err(format!(
+                    "no status packet within {:.1} ms",
+                    self.timeout.as_secs_f64() * 1e3
+                ));
+            }
+            match self.port.read(&mut chunk) {
+                Ok(n) => self.rx.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Sends the packet in `tx` and waits for `id`'s answer, with retries.
+    fn transact(
+        &mut self,
+        id: u8,
+        what: &dyn Fn() -> String,
+        params: &mut Vec<u8>,
+    ) -> Result<(), BusError> {
+        self.stats.transactions += 1;
+        let mut last = String::new();
+        for attempt in 0..=self.retries {
+            if attempt > 0 {
+                self.stats.retries += 1;
+            }
+            self.send()?;
+            match self.receive(id, Instant::now() + self.timeout, params) {
+                Ok(0) => return Ok(()),
+                Ok(bits) => {
+                    return Err(BusError::Servo {
+                        port: self.name.clone(),
+                        id,
+                        what: what(),
+                        bits,
+                    });
+                }
+                Err(e) => last = e,
+            }
+        }
+        self.stats.failures += 1;
+        Err(BusError::NoAnswer {
+            port: self.name.clone(),
+            id,
+            what: what(),
+            attempts: self.retries + 1,
+            last,
+        })
+    }
+
+    /// PING `id`; `Ok` when it answers.
+    pub fn ping(&mut self, id: u8) -> Result<(), BusError> {
+        feetech::ping(&mut self.tx, id);
+        let mut p = vec![];
+        self.transact(id, &|| "PING".into(), &mut p)
+    }
+
+    /// Reads register `reg` = (address, bytes) of `id` as a little-endian value.
+    pub fn read(&mut self, id: u8, reg: (u8, u8), name: &str) -> Result<u32, BusError> {
+        feetech::read(&mut self.tx, id, reg.0, reg.1);
+        let mut p = Vec::with_capacity(4);
+        self.transact(
+            id,
+            &|| format!("READ {name} ({}, {} bytes)", reg.0, reg.1),
+            &mut p,
+        )?;
+        if p.len() != reg.1 as usize {
+            return Err(BusError::NoAnswer {
+                port: self.name.clone(),
+                id,
+                what: format!("READ {name}"),
+                attempts: 1,
+                last: format!("{} bytes instead of {}", p.len(), reg.1),
+            });
+        }
+        Ok(p.iter().rev().fold(0u32, |v, b| (v << 8) | *b as u32))
+    }
+
+    /// Writes `value` to register `reg` of `id` and waits for its acknowledgement.
+    pub fn write(&mut self, id: u8, reg: (u8, u8), value: u32, name: &str) -> Result<(), BusError> {
+        let bytes = value.to_le_bytes();
+        feetech::write(&mut self.tx, id, reg.0, &bytes[..reg.1 as usize], false);
+        let mut p = vec![];
+        self.transact(
+            id,
+            &|| format!("WRITE {name} ({}, {} bytes)", reg.0, reg.1),
+            &mut p,
+        )
+    }
+
+    /// Reads `reg` of every servo in `ids` with one SYNC READ; `out[k]` gets `ids[k]`'s value.
+    /// A servo that does not answer makes the whole read repeat (up to the retries), then an
+    /// error naming it.
+    pub fn sync_read(
+        &mut self,
+        reg: (u8, u8),
+        name: &str,
+        ids: &[u8],
+        out: &mut [u32],
+    ) -> Result<(), BusError> {
+        self.stats.transactions += 1;
+        let mut params = Vec::with_capacity(4);
+        let mut last = (0u8, String::new());
+        'attempt: for attempt in 0..=self.retries {
+            if attempt > 0 {
+                self.stats.retries += 1;
+            }
+            feetech::sync_read(&mut self.tx, reg.0, reg.1, ids);
+            self.send()?;
+            // The servos answer one after another; one deadline per servo.
+            for (k, id) in ids.iter().enumerate() {
+                match self.receive(*id, Instant::now() + self.timeout, &mut params) {
+                    Ok(_) if params.len() == reg.1 as usize => {
+                        out[k] = params.iter().rev().fold(0u32, |v, b| (v << 8) | *b as u32);
+                    }
+                    Ok(_) => {
+                        last = (*id, format!("{} bytes instead of {}", params.len(), reg.1));
+                        continue 'attempt;
+                    }
+                    Err(e) => {
+                        last = (*id, e);
+                        continue 'attempt;
+                    }
+                }
+            }
+            return Ok(());
+        }
+        self.stats.failures += 1;
+        Err(BusError::NoAnswer {
+            port: self.name.clone(),
+            id: last.0,
+            what: format!("SYNC READ {name} ({}, {} bytes)", reg.0, reg.1),
+            attempts: self.retries + 1,
+            last: last.1,
+        })
+    }
+
+    /// Writes `values[k]` to `reg` of `ids[k]` with one SYNC WRITE (no answer).
+    pub fn sync_write(
+        &mut self,
+        reg: (u8, u8),
+        ids: &[u8],
+        values: &[u32],
+    ) -> Result<(), BusError> {
+        let n = reg.1 as usize;
+        let data: Vec<[u8; 4]> = values.iter().map(|v| v.to_le_bytes()).collect();
+        feetech::sync_write(
+            &mut self.tx,
+            reg.0,
+            reg.1,
+            ids.iter().zip(&data).map(|(id, d)| (*id, &d[..n])),
+        );
+        self.stats.transactions += 1;
+        self.send()
+    }
+}

@@ -1,0 +1,133 @@
+//! `reflex hw ...`: servo buses. `emulate` serves emulated servos on a pseudo-terminal;
+//! `bench` times sync reads and writes over one.
+
+use crate::cli::print_json;
+use clap::{Args, Subcommand, ValueEnum};
+use reflex_hardware::bus::FeetechBus;
+use reflex_hardware::emulate::{Emulator, EmulatorConfig};
+use reflex_hardware::feetech::sts3215;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum HwCommand {
+    /// Emulated servos behind a pseudo-terminal (prints the port to open), until stopped.
+    Emulate(EmulateArgs),
+    /// Sync-read and sync-write latency over an emulated bus.
+    Bench(HwBenchArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ArmKind {
+    /// SO-100/SO-101 follower: Feetech STS3215, ids 1-6.
+    So101Follower,
+    /// SO-100/SO-101 leader: Feetech STS3215, ids 1-6.
+    So101Leader,
+}
+
+#[derive(Args)]
+pub struct EmulateArgs {
+    /// Which arm's servos.
+    #[arg(long, value_enum, default_value = "so101-follower")]
+    robot: ArmKind,
+    /// An id that never answers (repeatable).
+    #[arg(long = "silent", value_name = "ID")]
+    silent: Vec<u8>,
+    /// Corrupt one byte of every N-th status packet.
+    #[arg(long, default_value_t = 0)]
+    corrupt_every: u64,
+    /// Wait this long before every answer, ms.
+    #[arg(long, default_value_t = 0.0)]
+    delay_ms: f64,
+    /// Stop after this many seconds (default: until interrupted).
+    #[arg(long)]
+    seconds: Option<f64>,
+}
+
+#[derive(Args)]
+pub struct HwBenchArgs {
+    /// Transactions of each kind.
+    #[arg(long, default_value_t = 2000)]
+    iters: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn config(a: &EmulateArgs) -> EmulatorConfig {
+    let (ArmKind::So101Follower | ArmKind::So101Leader) = a.robot;
+    EmulatorConfig {
+        silent: a.silent.clone(),
+        corrupt_every: a.corrupt_every,
+        delay: Duration::from_secs_f64(a.delay_ms / 1e3),
+        ..Default::default()
+    }
+}
+
+fn percentiles(mut d: Vec<Duration>) -> serde_json::Value {
+    d.sort();
+    let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
+    serde_json::json!({"p50_us": at(0.5), "p99_us": at(0.99), "max_us": at(1.0), "n": d.len()})
+}
+
+pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
+    match cmd {
+        HwCommand::Emulate(a) => {
+            let emu = Emulator::start(config(&a))?;
+            println!(
+                "emulated STS3215 servos 1-6 on {} (open it at 1000000 baud; Ctrl-C stops)",
+                emu.path()
+            );
+            std::io::stdout().flush()?;
+            let t0 = Instant::now();
+            while a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        }
+        HwCommand::Bench(a) => {
+            let emu = Emulator::start(EmulatorConfig::default())?;
+            let mut bus = FeetechBus::open(emu.path(), 1_000_000)?;
+            let ids = [1u8, 2, 3, 4, 5, 6];
+            let mut pos = [0u32; 6];
+            let (mut reads, mut writes) = (vec![], vec![]);
+            for k in 0..a.iters {
+                let t = Instant::now();
+                bus.sync_read(
+                    sts3215::PRESENT_POSITION,
+                    "Present_Position",
+                    &ids,
+                    &mut pos,
+                )?;
+                reads.push(t.elapsed());
+                let goal = [2048 + (k % 100) as u32; 6];
+                let t = Instant::now();
+                bus.sync_write(sts3215::GOAL_POSITION, &ids, &goal)?;
+                writes.push(t.elapsed());
+            }
+            let st = bus.stats();
+            let out = serde_json::json!({
+                "transport": "pseudo-terminal to reflex's emulated STS3215 servos (no wire: the servo's own 1 Mbps timing is not modelled)",
+                "sync_read_6_positions": percentiles(reads),
+                "sync_write_6_goals": percentiles(writes),
+                "retries": st.retries,
+                "failures": st.failures,
+            });
+            if a.json {
+                print_json(&out);
+            } else {
+                let f = |k: &str, q: &str| out[k][q].as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "over {}: sync read of 6 positions p50 {:.0} us / p99 {:.0} us; sync write of 6 goals p50 {:.0} us / p99 {:.0} us; {} retries",
+                    emu.path(),
+                    f("sync_read_6_positions", "p50_us"),
+                    f("sync_read_6_positions", "p99_us"),
+                    f("sync_write_6_goals", "p50_us"),
+                    f("sync_write_6_goals", "p99_us"),
+                    st.retries
+                );
+            }
+            Ok(())
+        }
+    }
+}
