@@ -1,11 +1,101 @@
-//! A Feetech servo bus on a serial port: every transaction (an instruction out, the status packets
-//! back) under a deadline, retried a configured number of times, counted. A servo that stays
-//! silent is an error naming the port, the id and the register, never a hang or a panic: the
-//! caller (a robot profile) holds the arm safe on it.
+//! A servo bus on a serial port, for either protocol ([`Feetech`], [`Dynamixel`]): every
+//! transaction (an instruction out, the status packets back) under a deadline, retried a
+//! configured number of times, counted. A servo that stays silent is an error naming the port,
+//! the id and the register, never a hang or a panic: the caller (a robot profile) holds the arm
+//! safe on it.
 
 use crate::PacketError;
-use crate::feetech;
+use crate::{dynamixel, feetech};
 use serialport::SerialPort;
+
+/// A register: (address, bytes).
+pub type Register = (u16, u16);
+
+/// What a bus needs from a protocol: its packet builders and its status parser.
+pub trait Protocol {
+    /// Name for messages.
+    const NAME: &'static str;
+    /// PING `id`.
+    fn ping(out: &mut Vec<u8>, id: u8);
+    /// READ `reg` of `id`.
+    fn read(out: &mut Vec<u8>, id: u8, reg: Register);
+    /// WRITE `data` to `reg` of `id`.
+    fn write(out: &mut Vec<u8>, id: u8, reg: Register, data: &[u8]);
+    /// SYNC READ `reg` of `ids`.
+    fn sync_read(out: &mut Vec<u8>, reg: Register, ids: &[u8]);
+    /// SYNC WRITE `reg`: `data[k]` (`reg.1` bytes) to `ids[k]`.
+    fn sync_write(out: &mut Vec<u8>, reg: Register, ids: &[u8], data: &[[u8; 4]]);
+    /// The first status packet in `bytes`: (id, error byte, bytes used); its parameters into
+    /// `params`.
+    fn status(bytes: &[u8], params: &mut Vec<u8>) -> Result<(u8, u8, usize), PacketError>;
+}
+
+/// Feetech STS/SMS (protocol 0).
+pub struct Feetech;
+/// Dynamixel Protocol 2.0.
+pub struct Dynamixel;
+
+impl Protocol for Feetech {
+    const NAME: &'static str = "Feetech STS";
+    fn ping(out: &mut Vec<u8>, id: u8) {
+        feetech::ping(out, id)
+    }
+    fn read(out: &mut Vec<u8>, id: u8, reg: Register) {
+        feetech::read(out, id, reg.0 as u8, reg.1 as u8)
+    }
+    fn write(out: &mut Vec<u8>, id: u8, reg: Register, data: &[u8]) {
+        feetech::write(out, id, reg.0 as u8, data, false)
+    }
+    fn sync_read(out: &mut Vec<u8>, reg: Register, ids: &[u8]) {
+        feetech::sync_read(out, reg.0 as u8, reg.1 as u8, ids)
+    }
+    fn sync_write(out: &mut Vec<u8>, reg: Register, ids: &[u8], data: &[[u8; 4]]) {
+        let n = reg.1 as usize;
+        feetech::sync_write(
+            out,
+            reg.0 as u8,
+            reg.1 as u8,
+            ids.iter().zip(data).map(|(id, d)| (*id, &d[..n])),
+        )
+    }
+    fn status(bytes: &[u8], params: &mut Vec<u8>) -> Result<(u8, u8, usize), PacketError> {
+        let (s, used) = feetech::parse_status(bytes)?;
+        params.clear();
+        params.extend_from_slice(s.params);
+        Ok((s.id, s.error, used))
+    }
+}
+
+impl Protocol for Dynamixel {
+    const NAME: &'static str = "Dynamixel 2.0";
+    fn ping(out: &mut Vec<u8>, id: u8) {
+        dynamixel::ping(out, id)
+    }
+    fn read(out: &mut Vec<u8>, id: u8, reg: Register) {
+        dynamixel::read(out, id, reg.0, reg.1)
+    }
+    fn write(out: &mut Vec<u8>, id: u8, reg: Register, data: &[u8]) {
+        dynamixel::write(out, id, reg.0, data)
+    }
+    fn sync_read(out: &mut Vec<u8>, reg: Register, ids: &[u8]) {
+        dynamixel::sync_read(out, reg.0, reg.1, ids)
+    }
+    fn sync_write(out: &mut Vec<u8>, reg: Register, ids: &[u8], data: &[[u8; 4]]) {
+        let n = reg.1 as usize;
+        dynamixel::sync_write(
+            out,
+            reg.0,
+            reg.1,
+            ids.iter().zip(data).map(|(id, d)| (*id, &d[..n])),
+        )
+    }
+    fn status(bytes: &[u8], params: &mut Vec<u8>) -> Result<(u8, u8, usize), PacketError> {
+        let (s, used) = dynamixel::parse_status(bytes)?;
+        params.clear();
+        params.extend_from_slice(&s.params);
+        Ok((s.id, s.error.0, used))
+    }
+}
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -73,10 +163,13 @@ pub struct BusStats {
     pub corrupt: u64,
     /// Attempts that timed out.
     pub timeouts: u64,
+    /// Answers from another servo than the one awaited (late answers to an earlier attempt),
+    /// skipped.
+    pub stale: u64,
 }
 
-/// A Feetech STS bus.
-pub struct FeetechBus {
+/// A servo bus speaking protocol `P`.
+pub struct ServoBus<P: Protocol> {
     port: Box<dyn SerialPort>,
     name: String,
     tx: Vec<u8>,
@@ -86,10 +179,18 @@ pub struct FeetechBus {
     /// Attempts after the first.
     pub retries: u32,
     stats: BusStats,
+    scratch: Vec<u8>,
+    data: Vec<[u8; 4]>,
+    _protocol: std::marker::PhantomData<P>,
 }
 
-impl FeetechBus {
-    /// Opens `port` at `baud` (1,000,000 for the SO-101's STS3215).
+/// A Feetech STS bus (SO-100/SO-101).
+pub type FeetechBus = ServoBus<Feetech>;
+/// A Dynamixel Protocol 2.0 bus (Koch).
+pub type DynamixelBus = ServoBus<Dynamixel>;
+
+impl<P: Protocol> ServoBus<P> {
+    /// Opens `port` at `baud` (1,000,000 for the SO-101's STS3215 and the Koch's X series).
     pub fn open(port: &str, baud: u32) -> Result<Self, BusError> {
         let p = serialport::new(port, baud)
             .timeout(Duration::from_millis(1))
@@ -98,7 +199,7 @@ impl FeetechBus {
                 port: port.into(),
                 message: e.to_string(),
             })?;
-        Ok(FeetechBus {
+        Ok(ServoBus {
             port: p,
             name: port.into(),
             tx: Vec::with_capacity(64),
@@ -106,6 +207,9 @@ impl FeetechBus {
             timeout: Duration::from_millis(20),
             retries: 2,
             stats: BusStats::default(),
+            scratch: Vec::with_capacity(64),
+            data: Vec::with_capacity(16),
+            _protocol: std::marker::PhantomData,
         })
     }
 
@@ -137,21 +241,16 @@ impl FeetechBus {
     fn receive(&mut self, id: u8, deadline: Instant, params: &mut Vec<u8>) -> Result<u8, String> {
         let mut chunk = [0u8; 256];
         loop {
-            match feetech::parse_status(&self.rx) {
-                Ok((s, used)) => {
-                    if s.id != id {
-                        let e = PacketError::WrongId {
-                            got: s.id,
-                            want: id,
-                        };
-                        self.rx.drain(..used);
-                        return Err(e.to_string());
-                    }
-                    params.clear();
-                    params.extend_from_slice(s.params);
-                    let error = s.error;
+            match P::status(&self.rx, params) {
+                Ok((got, error, used)) => {
                     self.rx.drain(..used);
-                    return Ok(error);
+                    if got == id {
+                        return Ok(error);
+                    }
+                    // A late answer to an earlier attempt (another servo's): not this one's,
+                    // so keep waiting for it until the deadline.
+                    self.stats.stale += 1;
+                    continue;
                 }
                 Err(PacketError::Short { .. }) | Err(PacketError::NoHeader(_)) => {}
                 Err(e) => {
@@ -213,42 +312,50 @@ impl FeetechBus {
 
     /// PING `id`; `Ok` when it answers.
     pub fn ping(&mut self, id: u8) -> Result<(), BusError> {
-        feetech::ping(&mut self.tx, id);
-        let mut p = vec![];
-        self.transact(id, &|| "PING".into(), &mut p)
+        P::ping(&mut self.tx, id);
+        let mut p = std::mem::take(&mut self.scratch);
+        let r = self.transact(id, &|| "PING".into(), &mut p);
+        self.scratch = p;
+        r
     }
 
     /// Reads register `reg` = (address, bytes) of `id` as a little-endian value.
-    pub fn read(&mut self, id: u8, reg: (u8, u8), name: &str) -> Result<u32, BusError> {
-        feetech::read(&mut self.tx, id, reg.0, reg.1);
-        let mut p = Vec::with_capacity(4);
-        self.transact(
+    pub fn read(&mut self, id: u8, reg: Register, name: &str) -> Result<u32, BusError> {
+        P::read(&mut self.tx, id, reg);
+        let mut p = std::mem::take(&mut self.scratch);
+        let r = self.transact(
             id,
             &|| format!("READ {name} ({}, {} bytes)", reg.0, reg.1),
             &mut p,
-        )?;
-        if p.len() != reg.1 as usize {
+        );
+        let value = p.iter().rev().fold(0u32, |v, b| (v << 8) | *b as u32);
+        let len = p.len();
+        self.scratch = p;
+        r?;
+        if len != reg.1 as usize {
             return Err(BusError::NoAnswer {
                 port: self.name.clone(),
                 id,
                 what: format!("READ {name}"),
                 attempts: 1,
-                last: format!("{} bytes instead of {}", p.len(), reg.1),
+                last: format!("{len} bytes instead of {}", reg.1),
             });
         }
-        Ok(p.iter().rev().fold(0u32, |v, b| (v << 8) | *b as u32))
+        Ok(value)
     }
 
     /// Writes `value` to register `reg` of `id` and waits for its acknowledgement.
-    pub fn write(&mut self, id: u8, reg: (u8, u8), value: u32, name: &str) -> Result<(), BusError> {
+    pub fn write(&mut self, id: u8, reg: Register, value: u32, name: &str) -> Result<(), BusError> {
         let bytes = value.to_le_bytes();
-        feetech::write(&mut self.tx, id, reg.0, &bytes[..reg.1 as usize], false);
-        let mut p = vec![];
-        self.transact(
+        P::write(&mut self.tx, id, reg, &bytes[..reg.1 as usize]);
+        let mut p = std::mem::take(&mut self.scratch);
+        let r = self.transact(
             id,
             &|| format!("WRITE {name} ({}, {} bytes)", reg.0, reg.1),
             &mut p,
-        )
+        );
+        self.scratch = p;
+        r
     }
 
     /// Reads `reg` of every servo in `ids` with one SYNC READ; `out[k]` gets `ids[k]`'s value.
@@ -256,20 +363,23 @@ impl FeetechBus {
     /// error naming it.
     pub fn sync_read(
         &mut self,
-        reg: (u8, u8),
+        reg: Register,
         name: &str,
         ids: &[u8],
         out: &mut [u32],
     ) -> Result<(), BusError> {
         self.stats.transactions += 1;
-        let mut params = Vec::with_capacity(4);
+        let mut params = std::mem::take(&mut self.scratch);
         let mut last = (0u8, String::new());
         'attempt: for attempt in 0..=self.retries {
             if attempt > 0 {
                 self.stats.retries += 1;
             }
-            feetech::sync_read(&mut self.tx, reg.0, reg.1, ids);
-            self.send()?;
+            P::sync_read(&mut self.tx, reg, ids);
+            if let Err(e) = self.send() {
+                self.scratch = params;
+                return Err(e);
+            }
             // The servos answer one after another; one deadline per servo.
             for (k, id) in ids.iter().enumerate() {
                 match self.receive(*id, Instant::now() + self.timeout, &mut params) {
@@ -286,8 +396,10 @@ impl FeetechBus {
                     }
                 }
             }
+            self.scratch = params;
             return Ok(());
         }
+        self.scratch = params;
         self.stats.failures += 1;
         Err(BusError::NoAnswer {
             port: self.name.clone(),
@@ -301,18 +413,13 @@ impl FeetechBus {
     /// Writes `values[k]` to `reg` of `ids[k]` with one SYNC WRITE (no answer).
     pub fn sync_write(
         &mut self,
-        reg: (u8, u8),
+        reg: Register,
         ids: &[u8],
         values: &[u32],
     ) -> Result<(), BusError> {
-        let n = reg.1 as usize;
-        let data: Vec<[u8; 4]> = values.iter().map(|v| v.to_le_bytes()).collect();
-        feetech::sync_write(
-            &mut self.tx,
-            reg.0,
-            reg.1,
-            ids.iter().zip(&data).map(|(id, d)| (*id, &d[..n])),
-        );
+        self.data.clear();
+        self.data.extend(values.iter().map(|v| v.to_le_bytes()));
+        P::sync_write(&mut self.tx, reg, ids, &self.data);
         self.stats.transactions += 1;
         self.send()
     }

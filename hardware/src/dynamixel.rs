@@ -189,22 +189,23 @@ pub struct Status {
     pub params: Vec<u8>,
 }
 
-/// The first status packet in `bytes` (leading noise skipped) and the bytes it used.
-pub fn parse_status(bytes: &[u8]) -> Result<(Status, usize), PacketError> {
+/// A packet as read from the bus: id, instruction byte (0x55 for a status), parameters
+/// unstuffed (a status's first one is its error byte), and the bytes it used.
+pub fn parse_packet(bytes: &[u8]) -> Result<(u8, u8, Vec<u8>, usize), PacketError> {
     let start = bytes
         .windows(4)
         .position(|w| w == [0xFF, 0xFF, 0xFD, 0x00])
         .ok_or_else(|| PacketError::NoHeader(hex(bytes)))?;
     let b = &bytes[start..];
-    if b.len() < 11 {
+    if b.len() < 10 {
         return Err(PacketError::Short {
             got: b.len(),
-            need: 11,
+            need: 10,
             bytes: hex(b),
         });
     }
     let len = u16::from_le_bytes([b[5], b[6]]) as usize;
-    if len < 4 {
+    if len < 3 {
         return Err(PacketError::Length(len));
     }
     let total = 7 + len;
@@ -224,11 +225,8 @@ pub fn parse_status(bytes: &[u8]) -> Result<(Status, usize), PacketError> {
             bytes: hex(&b[..total]),
         });
     }
-    if b[7] != STATUS {
-        return Err(PacketError::NotStatus(b[7]));
-    }
     // Unstuff the parameters: FF FF FD FD -> FF FF FD.
-    let raw = &b[9..total - 2];
+    let raw = &b[8..total - 2];
     let mut params = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -244,14 +242,20 @@ pub fn parse_status(bytes: &[u8]) -> Result<(Status, usize), PacketError> {
         }
         i += 1;
     }
-    Ok((
-        Status {
-            id: b[4],
-            error: StatusError(b[8]),
-            params,
-        },
-        start + total,
-    ))
+    Ok((b[4], b[7], params, start + total))
+}
+
+/// The first status packet in `bytes` (leading noise skipped) and the bytes it used.
+pub fn parse_status(bytes: &[u8]) -> Result<(Status, usize), PacketError> {
+    let (id, instr, mut params, used) = parse_packet(bytes)?;
+    if instr != STATUS {
+        return Err(PacketError::NotStatus(instr));
+    }
+    if params.is_empty() {
+        return Err(PacketError::Length(0));
+    }
+    let error = StatusError(params.remove(0));
+    Ok((Status { id, error, params }, used))
 }
 
 /// A status packet for `id` (what a servo, or the emulator, sends), stuffed.

@@ -1,14 +1,16 @@
-//! Emulated Feetech servos behind a pseudo-terminal: what `reflex hw emulate` serves, so people
-//! try reflex without an arm and every driver test runs through a real serial path (the kernel's
-//! tty layer, the same file a USB adapter gives).
+//! Emulated servos behind a pseudo-terminal: what `reflex hw emulate` serves, so people try
+//! reflex without an arm and every driver test runs through a real serial path (the kernel's tty
+//! layer, the same file a USB adapter gives).
 //!
-//! Each servo has the STS3215's control table (model number, limits, torque, goal and present
-//! position, ...), answers PING, READ, WRITE, REG_WRITE/ACTION, SYNC READ and SYNC WRITE with the
-//! protocol's status packets, and moves its present position toward its goal at a bounded speed
-//! while its torque is on. Faults on request: ids that never answer, a corrupted byte in every
-//! n-th status packet, a delay before every answer.
+//! Each servo has its model's control table (Feetech STS3215, or Dynamixel XL330-M288: model
+//! number, limits, torque, goal and present position, ...), answers PING, READ, WRITE, REG_WRITE
+//! and ACTION (Feetech), SYNC READ and SYNC WRITE with the protocol's status packets, and moves
+//! its present position toward its goal at a bounded speed while its torque is on. Faults on
+//! request: ids that never answer, a corrupted byte in every n-th status packet, a delay before
+//! every answer.
 
-use crate::feetech::{self, BROADCAST_ID, Instruction, sts3215 as reg};
+use crate::feetech::{self, BROADCAST_ID, Instruction};
+use crate::{dynamixel, dynamixel::x_series, feetech::sts3215};
 use serialport::{SerialPort, TTYPort};
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -17,10 +19,62 @@ use std::time::{Duration, Instant};
 
 /// The STS3215's model number (what PING's follow-up read of address 3 returns).
 pub const STS3215_MODEL: u16 = 777;
+/// The XL330-M288's model number (in its PING answer).
+pub const XL330_M288_MODEL: u16 = 1200;
+
+/// Which servos the bus holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServoModel {
+    /// Feetech STS3215 (SO-100/SO-101), Feetech protocol 0.
+    Sts3215,
+    /// Dynamixel XL330-M288 (Koch), Protocol 2.0.
+    Xl330,
+}
+
+/// Where a model keeps what the emulator moves: (model number, goal, present, torque, moving).
+struct Table {
+    model: (u16, u16),
+    id: (u16, u16),
+    goal: (u16, u16),
+    present: (u16, u16),
+    torque: (u16, u16),
+    moving: (u16, u16),
+    max_limit: (u16, u16),
+    number: u16,
+}
+
+impl ServoModel {
+    fn table(self) -> Table {
+        match self {
+            ServoModel::Sts3215 => Table {
+                model: sts3215::MODEL_NUMBER,
+                id: sts3215::ID,
+                goal: sts3215::GOAL_POSITION,
+                present: sts3215::PRESENT_POSITION,
+                torque: sts3215::TORQUE_ENABLE,
+                moving: sts3215::MOVING,
+                max_limit: sts3215::MAX_POSITION_LIMIT,
+                number: STS3215_MODEL,
+            },
+            ServoModel::Xl330 => Table {
+                model: x_series::MODEL_NUMBER,
+                id: (7, 1),
+                goal: x_series::GOAL_POSITION,
+                present: x_series::PRESENT_POSITION,
+                torque: x_series::TORQUE_ENABLE,
+                moving: (122, 1),
+                max_limit: (48, 4),
+                number: XL330_M288_MODEL,
+            },
+        }
+    }
+}
 
 /// What the emulated bus holds and which faults it injects.
 #[derive(Clone, Debug)]
 pub struct EmulatorConfig {
+    /// The servos' model (and so the protocol).
+    pub model: ServoModel,
     /// Servo ids on the bus.
     pub ids: Vec<u8>,
     /// Ids that are configured but never answer (a loose cable).
@@ -38,6 +92,7 @@ pub struct EmulatorConfig {
 impl Default for EmulatorConfig {
     fn default() -> Self {
         EmulatorConfig {
+            model: ServoModel::Sts3215,
             ids: (1..=6).collect(),
             silent: vec![],
             corrupt_every: 0,
@@ -116,41 +171,44 @@ impl Drop for Emulator {
 struct Servo {
     id: u8,
     regs: [u8; 256],
-    registered: Option<(u8, Vec<u8>)>,
+    registered: Option<(u16, Vec<u8>)>,
     position: f64,
 }
 
 impl Servo {
-    fn new(id: u8, start: u16) -> Self {
-        let mut regs = [0u8; 256];
-        let mut put = |(addr, len): (u8, u8), v: u32| {
-            for k in 0..len as usize {
-                regs[addr as usize + k] = (v >> (8 * k)) as u8;
-            }
-        };
-        put(reg::MODEL_NUMBER, STS3215_MODEL as u32);
-        put(reg::ID, id as u32);
-        put(reg::MAX_POSITION_LIMIT, 4095);
-        put(reg::P_COEFFICIENT, 32);
-        put(reg::GOAL_POSITION, start as u32);
-        put(reg::PRESENT_POSITION, start as u32);
-        put(reg::PRESENT_VOLTAGE, 120);
-        put(reg::PRESENT_TEMPERATURE, 30);
-        Servo {
+    fn new(id: u8, start: u16, t: &Table) -> Self {
+        let mut s = Servo {
             id,
-            regs,
+            regs: [0u8; 256],
             registered: None,
             position: start as f64,
+        };
+        s.put(t.model, t.number as u32);
+        s.put(t.id, id as u32);
+        s.put(t.max_limit, 4095);
+        s.put(t.goal, start as u32);
+        s.put(t.present, start as u32);
+        s
+    }
+
+    fn put(&mut self, (addr, len): (u16, u16), v: u32) {
+        for k in 0..len as usize {
+            self.regs[addr as usize + k] = (v >> (8 * k)) as u8;
         }
     }
 
-    fn get(&self, (addr, len): (u8, u8)) -> u32 {
+    fn get(&self, (addr, len): (u16, u16)) -> u32 {
         (0..len as usize).fold(0, |v, k| {
             v | (self.regs[addr as usize + k] as u32) << (8 * k)
         })
     }
 
-    fn write(&mut self, addr: u8, data: &[u8]) {
+    fn read(&self, addr: u16, len: u16) -> Vec<u8> {
+        let a = (addr as usize).min(256);
+        self.regs[a..(a + len as usize).min(256)].to_vec()
+    }
+
+    fn write(&mut self, addr: u16, data: &[u8]) {
         for (k, b) in data.iter().enumerate() {
             if let Some(r) = self.regs.get_mut(addr as usize + k) {
                 *r = *b;
@@ -159,26 +217,85 @@ impl Servo {
     }
 
     /// Moves toward the goal for `dt` while torque is on.
-    fn advance(&mut self, dt: f64, speed: f64) {
-        let goal = self.get(reg::GOAL_POSITION).min(4095) as f64;
-        if self.get(reg::TORQUE_ENABLE) != 0 {
-            let step = (goal - self.position).clamp(-speed * dt, speed * dt);
-            self.position += step;
+    fn advance(&mut self, dt: f64, speed: f64, t: &Table) {
+        let goal = self.get(t.goal).min(4095) as f64;
+        let on = self.get(t.torque) != 0;
+        if on {
+            self.position += (goal - self.position).clamp(-speed * dt, speed * dt);
         }
-        let p = self.position.round() as u32;
-        let moving = (goal - self.position).abs() > 0.5 && self.get(reg::TORQUE_ENABLE) != 0;
-        let [lo, hi, ..] = p.to_le_bytes();
-        self.write(reg::PRESENT_POSITION.0, &[lo, hi]);
-        self.write(reg::MOVING.0, &[moving as u8]);
+        self.put(t.present, self.position.round() as u32);
+        self.put(t.moving, (on && (goal - self.position).abs() > 0.5) as u32);
+    }
+}
+
+/// An instruction, whichever protocol carried it.
+enum Cmd {
+    Ping,
+    Read(u16, u16),
+    Write(u16, Vec<u8>),
+    RegWrite(u16, Vec<u8>),
+    Action,
+    SyncRead(u16, u16, Vec<u8>),
+    SyncWrite(u16, u16, Vec<u8>),
+    Other,
+}
+
+/// Decodes the first instruction packet in `buf`: (id, command, bytes used).
+fn decode(model: ServoModel, buf: &[u8]) -> Result<(u8, Cmd, usize), crate::PacketError> {
+    let le = |p: &[u8], i: usize| u16::from_le_bytes([p[i], p[i + 1]]);
+    match model {
+        ServoModel::Sts3215 => {
+            let (c, used) = feetech::parse_instruction(buf)?;
+            let p = c.params;
+            let cmd = match c.instruction {
+                x if x == Instruction::Ping as u8 => Cmd::Ping,
+                x if x == Instruction::Read as u8 && p.len() == 2 => {
+                    Cmd::Read(p[0] as u16, p[1] as u16)
+                }
+                x if x == Instruction::Write as u8 && !p.is_empty() => {
+                    Cmd::Write(p[0] as u16, p[1..].to_vec())
+                }
+                x if x == Instruction::RegWrite as u8 && !p.is_empty() => {
+                    Cmd::RegWrite(p[0] as u16, p[1..].to_vec())
+                }
+                x if x == Instruction::Action as u8 => Cmd::Action,
+                x if x == Instruction::SyncRead as u8 && p.len() >= 2 => {
+                    Cmd::SyncRead(p[0] as u16, p[1] as u16, p[2..].to_vec())
+                }
+                x if x == Instruction::SyncWrite as u8 && p.len() >= 2 => {
+                    Cmd::SyncWrite(p[0] as u16, p[1] as u16, p[2..].to_vec())
+                }
+                _ => Cmd::Other,
+            };
+            Ok((c.id, cmd, used))
+        }
+        ServoModel::Xl330 => {
+            let (id, instr, p, used) = dynamixel::parse_packet(buf)?;
+            use dynamixel::Instruction as I;
+            let cmd = match instr {
+                x if x == I::Ping as u8 => Cmd::Ping,
+                x if x == I::Read as u8 && p.len() == 4 => Cmd::Read(le(&p, 0), le(&p, 2)),
+                x if x == I::Write as u8 && p.len() >= 2 => Cmd::Write(le(&p, 0), p[2..].to_vec()),
+                x if x == I::SyncRead as u8 && p.len() >= 4 => {
+                    Cmd::SyncRead(le(&p, 0), le(&p, 2), p[4..].to_vec())
+                }
+                x if x == I::SyncWrite as u8 && p.len() >= 4 => {
+                    Cmd::SyncWrite(le(&p, 0), le(&p, 2), p[4..].to_vec())
+                }
+                _ => Cmd::Other,
+            };
+            Ok((id, cmd, used))
+        }
     }
 }
 
 fn serve(mut port: TTYPort, cfg: EmulatorConfig, stop: &AtomicBool, c: &EmulatorCounters) {
     let _ = port.set_timeout(Duration::from_millis(2));
+    let table = cfg.model.table();
     let mut servos: Vec<Servo> = cfg
         .ids
         .iter()
-        .map(|id| Servo::new(*id, cfg.start_position))
+        .map(|id| Servo::new(*id, cfg.start_position, &table))
         .collect();
     let (mut buf, mut chunk, mut out) = (Vec::<u8>::new(), [0u8; 512], Vec::<u8>::new());
     let mut last = Instant::now();
@@ -189,19 +306,22 @@ fn serve(mut port: TTYPort, cfg: EmulatorConfig, stop: &AtomicBool, c: &Emulator
         let dt = last.elapsed().as_secs_f64();
         last = Instant::now();
         for s in servos.iter_mut() {
-            s.advance(dt, cfg.speed);
+            s.advance(dt, cfg.speed, &table);
         }
         loop {
-            match feetech::parse_instruction(&buf) {
-                Ok((cmd, used)) => {
+            match decode(cfg.model, &buf) {
+                Ok((id, cmd, used)) => {
                     c.instructions.fetch_add(1, Ordering::Relaxed);
-                    let answers = execute(&mut servos, &cfg, cmd.id, cmd.instruction, cmd.params);
+                    let answers = execute(&mut servos, &cfg, &table, id, cmd);
                     buf.drain(..used);
                     for (id, params) in answers {
                         if !cfg.delay.is_zero() {
                             std::thread::sleep(cfg.delay);
                         }
-                        feetech::status(&mut out, id, 0, &params);
+                        match cfg.model {
+                            ServoModel::Sts3215 => feetech::status(&mut out, id, 0, &params),
+                            ServoModel::Xl330 => dynamixel::status(&mut out, id, 0, &params),
+                        }
                         let n = c.answers.fetch_add(1, Ordering::Relaxed) + 1;
                         if cfg.corrupt_every > 0 && n.is_multiple_of(cfg.corrupt_every) {
                             let k = out.len() - 2;
@@ -240,63 +360,70 @@ fn serve(mut port: TTYPort, cfg: EmulatorConfig, stop: &AtomicBool, c: &Emulator
 fn execute(
     servos: &mut [Servo],
     cfg: &EmulatorConfig,
+    t: &Table,
     id: u8,
-    instr: u8,
-    params: &[u8],
+    cmd: Cmd,
 ) -> Vec<(u8, Vec<u8>)> {
     let answers = |i: u8| !cfg.silent.contains(&i);
     let mut out = vec![];
-    let addressed = |s: &Servo| s.id == id || id == BROADCAST_ID;
-    match instr {
-        x if x == Instruction::Ping as u8 => {
+    let unicast = id != BROADCAST_ID;
+    match cmd {
+        Cmd::Ping => {
             for s in servos.iter().filter(|s| s.id == id && answers(s.id)) {
-                out.push((s.id, vec![]));
+                // Dynamixel answers a ping with its model number and firmware version.
+                let params = match cfg.model {
+                    ServoModel::Sts3215 => vec![],
+                    ServoModel::Xl330 => {
+                        let [lo, hi] = t.number.to_le_bytes();
+                        vec![lo, hi, 52]
+                    }
+                };
+                out.push((s.id, params));
             }
         }
-        x if x == Instruction::Read as u8 && params.len() == 2 => {
+        Cmd::Read(addr, len) => {
             for s in servos.iter().filter(|s| s.id == id && answers(s.id)) {
-                let (a, n) = (params[0] as usize, params[1] as usize);
-                out.push((s.id, s.regs[a..(a + n).min(256)].to_vec()));
+                out.push((s.id, s.read(addr, len)));
             }
         }
-        x if (x == Instruction::Write as u8 || x == Instruction::RegWrite as u8)
-            && !params.is_empty() =>
-        {
-            for s in servos.iter_mut().filter(|s| addressed(s)) {
-                if x == Instruction::Write as u8 {
-                    s.write(params[0], &params[1..]);
-                } else {
-                    s.registered = Some((params[0], params[1..].to_vec()));
-                }
-                if id != BROADCAST_ID && answers(s.id) {
+        Cmd::Write(addr, data) => {
+            for s in servos.iter_mut().filter(|s| s.id == id || !unicast) {
+                s.write(addr, &data);
+                if unicast && answers(s.id) {
                     out.push((s.id, vec![]));
                 }
             }
         }
-        x if x == Instruction::Action as u8 => {
-            for s in servos.iter_mut().filter(|s| addressed(s)) {
+        Cmd::RegWrite(addr, data) => {
+            for s in servos.iter_mut().filter(|s| s.id == id || !unicast) {
+                s.registered = Some((addr, data.clone()));
+                if unicast && answers(s.id) {
+                    out.push((s.id, vec![]));
+                }
+            }
+        }
+        Cmd::Action => {
+            for s in servos.iter_mut().filter(|s| s.id == id || !unicast) {
                 if let Some((a, d)) = s.registered.take() {
                     s.write(a, &d);
                 }
             }
         }
-        x if x == Instruction::SyncRead as u8 && params.len() >= 2 => {
-            let (a, n) = (params[0] as usize, params[1] as usize);
-            for want in &params[2..] {
-                if let Some(s) = servos.iter().find(|s| s.id == *want && answers(s.id)) {
-                    out.push((s.id, s.regs[a..(a + n).min(256)].to_vec()));
+        Cmd::SyncRead(addr, len, ids) => {
+            for want in ids {
+                if let Some(s) = servos.iter().find(|s| s.id == want && answers(s.id)) {
+                    out.push((s.id, s.read(addr, len)));
                 }
             }
         }
-        x if x == Instruction::SyncWrite as u8 && params.len() >= 2 => {
-            let (a, n) = (params[0], params[1] as usize);
-            for item in params[2..].chunks_exact(n + 1) {
+        Cmd::SyncWrite(addr, len, items) => {
+            for item in items.chunks_exact(len as usize + 1) {
                 if let Some(s) = servos.iter_mut().find(|s| s.id == item[0]) {
-                    s.write(a, &item[1..]);
+                    s.write(addr, &item[1..]);
                 }
             }
         }
-        _ => {}
+        Cmd::Other => {}
     }
     out
 }

@@ -31,47 +31,47 @@ pub enum Instruction {
 /// The STS3215's control table: (address, bytes). hardware.md, checked against Feetech's table.
 pub mod sts3215 {
     /// Model number (read by ping in the SDK).
-    pub const MODEL_NUMBER: (u8, u8) = (3, 2);
+    pub const MODEL_NUMBER: (u16, u16) = (3, 2);
     /// Servo id.
-    pub const ID: (u8, u8) = (5, 1);
+    pub const ID: (u16, u16) = (5, 1);
     /// Lower position limit, steps.
-    pub const MIN_POSITION_LIMIT: (u8, u8) = (9, 2);
+    pub const MIN_POSITION_LIMIT: (u16, u16) = (9, 2);
     /// Upper position limit, steps.
-    pub const MAX_POSITION_LIMIT: (u8, u8) = (11, 2);
+    pub const MAX_POSITION_LIMIT: (u16, u16) = (11, 2);
     /// Position loop P gain.
-    pub const P_COEFFICIENT: (u8, u8) = (21, 1);
+    pub const P_COEFFICIENT: (u16, u16) = (21, 1);
     /// Position loop D gain.
-    pub const D_COEFFICIENT: (u8, u8) = (22, 1);
+    pub const D_COEFFICIENT: (u16, u16) = (22, 1);
     /// Position loop I gain.
-    pub const I_COEFFICIENT: (u8, u8) = (23, 1);
+    pub const I_COEFFICIENT: (u16, u16) = (23, 1);
     /// Homing offset, steps, sign-magnitude with the sign in bit 11.
-    pub const HOMING_OFFSET: (u8, u8) = (31, 2);
+    pub const HOMING_OFFSET: (u16, u16) = (31, 2);
     /// 0 position, 1 velocity, 2 PWM, 3 step.
-    pub const OPERATING_MODE: (u8, u8) = (33, 1);
+    pub const OPERATING_MODE: (u16, u16) = (33, 1);
     /// 1: torque on.
-    pub const TORQUE_ENABLE: (u8, u8) = (40, 1);
+    pub const TORQUE_ENABLE: (u16, u16) = (40, 1);
     /// Acceleration.
-    pub const ACCELERATION: (u8, u8) = (41, 1);
+    pub const ACCELERATION: (u16, u16) = (41, 1);
     /// Goal position, steps.
-    pub const GOAL_POSITION: (u8, u8) = (42, 2);
+    pub const GOAL_POSITION: (u16, u16) = (42, 2);
     /// Goal velocity, steps/s, sign-magnitude bit 15.
-    pub const GOAL_VELOCITY: (u8, u8) = (46, 2);
+    pub const GOAL_VELOCITY: (u16, u16) = (46, 2);
     /// EEPROM lock.
-    pub const LOCK: (u8, u8) = (55, 1);
+    pub const LOCK: (u16, u16) = (55, 1);
     /// Present position, steps (actual minus homing offset).
-    pub const PRESENT_POSITION: (u8, u8) = (56, 2);
+    pub const PRESENT_POSITION: (u16, u16) = (56, 2);
     /// Present velocity, steps/s, sign-magnitude bit 15.
-    pub const PRESENT_VELOCITY: (u8, u8) = (58, 2);
+    pub const PRESENT_VELOCITY: (u16, u16) = (58, 2);
     /// Present load.
-    pub const PRESENT_LOAD: (u8, u8) = (60, 2);
+    pub const PRESENT_LOAD: (u16, u16) = (60, 2);
     /// Present voltage, 0.1 V.
-    pub const PRESENT_VOLTAGE: (u8, u8) = (62, 1);
+    pub const PRESENT_VOLTAGE: (u16, u16) = (62, 1);
     /// Present temperature, degrees C.
-    pub const PRESENT_TEMPERATURE: (u8, u8) = (63, 1);
+    pub const PRESENT_TEMPERATURE: (u16, u16) = (63, 1);
     /// 1 while moving.
-    pub const MOVING: (u8, u8) = (66, 1);
+    pub const MOVING: (u16, u16) = (66, 1);
     /// Present current.
-    pub const PRESENT_CURRENT: (u8, u8) = (69, 2);
+    pub const PRESENT_CURRENT: (u16, u16) = (69, 2);
     /// Steps per turn.
     pub const RESOLUTION: u32 = 4096;
 }

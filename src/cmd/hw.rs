@@ -4,7 +4,7 @@
 use crate::cli::print_json;
 use clap::{Args, Subcommand, ValueEnum};
 use reflex_hardware::bus::FeetechBus;
-use reflex_hardware::emulate::{Emulator, EmulatorConfig};
+use reflex_hardware::emulate::{Emulator, EmulatorConfig, ServoModel};
 use reflex_hardware::feetech::sts3215;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -23,6 +23,10 @@ pub enum ArmKind {
     So101Follower,
     /// SO-100/SO-101 leader: Feetech STS3215, ids 1-6.
     So101Leader,
+    /// Koch follower: Dynamixel X series (emulated as XL330-M288), ids 1-6.
+    KochFollower,
+    /// Koch leader: Dynamixel XL330, ids 1-6.
+    KochLeader,
 }
 
 #[derive(Args)]
@@ -55,8 +59,12 @@ pub struct HwBenchArgs {
 }
 
 fn config(a: &EmulateArgs) -> EmulatorConfig {
-    let (ArmKind::So101Follower | ArmKind::So101Leader) = a.robot;
+    let model = match a.robot {
+        ArmKind::So101Follower | ArmKind::So101Leader => ServoModel::Sts3215,
+        ArmKind::KochFollower | ArmKind::KochLeader => ServoModel::Xl330,
+    };
     EmulatorConfig {
+        model,
         silent: a.silent.clone(),
         corrupt_every: a.corrupt_every,
         delay: Duration::from_secs_f64(a.delay_ms / 1e3),
@@ -73,9 +81,14 @@ fn percentiles(mut d: Vec<Duration>) -> serde_json::Value {
 pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
     match cmd {
         HwCommand::Emulate(a) => {
-            let emu = Emulator::start(config(&a))?;
+            let cfg = config(&a);
+            let model = match cfg.model {
+                ServoModel::Sts3215 => "Feetech STS3215",
+                ServoModel::Xl330 => "Dynamixel XL330-M288",
+            };
+            let emu = Emulator::start(cfg)?;
             println!(
-                "emulated STS3215 servos 1-6 on {} (open it at 1000000 baud; Ctrl-C stops)",
+                "emulated {model} servos 1-6 on {} (open it at 1000000 baud; Ctrl-C stops)",
                 emu.path()
             );
             std::io::stdout().flush()?;

@@ -3,6 +3,7 @@
 
 mod alloc_count;
 mod bus;
+mod calibration;
 mod cli;
 mod common;
 mod control;

@@ -3,8 +3,11 @@
 //! `reflex hw emulate` in another process.
 
 use crate::common::{python, reflex, repo};
-use reflex_hardware::bus::{BusError, FeetechBus};
-use reflex_hardware::emulate::{Emulator, EmulatorConfig, STS3215_MODEL};
+use reflex_hardware::bus::{BusError, DynamixelBus, FeetechBus};
+use reflex_hardware::dynamixel::x_series;
+use reflex_hardware::emulate::{
+    Emulator, EmulatorConfig, STS3215_MODEL, ServoModel, XL330_M288_MODEL,
+};
 use reflex_hardware::feetech::sts3215;
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -102,16 +105,49 @@ fn corrupt_answers_are_retried_and_a_silent_servo_is_an_error_naming_port_id_and
 }
 
 #[test]
-fn feetechs_own_sdk_talks_to_reflex_hw_emulate_over_the_pseudo_terminal() {
+fn the_dynamixel_bus_moves_emulated_xl330_servos_over_a_pseudo_terminal() {
+    let emu = Emulator::start(EmulatorConfig {
+        model: ServoModel::Xl330,
+        silent: vec![6],
+        ..Default::default()
+    })
+    .unwrap();
+    let mut bus = DynamixelBus::open(emu.path(), 1_000_000).unwrap();
+    let ids = [1u8, 2, 3, 4, 5];
+    for id in ids {
+        bus.ping(id).unwrap();
+        assert_eq!(
+            bus.read(id, x_series::MODEL_NUMBER, "Model_Number")
+                .unwrap(),
+            XL330_M288_MODEL as u32
+        );
+        bus.write(id, x_series::TORQUE_ENABLE, 1, "Torque_Enable")
+            .unwrap();
+    }
+    let goals = [1000u32, 1500, 2000, 2500, 3000];
+    bus.sync_write(x_series::GOAL_POSITION, &ids, &goals)
+        .unwrap();
+    let mut pos = [0u32; 5];
+    let t0 = Instant::now();
+    while pos != goals && t0.elapsed() < Duration::from_secs(3) {
+        bus.sync_read(
+            x_series::PRESENT_POSITION,
+            "Present_Position",
+            &ids,
+            &mut pos,
+        )
+        .unwrap();
+    }
+    assert_eq!(pos, goals);
+    let e = bus.ping(6).unwrap_err().to_string();
+    assert!(e.contains("servo 6") && e.contains("PING"), "{e}");
+}
+
+/// Runs the vendor SDK client (tests/system/servo_sdk_client.py) against `reflex hw emulate
+/// --robot ROBOT` in another process; returns what it saw.
+fn sdk_against_emulator(robot: &str, sdk: &str) -> serde_json::Value {
     let mut emu = reflex()
-        .args([
-            "hw",
-            "emulate",
-            "--robot",
-            "so101-follower",
-            "--seconds",
-            "60",
-        ])
+        .args(["hw", "emulate", "--robot", robot, "--seconds", "60"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -127,6 +163,7 @@ fn feetechs_own_sdk_talks_to_reflex_hw_emulate_over_the_pseudo_terminal() {
     let out = std::process::Command::new(python())
         .arg(repo().join("tests/system/servo_sdk_client.py"))
         .arg(&port)
+        .arg(sdk)
         .output()
         .unwrap();
     let _ = emu.kill();
@@ -136,7 +173,29 @@ fn feetechs_own_sdk_talks_to_reflex_hw_emulate_over_the_pseudo_terminal() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_dynamixel_sdk_talks_to_reflex_hw_emulate_over_the_pseudo_terminal() {
+    let v = sdk_against_emulator("koch-follower", "dynamixel");
+    assert_eq!(v["model"], XL330_M288_MODEL, "{v}");
+    assert_eq!(v["goal_written"], true, "{v}");
+    assert_eq!(
+        v["sync_result"], "[TxRxResult] Communication success!",
+        "{v}"
+    );
+    assert_eq!(v["positions"]["2"], 3000, "servo 2 moved to its goal: {v}");
+    assert_eq!(v["positions"].as_object().unwrap().len(), 6, "{v}");
+    assert!(
+        v["missing"].as_str().unwrap().contains("no status packet"),
+        "{v}"
+    );
+}
+
+#[test]
+fn feetechs_own_sdk_talks_to_reflex_hw_emulate_over_the_pseudo_terminal() {
+    let v = sdk_against_emulator("so101-follower", "feetech");
     assert_eq!(v["model"], STS3215_MODEL, "{v}");
     assert_eq!(v["goal_written"], true, "{v}");
     assert_eq!(
