@@ -115,8 +115,11 @@ fn tensor(b: &[u8]) -> Result<Option<(String, Initializer)>, ReadError> {
     if elem != 1 {
         return Ok(None);
     }
-    let n: i64 = dims.iter().product();
-    if n < 0 || n as usize != data.len() {
+    // Dimensions come from the file: a product that overflows or is negative is refused.
+    let n = dims
+        .iter()
+        .try_fold(1i64, |a, d| if *d < 0 { None } else { a.checked_mul(*d) });
+    if n.is_none_or(|n| n as usize != data.len()) {
         return Err(ReadError(format!(
             "initializer `{name}` has shape {dims:?} but {} values",
             data.len()

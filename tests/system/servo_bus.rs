@@ -210,3 +210,13 @@ fn feetechs_own_sdk_talks_to_reflex_hw_emulate_over_the_pseudo_terminal() {
         "{v}"
     );
 }
+
+#[test]
+fn reflex_hw_bench_times_sync_reads_and_writes_over_the_emulated_bus() {
+    let v = crate::common::json_output(reflex().args(["hw", "bench", "--iters", "50", "--json"]));
+    for k in ["sync_read_6_positions", "sync_write_6_goals"] {
+        assert_eq!(v[k]["n"], 50, "{v}");
+        assert!(v[k]["p50_us"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    assert_eq!(v["failures"], 0, "{v}");
+}
