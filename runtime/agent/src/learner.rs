@@ -438,7 +438,10 @@ pub fn serve(
     loop {
         let got = s.take(Duration::from_millis(20))?;
         if got {
+            // Steps arriving mean an actor is there, even if it is gone by the next idle moment
+            // (its last checkpoint acknowledged, it may exit before this loop ever polls idle).
             last_batch = Instant::now();
+            actor_seen = true;
         }
         s.checkpoint(false)?;
         s.link.tick();
