@@ -10,6 +10,7 @@
 //! Each decoder takes bytes from a serial line, which can be corrupt, cut short or from another
 //! servo: every failure is a [`PacketError`] that says what came back, never a panic.
 
+pub mod arm;
 pub mod bus;
 pub mod dynamixel;
 pub mod emulate;

@@ -163,6 +163,9 @@ pub struct LoopStats {
     pub episodes: u64,
     /// Residual weight version in use.
     pub residual_version: u64,
+    /// Time the robot took to reset (a real arm moving to its start pose): not part of any
+    /// step's time, and the schedule restarts after it, so it is not counted as missed ticks.
+    pub reset: Histogram,
 }
 
 /// A low-rate snapshot for the status publisher.
@@ -339,6 +342,8 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     seeds: ChaCha8Rng,
     episode: EpisodeSummary,
     finished: Vec<EpisodeSummary>,
+    /// Time spent in robot resets during the current tick.
+    reset_took: Duration,
     started: bool,
     estop_flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
@@ -546,6 +551,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             seeds: ChaCha8Rng::seed_from_u64(seed),
             episode: EpisodeSummary::default(),
             finished: Vec::new(),
+            reset_took: Duration::ZERO,
             started: false,
             estop_flag: None,
             chunk_spec,
@@ -626,9 +632,13 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// Starts a new episode (resets the robot with the next seed).
     pub fn start_episode(&mut self) -> Result<(), LoopError> {
         let seed: u64 = self.seeds.random();
+        let before = self.clock.now();
         let o = self.robot.reset(Some(seed))?;
         self.obs.copy_from(o);
         let now = self.clock.now();
+        let took = now.saturating_sub(before);
+        self.stats.reset.record(took);
+        self.reset_took = self.reset_took.saturating_add(took);
         self.generation += 1;
         self.chunks.clear();
         self.request_pending = false;
@@ -1005,8 +1015,16 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     fn finish_tick(&mut self, t: Duration, lateness: Duration) {
         let end = self.clock.now();
         self.stats.lateness.record(lateness);
-        self.stats.step.record(end.saturating_sub(t));
+        let reset = std::mem::take(&mut self.reset_took);
+        self.stats
+            .step
+            .record(end.saturating_sub(t).saturating_sub(reset));
         self.stats.ticks += 1;
+        if !reset.is_zero() {
+            // The grid starts again when the reset is over: the next tick is due now.
+            self.schedule
+                .restart(end.saturating_sub(self.schedule.period()));
+        }
         let next = self.schedule.finish(end);
         self.stats.missed += next.missed;
         self.stats.overruns += next.overrun as u64;

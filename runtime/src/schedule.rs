@@ -76,6 +76,12 @@ impl Schedule {
         self.overruns
     }
 
+    /// Moves the current tick's deadline to `at` (the grid restarts there) without counting
+    /// anything missed: after a robot's reset, whose time is not control time.
+    pub fn restart(&mut self, at: Duration) {
+        self.next = at;
+    }
+
     /// Records that the current step finished at `now` and returns when the next one is due.
     pub fn finish(&mut self, now: Duration) -> Next {
         self.tick += 1;

@@ -153,10 +153,28 @@ pub fn state_fields(task: TaskKind) -> Vec<StateField> {
 }
 
 fn action_spec(cfg: &SimConfig, model: &ArmModel) -> ActionSpec {
+    action_space(
+        cfg.action,
+        cfg.ee_step_m,
+        cfg.yaw_step_rad,
+        cfg.joint_step_rad,
+        model,
+    )
+}
+
+/// The action space of `kind` on the arm `model` with these step sizes: what the simulator and
+/// the real SO-101 profile (which shares its layout, so a policy moves between them) take.
+pub fn action_space(
+    kind: ActionKind,
+    ee_step_m: f64,
+    yaw_step_rad: f64,
+    joint_step_rad: f64,
+    model: &ArmModel,
+) -> ActionSpec {
     let open = model.max_opening_m();
-    let (names, low, high): (Vec<&str>, Vec<f32>, Vec<f32>) = match cfg.action {
+    let (names, low, high): (Vec<&str>, Vec<f32>, Vec<f32>) = match kind {
         ActionKind::EeDelta => {
-            let s = cfg.ee_step_m as f32;
+            let s = ee_step_m as f32;
             (
                 vec!["dx_m", "dy_m", "dz_m", "gripper_m"],
                 vec![-s, -s, -s, 0.0],
@@ -164,7 +182,7 @@ fn action_spec(cfg: &SimConfig, model: &ArmModel) -> ActionSpec {
             )
         }
         ActionKind::EeDeltaYaw => {
-            let (s, y) = (cfg.ee_step_m as f32, cfg.yaw_step_rad as f32);
+            let (s, y) = (ee_step_m as f32, yaw_step_rad as f32);
             (
                 vec!["dx_m", "dy_m", "dz_m", "dyaw_rad", "gripper_m"],
                 vec![-s, -s, -s, -y, 0.0],
@@ -190,7 +208,7 @@ fn action_spec(cfg: &SimConfig, model: &ArmModel) -> ActionSpec {
             )
         }
         ActionKind::JointDelta => {
-            let s = cfg.joint_step_rad as f32;
+            let s = joint_step_rad as f32;
             let g = 0.01;
             (
                 vec![
@@ -205,10 +223,10 @@ fn action_spec(cfg: &SimConfig, model: &ArmModel) -> ActionSpec {
                 vec![s, s, s, s, s, g],
             )
         }
-        ActionKind::Box => unreachable!("rejected by SimConfig::validate"),
+        ActionKind::Box => (vec![], vec![], vec![]),
     };
     ActionSpec {
-        kind: cfg.action,
+        kind,
         names: names.into_iter().map(String::from).collect(),
         low,
         high,

@@ -46,6 +46,9 @@ pub struct EmulateArgs {
     /// Stop after this many seconds (default: until interrupted).
     #[arg(long)]
     seconds: Option<f64>,
+    /// Also make PATH a symbolic link to the port (a fixed name for configs; removed on exit).
+    #[arg(long, value_name = "PATH")]
+    link: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -72,6 +75,22 @@ fn config(a: &EmulateArgs) -> EmulatorConfig {
     }
 }
 
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A flag set by SIGINT or SIGTERM (so the emulator removes its link before it exits).
+fn stop_on_signals() -> &'static std::sync::atomic::AtomicBool {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    &STOP
+}
+
 fn percentiles(mut d: Vec<Duration>) -> serde_json::Value {
     d.sort();
     let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
@@ -87,14 +106,30 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
                 ServoModel::Xl330 => "Dynamixel XL330-M288",
             };
             let emu = Emulator::start(cfg)?;
+            let mut shown = emu.path().to_string();
+            if let Some(link) = &a.link {
+                // Replace a link left by an earlier run; never a regular file someone keeps.
+                if std::fs::symlink_metadata(link).is_ok_and(|m| m.file_type().is_symlink()) {
+                    std::fs::remove_file(link)?;
+                }
+                std::os::unix::fs::symlink(emu.path(), link).map_err(|e| {
+                    anyhow::anyhow!("--link {}: cannot create the link: {e}", link.display())
+                })?;
+                shown = format!("{} (linked from {})", emu.path(), link.display());
+            }
             println!(
-                "emulated {model} servos 1-6 on {} (open it at 1000000 baud; Ctrl-C stops)",
-                emu.path()
+                "emulated {model} servos 1-6 on {shown} (open it at 1000000 baud; Ctrl-C stops)"
             );
             std::io::stdout().flush()?;
+            let stop = stop_on_signals();
             let t0 = Instant::now();
-            while a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
+            while a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s)
+                && !stop.load(std::sync::atomic::Ordering::Relaxed)
+            {
                 std::thread::sleep(Duration::from_millis(50));
+            }
+            if let Some(link) = &a.link {
+                let _ = std::fs::remove_file(link);
             }
             Ok(())
         }

@@ -78,6 +78,10 @@ pub struct TrainArgs {
     /// Output model, e.g. models/pick.onnx (the spec is written beside it).
     #[arg(long)]
     out: PathBuf,
+    /// The robot kind the policy is for, instead of the demos' (e.g. `so101/reach` for a policy
+    /// trained on the simulated SO-101 that runs on the real one, which shares its layout).
+    #[arg(long)]
+    robot_kind: Option<String>,
     /// Use only the first N episodes.
     #[arg(long)]
     episodes: Option<usize>,
@@ -223,6 +227,7 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
         source,
         out: a.out,
         episodes: a.episodes,
+        robot_kind: a.robot_kind,
         cfg: TrainConfig {
             steps: a.steps,
             batch: a.batch,

@@ -2,6 +2,7 @@
 //! whole dependency tree again); each module is one subject.
 
 mod alloc_count;
+mod arm;
 mod bus;
 mod calibration;
 mod cli;

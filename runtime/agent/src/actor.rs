@@ -614,6 +614,8 @@ pub struct RunReport {
     pub link: Option<LinkStats>,
     /// The in-process learner's report.
     pub learner: Option<LearnerReport>,
+    /// A real arm's bus timing and counters.
+    pub arm: Option<crate::arm::ArmReport>,
 }
 
 /// What the recorder wrote.
@@ -819,6 +821,7 @@ impl<R: Robot> Actor<R> {
             traced,
             link,
             learner,
+            arm: None,
         })
     }
 }
@@ -992,6 +995,36 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
             let rejects = robot.rejects();
             let b = ActorBuilder::new(robot).count_rejects(rejects);
             drive(b, None, cfg, session, o, episodes, progress)
+        }
+        RobotSource::So101 | RobotSource::Koch => {
+            let arm_cfg = cfg.arm.as_ref().ok_or_else(|| {
+                AgentError::setup("[robot] source", "a real arm needs an [arm] table")
+            })?;
+            if cfg.run.clock == ClockKind::Sim {
+                return Err(AgentError::setup(
+                    "[run] clock = \"sim\"",
+                    "a real arm runs on its own clock: use clock = \"wall\"",
+                ));
+            }
+            let kind = match cfg.robot.source {
+                RobotSource::So101 => reflex_hardware::arm::ArmKind::So101Follower,
+                _ => reflex_hardware::arm::ArmKind::KochFollower,
+            };
+            let robot = crate::arm::ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
+            let handle = robot.report_handle();
+            let chain = (kind == reflex_hardware::arm::ArmKind::So101Follower)
+                .then(|| reflex_sim::world::ArmModel::so101().chain);
+            let mut report = drive(
+                ActorBuilder::new(robot),
+                chain,
+                cfg,
+                session,
+                o,
+                episodes,
+                progress,
+            )?;
+            report.arm = handle.lock().ok().and_then(|g| g.clone());
+            Ok(report)
         }
     }
 }

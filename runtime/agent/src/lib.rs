@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod actor;
+pub mod arm;
 pub mod assemble;
 pub mod bench;
 pub mod config;

@@ -194,6 +194,8 @@ pub struct TrainOptions {
     pub out: PathBuf,
     /// Use only the first N episodes.
     pub episodes: Option<usize>,
+    /// The robot kind to write into the spec instead of the episodes' own.
+    pub robot_kind: Option<String>,
     /// The network and optimiser settings.
     pub cfg: TrainConfig,
     /// The command that trains it (recorded as the model's provenance).
@@ -241,6 +243,7 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
             (d.episodes, d.action_dim, d.robot_type, origin)
         }
     };
+    let kind = o.robot_kind.clone().or(kind);
     eps.truncate(o.episodes.unwrap_or(eps.len()));
     let take = eps.len();
     let samples = make_samples(&eps, o.cfg.horizon);
