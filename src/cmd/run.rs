@@ -176,6 +176,7 @@ pub fn report_json(r: &RunReport) -> serde_json::Value {
         "reset_p50_us": us(r.stats.reset.percentile(50.0)),
         "reset_max_us": us(r.stats.reset.max()),
         "holds_no_chunk": r.stats.holds_no_chunk,
+        "teleop_steps": r.stats.teleop_steps,
         "chunks": r.stats.chunks,
         "stale_chunks": r.stats.stale_chunks,
         "safety": safety,

@@ -253,15 +253,18 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
 }
 
 /// A teleop device.
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
     /// This terminal's keyboard.
     Keyboard,
+    /// A leader arm on a serial port (--port), its torque off; the keyboard (when there is a
+    /// terminal) keeps the buttons: space takes over, y/n label, x reset, q quits.
+    Leader,
 }
 
 #[derive(Args)]
 pub struct TeleopArgs {
-    /// Input device (gamepads, SpaceMouse and leader arms come with the hardware drivers).
+    /// Input device (gamepad and SpaceMouse are not built yet: docs/hardware.md).
     #[arg(long, value_enum, default_value = "keyboard")]
     device: DeviceArg,
     /// The robot's name on the bus.
@@ -279,26 +282,162 @@ pub struct TeleopArgs {
     /// How long to wait for the robot's spec, s.
     #[arg(long, default_value_t = 15.0)]
     wait_s: f64,
+    /// The leader arm's serial port (--device leader).
+    #[arg(long)]
+    port: Option<String>,
+    /// Which leader arm: so101-leader or koch-leader.
+    #[arg(long, default_value = "so101-leader")]
+    leader: String,
+    /// The leader's LeRobot calibration file (default: zero at step 2048, for emulated servos).
+    #[arg(long)]
+    calibration: Option<PathBuf>,
+    /// Largest change of a joint command per control period of the robot while the follower is
+    /// brought to the leader, rad. Keep it under half the actor's `[safety] max_joint_step_rad`
+    /// (0.1 by default): a tick can see two messages' worth of change when delivery jitters.
+    #[arg(long, default_value_t = 0.04)]
+    max_joint_step_rad: f64,
+    /// Take over from the start and keep driving (no keyboard needed; labels need one).
+    #[arg(long)]
+    intervene: bool,
     #[command(flatten)]
     bus: BusArgs,
 }
 
+/// A leader arm for the command, the keyboard (if any) for the buttons.
+struct LeaderWithButtons {
+    leader: reflex_agent::leader::LeaderArm,
+    keys: Option<Keyboard>,
+    always: bool,
+}
+
+impl reflex_contracts::teleop::Teleop for LeaderWithButtons {
+    fn name(&self) -> &str {
+        self.leader.name()
+    }
+    fn poll(
+        &mut self,
+        obs: Option<&reflex_contracts::msg::Observation>,
+        m: &mut reflex_contracts::msg::TeleopMsg,
+    ) -> Result<bool, reflex_contracts::teleop::TeleopError> {
+        if let Some(k) = &mut self.keys {
+            k.poll(obs, m)?;
+        }
+        if self.always {
+            m.intervene = true;
+        }
+        self.leader.poll(obs, m)
+    }
+    fn finished(&self) -> bool {
+        self.keys.as_ref().is_some_and(|k| k.finished())
+    }
+}
+
 pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
+    use reflex_contracts::msg::EventKind;
+    use reflex_contracts::teleop::Teleop;
     let session = a.bus.config().open()?;
     let spec =
         reflex_agent::teleop::fetch_spec(&session, &a.robot, Duration::from_secs_f64(a.wait_s))?;
-    let DeviceArg::Keyboard = a.device;
-    let mut dev = Keyboard::open(&spec, a.speed, Duration::from_secs_f64(a.hold_ms / 1e3))?;
-    eprint!(
-        "teleop `{}` ({}): w/s a/d r/f move, o/c gripper, space take over / hand back, y success, n failure, x reset, q quit\r\n",
-        spec.name, spec.kind
-    );
-    reflex_agent::teleop::drive(&mut dev, &session, &a.robot, a.rate_hz, &mut |e| match e {
-        TeleopEvent::Driving(true) => eprint!("-- you drive\r\n"),
-        TeleopEvent::Driving(false) => eprint!("-- the policy drives\r\n"),
-        TeleopEvent::Sent(what) => eprint!("-- sent: {what}\r\n"),
-        TeleopEvent::Connected(_) => {}
-    })?;
+    let follow = std::sync::Arc::new(reflex_agent::teleop::Follow::default());
+    let _watch = reflex_agent::teleop::follow(&session, &a.robot, follow.clone())?;
+    let hold = Duration::from_secs_f64(a.hold_ms / 1e3);
+    // SAFETY: isatty only inspects file descriptor 0.
+    let is_tty = unsafe { libc::isatty(0) } == 1;
+    let mut dev: Box<dyn Teleop> = match a.device {
+        DeviceArg::Keyboard => Box::new(Keyboard::open(&spec, a.speed, hold)?),
+        DeviceArg::Leader => {
+            let port = a.port.as_deref().ok_or_else(|| {
+                anyhow::anyhow!("--device leader needs --port (the leader arm's serial port)")
+            })?;
+            let kind = reflex_hardware::arm::ArmKind::parse(&a.leader)
+                .filter(|k| k.is_leader())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--leader {}: not a leader arm (so101-leader or koch-leader)",
+                        a.leader
+                    )
+                })?;
+            let cal = match &a.calibration {
+                Some(p) => {
+                    reflex_calibration::Calibration::read(p, reflex_hardware::arm::RESOLUTION)?
+                }
+                None => kind.default_calibration(),
+            };
+            if !is_tty && !a.intervene {
+                anyhow::bail!(
+                    "--device leader takes over with the keyboard's space bar, and stdin is not a terminal: run it in a terminal, or pass --intervene to drive from the start"
+                );
+            }
+            let leader = reflex_agent::leader::LeaderArm::open(
+                kind,
+                port,
+                &cal,
+                &spec,
+                a.max_joint_step_rad,
+            )?;
+            let keys = if is_tty {
+                Some(Keyboard::open(&spec, 0.0, hold)?)
+            } else {
+                None
+            };
+            Box::new(LeaderWithButtons {
+                leader,
+                keys,
+                always: a.intervene,
+            })
+        }
+    };
+    match a.device {
+        DeviceArg::Keyboard => eprint!(
+            "teleop `{}` ({}): w/s a/d r/f move, o/c gripper, space take over / hand back, y success, n failure, x reset, q quit\r\n",
+            spec.name, spec.kind
+        ),
+        DeviceArg::Leader => eprint!(
+            "teleop `{}` ({}) from the leader arm {}: {}\r\n",
+            spec.name,
+            spec.kind,
+            dev.name(),
+            if a.intervene {
+                "driving from the start (Ctrl-C stops)"
+            } else {
+                "space take over / hand back, y success, n failure, x reset, q quit"
+            }
+        ),
+    }
+    reflex_agent::teleop::drive(
+        dev.as_mut(),
+        &session,
+        &a.robot,
+        a.rate_hz,
+        Some(&follow),
+        &mut |e| match e {
+            TeleopEvent::Driving(true) => eprint!("-- you drive\r\n"),
+            TeleopEvent::Driving(false) => eprint!("-- the policy drives\r\n"),
+            TeleopEvent::Sent(what) => eprint!("-- sent: {what}\r\n"),
+            TeleopEvent::Robot(ev) => {
+                let what = match ev.kind {
+                    EventKind::Success => "success",
+                    EventKind::Failure => "failure",
+                    EventKind::Done => "episode over",
+                    EventKind::Reset => "new episode",
+                    EventKind::Estop => "EMERGENCY STOP",
+                };
+                if matches!(ev.kind, EventKind::Success | EventKind::Failure) {
+                    eprint!(
+                        "-- the robot recorded: {what} (episode {}, step {}, from {})\r\n",
+                        ev.episode, ev.step, ev.source
+                    );
+                } else {
+                    eprint!("-- {what}: episode {} at step {}\r\n", ev.episode, ev.step);
+                }
+            }
+            TeleopEvent::Status(ep, person) => eprint!(
+                "-- episode {ep}: {} drives\r\n",
+                if person { "you" } else { "the policy" }
+            ),
+            TeleopEvent::Connected(_) => {}
+        },
+    )?;
     drop(dev);
     eprintln!("teleop: handed back, bye");
     Ok(())

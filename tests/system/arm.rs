@@ -146,3 +146,190 @@ fn a_silent_servo_stops_reflex_run_with_an_error_naming_the_motor_its_id_and_the
     );
     assert!(t0.elapsed().as_secs() < 30, "it failed fast");
 }
+
+/// Moves emulated servo `id` (Feetech, on `port`) to `steps` with its torque on, so a leader arm
+/// starts where a person left it.
+fn pose_servo(port: &str, id: u8, steps: u32) {
+    use reflex_hardware::feetech::sts3215;
+    let mut bus = reflex_hardware::bus::FeetechBus::open(port, 1_000_000).unwrap();
+    bus.write(id, sts3215::TORQUE_ENABLE, 1, "Torque_Enable")
+        .unwrap();
+    bus.write(id, sts3215::GOAL_POSITION, steps, "Goal_Position")
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while bus
+        .read(id, sts3215::PRESENT_POSITION, "Present_Position")
+        .unwrap()
+        != steps
+    {
+        assert!(
+            t0.elapsed().as_secs() < 5,
+            "servo {id} never reached {steps}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_leader_arm_takeover_30_degrees_away_never_moves_the_follower_more_than_the_rate_limit_per_tick()
+ {
+    use reflex_agent::arm::ArmRobot;
+    use reflex_agent::config::ArmSection;
+    use reflex_agent::leader::LeaderArm;
+    use reflex_contracts::msg::TeleopMsg;
+    use reflex_contracts::robot::Robot;
+    use reflex_contracts::teleop::Teleop;
+    use reflex_hardware::arm::ArmKind;
+    use reflex_hardware::emulate::{Emulator, EmulatorConfig};
+    let follower_bus = Emulator::start(EmulatorConfig::default()).unwrap();
+    let leader_bus = Emulator::start(EmulatorConfig::default()).unwrap();
+    // The person left the leader 30 degrees away from the follower on shoulder_pan and elbow_flex
+    // (2048 steps is zero; 30 degrees is 341 steps).
+    pose_servo(leader_bus.path(), 1, 2048 + 341);
+    pose_servo(leader_bus.path(), 3, 2048 - 341);
+    let cfg: ArmSection = toml::from_str(&format!(
+        "port = \"{}\"\ntask = \"joints\"\naction = \"joint_abs\"\nstart_speed_rad_s = 3.0",
+        follower_bus.path()
+    ))
+    .unwrap();
+    let mut follower = ArmRobot::open(ArmKind::So101Follower, "so101", &cfg).unwrap();
+    let spec = follower.spec().clone();
+    let limit = 0.05; // rad per tick: the safety layer's max_joint_step_rad in the shipped configs
+    let cal = ArmKind::So101Leader.default_calibration();
+    let mut leader =
+        LeaderArm::open(ArmKind::So101Leader, leader_bus.path(), &cal, &spec, limit).unwrap();
+    follower.reset(Some(0)).unwrap();
+    let mut hold = vec![0.0f32; spec.action.dim()];
+    let mut m = TeleopMsg::default();
+    let mut prev: Option<Vec<f32>> = None;
+    let (mut worst, mut worst_cmd) = (0.0f32, 0.0f32);
+    let mut last_cmd: Option<Vec<f32>> = None;
+    let period = std::time::Duration::from_millis(20);
+    for tick in 0..150 {
+        let obs = follower.observe().unwrap().clone();
+        let q: Vec<f32> = obs.state[..6].to_vec();
+        if let Some(p) = &prev {
+            for (a, b) in q.iter().zip(p) {
+                worst = worst.max((a - b).abs());
+            }
+        }
+        prev = Some(q);
+        m.intervene = tick >= 10;
+        leader.poll(Some(&obs), &mut m).unwrap();
+        let action = if m.intervene {
+            m.action.clone()
+        } else {
+            follower.hold_action(&mut hold);
+            hold.clone()
+        };
+        if let Some(c) = &last_cmd {
+            for (a, b) in action.iter().zip(c).take(5) {
+                worst_cmd = worst_cmd.max((a - b).abs());
+            }
+        }
+        last_cmd = Some(action.clone());
+        follower.command(&action).unwrap();
+        std::thread::sleep(period);
+    }
+    let end = follower.observe().unwrap().state[..6].to_vec();
+    eprintln!(
+        "largest joint move in one tick: measured {worst:.4} rad, commanded {worst_cmd:.4} rad; end pose {end:?}"
+    );
+    // The command never jumps; the emulated servos follow it within a tick (one step of slack).
+    assert!(
+        worst_cmd as f64 <= limit + 1e-6,
+        "commanded step {worst_cmd}"
+    );
+    assert!(
+        worst as f64 <= limit + 2.0 * std::f64::consts::TAU / 4096.0,
+        "measured step {worst}"
+    );
+    // And the follower ends where the leader is.
+    let thirty = 30f32.to_radians();
+    assert!(
+        (end[0] - thirty).abs() < 0.01 && (end[2] + thirty).abs() < 0.01,
+        "{end:?}"
+    );
+}
+
+#[test]
+fn reflex_teleop_with_a_leader_arm_drives_the_emulated_follower_through_reflex_run() {
+    use crate::common::{child_stderr, spawn, unix_endpoint};
+    let dir = tempfile::tempdir().unwrap();
+    let (_follower, link) = emulator(&dir, &[]);
+    // The leader's emulated servos; shoulder_pan left 30 degrees (341 steps) from zero.
+    let leader_dir = tempfile::tempdir().unwrap();
+    let (_leader, leader_link) = emulator(&leader_dir, &[]);
+    pose_servo(&leader_link.display().to_string(), 1, 2048 + 341);
+    let ep = unix_endpoint(&dir, "bus");
+    // The shipped config with joint targets, no base policy (the robot holds unless a person
+    // drives), on the bus with the trace at the control rate for the leader to follow.
+    let cfg = config(
+        &dir,
+        &link,
+        &[
+            ("task = \"reach\"", "task = \"joints\""),
+            ("action = \"ee_delta\"", "action = \"joint_abs\""),
+            ("max_episode_steps = 150", "max_episode_steps = 100"),
+            ("kind = \"onnx\"", "kind = \"none\""),
+            (
+                "[run]",
+                &format!(
+                    "[bus]\nenabled = true\nno_multicast = true\ntrace_hz = 50.0\nlisten = [\"{ep}\"]\n\n[run]"
+                ),
+            ),
+        ],
+    );
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text.replace(
+        &format!(
+            "model = \"{}\"",
+            repo().join("models/so101-reach.onnx").display()
+        ),
+        "",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let mut run = reflex();
+    run.args(["run", "--json", "--episodes", "4", "--config"])
+        .arg(&cfg);
+    let mut actor = spawn(run, &dir, "actor");
+    let mut tele = reflex();
+    tele.args([
+        "teleop",
+        "--device",
+        "leader",
+        "--robot",
+        "so101",
+        "--intervene",
+        "--no-multicast",
+    ])
+    .arg("--port")
+    .arg(&leader_link)
+    .args(["--connect", &ep]);
+    let _teleop = spawn(tele, &dir, "teleop");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = actor.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 90,
+            "the run did not end: {}",
+            child_stderr(&dir, "actor")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(status.success(), "{}", child_stderr(&dir, "actor"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap();
+    eprintln!("teleop steps {} safety {}", v["teleop_steps"], v["safety"]);
+    assert!(v["teleop_steps"].as_u64().unwrap() > 100, "{v}");
+    // The leader's commands arrive blended: the safety layer never had to clip a joint step.
+    assert_eq!(v["safety"]["step_limit"], 0, "{v}");
+    let said = child_stderr(&dir, "teleop");
+    assert!(
+        said.contains("you drive") && said.contains("episode"),
+        "{said}"
+    );
+}

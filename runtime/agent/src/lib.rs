@@ -25,6 +25,7 @@ pub mod dataset;
 pub mod demo;
 mod error;
 pub mod heldout;
+pub mod leader;
 pub mod learner;
 pub mod plot;
 pub mod policytools;

@@ -230,15 +230,86 @@ pub enum TeleopEvent<'a> {
     Driving(bool),
     /// A label or reset was sent.
     Sent(&'static str),
+    /// The actor reported an episode event (a label it recorded, an episode's end or start).
+    Robot(&'a msg::EpisodeEvent),
+    /// The actor's episode or who drives changed: (episode, a person drives).
+    Status(u64, bool),
+}
+
+/// What a teleop device hears back from the actor: the robot's newest traced state (for devices
+/// that need the follower's pose), who drives, and the episode events that confirm a person's
+/// labels.
+#[derive(Default)]
+pub struct Follow {
+    latest: std::sync::Mutex<Option<Observation>>,
+    events: std::sync::Mutex<Vec<msg::EpisodeEvent>>,
+    status: std::sync::Mutex<Option<(u64, bool)>>,
+}
+
+impl Follow {
+    /// The robot's newest traced observation.
+    pub fn latest(&self) -> Option<Observation> {
+        self.latest.lock().ok().and_then(|g| g.clone())
+    }
+
+    /// Episode events received since the last call.
+    pub fn take_events(&self) -> Vec<msg::EpisodeEvent> {
+        self.events
+            .lock()
+            .map(|mut g| std::mem::take(&mut *g))
+            .unwrap_or_default()
+    }
+
+    /// The actor's newest status: (episode, a person drives).
+    pub fn status(&self) -> Option<(u64, bool)> {
+        self.status.lock().ok().and_then(|g| *g)
+    }
+}
+
+impl reflex_bus::trace::TraceSink for Follow {
+    fn step(&self, t: &reflex_runtime::outbox::Transition) {
+        if let Ok(mut g) = self.latest.lock() {
+            let o = g.get_or_insert_with(Observation::default);
+            o.episode = t.episode;
+            o.step = t.step;
+            o.state.clear();
+            o.state.extend_from_slice(&t.obs);
+        }
+    }
+    fn status(&self, m: &msg::StatusMsg) {
+        if let Ok(mut g) = self.status.lock() {
+            *g = Some((m.episode, m.intervening));
+        }
+    }
+    fn event(&self, e: &msg::EpisodeEvent) {
+        if let Ok(mut g) = self.events.lock() {
+            g.push(e.clone());
+        }
+    }
+    fn frames(&self, _: &reflex_runtime::outbox::Frames) {}
+}
+
+/// Subscribes `follow` to the actor's trace, status and events of `robot`.
+pub fn follow(
+    session: &zenoh::Session,
+    robot: &str,
+    follow: std::sync::Arc<Follow>,
+) -> Result<reflex_bus::trace::Watch> {
+    let keys = Keys::new(robot).map_err(reflex_bus::BusError::from)?;
+    reflex_bus::trace::watch(session, &keys, follow).map_err(|e| {
+        crate::AgentError::setup("teleop", format!("cannot follow the robot's trace: {e}"))
+    })
 }
 
 /// Publishes what `device` produces on `reflex/<robot>/teleop` at `rate_hz` until the device is
-/// finished, then hands back (so the robot is not left holding a stale command).
+/// finished, then hands back (so the robot is not left holding a stale command). `follow` gives
+/// the device the robot's newest traced observation.
 pub fn drive(
     device: &mut dyn Teleop,
     session: &zenoh::Session,
     robot: &str,
     rate_hz: f64,
+    follow: Option<&Follow>,
     on_event: &mut dyn FnMut(TeleopEvent),
 ) -> Result<()> {
     let keys = Keys::new(robot).map_err(reflex_bus::BusError::from)?;
@@ -254,8 +325,22 @@ pub fn drive(
     let period = Duration::from_secs_f64(1.0 / rate_hz.clamp(1.0, 1000.0));
     let mut next = Instant::now();
     let mut was = false;
+    let mut last_status = None;
     while !device.finished() {
-        device.poll(None, &mut m)?;
+        if let Some(f) = follow {
+            for e in f.take_events() {
+                on_event(TeleopEvent::Robot(&e));
+            }
+            let st = f.status();
+            if st.is_some() && st != last_status {
+                last_status = st;
+                if let Some((ep, person)) = st {
+                    on_event(TeleopEvent::Status(ep, person));
+                }
+            }
+        }
+        let obs = follow.and_then(Follow::latest);
+        device.poll(obs.as_ref(), &mut m)?;
         let now = Instant::now();
         if now >= next {
             m.seq += 1;
