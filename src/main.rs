@@ -64,6 +64,11 @@ enum Command {
     /// Actor and learner for a long run with faults injected at random: memory, transitions,
     /// safety holds, timing.
     Soak(cmd::bench::SoakArgs),
+    /// Joint calibration of an arm, written in LeRobot's calibration format.
+    Calibrate {
+        #[command(subcommand)]
+        command: cmd::hw::CalibrateCommand,
+    },
     /// Servo buses: emulated servos on a pseudo-terminal, bus latency.
     Hw {
         #[command(subcommand)]
@@ -123,6 +128,7 @@ fn main() {
         Command::Doctor => cli::doctor(),
         Command::Soak(a) => cmd::bench::soak(a),
         Command::Hw { command } => cmd::hw::run(command),
+        Command::Calibrate { command } => cmd::hw::calibrate(command),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -417,6 +417,91 @@ impl ServoArm {
         Ok(())
     }
 
+    /// Every motor's present position in steps, as the servo reports it (no calibration).
+    pub fn read_steps(&mut self, out: &mut [i64]) -> Result<(), ArmError> {
+        let (present, _, _) = self.regs();
+        on_bus!(&mut self.bus, b => b.sync_read(present, "Present_Position", &self.ids, &mut self.raw))?;
+        for (o, r) in out.iter_mut().zip(&self.raw) {
+            *o = self.decode(*r);
+        }
+        Ok(())
+    }
+
+    /// Writes `values[k]` to register `reg` of motor `k`, one acknowledged WRITE each.
+    fn write_each(&mut self, reg: Register, name: &str, values: &[u32]) -> Result<(), ArmError> {
+        for (k, v) in values.iter().enumerate() {
+            let id = self.ids[k];
+            on_bus!(&mut self.bus, b => b.write(id, reg, *v, name))?;
+        }
+        Ok(())
+    }
+
+    /// The family's (homing offset, min limit, max limit) registers.
+    fn calibration_regs(&self) -> (Register, Register, Register) {
+        match self.bus {
+            AnyBus::Feetech(_) => (
+                sts3215::HOMING_OFFSET,
+                sts3215::MIN_POSITION_LIMIT,
+                sts3215::MAX_POSITION_LIMIT,
+            ),
+            AnyBus::Dynamixel(_) => (x_series::HOMING_OFFSET, (52, 4), (48, 4)),
+        }
+    }
+
+    /// Writes homing offsets (steps, signed) to every motor: Feetech's sign-magnitude with the
+    /// sign in bit 11 (so at most 2047 either way), Dynamixel's two's complement.
+    pub fn write_homing(&mut self, offsets: &[i64]) -> Result<(), ArmError> {
+        let feetech = matches!(self.bus, AnyBus::Feetech(_));
+        let mut raw = Vec::with_capacity(offsets.len());
+        for (k, o) in offsets.iter().enumerate() {
+            raw.push(if feetech {
+                feetech::to_sign_magnitude(*o as i32, 11).ok_or_else(|| ArmError::Calibration {
+                    arm: self.kind.name(),
+                    message: format!(
+                        "motor `{}`: homing offset {o} does not fit the servo's 11-bit register",
+                        self.kind.motors()[k].name
+                    ),
+                })?
+            } else {
+                *o as i32 as u32
+            });
+        }
+        let (homing, _, _) = self.calibration_regs();
+        self.write_each(homing, "Homing_Offset", &raw)
+    }
+
+    /// Writes every motor's position limits (steps).
+    pub fn write_limits(&mut self, min: &[i64], max: &[i64]) -> Result<(), ArmError> {
+        let (_, lo, hi) = self.calibration_regs();
+        let lo_v: Vec<u32> = min.iter().map(|v| *v as u32).collect();
+        let hi_v: Vec<u32> = max.iter().map(|v| *v as u32).collect();
+        self.write_each(lo, "Min_Position_Limit", &lo_v)?;
+        self.write_each(hi, "Max_Position_Limit", &hi_v)
+    }
+
+    /// How the family applies a homing offset: the offset that makes `present` (read with no
+    /// offset) read as the half turn, 2047. Feetech reports `actual - offset`, Dynamixel
+    /// `actual + offset`.
+    pub fn half_turn_offset(&self, present: i64) -> i64 {
+        let half = RESOLUTION / 2 - 1;
+        match self.bus {
+            // The Feetech's present position wraps at one turn, so an offset and the same offset
+            // plus or minus a turn mean the same; take the one the 11-bit register holds. A
+            // middle read at 4095 would need 2048, one more than the register takes: 2047 puts
+            // the middle at 2048 instead, one step off (LeRobot #1296 overflows there).
+            AnyBus::Feetech(_) => {
+                let o = (present - half + RESOLUTION / 2).rem_euclid(RESOLUTION) - RESOLUTION / 2;
+                o.clamp(-(RESOLUTION / 2 - 1), RESOLUTION / 2 - 1)
+            }
+            AnyBus::Dynamixel(_) => half - present,
+        }
+    }
+
+    /// The ids on the bus, in motor order.
+    pub fn ids(&self) -> &[u8] {
+        &self.ids
+    }
+
     /// The bus timing so far.
     pub fn timing(&self) -> &ArmTiming {
         &self.timing

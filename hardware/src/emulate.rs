@@ -40,6 +40,7 @@ struct Table {
     torque: (u16, u16),
     moving: (u16, u16),
     max_limit: (u16, u16),
+    homing: (u16, u16),
     number: u16,
 }
 
@@ -54,6 +55,7 @@ impl ServoModel {
                 torque: sts3215::TORQUE_ENABLE,
                 moving: sts3215::MOVING,
                 max_limit: sts3215::MAX_POSITION_LIMIT,
+                homing: sts3215::HOMING_OFFSET,
                 number: STS3215_MODEL,
             },
             ServoModel::Xl330 => Table {
@@ -64,6 +66,7 @@ impl ServoModel {
                 torque: x_series::TORQUE_ENABLE,
                 moving: (122, 1),
                 max_limit: (48, 4),
+                homing: x_series::HOMING_OFFSET,
                 number: XL330_M288_MODEL,
             },
         }
@@ -120,6 +123,7 @@ pub struct EmulatorCounters {
 pub struct Emulator {
     path: String,
     stop: Arc<AtomicBool>,
+    hand: Arc<std::sync::Mutex<Vec<(u8, f64)>>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// What it saw.
     pub counters: Arc<EmulatorCounters>,
@@ -134,13 +138,14 @@ impl Emulator {
         })?;
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(EmulatorCounters::default());
-        let (s, c) = (stop.clone(), counters.clone());
+        let hand = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, c, h) = (stop.clone(), counters.clone(), hand.clone());
         let thread = std::thread::Builder::new()
             .name("servo-emulator".into())
             .spawn(move || {
                 // The slave end stays open here, so the master never reads EIO between clients.
                 let _slave = slave;
-                serve(master, cfg, &s, &c)
+                serve(master, cfg, &s, &c, &h)
             })
             .map_err(|e| {
                 serialport::Error::new(serialport::ErrorKind::Io(e.kind()), e.to_string())
@@ -148,6 +153,7 @@ impl Emulator {
         Ok(Emulator {
             path,
             stop,
+            hand,
             thread: Some(thread),
             counters,
         })
@@ -156,6 +162,14 @@ impl Emulator {
     /// The serial device to open (`/dev/pts/N`).
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// A person moves servo `id` by hand to `steps` of its mechanical range (0..4096, before
+    /// any homing offset). A servo holding with its torque on resists: then nothing moves.
+    pub fn move_by_hand(&self, id: u8, steps: f64) {
+        if let Ok(mut h) = self.hand.lock() {
+            h.push((id, steps));
+        }
     }
 }
 
@@ -216,14 +230,38 @@ impl Servo {
         }
     }
 
-    /// Moves toward the goal for `dt` while torque is on.
-    fn advance(&mut self, dt: f64, speed: f64, t: &Table) {
-        let goal = self.get(t.goal).min(4095) as f64;
+    /// The homing offset register as a signed value: Feetech's sign-magnitude (sign in bit
+    /// 11), Dynamixel's two's complement.
+    fn homing(&self, model: ServoModel, t: &Table) -> f64 {
+        let raw = self.get(t.homing);
+        match model {
+            ServoModel::Sts3215 => feetech::from_sign_magnitude(raw, 11) as f64,
+            ServoModel::Xl330 => raw as i32 as f64,
+        }
+    }
+
+    /// Moves toward the goal for `dt` while torque is on. Positions in the registers are the
+    /// mechanical position shifted by the homing offset as each family does it: Feetech
+    /// reports `actual - offset` wrapped to one turn, Dynamixel `actual + offset`.
+    fn advance(&mut self, dt: f64, speed: f64, model: ServoModel, t: &Table) {
+        let off = self.homing(model, t);
+        let goal_reg = self.get(t.goal);
+        let goal = match model {
+            ServoModel::Sts3215 => {
+                let g = feetech::from_sign_magnitude(goal_reg, 15) as f64;
+                (g + off).rem_euclid(4096.0)
+            }
+            ServoModel::Xl330 => goal_reg as i32 as f64 - off,
+        };
         let on = self.get(t.torque) != 0;
         if on {
             self.position += (goal - self.position).clamp(-speed * dt, speed * dt);
         }
-        self.put(t.present, self.position.round() as u32);
+        let present = match model {
+            ServoModel::Sts3215 => ((self.position - off).round() as i64).rem_euclid(4096) as u32,
+            ServoModel::Xl330 => (self.position + off).round() as i64 as i32 as u32,
+        };
+        self.put(t.present, present);
         self.put(t.moving, (on && (goal - self.position).abs() > 0.5) as u32);
     }
 }
@@ -289,7 +327,13 @@ fn decode(model: ServoModel, buf: &[u8]) -> Result<(u8, Cmd, usize), crate::Pack
     }
 }
 
-fn serve(mut port: TTYPort, cfg: EmulatorConfig, stop: &AtomicBool, c: &EmulatorCounters) {
+fn serve(
+    mut port: TTYPort,
+    cfg: EmulatorConfig,
+    stop: &AtomicBool,
+    c: &EmulatorCounters,
+    hand: &std::sync::Mutex<Vec<(u8, f64)>>,
+) {
     let _ = port.set_timeout(Duration::from_millis(2));
     let table = cfg.model.table();
     let mut servos: Vec<Servo> = cfg
@@ -305,8 +349,17 @@ fn serve(mut port: TTYPort, cfg: EmulatorConfig, stop: &AtomicBool, c: &Emulator
         }
         let dt = last.elapsed().as_secs_f64();
         last = Instant::now();
+        if let Ok(mut h) = hand.lock() {
+            for (id, steps) in h.drain(..) {
+                if let Some(s) = servos.iter_mut().find(|s| s.id == id)
+                    && s.get(table.torque) == 0
+                {
+                    s.position = steps.clamp(0.0, 4095.0);
+                }
+            }
+        }
         for s in servos.iter_mut() {
-            s.advance(dt, cfg.speed, &table);
+            s.advance(dt, cfg.speed, cfg.model, &table);
         }
         loop {
             match decode(cfg.model, &buf) {

@@ -12,6 +12,7 @@
 
 pub mod arm;
 pub mod bus;
+pub mod calibrate;
 pub mod dynamixel;
 pub mod emulate;
 pub mod feetech;

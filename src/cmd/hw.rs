@@ -179,3 +179,107 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
         }
     }
 }
+
+#[derive(Subcommand)]
+pub enum CalibrateCommand {
+    /// Guided joint calibration: middle pose, then a sweep of every joint; writes the homing
+    /// offsets and limits to the servos and LeRobot's calibration file.
+    Joints(CalibrateArgs),
+}
+
+#[derive(Args)]
+pub struct CalibrateArgs {
+    /// Which arm: so101-follower, so101-leader, koch-follower, koch-leader.
+    #[arg(long)]
+    robot: String,
+    /// Its serial port.
+    #[arg(long)]
+    port: String,
+    /// The arm's id: the file is <calibration dir>/{robots|teleoperators}/<type>/<id>.json, the
+    /// layout LeRobot reads ($HF_LEROBOT_CALIBRATION, else $HF_LEROBOT_HOME/calibration, else
+    /// ~/.cache/huggingface/lerobot/calibration).
+    #[arg(long, default_value = "default")]
+    id: String,
+    /// Write the file here instead.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+/// Waits for the enter key on another thread, so the caller keeps sampling meanwhile.
+fn enter_pressed() -> std::sync::mpsc::Receiver<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        let _ = tx.send(());
+    });
+    rx
+}
+
+pub fn calibrate(cmd: CalibrateCommand) -> anyhow::Result<()> {
+    use reflex_hardware::arm::ArmKind;
+    use reflex_hardware::calibrate::{Calibrator, full_turn_motors};
+    let CalibrateCommand::Joints(a) = cmd;
+    let kind = ArmKind::parse(&a.robot).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--robot {}: reflex knows {}",
+            a.robot,
+            ArmKind::ALL.map(|k| k.name()).join(", ")
+        )
+    })?;
+    let (dev, ty) = kind.calibration_type();
+    let path = a.out.clone().unwrap_or_else(|| {
+        let dir = reflex_calibration::calibration_dir(&|k| std::env::var(k).ok());
+        reflex_calibration::calibration_path(&dir, dev, ty, &a.id)
+    });
+    let mut cal = Calibrator::open(kind, &a.port)?;
+    println!(
+        "calibrating the {} on {} (torque off: the joints move freely)",
+        kind.name(),
+        a.port
+    );
+    println!("1. Move every joint to the middle of its range, then press enter.");
+    std::io::stdout().flush()?;
+    enter_pressed().recv()?;
+    let offsets = cal.set_middle()?.to_vec();
+    println!("   homing offsets: {offsets:?}");
+    println!(
+        "2. Move every joint except {} through its whole range, then press enter.",
+        full_turn_motors(kind).join(" and ")
+    );
+    std::io::stdout().flush()?;
+    let done = enter_pressed();
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut shown = Instant::now();
+    loop {
+        cal.sample()?;
+        if done.try_recv().is_ok() {
+            break;
+        }
+        if tty && shown.elapsed() > Duration::from_millis(200) {
+            shown = Instant::now();
+            let line: Vec<String> = cal
+                .ranges()
+                .iter()
+                .filter(|r| !r.3)
+                .map(|(n, lo, hi, _)| format!("{n} {lo}..{hi}"))
+                .collect();
+            print!("\r   {}   ", line.join("  "));
+            std::io::stdout().flush()?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if tty {
+        println!();
+    }
+    let c = cal.finish()?;
+    c.write(&path)?;
+    for (name, m) in &c.motors {
+        println!(
+            "   {name:<14} id {} offset {:>5} range {:>4}..{:<4}",
+            m.id, m.homing_offset, m.range_min, m.range_max
+        );
+    }
+    println!("wrote {}", path.display());
+    Ok(())
+}

@@ -333,3 +333,115 @@ fn reflex_teleop_with_a_leader_arm_drives_the_emulated_follower_through_reflex_r
         "{said}"
     );
 }
+
+#[test]
+fn reflex_calibrate_joints_homes_the_middle_sweeps_the_ranges_and_writes_lerobots_file() {
+    use reflex_hardware::arm::{ArmKind, ServoArm};
+    use reflex_hardware::emulate::{Emulator, EmulatorConfig};
+    use reflex_hardware::feetech::sts3215;
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(EmulatorConfig::default()).unwrap();
+    // The middle pose in mechanical steps: wrist_flex sits at the very end of the encoder's
+    // turn (its half-turn offset would be 2048, one more than the 11-bit register holds) and the
+    // gripper just past zero, so both sweeps cross the point where the position wraps.
+    let middle = [1000.0, 3000.0, 2048.0, 4095.0, 2500.0, 100.0];
+    for (k, m) in middle.iter().enumerate() {
+        emu.move_by_hand(k as u8 + 1, *m);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let out = dir.path().join("cal/so101_follower/arm.json");
+    let mut child = ChildGuard(
+        reflex()
+            .args([
+                "calibrate",
+                "joints",
+                "--robot",
+                "so101-follower",
+                "--port",
+                emu.path(),
+            ])
+            .arg("--out")
+            .arg(&out)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let mut wait_for = |prefix: &str| loop {
+        let l = lines.next().expect("calibrate ended early").unwrap();
+        if l.starts_with(prefix) {
+            return l;
+        }
+    };
+    wait_for("1.");
+    stdin.write_all(b"\n").unwrap();
+    wait_for("2.");
+    // The sweep: 300 steps either side of the middle, wrapping at the ends of the turn.
+    for side in [-300.0, 300.0, 0.0] {
+        for (k, m) in middle.iter().enumerate() {
+            if k != 4 {
+                emu.move_by_hand(k as u8 + 1, (m + side + 4096.0) % 4096.0);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    stdin.write_all(b"\n").unwrap();
+    let wrote = wait_for("wrote");
+    assert!(wrote.contains(&out.display().to_string()), "{wrote}");
+    assert!(child.0.wait().unwrap().success());
+    let cal = reflex_calibration::Calibration::read(&out, 4096).unwrap();
+    let got: Vec<(i64, i64, i64)> = cal
+        .motors
+        .iter()
+        .map(|(_, m)| (m.homing_offset, m.range_min, m.range_max))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (-1047, 1747, 2347),
+            (953, 1747, 2347),
+            (1, 1747, 2347),
+            // Clamped to the register: the middle reads 2046, one step off the half turn.
+            (-2047, 1746, 2346),
+            // The full-turn wrist roll keeps the whole turn.
+            (453, 0, 4095),
+            (-1947, 1747, 2347),
+        ],
+        "{}",
+        cal.to_json()
+    );
+    // The servos hold what the file says: the sign-magnitude offset and the limits.
+    let mut bus = reflex_hardware::bus::FeetechBus::open(emu.path(), 1_000_000).unwrap();
+    assert_eq!(
+        bus.read(1, sts3215::HOMING_OFFSET, "Homing_Offset")
+            .unwrap(),
+        1047 | 0x800
+    );
+    assert_eq!(
+        bus.read(1, sts3215::MIN_POSITION_LIMIT, "Min").unwrap(),
+        1747
+    );
+    assert_eq!(
+        bus.read(6, sts3215::MAX_POSITION_LIMIT, "Max").unwrap(),
+        2347
+    );
+    drop(bus);
+    // Read back through the calibration, the middle pose is zero on every swept joint.
+    let mut arm = ServoArm::open(
+        ArmKind::So101Follower,
+        emu.path(),
+        &cal,
+        std::time::Duration::from_millis(20),
+        2,
+    )
+    .unwrap();
+    let mut q = [0.0; 6];
+    arm.read(&mut q).unwrap();
+    for k in [0, 1, 2, 3] {
+        assert!(q[k].abs() < 0.01, "joint {k} at {} rad: {q:?}", q[k]);
+    }
+    assert!((q[5] - 0.5).abs() < 0.01, "the gripper half open: {q:?}");
+}
