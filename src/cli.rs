@@ -102,6 +102,14 @@ impl reflex_agent::progress::Progress for Bars {
     fn finish(&self) {
         self.bar.finish_and_clear();
     }
+    fn line(&self, msg: &str) {
+        if self.hidden || self.bar.is_hidden() {
+            // --json (stdout carries the JSON), or stderr is not a terminal: plain lines.
+            eprintln!("{msg}");
+        } else {
+            self.bar.println(msg);
+        }
+    }
 }
 
 /// The command line as a person would retype it: `reflex` followed by the arguments (the

@@ -639,6 +639,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let took = now.saturating_sub(before);
         self.stats.reset.record(took);
         self.reset_took = self.reset_took.saturating_add(took);
+        if !took.is_zero() {
+            // A tick about to start is due now, not when it was due before the reset.
+            self.schedule.restart(now);
+        }
         self.generation += 1;
         self.chunks.clear();
         self.request_pending = false;

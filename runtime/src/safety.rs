@@ -154,6 +154,15 @@ impl SafetyEvent {
         SafetyEvent::Workspace,
     ];
 
+    /// `true` for the routine clipping kinds (a step, a joint or the tool kept inside its
+    /// limit, the robot still moving); `false` for holds and the e-stop, which stop the robot.
+    pub fn is_clip(self) -> bool {
+        matches!(
+            self,
+            SafetyEvent::PositionLimit | SafetyEvent::StepLimit | SafetyEvent::Workspace
+        )
+    }
+
     /// Name used in status messages and logs.
     pub fn name(self) -> &'static str {
         match self {

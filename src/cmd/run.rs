@@ -41,6 +41,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         record: a.record,
         live: reflex_agent::replay::with_viewer(reflex_record::Live::parse(&a.rerun)?),
         trace_hz: a.trace_hz,
+        episode_lines: true,
     };
     let report = run_config(&cfg, &o, &Bars::new(a.json))?;
     if a.json {

@@ -195,3 +195,42 @@ fn doctor_without_onnxruntime_says_how_to_install_it() {
         "{err}"
     );
 }
+
+#[test]
+fn reflex_run_prints_a_line_per_episode_and_summarises_routine_clipping_instead_of_warning() {
+    // On the bus, where the status thread used to warn about every clipped step.
+    let dir = tempfile::tempdir().unwrap();
+    let mut text =
+        std::fs::read_to_string(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
+            .unwrap();
+    // In real time, so the status thread sees the clipping as it happens.
+    text = text.replace("clock = \"sim\"", "clock = \"wall\"");
+    text.push_str(&format!(
+        "\n[bus]\nenabled = true\nno_multicast = true\nlisten = [\"{}\"]\n",
+        crate::common::unix_endpoint(&dir, "bus")
+    ));
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let out = crate::common::reflex()
+        .env("RUST_LOG", "info")
+        .args(["run", "--episodes", "3", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("episode ")).collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines[2].contains("robot alone") && lines[2].contains("takeovers"),
+        "{err}"
+    );
+    // The expert's steps are clipped now and then: said in the episode's line, not warned.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("step_limit"),
+        "the run clipped steps: {stdout}"
+    );
+    assert!(err.contains("safety: step_limit"), "{err}");
+    assert!(!err.contains("WARN"), "{err}");
+}

@@ -288,6 +288,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             recording: self.record.is_some(),
             done: Vec::new(),
             eval: Vec::new(),
+            episode_lines: false,
             t0: Instant::now(),
         })
     }
@@ -652,6 +653,8 @@ pub struct Actor<R: Robot> {
     done: Vec<EpisodeSummary>,
     eval: Vec<EpisodeSummary>,
     t0: Instant,
+    /// Print a line per episode through the progress sink (`reflex run`).
+    pub episode_lines: bool,
 }
 
 impl<R: Robot> Actor<R> {
@@ -674,14 +677,88 @@ impl<R: Robot> Actor<R> {
         let start = self.done.len();
         while ((self.done.len() - start) as u64) < n {
             self.pace_learner()?;
+            let safety_before = self.lp.safety_counters();
+            let version_before = self.lp.stats().residual_version;
             let ep = self.lp.run_episodes(1)?;
             self.done.extend(ep);
             let ok = self.done[start..].iter().filter(|e| e.success).count();
             progress.message(&format!("{ok} ok"));
+            if self.episode_lines {
+                progress.line(&self.episode_line(&safety_before, version_before));
+            }
             progress.inc(1);
         }
         progress.finish();
         Ok(&self.done[start..])
+    }
+
+    /// What a person watching wants after each episode: how it ended and who drove, the robot's
+    /// own success over the last 20 episodes, takeovers, the weights in use and the learner's
+    /// lag, loop timing, and the safety layer's clipping summarised (holds and e-stops are
+    /// warned on their own).
+    fn episode_line(
+        &self,
+        safety_before: &reflex_runtime::safety::SafetyCounters,
+        version_before: u64,
+    ) -> String {
+        use reflex_runtime::safety::SafetyEvent;
+        let Some(e) = self.done.last() else {
+            return String::new();
+        };
+        let how = match (e.success, e.labelled, e.truncated) {
+            (true, true, _) => "success (labelled)",
+            (true, false, _) => "success",
+            (false, true, _) => "failure (labelled)",
+            (false, false, true) => "time limit",
+            (false, false, false) => "failure",
+        };
+        let recent = &self.done[self.done.len().saturating_sub(20)..];
+        let alone = recent
+            .iter()
+            .filter(|e| e.success && e.interventions == 0)
+            .count();
+        let st = self.lp.stats();
+        let mut line = format!(
+            "episode {:>4}: {how:<18} {:>4} steps | robot alone {alone}/{} of the last {} | takeovers {}",
+            e.episode,
+            e.steps,
+            recent.len(),
+            recent.len(),
+            e.interventions
+        );
+        if e.interventions > 0 {
+            line.push_str(&format!(" ({} steps)", e.intervention_steps));
+        }
+        if self.parts.link_progress.is_some() || st.residual_version > 0 {
+            line.push_str(&format!(
+                " | weights v{} (+{})",
+                st.residual_version,
+                st.residual_version.saturating_sub(version_before)
+            ));
+            if let Some((offered, received)) = self.link_progress() {
+                line.push_str(&format!(
+                    ", learner {} steps behind",
+                    offered.saturating_sub(received)
+                ));
+            }
+        }
+        line.push_str(&format!(
+            " | lateness p99 {:.0} us",
+            st.lateness.percentile(99.0).as_secs_f64() * 1e6
+        ));
+        let now = self.lp.safety_counters();
+        let acted: Vec<String> = SafetyEvent::ALL
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| {
+                let d = now.0[i].saturating_sub(safety_before.0[i]);
+                (d > 0).then(|| format!("{} {d}", k.name()))
+            })
+            .collect();
+        if !acted.is_empty() {
+            line.push_str(&format!(" | safety: {}", acted.join(", ")));
+        }
+        line
     }
 
     /// Runs `n` more episodes with the learner's deterministic action (its mean, no exploration
@@ -839,6 +916,8 @@ pub struct RunOptions {
     pub live: Live,
     /// Trace rate for `reflex viz`, Hz (default `[bus] trace_hz`).
     pub trace_hz: Option<f64>,
+    /// Print a line per episode through the progress sink (what `reflex run` shows).
+    pub episode_lines: bool,
 }
 
 /// Builds the policy a config names, for a robot with `spec`.
@@ -1084,6 +1163,7 @@ fn drive<R: Robot + 'static>(
     if cfg.learner.as_ref().is_some_and(|l| !l.pace_lockstep) {
         actor.pace = false;
     }
+    actor.episode_lines = o.episode_lines;
     actor.run_episodes(episodes, progress)?;
     if cfg.run.eval_episodes > 0 {
         actor.evaluate(cfg.run.eval_episodes, progress)?;

@@ -11,6 +11,8 @@ pub trait Progress: Send + Sync {
     fn message(&self, _msg: &str) {}
     /// The phase ended.
     fn finish(&self) {}
+    /// A line to keep (a finished episode's summary), shown above whatever is in progress.
+    fn line(&self, _msg: &str) {}
 }
 
 /// Shows nothing.

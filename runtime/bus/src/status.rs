@@ -40,6 +40,36 @@ pub struct StatusPublisher {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Counts clipped steps over windows of 10 s; reports a window where more than half the steps
+/// were clipped.
+#[derive(Default)]
+struct ClipWindow {
+    start: Option<(std::time::Instant, u64, u64)>,
+}
+
+impl ClipWindow {
+    fn update(
+        &mut self,
+        now: &reflex_runtime::safety::SafetyCounters,
+        ticks: u64,
+    ) -> Option<(u64, u64)> {
+        let clipped: u64 = SafetyEvent::ALL
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.is_clip())
+            .map(|(i, _)| now.0[i])
+            .sum();
+        let t = std::time::Instant::now();
+        let (t0, c0, k0) = *self.start.get_or_insert((t, clipped, ticks));
+        if t.duration_since(t0) < Duration::from_secs(10) {
+            return None;
+        }
+        self.start = Some((t, clipped, ticks));
+        let (n, of) = (clipped.saturating_sub(c0), ticks.saturating_sub(k0));
+        (of > 0 && 2 * n > of).then_some((n, of))
+    }
+}
+
 /// Publishes each new snapshot on `reflex/<robot>/status`, checking every `poll`;
 /// `extras` adds what the loop does not know: the recorder's dropped steps and the rejected
 /// messages of each key the actor reads.
@@ -63,13 +93,18 @@ pub fn spawn_publisher(
                 }
             };
             let mut last_safety = reflex_runtime::safety::SafetyCounters::default();
+            let mut clips = ClipWindow::default();
             while !s.load(Ordering::Relaxed) {
                 if reader.update() {
                     // The loop cannot log (formatting allocates); this thread logs for it.
+                    // Holds and e-stops are warned at once; routine clipping (a step or the
+                    // tool kept inside its limit) is summarised per episode by the actor and
+                    // warned here only when it goes on and on.
                     let now = reader.get().safety;
+                    let ticks = reader.get().ticks;
                     for (i, e) in SafetyEvent::ALL.iter().enumerate() {
                         let d = now.0[i].saturating_sub(last_safety.0[i]);
-                        if d > 0 {
+                        if d > 0 && !e.is_clip() {
                             tracing::warn!(
                                 "safety on `{}`: {} x {} (total {})",
                                 keys.robot,
@@ -78,6 +113,12 @@ pub fn spawn_publisher(
                                 now.0[i]
                             );
                         }
+                    }
+                    if let Some((n, of)) = clips.update(&now, ticks) {
+                        tracing::warn!(
+                            "safety on `{}`: the limits clipped {n} of the last {of} steps; if the policy keeps pushing past them, check [safety] (max_joint_step_rad, max_ee_step_m, workspace)",
+                            keys.robot
+                        );
                     }
                     last_safety = now;
                     let mut m = reflex_runtime::status::to_msg(&keys.robot, reader.get());
