@@ -13,6 +13,8 @@ pub enum BenchCommand {
     Loop(LoopBenchArgs),
     /// SAC update throughput and the wall time of 10k Pendulum steps.
     Learner(LearnerBenchArgs),
+    /// Sync-read and sync-write latency of a whole arm over its emulated servo bus.
+    BusServo(crate::cmd::hw::HwBenchArgs),
 }
 
 #[derive(Args)]
@@ -169,6 +171,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 }
             }
         }
+        BenchCommand::BusServo(a) => crate::cmd::hw::bench(&a)?,
         BenchCommand::Loop(a) => {
             let o = loop_bench::LoopBenchOptions {
                 hz: a.hz,

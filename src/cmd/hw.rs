@@ -3,9 +3,7 @@
 
 use crate::cli::print_json;
 use clap::{Args, Subcommand, ValueEnum};
-use reflex_hardware::bus::FeetechBus;
 use reflex_hardware::emulate::{Emulator, EmulatorConfig, ServoModel};
-use reflex_hardware::feetech::sts3215;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -53,6 +51,9 @@ pub struct EmulateArgs {
 
 #[derive(Args)]
 pub struct HwBenchArgs {
+    /// Which arm's servos.
+    #[arg(long, value_enum, default_value = "so101-follower")]
+    pub robot: ArmKind,
     /// Transactions of each kind.
     #[arg(long, default_value_t = 2000)]
     iters: usize,
@@ -133,50 +134,79 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        HwCommand::Bench(a) => {
-            let emu = Emulator::start(EmulatorConfig::default())?;
-            let mut bus = FeetechBus::open(emu.path(), 1_000_000)?;
-            let ids = [1u8, 2, 3, 4, 5, 6];
-            let mut pos = [0u32; 6];
-            let (mut reads, mut writes) = (vec![], vec![]);
-            for k in 0..a.iters {
-                let t = Instant::now();
-                bus.sync_read(
-                    sts3215::PRESENT_POSITION,
-                    "Present_Position",
-                    &ids,
-                    &mut pos,
-                )?;
-                reads.push(t.elapsed());
-                let goal = [2048 + (k % 100) as u32; 6];
-                let t = Instant::now();
-                bus.sync_write(sts3215::GOAL_POSITION, &ids, &goal)?;
-                writes.push(t.elapsed());
-            }
-            let st = bus.stats();
-            let out = serde_json::json!({
-                "transport": "pseudo-terminal to reflex's emulated STS3215 servos (no wire: the servo's own 1 Mbps timing is not modelled)",
-                "sync_read_6_positions": percentiles(reads),
-                "sync_write_6_goals": percentiles(writes),
-                "retries": st.retries,
-                "failures": st.failures,
-            });
-            if a.json {
-                print_json(&out);
-            } else {
-                let f = |k: &str, q: &str| out[k][q].as_f64().unwrap_or(f64::NAN);
-                println!(
-                    "over {}: sync read of 6 positions p50 {:.0} us / p99 {:.0} us; sync write of 6 goals p50 {:.0} us / p99 {:.0} us; {} retries",
-                    emu.path(),
-                    f("sync_read_6_positions", "p50_us"),
-                    f("sync_read_6_positions", "p99_us"),
-                    f("sync_write_6_goals", "p50_us"),
-                    f("sync_write_6_goals", "p99_us"),
-                    st.retries
-                );
-            }
-            Ok(())
-        }
+        HwCommand::Bench(a) => bench(&a),
+    }
+}
+
+/// Sync reads and writes of a whole arm through [`reflex_hardware::arm::ServoArm`] (what the
+/// control loop does every tick) against the arm's emulated servos: `reflex hw bench` and
+/// `reflex bench bus-servo`.
+pub fn bench(a: &HwBenchArgs) -> anyhow::Result<()> {
+    use reflex_hardware::arm::ServoArm;
+    let kind = hw_kind(a.robot);
+    let emu = Emulator::start(EmulatorConfig {
+        model: kind.servo_model(),
+        ..Default::default()
+    })?;
+    let mut arm = ServoArm::open(
+        kind,
+        emu.path(),
+        &kind.default_calibration(),
+        Duration::from_millis(20),
+        2,
+    )?;
+    let mut q = [0.0f64; 6];
+    let (mut reads, mut writes) = (vec![], vec![]);
+    for k in 0..a.iters {
+        let t = Instant::now();
+        arm.read(&mut q)?;
+        reads.push(t.elapsed());
+        let goal = [0.01 * (k % 100) as f64; 6];
+        let t = Instant::now();
+        arm.write(&goal)?;
+        writes.push(t.elapsed());
+    }
+    let st = arm.bus_stats();
+    let (r, w) = (percentiles(reads), percentiles(writes));
+    let servos = match kind.servo_model() {
+        ServoModel::Sts3215 => "STS3215",
+        ServoModel::Xl330 => "XL330-M288",
+    };
+    let out = serde_json::json!({
+        "robot": kind.name(),
+        "transport": format!("pseudo-terminal to reflex's emulated {servos} servos (no wire: the servos' own 1 Mbps timing is not modelled)"),
+        "read_p50_us": r["p50_us"],
+        "read_p99_us": r["p99_us"],
+        "write_p50_us": w["p50_us"],
+        "write_p99_us": w["p99_us"],
+        "sync_read_6_positions": r,
+        "sync_write_6_goals": w,
+        "retries": st.retries,
+        "failures": st.failures,
+    });
+    if a.json {
+        print_json(&out);
+    } else {
+        println!(
+            "{} over {}: sync read of 6 positions p50 {:.0} us / p99 {:.0} us; sync write of 6 goals p50 {:.0} us / p99 {:.0} us; {} retries",
+            kind.name(),
+            emu.path(),
+            out["read_p50_us"].as_f64().unwrap_or(f64::NAN),
+            out["read_p99_us"].as_f64().unwrap_or(f64::NAN),
+            out["write_p50_us"].as_f64().unwrap_or(f64::NAN),
+            out["write_p99_us"].as_f64().unwrap_or(f64::NAN),
+            st.retries
+        );
+    }
+    Ok(())
+}
+
+fn hw_kind(k: ArmKind) -> reflex_hardware::arm::ArmKind {
+    match k {
+        ArmKind::So101Follower => reflex_hardware::arm::ArmKind::So101Follower,
+        ArmKind::So101Leader => reflex_hardware::arm::ArmKind::So101Leader,
+        ArmKind::KochFollower => reflex_hardware::arm::ArmKind::KochFollower,
+        ArmKind::KochLeader => reflex_hardware::arm::ArmKind::KochLeader,
     }
 }
 

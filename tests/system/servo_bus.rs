@@ -220,3 +220,26 @@ fn reflex_hw_bench_times_sync_reads_and_writes_over_the_emulated_bus() {
     }
     assert_eq!(v["failures"], 0, "{v}");
 }
+
+#[test]
+fn reflex_bench_bus_servo_times_a_whole_arm_on_either_protocol() {
+    for robot in ["so101-follower", "koch-follower"] {
+        let v = crate::common::json_output(reflex().args([
+            "bench",
+            "bus-servo",
+            "--robot",
+            robot,
+            "--iters",
+            "50",
+            "--json",
+        ]));
+        assert_eq!(v["robot"], robot, "{v}");
+        assert_eq!(v["sync_read_6_positions"]["n"], 50, "{v}");
+        let (p50, p99) = (
+            v["read_p50_us"].as_f64().unwrap(),
+            v["read_p99_us"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p50 <= p99, "{v}");
+        assert_eq!(v["failures"], 0, "{v}");
+    }
+}
