@@ -129,15 +129,88 @@ pub fn print_json(v: &serde_json::Value) {
     );
 }
 
-/// `reflex doctor`: reports where ONNX Runtime was found.
+/// `reflex doctor`: what this machine and this build can drive, one line per check, each problem
+/// with its fix; fails when something a run needs is missing.
 pub fn doctor() -> anyhow::Result<()> {
-    let found = reflex_policies::ort_env::find_onnxruntime()?;
+    let mut problems = 0;
+    match reflex_policies::ort_env::find_onnxruntime() {
+        Ok(found) => {
+            println!(
+                "ONNX Runtime: {} (found via {})",
+                found.path.display(),
+                found.source
+            );
+            match reflex_policies::ort_env::init(&found) {
+                Ok(_) => println!("ONNX Runtime loads: ok"),
+                Err(e) => {
+                    problems += 1;
+                    println!("ONNX Runtime does not load: {e}");
+                }
+            }
+        }
+        Err(e) => {
+            problems += 1;
+            println!("ONNX Runtime: {e}");
+        }
+    }
+    problems += serial_ports();
     println!(
-        "ONNX Runtime: {} (found via {})",
-        found.path.display(),
-        found.source
+        "teleop devices in this build: keyboard yes; leader arm (so101-leader, koch-leader) yes; gamepad no, SpaceMouse no (not built yet: docs/hardware.md)"
     );
-    reflex_policies::ort_env::init(&found)?;
-    println!("ONNX Runtime loads: ok");
+    println!(
+        "arms in this build: so101 (Feetech STS3215, reach and joints), koch (Dynamixel X series, joints); emulated: reflex hw emulate --robot so101-follower"
+    );
+    if problems > 0 {
+        anyhow::bail!("{problems} problem(s) above");
+    }
     Ok(())
+}
+
+/// Lists serial ports (from sysfs: no libudev needed) and whether this user may open them.
+fn serial_ports() -> usize {
+    let ports = match serialport::available_ports() {
+        Ok(p) => p,
+        Err(e) => {
+            println!("serial ports: cannot list them: {e}");
+            return 0;
+        }
+    };
+    let usb: Vec<_> = ports
+        .iter()
+        .filter(|p| matches!(p.port_type, serialport::SerialPortType::UsbPort(_)))
+        .collect();
+    if usb.is_empty() {
+        println!(
+            "serial ports: no USB serial adapter (an arm's bus adapter shows up as /dev/ttyACM* or /dev/ttyUSB*; without an arm, try reflex hw emulate)"
+        );
+        return 0;
+    }
+    let mut problems = 0;
+    for p in usb {
+        let serialport::SerialPortType::UsbPort(u) = &p.port_type else {
+            continue;
+        };
+        let path = std::ffi::CString::new(p.port_name.clone()).unwrap_or_default();
+        // SAFETY: access() only reads the path string.
+        let ok = unsafe { libc::access(path.as_ptr(), libc::R_OK | libc::W_OK) } == 0;
+        let what = format!(
+            "{} (USB {:04x}:{:04x}{})",
+            p.port_name,
+            u.vid,
+            u.pid,
+            u.product
+                .as_deref()
+                .map(|s| format!(", {s}"))
+                .unwrap_or_default()
+        );
+        if ok {
+            println!("serial port {what}: can open");
+        } else {
+            problems += 1;
+            println!(
+                "serial port {what}: this user cannot open it: sudo usermod -aG dialout $USER, then log in again (or the udev rule in docs/hardware.md)"
+            );
+        }
+    }
+    problems
 }

@@ -175,6 +175,13 @@ fn doctor_finds_onnxruntime_in_the_project_environment() {
         stdout.contains("libonnxruntime.so.1.31.1") && stdout.contains("loads: ok"),
         "{stdout}"
     );
+    // What this build drives, and the serial ports (none on this machine).
+    assert!(
+        stdout.contains("leader arm")
+            && stdout.contains("gamepad no")
+            && stdout.contains("serial port"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -188,12 +195,17 @@ fn doctor_without_onnxruntime_says_how_to_install_it() {
         .env("PATH", dir.path())
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!out.status.success());
     assert!(
         err.contains("pip install onnxruntime==1.31.1") && err.contains("Jetson"),
         "{err}"
     );
+    assert!(err.contains("1 problem"), "{err}");
 }
 
 #[test]
