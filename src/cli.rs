@@ -214,3 +214,64 @@ fn serial_ports() -> usize {
     }
     problems
 }
+
+/// An arm on the command line.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ArmArg {
+    /// SO-100/SO-101 follower: Feetech STS3215, ids 1-6.
+    So101Follower,
+    /// SO-100/SO-101 leader: Feetech STS3215, ids 1-6.
+    So101Leader,
+    /// Koch follower: Dynamixel X series (emulated as XL330-M288), ids 1-6.
+    KochFollower,
+    /// Koch leader: Dynamixel XL330, ids 1-6.
+    KochLeader,
+}
+
+impl ArmArg {
+    /// The arm in reflex-hardware.
+    pub fn kind(self) -> reflex_hardware::arm::ArmKind {
+        use reflex_hardware::arm::ArmKind;
+        match self {
+            ArmArg::So101Follower => ArmKind::So101Follower,
+            ArmArg::So101Leader => ArmKind::So101Leader,
+            ArmArg::KochFollower => ArmKind::KochFollower,
+            ArmArg::KochLeader => ArmKind::KochLeader,
+        }
+    }
+}
+
+/// `reflex bench bus-servo` and `reflex hw bench`.
+#[derive(clap::Args)]
+pub struct ServoBenchArgs {
+    /// Which arm's servos.
+    #[arg(long, value_enum, default_value = "so101-follower")]
+    pub robot: ArmArg,
+    /// Transactions of each kind.
+    #[arg(long, default_value_t = 2000)]
+    pub iters: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs and prints the servo bus bench.
+pub fn servo_bench(a: &ServoBenchArgs) -> anyhow::Result<()> {
+    let kind = a.robot.kind();
+    let (out, port) = reflex_agent::bench::servo_bench::run(kind, a.iters)?;
+    if a.json {
+        print_json(&out);
+    } else {
+        let f = |k: &str| out[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{} over {port}: sync read of 6 positions p50 {:.0} us / p99 {:.0} us; sync write of 6 goals p50 {:.0} us / p99 {:.0} us; {} retries",
+            kind.name(),
+            f("read_p50_us"),
+            f("read_p99_us"),
+            f("write_p50_us"),
+            f("write_p99_us"),
+            out["retries"]
+        );
+    }
+    Ok(())
+}

@@ -14,7 +14,7 @@ pub enum BenchCommand {
     /// SAC update throughput and the wall time of 10k Pendulum steps.
     Learner(LearnerBenchArgs),
     /// Sync-read and sync-write latency of a whole arm over its emulated servo bus.
-    BusServo(crate::cmd::hw::HwBenchArgs),
+    BusServo(crate::cli::ServoBenchArgs),
 }
 
 #[derive(Args)]
@@ -171,7 +171,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 }
             }
         }
-        BenchCommand::BusServo(a) => crate::cmd::hw::bench(&a)?,
+        BenchCommand::BusServo(a) => crate::cli::servo_bench(&a)?,
         BenchCommand::Loop(a) => {
             let o = loop_bench::LoopBenchOptions {
                 hz: a.hz,

@@ -1,8 +1,7 @@
 //! `reflex hw ...`: servo buses. `emulate` serves emulated servos on a pseudo-terminal;
 //! `bench` times sync reads and writes over one.
 
-use crate::cli::print_json;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use reflex_hardware::emulate::{Emulator, EmulatorConfig, ServoModel};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -12,26 +11,14 @@ pub enum HwCommand {
     /// Emulated servos behind a pseudo-terminal (prints the port to open), until stopped.
     Emulate(EmulateArgs),
     /// Sync-read and sync-write latency over an emulated bus.
-    Bench(HwBenchArgs),
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-pub enum ArmKind {
-    /// SO-100/SO-101 follower: Feetech STS3215, ids 1-6.
-    So101Follower,
-    /// SO-100/SO-101 leader: Feetech STS3215, ids 1-6.
-    So101Leader,
-    /// Koch follower: Dynamixel X series (emulated as XL330-M288), ids 1-6.
-    KochFollower,
-    /// Koch leader: Dynamixel XL330, ids 1-6.
-    KochLeader,
+    Bench(crate::cli::ServoBenchArgs),
 }
 
 #[derive(Args)]
 pub struct EmulateArgs {
     /// Which arm's servos.
     #[arg(long, value_enum, default_value = "so101-follower")]
-    robot: ArmKind,
+    robot: crate::cli::ArmArg,
     /// An id that never answers (repeatable).
     #[arg(long = "silent", value_name = "ID")]
     silent: Vec<u8>,
@@ -49,24 +36,8 @@ pub struct EmulateArgs {
     link: Option<std::path::PathBuf>,
 }
 
-#[derive(Args)]
-pub struct HwBenchArgs {
-    /// Which arm's servos.
-    #[arg(long, value_enum, default_value = "so101-follower")]
-    pub robot: ArmKind,
-    /// Transactions of each kind.
-    #[arg(long, default_value_t = 2000)]
-    iters: usize,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
-}
-
 fn config(a: &EmulateArgs) -> EmulatorConfig {
-    let model = match a.robot {
-        ArmKind::So101Follower | ArmKind::So101Leader => ServoModel::Sts3215,
-        ArmKind::KochFollower | ArmKind::KochLeader => ServoModel::Xl330,
-    };
+    let model = a.robot.kind().servo_model();
     EmulatorConfig {
         model,
         silent: a.silent.clone(),
@@ -90,12 +61,6 @@ fn stop_on_signals() -> &'static std::sync::atomic::AtomicBool {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     &STOP
-}
-
-fn percentiles(mut d: Vec<Duration>) -> serde_json::Value {
-    d.sort();
-    let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
-    serde_json::json!({"p50_us": at(0.5), "p99_us": at(0.99), "max_us": at(1.0), "n": d.len()})
 }
 
 pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
@@ -134,79 +99,7 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        HwCommand::Bench(a) => bench(&a),
-    }
-}
-
-/// Sync reads and writes of a whole arm through [`reflex_hardware::arm::ServoArm`] (what the
-/// control loop does every tick) against the arm's emulated servos: `reflex hw bench` and
-/// `reflex bench bus-servo`.
-pub fn bench(a: &HwBenchArgs) -> anyhow::Result<()> {
-    use reflex_hardware::arm::ServoArm;
-    let kind = hw_kind(a.robot);
-    let emu = Emulator::start(EmulatorConfig {
-        model: kind.servo_model(),
-        ..Default::default()
-    })?;
-    let mut arm = ServoArm::open(
-        kind,
-        emu.path(),
-        &kind.default_calibration(),
-        Duration::from_millis(20),
-        2,
-    )?;
-    let mut q = [0.0f64; 6];
-    let (mut reads, mut writes) = (vec![], vec![]);
-    for k in 0..a.iters {
-        let t = Instant::now();
-        arm.read(&mut q)?;
-        reads.push(t.elapsed());
-        let goal = [0.01 * (k % 100) as f64; 6];
-        let t = Instant::now();
-        arm.write(&goal)?;
-        writes.push(t.elapsed());
-    }
-    let st = arm.bus_stats();
-    let (r, w) = (percentiles(reads), percentiles(writes));
-    let servos = match kind.servo_model() {
-        ServoModel::Sts3215 => "STS3215",
-        ServoModel::Xl330 => "XL330-M288",
-    };
-    let out = serde_json::json!({
-        "robot": kind.name(),
-        "transport": format!("pseudo-terminal to reflex's emulated {servos} servos (no wire: the servos' own 1 Mbps timing is not modelled)"),
-        "read_p50_us": r["p50_us"],
-        "read_p99_us": r["p99_us"],
-        "write_p50_us": w["p50_us"],
-        "write_p99_us": w["p99_us"],
-        "sync_read_6_positions": r,
-        "sync_write_6_goals": w,
-        "retries": st.retries,
-        "failures": st.failures,
-    });
-    if a.json {
-        print_json(&out);
-    } else {
-        println!(
-            "{} over {}: sync read of 6 positions p50 {:.0} us / p99 {:.0} us; sync write of 6 goals p50 {:.0} us / p99 {:.0} us; {} retries",
-            kind.name(),
-            emu.path(),
-            out["read_p50_us"].as_f64().unwrap_or(f64::NAN),
-            out["read_p99_us"].as_f64().unwrap_or(f64::NAN),
-            out["write_p50_us"].as_f64().unwrap_or(f64::NAN),
-            out["write_p99_us"].as_f64().unwrap_or(f64::NAN),
-            st.retries
-        );
-    }
-    Ok(())
-}
-
-fn hw_kind(k: ArmKind) -> reflex_hardware::arm::ArmKind {
-    match k {
-        ArmKind::So101Follower => reflex_hardware::arm::ArmKind::So101Follower,
-        ArmKind::So101Leader => reflex_hardware::arm::ArmKind::So101Leader,
-        ArmKind::KochFollower => reflex_hardware::arm::ArmKind::KochFollower,
-        ArmKind::KochLeader => reflex_hardware::arm::ArmKind::KochLeader,
+        HwCommand::Bench(a) => crate::cli::servo_bench(&a),
     }
 }
 

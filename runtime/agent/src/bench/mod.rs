@@ -4,3 +4,4 @@
 pub mod bus_bench;
 pub mod learner_bench;
 pub mod loop_bench;
+pub mod servo_bench;
