@@ -155,7 +155,7 @@ pub fn doctor() -> anyhow::Result<()> {
     }
     problems += serial_ports();
     println!(
-        "teleop devices in this build: keyboard yes; leader arm (so101-leader, koch-leader) yes; gamepad no, SpaceMouse no (not built yet: docs/hardware.md)"
+        "teleop devices in this build: keyboard, leader arm (so101-leader, koch-leader), gamepad (evdev: /dev/input/event*), SpaceMouse (hidraw: /dev/hidraw*)"
     );
     println!(
         "arms in this build: so101 (Feetech STS3215, reach and joints), koch (Dynamixel X series, joints); emulated: reflex hw emulate --robot so101-follower"

@@ -260,11 +260,15 @@ pub enum DeviceArg {
     /// A leader arm on a serial port (--port), its torque off; the keyboard (when there is a
     /// terminal) keeps the buttons: space takes over, y/n label, x reset, q quits.
     Leader,
+    /// A gamepad's evdev node (--path /dev/input/eventN): hold the right bumper to take over.
+    Gamepad,
+    /// A SpaceMouse's hidraw node (--path /dev/hidrawN): push the cap to take over.
+    Spacemouse,
 }
 
 #[derive(Args)]
 pub struct TeleopArgs {
-    /// Input device (gamepad and SpaceMouse are not built yet: docs/hardware.md).
+    /// Input device.
     #[arg(long, value_enum, default_value = "keyboard")]
     device: DeviceArg,
     /// The robot's name on the bus.
@@ -285,6 +289,9 @@ pub struct TeleopArgs {
     /// The leader arm's serial port (--device leader).
     #[arg(long)]
     port: Option<String>,
+    /// The device file of a gamepad (/dev/input/eventN) or a SpaceMouse (/dev/hidrawN).
+    #[arg(long)]
+    path: Option<PathBuf>,
     /// Which leader arm: so101-leader or koch-leader.
     #[arg(long, default_value = "so101-leader")]
     leader: String,
@@ -303,16 +310,16 @@ pub struct TeleopArgs {
     bus: BusArgs,
 }
 
-/// A leader arm for the command, the keyboard (if any) for the buttons.
-struct LeaderWithButtons {
-    leader: reflex_agent::leader::LeaderArm,
+/// A device for the command, the keyboard (if any) for the buttons.
+struct WithButtons {
+    dev: Box<dyn reflex_contracts::teleop::Teleop>,
     keys: Option<Keyboard>,
     always: bool,
 }
 
-impl reflex_contracts::teleop::Teleop for LeaderWithButtons {
+impl reflex_contracts::teleop::Teleop for WithButtons {
     fn name(&self) -> &str {
-        self.leader.name()
+        self.dev.name()
     }
     fn poll(
         &mut self,
@@ -325,11 +332,24 @@ impl reflex_contracts::teleop::Teleop for LeaderWithButtons {
         if self.always {
             m.intervene = true;
         }
-        self.leader.poll(obs, m)
+        self.dev.poll(obs, m)
     }
     fn finished(&self) -> bool {
-        self.keys.as_ref().is_some_and(|k| k.finished())
+        self.keys.as_ref().is_some_and(|k| k.finished()) || self.dev.finished()
     }
+}
+
+/// The keyboard for the buttons when there is a terminal (its keys do not move the robot).
+fn buttons(
+    is_tty: bool,
+    spec: &reflex_contracts::msg::RobotSpec,
+    hold: Duration,
+) -> anyhow::Result<Option<Keyboard>> {
+    Ok(if is_tty {
+        Some(Keyboard::open(spec, 0.0, hold)?)
+    } else {
+        None
+    })
 }
 
 pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
@@ -375,14 +395,26 @@ pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
                 &spec,
                 a.max_joint_step_rad,
             )?;
-            let keys = if is_tty {
-                Some(Keyboard::open(&spec, 0.0, hold)?)
+            Box::new(WithButtons {
+                dev: Box::new(leader),
+                keys: buttons(is_tty, &spec, hold)?,
+                always: a.intervene,
+            })
+        }
+        DeviceArg::Gamepad | DeviceArg::Spacemouse => {
+            let path = a.path.as_deref().ok_or_else(|| {
+                anyhow::anyhow!("--device gamepad and spacemouse need --path (the device file: /dev/input/eventN, /dev/hidrawN)")
+            })?;
+            let dev: Box<dyn Teleop> = if a.device == DeviceArg::Gamepad {
+                Box::new(reflex_agent::devices::Gamepad::open(path, &spec, a.speed)?)
             } else {
-                None
+                Box::new(reflex_agent::devices::SpaceMouse::open(
+                    path, &spec, a.speed,
+                )?)
             };
-            Box::new(LeaderWithButtons {
-                leader,
-                keys,
+            Box::new(WithButtons {
+                dev,
+                keys: buttons(is_tty, &spec, hold)?,
                 always: a.intervene,
             })
         }
@@ -402,6 +434,18 @@ pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
             } else {
                 "space take over / hand back, y success, n failure, x reset, q quit"
             }
+        ),
+        DeviceArg::Gamepad => eprint!(
+            "teleop `{}` ({}) from the {}: hold the right bumper to drive; left stick: forward/back and left/right, right stick: up/down; triggers: gripper; A success, B failure, Y reset\r\n",
+            spec.name,
+            spec.kind,
+            dev.name()
+        ),
+        DeviceArg::Spacemouse => eprint!(
+            "teleop `{}` ({}) from the {}: push the cap to drive; left button closes the gripper, right opens it; labels from the keyboard (y, n, x)\r\n",
+            spec.name,
+            spec.kind,
+            dev.name()
         ),
     }
     reflex_agent::teleop::drive(

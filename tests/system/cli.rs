@@ -178,7 +178,7 @@ fn doctor_finds_onnxruntime_in_the_project_environment() {
     // What this build drives, and the serial ports (none on this machine).
     assert!(
         stdout.contains("leader arm")
-            && stdout.contains("gamepad no")
+            && stdout.contains("gamepad (evdev")
             && stdout.contains("serial port"),
         "{stdout}"
     );
@@ -245,4 +245,73 @@ fn reflex_run_prints_a_line_per_episode_and_summarises_routine_clipping_instead_
     );
     assert!(err.contains("safety: step_limit"), "{err}");
     assert!(!err.contains("WARN"), "{err}");
+}
+
+#[test]
+fn reflex_teleop_from_a_gamepad_event_stream_takes_over_reflex_run() {
+    use crate::common::{child_stderr, spawn, unix_endpoint};
+    use reflex_agent::devices::input_event;
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let ep = unix_endpoint(&dir, "bus");
+    // The simulator with no base policy (it holds unless a person drives), in real time, on the
+    // bus with the trace on.
+    let mut text =
+        std::fs::read_to_string(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
+            .unwrap();
+    text = text
+        .replace("kind = \"expert\"", "kind = \"none\"")
+        .replace("clock = \"sim\"", "clock = \"wall\"");
+    text.push_str(&format!(
+        "\n[bus]\nenabled = true\nno_multicast = true\ntrace_hz = 20.0\nlisten = [\"{ep}\"]\n"
+    ));
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let mut run = reflex();
+    run.args(["run", "--json", "--episodes", "2", "--config"])
+        .arg(&cfg);
+    let mut actor = spawn(run, &dir, "actor");
+    // A recorded gamepad: evdev records through a FIFO, as /dev/input/eventN delivers them.
+    let fifo = dir.path().join("event0");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut tele = reflex();
+    tele.args([
+        "teleop",
+        "--device",
+        "gamepad",
+        "--robot",
+        "sim",
+        "--no-multicast",
+    ])
+    .arg("--path")
+    .arg(&fifo)
+    .args(["--connect", &ep]);
+    let _teleop = spawn(tele, &dir, "teleop");
+    // Opening the writing end waits for the teleop to open the device.
+    let mut pad = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = actor.0.try_wait().unwrap() {
+            break s;
+        }
+        // The right bumper held, the left stick pushed forward, resent as a driver repeats.
+        for (ty, code, v) in [(1u16, 0x137u16, 1i32), (3, 1, -32767), (0, 0, 0)] {
+            let _ = pad.write_all(&input_event(ty, code, v));
+        }
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "the run did not end: {}",
+            child_stderr(&dir, "actor")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{}", child_stderr(&dir, "actor"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap();
+    assert!(v["teleop_steps"].as_u64().unwrap() > 20, "{v}");
+    let said = child_stderr(&dir, "teleop");
+    assert!(said.contains("you drive"), "{said}");
 }

@@ -23,6 +23,7 @@ pub mod bench;
 pub mod config;
 pub mod dataset;
 pub mod demo;
+pub mod devices;
 mod error;
 pub mod heldout;
 pub mod leader;
