@@ -31,6 +31,12 @@ pub struct BusArgs {
     /// A Zenoh JSON5 config file to start from.
     #[arg(long, value_name = "FILE")]
     pub zenoh_config: Option<PathBuf>,
+    /// TLS with mutual authentication: the directory `reflex keys init` wrote.
+    #[arg(long, value_name = "DIR", requires = "tls_name")]
+    pub tls_dir: Option<PathBuf>,
+    /// This peer's name in --tls-dir (its certificate's common name).
+    #[arg(long, value_name = "NAME", requires = "tls_dir")]
+    pub tls_name: Option<String>,
 }
 
 impl BusArgs {
@@ -41,6 +47,12 @@ impl BusArgs {
             connect: self.connect.clone(),
             multicast_scouting: !self.no_multicast,
             config_file: self.zenoh_config.clone(),
+            tls: self
+                .tls_dir
+                .as_ref()
+                .zip(self.tls_name.as_ref())
+                .map(|(d, n)| reflex_bus::secure::TlsFiles::in_dir(d, n)),
+            access: None,
         }
     }
 }

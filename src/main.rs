@@ -64,6 +64,11 @@ enum Command {
     /// Actor and learner for a long run with faults injected at random: memory, transitions,
     /// safety holds, timing.
     Soak(cmd::bench::SoakArgs),
+    /// Certificates for a link only the right peers can use (TLS, mutual authentication).
+    Keys {
+        #[command(subcommand)]
+        command: cmd::tools::KeysCommand,
+    },
     /// Joint calibration of an arm, written in LeRobot's calibration format.
     Calibrate {
         #[command(subcommand)]
@@ -129,6 +134,7 @@ fn main() {
         Command::Soak(a) => cmd::bench::soak(a),
         Command::Hw { command } => cmd::hw::run(command),
         Command::Calibrate { command } => cmd::hw::calibrate(command),
+        Command::Keys { command } => cmd::tools::keys(command),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -89,6 +89,9 @@ pub struct BusBenchArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Also over TLS with mutual authentication, beside plain TCP in the same run.
+    #[arg(long)]
+    tls: bool,
     /// Internal: run as the echoing controller.
     #[arg(long, hide = true)]
     echo: bool,
@@ -147,10 +150,17 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Bus(a) if a.echo => bus_bench::echo(&a.bus.config())?,
         BenchCommand::Bus(a) => {
-            let out = bus_bench::run(a.iters, a.bus.listen.first().cloned())?;
+            let out = bus_bench::run(a.iters, a.bus.listen.first().cloned(), a.tls)?;
             if a.json {
                 print_json(&out);
+                return Ok(());
+            }
+            let runs: Vec<&serde_json::Value> = if a.tls {
+                vec![&out["tcp"], &out["tls"]]
             } else {
+                vec![&out]
+            };
+            for out in runs {
                 println!(
                     "bus round trip obs -> cmd between two processes over {}:",
                     out["transport"].as_str().unwrap_or("")

@@ -18,6 +18,7 @@ mod learner;
 mod policies;
 mod remote;
 mod replay;
+mod secure;
 mod servo_bus;
 mod servo_packets;
 mod sim_tasks;

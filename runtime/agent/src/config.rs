@@ -304,6 +304,38 @@ pub struct BusSection {
     /// Rate of the step trace published for `reflex viz`, Hz (0 turns it off).
     #[serde(default = "d_trace_hz")]
     pub trace_hz: f64,
+    /// TLS with mutual authentication: the directory `reflex keys init` wrote (relative to
+    /// this file) and this peer's name in it.
+    #[serde(default)]
+    pub tls: Option<TlsSection>,
+    /// Who may do what on this robot's key space (certificate common names); needs `tls`.
+    #[serde(default)]
+    pub access: Option<AccessSection>,
+}
+
+/// `[bus.tls]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// The keys directory (`ca.pem`, `<name>.pem`, `<name>.key`).
+    pub dir: PathBuf,
+    /// This peer's name (its certificate's common name).
+    pub name: String,
+}
+
+/// `[bus.access]`: certificate common names by role.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessSection {
+    /// May publish weights and learner state.
+    #[serde(default)]
+    pub learners: Vec<String>,
+    /// May command and take over.
+    #[serde(default)]
+    pub teleops: Vec<String>,
+    /// May watch and raise an e-stop.
+    #[serde(default)]
+    pub viewers: Vec<String>,
 }
 
 fn d_trace_hz() -> f64 {
@@ -318,6 +350,8 @@ impl Default for BusSection {
             connect: Vec::new(),
             no_multicast: false,
             trace_hz: d_trace_hz(),
+            tls: None,
+            access: None,
         }
     }
 }
@@ -376,6 +410,22 @@ impl RunConfig {
             connect: self.bus.connect.clone(),
             multicast_scouting: !self.bus.no_multicast && extra.multicast_scouting,
             config_file: extra.config_file.clone(),
+            tls: extra.tls.clone().or_else(|| {
+                self.bus
+                    .tls
+                    .as_ref()
+                    .map(|t| reflex_bus::secure::TlsFiles::in_dir(&t.dir, &t.name))
+            }),
+            access: self.bus.access.as_ref().map(|a| {
+                (
+                    self.robot_name(),
+                    reflex_bus::secure::Access {
+                        learners: a.learners.clone(),
+                        teleops: a.teleops.clone(),
+                        viewers: a.viewers.clone(),
+                    },
+                )
+            }),
         };
         bus.listen.extend(extra.listen.iter().cloned());
         bus.connect.extend(extra.connect.iter().cloned());
@@ -405,6 +455,14 @@ impl RunConfig {
         }
         if let Some(r) = &mut c.policy.residual {
             resolve(&mut r.model);
+        }
+        if let Some(a) = &mut c.arm
+            && let Some(cal) = &mut a.calibration
+        {
+            resolve(cal);
+        }
+        if let Some(t) = &mut c.bus.tls {
+            resolve(&mut t.dir);
         }
         Ok(c)
     }

@@ -13,6 +13,7 @@
 
 pub mod learnlink;
 pub mod robot;
+pub mod secure;
 pub mod status;
 pub mod teleop;
 pub mod trace;
@@ -150,6 +151,11 @@ pub struct BusConfig {
     pub multicast_scouting: bool,
     /// A Zenoh JSON5 config file to start from (its values are overridden by the fields above).
     pub config_file: Option<PathBuf>,
+    /// TLS with mutual authentication (`tls/` endpoints): this peer's certificate and key and
+    /// the authority it trusts ([`secure`]).
+    pub tls: Option<secure::TlsFiles>,
+    /// Access control on the robot's key space (the robot's side): who may do what.
+    pub access: Option<(String, secure::Access)>,
 }
 
 impl BusConfig {
@@ -159,7 +165,7 @@ impl BusConfig {
             listen,
             connect,
             multicast_scouting: false,
-            config_file: None,
+            ..Default::default()
         }
     }
 
@@ -184,6 +190,37 @@ impl BusConfig {
         }
         if !self.multicast_scouting {
             set(&mut c, "scouting/multicast/enabled", "false".into())?;
+        }
+        if let Some(t) = &self.tls {
+            t.check()?;
+            let path = |p: &std::path::Path| format!("{:?}", p.display().to_string());
+            let tls = "transport/link/tls";
+            set(&mut c, &format!("{tls}/root_ca_certificate"), path(&t.ca))?;
+            for side in ["listen", "connect"] {
+                set(&mut c, &format!("{tls}/{side}_certificate"), path(&t.cert))?;
+                set(&mut c, &format!("{tls}/{side}_private_key"), path(&t.key))?;
+            }
+            set(&mut c, &format!("{tls}/enable_mtls"), "true".into())?;
+            // Certificates that expire during a session end its links.
+            set(
+                &mut c,
+                &format!("{tls}/close_link_on_expiration"),
+                "true".into(),
+            )?;
+            let plain: Vec<&String> = self
+                .listen
+                .iter()
+                .chain(&self.connect)
+                .filter(|e| !e.starts_with("tls/"))
+                .collect();
+            if !plain.is_empty() {
+                return Err(BusError::Config(format!(
+                    "TLS is configured, and these endpoints are not TLS: {plain:?}; use tls/HOST:PORT, or an unauthenticated peer could join through them"
+                )));
+            }
+        }
+        if let Some((robot, access)) = &self.access {
+            set(&mut c, "access_control", access.zenoh_acl(robot))?;
         }
         Ok(c)
     }

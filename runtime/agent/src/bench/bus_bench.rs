@@ -141,23 +141,62 @@ fn measure(
 
 /// Observation -> command round trips between this process (the robot) and a child `reflex bench
 /// bus --echo` (the controller) over TCP on loopback, `iters` per payload; `listen` picks the
-/// endpoint (default: a free port).
-pub fn run(iters: usize, listen: Option<String>) -> Result<serde_json::Value> {
+/// endpoint (default: a free port). With `tls`, the same again over TLS with mutual
+/// authentication (keys made for the run in a temporary directory), in the same invocation:
+/// `{"tcp": {...}, "tls": {...}}`.
+pub fn run(iters: usize, listen: Option<String>, tls: bool) -> Result<serde_json::Value> {
+    if !tls {
+        return run_one(iters, listen, None);
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "reflex-bench-keys-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let names = ["robot".to_string(), "controller".to_string()];
+    reflex_bus::secure::init_keys(&dir, ROBOT, &names, &[], &|_| {
+        reflex_bus::secure::valid_for_days(1)
+    })?;
+    let plain = run_one(iters, None, None);
+    let secure = run_one(
+        iters,
+        Some(format!("tls/127.0.0.1:{}", free_port()?)),
+        Some(&dir),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(serde_json::json!({ "tcp": plain?, "tls": secure? }))
+}
+
+fn run_one(
+    iters: usize,
+    listen: Option<String>,
+    keys: Option<&std::path::Path>,
+) -> Result<serde_json::Value> {
     let endpoint = match listen {
         Some(e) => e,
         None => format!("tcp/127.0.0.1:{}", free_port()?),
     };
-    let session = BusConfig::hermetic(vec![endpoint.clone()], vec![]).open()?;
+    let mut bus = BusConfig::hermetic(vec![endpoint.clone()], vec![]);
+    bus.tls = keys.map(|d| reflex_bus::secure::TlsFiles::in_dir(d, "robot"));
+    let session = bus.open()?;
     let exe = std::env::current_exe().map_err(ctx("finding the reflex executable"))?;
-    let child = std::process::Command::new(exe)
-        .args([
-            "bench",
-            "bus",
-            "--echo",
-            "--no-multicast",
-            "--connect",
-            &endpoint,
-        ])
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "bench",
+        "bus",
+        "--echo",
+        "--no-multicast",
+        "--connect",
+        &endpoint,
+    ]);
+    if let Some(d) = keys {
+        cmd.arg("--tls-dir")
+            .arg(d)
+            .args(["--tls-name", "controller"]);
+    }
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()

@@ -1,0 +1,318 @@
+//! The bus over TLS with mutual authentication and access control by certificate (issue "Flash
+//! onto a robot"): certificates from `reflex keys init`, a robot that listens only on TLS, and
+//! peers that may each do only what their role allows.
+
+use crate::common::{free_tcp_endpoint, reflex};
+use reflex_bus::BusConfig;
+use reflex_bus::secure::{Access, TlsFiles, init_keys, valid_for_days};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use zenoh::Wait;
+
+fn tls_endpoint() -> String {
+    free_tcp_endpoint().replacen("tcp/", "tls/", 1)
+}
+
+fn bus(listen: &[String], connect: &[String], tls: Option<TlsFiles>) -> BusConfig {
+    BusConfig {
+        listen: listen.to_vec(),
+        connect: connect.to_vec(),
+        multicast_scouting: false,
+        tls,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = ["robot", "learner", "teleop", "viewer", "expired"]
+        .map(String::from)
+        .to_vec();
+    init_keys(dir.path(), "arm", &names, &[], &|n| {
+        if n == "expired" {
+            let now = time::OffsetDateTime::now_utc();
+            (
+                now - time::Duration::days(30),
+                now - time::Duration::days(1),
+            )
+        } else {
+            valid_for_days(30)
+        }
+    })
+    .unwrap();
+    let ep = tls_endpoint();
+    let mut robot_cfg = bus(
+        std::slice::from_ref(&ep),
+        &[],
+        Some(TlsFiles::in_dir(dir.path(), "robot")),
+    );
+    robot_cfg.access = Some((
+        "arm".into(),
+        Access {
+            learners: vec!["learner".into()],
+            teleops: vec!["teleop".into()],
+            viewers: vec!["viewer".into()],
+        },
+    ));
+    let robot = robot_cfg.open().unwrap();
+    // What reached the robot: (key, sender named in the payload).
+    let got: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let keys = ["teleop", "learn/weights", "events", "cmd"];
+    let _subs: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (g, k2) = (got.clone(), k.to_string());
+            robot
+                .declare_subscriber(format!("reflex/arm/{k}"))
+                .callback(move |s| {
+                    let who = String::from_utf8_lossy(&s.payload().to_bytes()).to_string();
+                    g.lock().unwrap().push((k2.clone(), who));
+                })
+                .wait()
+                .unwrap()
+        })
+        .collect();
+    let peer = |name: &str| {
+        bus(
+            &[],
+            std::slice::from_ref(&ep),
+            Some(TlsFiles::in_dir(dir.path(), name)),
+        )
+        .open()
+        .unwrap()
+    };
+    let (learner, teleop, viewer, expired) = (
+        peer("learner"),
+        peer("teleop"),
+        peer("viewer"),
+        peer("expired"),
+    );
+    // A peer with the authority's certificate but none of its own: mutual TLS turns it away.
+    let mut anon = zenoh::Config::default();
+    for (k, v) in [
+        ("mode", "\"peer\"".to_string()),
+        ("connect/endpoints", format!("[\"{ep}\"]")),
+        ("scouting/multicast/enabled", "false".into()),
+        (
+            "transport/link/tls/root_ca_certificate",
+            format!("{:?}", dir.path().join("ca.pem").display().to_string()),
+        ),
+    ] {
+        anon.insert_json5(k, &v).unwrap();
+    }
+    let anon = zenoh::open(anon).wait().unwrap();
+    // The robot's status reaches an authenticated viewer.
+    let seen = Arc::new(Mutex::new(0u32));
+    let s2 = seen.clone();
+    let _watch = viewer
+        .declare_subscriber("reflex/arm/status")
+        .callback(move |_| *s2.lock().unwrap() += 1)
+        .wait()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..10 {
+        for (s, who) in [
+            (&learner, "learner"),
+            (&teleop, "teleop"),
+            (&viewer, "viewer"),
+            (&expired, "expired"),
+            (&anon, "anonymous"),
+        ] {
+            for k in keys {
+                s.put(format!("reflex/arm/{k}"), who).wait().unwrap();
+            }
+        }
+        robot.put("reflex/arm/status", "ok").wait().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let got = got.lock().unwrap().clone();
+    let from = |k: &str| {
+        let mut v: Vec<String> = got
+            .iter()
+            .filter(|(key, _)| key == k)
+            .map(|(_, w)| w.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    eprintln!(
+        "received: teleop {:?} weights {:?} events {:?} cmd {:?}",
+        from("teleop"),
+        from("learn/weights"),
+        from("events"),
+        from("cmd")
+    );
+    assert_eq!(
+        from("teleop"),
+        ["teleop"],
+        "only the teleop device takes over"
+    );
+    assert_eq!(
+        from("learn/weights"),
+        ["learner"],
+        "only the learner publishes weights"
+    );
+    assert_eq!(
+        from("events"),
+        ["learner", "teleop", "viewer"],
+        "every authenticated operator may raise an e-stop; the expired and the anonymous peer are not in"
+    );
+    assert!(
+        from("cmd").is_empty(),
+        "nobody drives the robot's command key"
+    );
+    assert!(*seen.lock().unwrap() > 0, "the viewer watches the robot");
+}
+
+#[test]
+fn a_key_readable_by_others_and_plain_endpoints_beside_tls_are_refused_with_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    init_keys(dir.path(), "arm", &["robot".to_string()], &[], &|_| {
+        valid_for_days(1)
+    })
+    .unwrap();
+    let key = dir.path().join("robot.key");
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = bus(
+        &[tls_endpoint()],
+        &[],
+        Some(TlsFiles::in_dir(dir.path(), "robot")),
+    )
+    .open()
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("chmod 600") && e.contains("robot.key"), "{e}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let e = bus(
+        &[tls_endpoint(), free_tcp_endpoint()],
+        &[],
+        Some(TlsFiles::in_dir(dir.path(), "robot")),
+    )
+    .open()
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("not TLS"), "{e}");
+    // Keys are made once per robot: a second init does not overwrite them.
+    let out = reflex()
+        .args(["keys", "init", "--robot", "arm", "--peer", "robot", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
+}
+
+/// `reflex run` on the simulator behind TLS and access rules, and `reflex teleop` from a recorded
+/// gamepad with the certificate `name`: how many steps the person drove.
+fn teleop_steps_with_certificate(name: &str) -> u64 {
+    use crate::common::{child_stderr, spawn};
+    use reflex_agent::devices::input_event;
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let out = reflex()
+        .args([
+            "keys", "init", "--robot", "sim", "--peer", "robot", "--peer", "teleop",
+        ])
+        .args(["--peer", "viewer", "--dir"])
+        .arg(&keys)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ep = tls_endpoint();
+    let mut text =
+        std::fs::read_to_string(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
+            .unwrap();
+    text = text
+        .replace("kind = \"expert\"", "kind = \"none\"")
+        .replace("clock = \"sim\"", "clock = \"wall\"");
+    text.push_str(&format!(
+        "\n[bus]\nenabled = true\nno_multicast = true\nlisten = [\"{ep}\"]\ntls = {{ dir = \"keys\", name = \"robot\" }}\n\n[bus.access]\nteleops = [\"teleop\"]\nviewers = [\"viewer\"]\n"
+    ));
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let mut run = reflex();
+    run.args(["run", "--json", "--episodes", "1", "--config"])
+        .arg(&cfg);
+    let mut actor = spawn(run, &dir, "actor");
+    let fifo = dir.path().join("event0");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut tele = reflex();
+    tele.args([
+        "teleop",
+        "--device",
+        "gamepad",
+        "--robot",
+        "sim",
+        "--no-multicast",
+    ])
+    .arg("--path")
+    .arg(&fifo)
+    .args(["--connect", &ep, "--tls-name", name, "--tls-dir"])
+    .arg(&keys);
+    let _teleop = spawn(tele, &dir, "teleop");
+    let mut pad = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = actor.0.try_wait().unwrap() {
+            break s;
+        }
+        for (ty, code, v) in [(1u16, 0x137u16, 1i32), (3, 1, -32767), (0, 0, 0)] {
+            let _ = pad.write_all(&input_event(ty, code, v));
+        }
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "the run did not end: {}",
+            child_stderr(&dir, "actor")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{}", child_stderr(&dir, "actor"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap();
+    v["teleop_steps"].as_u64().unwrap()
+}
+
+#[test]
+fn through_the_binaries_a_teleop_certificate_takes_over_and_a_viewer_certificate_cannot() {
+    let teleop = teleop_steps_with_certificate("teleop");
+    let viewer = teleop_steps_with_certificate("viewer");
+    eprintln!("teleop steps: with the teleop certificate {teleop}, with the viewer's {viewer}");
+    assert!(teleop > 20, "the teleop device drove: {teleop}");
+    assert_eq!(viewer, 0, "the viewer's commands never reached the robot");
+}
+
+#[test]
+fn reflex_bench_bus_tls_times_tls_beside_plain_tcp_in_one_run() {
+    let v = crate::common::json_output(
+        reflex().args(["bench", "bus", "--tls", "--iters", "100", "--json"]),
+    );
+    for (link, prefix) in [("tcp", "tcp/"), ("tls", "tls/")] {
+        assert!(
+            v[link]["transport"].as_str().unwrap().starts_with(prefix),
+            "{v}"
+        );
+        let p50 = v[link]["obs_1kb_block"]["p50_us"].as_f64().unwrap();
+        assert!(
+            p50 > 0.0 && p50 <= v[link]["obs_1kb_block"]["p99_us"].as_f64().unwrap(),
+            "{v}"
+        );
+    }
+}
