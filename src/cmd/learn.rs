@@ -31,7 +31,11 @@ pub struct LearnArgs {
 
 pub fn run(a: LearnArgs) -> anyhow::Result<()> {
     let cfg = RunConfig::load(&a.config)?;
-    let session = cfg.bus_config(&a.bus.config()).open()?;
+    let mut bus = cfg.bus_config(&a.bus.config());
+    // [bus.access] guards the robot's key space in the actor; the learner receives the actor's
+    // steps and must not filter them by the robot's rules.
+    bus.access = None;
+    let session = bus.open()?;
     let lc = LearnerConfig::from_run_config(&cfg)?;
     let o = ServeOptions {
         exit_when_actor_leaves: a.exit_when_actor_leaves,

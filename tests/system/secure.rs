@@ -316,3 +316,101 @@ fn reflex_bench_bus_tls_times_tls_beside_plain_tcp_in_one_run() {
         );
     }
 }
+
+#[test]
+fn the_learner_over_tls_trains_on_the_actors_steps_and_its_weights_reach_the_actor() {
+    use crate::common::{child_stderr, spawn};
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    init_keys(
+        &keys,
+        "sim",
+        &["robot".to_string(), "learner".to_string()],
+        &[],
+        &|_| valid_for_days(1),
+    )
+    .unwrap();
+    let text = format!(
+        r#"[robot]
+source = "sim"
+
+[sim]
+task = "pick"
+control_hz = 50.0
+
+[policy]
+kind = "onnx"
+model = "{model}"
+
+[run]
+episodes = 4
+seed = 3
+clock = "wall"
+
+[learner]
+in_process = false
+checkpoint = "{ckpt}"
+checkpoint_every_s = 0.5
+
+[learner.link]
+drain_s = 60.0
+
+[bus]
+enabled = true
+no_multicast = true
+tls = {{ dir = "keys", name = "robot" }}
+
+[bus.access]
+learners = ["learner"]
+"#,
+        model = crate::common::repo().join("models/pick.onnx").display(),
+        ckpt = dir.path().join("learner/sac.ckpt").display()
+    );
+    let cfg = dir.path().join("hil.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let ep = tls_endpoint();
+    let mut l = reflex();
+    l.args([
+        "learn",
+        "--json",
+        "--exit-when-actor-leaves",
+        "--no-multicast",
+        "--wait-s",
+        "60",
+    ])
+    .args(["--connect", &ep, "--tls-name", "learner", "--tls-dir"])
+    .arg(&keys)
+    .arg("--config")
+    .arg(&cfg);
+    let mut learner = spawn(l, &dir, "learner");
+    let mut a = reflex();
+    a.args(["run", "--json", "--listen", &ep, "--config"])
+        .arg(&cfg);
+    let mut actor = spawn(a, &dir, "actor");
+    for (g, name) in [(&mut actor, "actor"), (&mut learner, "learner")] {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(s) = g.0.try_wait().unwrap() {
+                assert!(s.success(), "{name}: {}", child_stderr(&dir, name));
+                break;
+            }
+            assert!(
+                t0.elapsed().as_secs() < 150,
+                "{name} did not end: {}",
+                child_stderr(&dir, name)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let av: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap();
+    let link = &av["learner_link"];
+    eprintln!("actor link over TLS: {link}");
+    assert!(link["steps"].as_u64().unwrap() > 100, "{link}");
+    assert_eq!(link["lost"], 0, "{link}");
+    assert!(
+        link["swaps"].as_u64().unwrap() > 0,
+        "the learner's weights reached the actor: {link}"
+    );
+}
