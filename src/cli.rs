@@ -143,7 +143,7 @@ pub fn print_json(v: &serde_json::Value) {
 
 /// `reflex doctor`: what this machine and this build can drive, one line per check, each problem
 /// with its fix; fails when something a run needs is missing.
-pub fn doctor() -> anyhow::Result<()> {
+pub fn doctor(tls: Option<(&std::path::Path, &str)>) -> anyhow::Result<()> {
     let mut problems = 0;
     match reflex_policies::ort_env::find_onnxruntime() {
         Ok(found) => {
@@ -159,6 +159,7 @@ pub fn doctor() -> anyhow::Result<()> {
                     println!("ONNX Runtime does not load: {e}");
                 }
             }
+            providers(&found.path);
         }
         Err(e) => {
             problems += 1;
@@ -166,6 +167,14 @@ pub fn doctor() -> anyhow::Result<()> {
         }
     }
     problems += serial_ports();
+    cameras();
+    // Real time and disk space are warnings: the loop runs without them, only worse.
+    realtime();
+    clock_source();
+    disk(std::path::Path::new("."));
+    if let Some((dir, name)) = tls {
+        problems += certificates(dir, name);
+    }
     println!(
         "teleop devices in this build: keyboard, leader arm (so101-leader, koch-leader), gamepad (evdev: /dev/input/event*), SpaceMouse (hidraw: /dev/hidraw*)"
     );
@@ -176,6 +185,136 @@ pub fn doctor() -> anyhow::Result<()> {
         anyhow::bail!("{problems} problem(s) above");
     }
     Ok(())
+}
+
+/// Which execution providers sit beside the ONNX Runtime library (the CPU one is built in).
+fn providers(lib: &std::path::Path) {
+    let dir = lib.parent().unwrap_or(std::path::Path::new("."));
+    let has = |p: &str| {
+        dir.join(format!("libonnxruntime_providers_{p}.so"))
+            .exists()
+    };
+    let (cuda, trt) = (has("cuda"), has("tensorrt"));
+    println!(
+        "ONNX Runtime providers: CPU{}{}{}",
+        if cuda { ", CUDA" } else { "" },
+        if trt { ", TensorRT" } else { "" },
+        if cuda || trt {
+            String::new()
+        } else {
+            " (no CUDA/TensorRT build here: on a Jetson, install the JetPack build of onnxruntime-gpu, docs/deploy.md)".into()
+        }
+    );
+}
+
+/// Video devices (cameras) present.
+fn cameras() {
+    let mut v: Vec<String> = std::fs::read_dir("/dev")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("video"))
+        .map(|n| format!("/dev/{n}"))
+        .collect();
+    v.sort();
+    if v.is_empty() {
+        println!("cameras: none (/dev/video*)");
+    } else {
+        println!("cameras: {}", v.join(", "));
+    }
+}
+
+/// Whether this user may run the loop with real-time priority and locked memory.
+fn realtime() {
+    let limit = |r| {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we own.
+        (unsafe { libc::getrlimit(r, &mut l) } == 0).then_some(l.rlim_cur)
+    };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let prio = limit(libc::RLIMIT_RTPRIO).unwrap_or(0);
+    let memlock = limit(libc::RLIMIT_MEMLOCK).unwrap_or(0);
+    let mb = |v: u64| {
+        if v == libc::RLIM_INFINITY {
+            "unlimited".to_string()
+        } else {
+            format!("{} MB", v / (1 << 20))
+        }
+    };
+    if root || prio > 0 {
+        println!(
+            "real-time: SCHED_FIFO allowed{}; locked memory {}",
+            if root {
+                " (root)".to_string()
+            } else {
+                format!(" up to priority {prio}")
+            },
+            mb(memlock)
+        );
+    } else {
+        println!(
+            "real-time: warning: not permitted for this user (RLIMIT_RTPRIO 0): the loop runs with ordinary scheduling; grant it with `LimitRTPRIO=90` and `LimitMEMLOCK=infinity` in the service, or an rtprio line in /etc/security/limits.d/"
+        );
+    }
+}
+
+/// The kernel's clock source (the loop's timing depends on a cheap, steady one).
+fn clock_source() {
+    let p = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+    match std::fs::read_to_string(p) {
+        Ok(c) => {
+            let c = c.trim();
+            let note = match c {
+                "tsc" | "arch_sys_counter" => "",
+                _ => {
+                    " (reading it is slower than tsc or arch_sys_counter; timing figures will be worse)"
+                }
+            };
+            println!("clock source: {c}{note}");
+        }
+        Err(_) => println!("clock source: unknown ({p} not readable)"),
+    }
+}
+
+/// Free space where recordings go (the working directory).
+fn disk(dir: &std::path::Path) {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    // SAFETY: statvfs writes into the zeroed struct we own.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        println!("disk: cannot read the free space of {}", dir.display());
+        return;
+    }
+    let free_gb = st.f_bavail as f64 * st.f_frsize as f64 / 1e9;
+    if free_gb < 5.0 {
+        println!(
+            "disk: warning: {free_gb:.1} GB free here: recordings of a training day need more (an episode with cameras is tens of MB); free space or record elsewhere (--record DIR)"
+        );
+    } else {
+        println!("disk: {free_gb:.1} GB free for recordings");
+    }
+}
+
+/// The bus certificates of peer `name` in `dir`: present, key private.
+fn certificates(dir: &std::path::Path, name: &str) -> usize {
+    match reflex_bus::secure::TlsFiles::in_dir(dir, name).check() {
+        Ok(()) => {
+            println!(
+                "bus certificates: {}/{name}.pem and .key, key private: ok",
+                dir.display()
+            );
+            0
+        }
+        Err(e) => {
+            println!("bus certificates: {e}");
+            1
+        }
+    }
 }
 
 /// Lists serial ports (from sysfs: no libudev needed) and whether this user may open them.

@@ -59,8 +59,9 @@ enum Command {
     Teleop(cmd::tools::TeleopArgs),
     /// Watch a robot over the bus in Rerun (live viewer or episode files).
     Viz(cmd::tools::VizArgs),
-    /// Checks the installation: finds ONNX Runtime and says how to install what is missing.
-    Doctor,
+    /// Checks what a first run needs: ONNX Runtime and its providers, serial ports, cameras,
+    /// real-time permissions, clock source, disk, bus certificates; each problem with its fix.
+    Doctor(DoctorArgs),
     /// Actor and learner for a long run with faults injected at random: memory, transitions,
     /// safety holds, timing.
     Soak(cmd::bench::SoakArgs),
@@ -79,6 +80,16 @@ enum Command {
         #[command(subcommand)]
         command: cmd::hw::HwCommand,
     },
+}
+
+#[derive(clap::Args)]
+struct DoctorArgs {
+    /// Also check this peer's bus certificates: the directory `reflex keys init` wrote.
+    #[arg(long, value_name = "DIR", requires = "tls_name")]
+    tls_dir: Option<std::path::PathBuf>,
+    /// The peer's name in --tls-dir.
+    #[arg(long, value_name = "NAME", requires = "tls_dir")]
+    tls_name: Option<String>,
 }
 
 /// glibc returns large freed blocks (> 128 KiB) to the OS and maps fresh zeroed pages for the next
@@ -130,7 +141,7 @@ fn main() {
         Command::Policy { command } => cmd::tools::policy(command),
         Command::Bc { command } => cmd::tools::bc(command),
         Command::Dataset { command } => cmd::tools::dataset(command),
-        Command::Doctor => cli::doctor(),
+        Command::Doctor(a) => cli::doctor(a.tls_dir.as_deref().zip(a.tls_name.as_deref())),
         Command::Soak(a) => cmd::bench::soak(a),
         Command::Hw { command } => cmd::hw::run(command),
         Command::Calibrate { command } => cmd::hw::calibrate(command),

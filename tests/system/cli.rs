@@ -315,3 +315,90 @@ fn reflex_teleop_from_a_gamepad_event_stream_takes_over_reflex_run() {
     let said = child_stderr(&dir, "teleop");
     assert!(said.contains("you drive"), "{said}");
 }
+
+#[test]
+fn doctor_checks_what_a_first_boot_needs_and_a_peers_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    reflex_bus::secure::init_keys(dir.path(), "arm", &["robot".to_string()], &[], &|_| {
+        reflex_bus::secure::valid_for_days(1)
+    })
+    .unwrap();
+    let doctor = || {
+        let out = reflex()
+            .arg("doctor")
+            .args(["--tls-name", "robot", "--tls-dir"])
+            .arg(dir.path())
+            .current_dir(crate::common::repo())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (ok, said) = doctor();
+    assert!(ok, "{said}");
+    for what in [
+        "providers: CPU",
+        "cameras:",
+        "real-time:",
+        "clock source:",
+        "disk:",
+        "key private: ok",
+    ] {
+        assert!(said.contains(what), "no `{what}` in {said}");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.path().join("robot.key"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    let (ok, said) = doctor();
+    assert!(!ok && said.contains("chmod 600"), "{said}");
+}
+
+#[test]
+fn reflex_run_keeps_the_records_directory_within_its_size_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    // An earlier day's recordings: 3 MB in two runs.
+    for (run, age_s) in [("run-old", 7200u64), ("run-older", 9000)] {
+        let p = runs.join(run).join("episodes/episode_000001.rrd");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, vec![0u8; 1_500_000]).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(age_s))
+            .unwrap();
+    }
+    let mut text =
+        std::fs::read_to_string(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
+            .unwrap();
+    text = text.replace("[run]", "[run]\nkeep_recordings_gb = 0.002");
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let out = reflex()
+        .args(["run", "--episodes", "2", "--record"])
+        .arg(&runs)
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The oldest run went to make room; the newer earlier run and this run's episodes stay.
+    assert!(!runs.join("run-older").exists());
+    assert!(runs.join("run-old").exists());
+    let others = std::fs::read_dir(&runs)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with("run-old"))
+        .count();
+    assert_eq!(others, 1, "this run's recordings are kept");
+}

@@ -101,6 +101,7 @@ pub struct ActorBuilder<R: Robot> {
     session: Option<zenoh::Session>,
     trace_hz: f64,
     record: Option<PathBuf>,
+    record_limits: crate::rotate::Limits,
     live: Live,
     learner: Option<LearnerSetup>,
     frozen: Option<ResidualMlp>,
@@ -122,6 +123,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             session: None,
             trace_hz: 0.0,
             record: None,
+            record_limits: crate::rotate::Limits::default(),
             live: Live::Off,
             learner: None,
             frozen: None,
@@ -188,6 +190,13 @@ impl<R: Robot + 'static> ActorBuilder<R> {
     /// Records every episode under `runs/<run-id>/episodes/`.
     pub fn record(mut self, runs: PathBuf) -> Self {
         self.record = Some(runs);
+        self
+    }
+
+    /// Keeps the records directory within `limits`, deleting earlier runs' oldest files first
+    /// (a thread of its own, at start and every minute).
+    pub fn record_limits(mut self, limits: crate::rotate::Limits) -> Self {
+        self.record_limits = limits;
         self
     }
 
@@ -320,6 +329,7 @@ struct Parts {
     _subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _status: Option<reflex_bus::status::StatusPublisher>,
     _spec: Option<zenoh::query::Queryable<()>>,
+    _janitor: Option<crate::rotate::Janitor>,
 }
 
 impl Wires {
@@ -369,6 +379,17 @@ impl Wires {
                 _subs: Vec::new(),
                 _status: None,
                 _spec: None,
+                _janitor: match &b.record {
+                    Some(root) if !b.record_limits.is_none() => {
+                        Some(crate::rotate::Janitor::start(
+                            root.clone(),
+                            root.join(run_id),
+                            b.record_limits,
+                            Duration::from_secs(60),
+                        ))
+                    }
+                    _ => None,
+                },
             },
         };
         if let Some(s) = &b.session {
@@ -1148,7 +1169,7 @@ fn drive<R: Robot + 'static>(
         b = b.bus(s);
     }
     if let Some(r) = &o.record {
-        b = b.record(r.clone());
+        b = b.record(r.clone()).record_limits(cfg.run.record_limits());
     }
     if let Some(l) = &cfg.learner {
         b = b.learner(LearnerSetup {

@@ -272,6 +272,25 @@ pub struct RunSection {
     /// exploration noise), reported apart as the evaluation (`eval` in `--json`).
     #[serde(default)]
     pub eval_episodes: u64,
+    /// With `--record DIR`: keep DIR within this many GB, deleting the oldest recordings of
+    /// earlier runs first (the run being recorded is never touched).
+    #[serde(default)]
+    pub keep_recordings_gb: Option<f64>,
+    /// With `--record DIR`: delete recordings of earlier runs older than this many days.
+    #[serde(default)]
+    pub keep_recordings_days: Option<f64>,
+}
+
+impl RunSection {
+    /// The limits on the records directory, if any.
+    pub fn record_limits(&self) -> crate::rotate::Limits {
+        crate::rotate::Limits {
+            max_bytes: self.keep_recordings_gb.map(|g| (g * 1e9) as u64),
+            max_age: self
+                .keep_recordings_days
+                .map(|d| std::time::Duration::from_secs_f64(d * 86400.0)),
+        }
+    }
 }
 
 impl Default for RunSection {
@@ -281,6 +300,8 @@ impl Default for RunSection {
             seed: 0,
             clock: d_clock(),
             eval_episodes: 0,
+            keep_recordings_gb: None,
+            keep_recordings_days: None,
         }
     }
 }
@@ -520,6 +541,12 @@ impl Validate for RunConfig {
         self.safety.validate("safety")?;
         in_range("robot", "timeout_ms", self.robot.timeout_ms, 1.0, 600_000.0)?;
         in_range("bus", "trace_hz", self.bus.trace_hz, 0.0, 1000.0)?;
+        if let Some(g) = self.run.keep_recordings_gb {
+            in_range("run", "keep_recordings_gb", g, 1e-6, 1e6)?;
+        }
+        if let Some(d) = self.run.keep_recordings_days {
+            in_range("run", "keep_recordings_days", d, 1e-6, 1e5)?;
+        }
         if self.policy.residual.is_some() && self.learner.is_some() {
             return Err(Invalid {
                 key: "policy.residual".into(),

@@ -33,6 +33,7 @@ pub mod policytools;
 pub mod presets;
 pub mod progress;
 pub mod replay;
+pub mod rotate;
 pub mod simtools;
 pub mod soak;
 pub mod steplog;
