@@ -93,13 +93,17 @@ impl reflex_agent::progress::Progress for Bars {
         self.bar
             .set_draw_target(indicatif::ProgressDrawTarget::stderr());
         self.bar.reset();
-        self.bar.set_length(total);
+        // u64::MAX: no end but the person's (`reflex run --until-stopped`): a count, no bar.
+        let template = if total == u64::MAX {
+            "{prefix:>12} {pos} ({elapsed}) {msg}"
+        } else {
+            self.bar.set_length(total);
+            "{prefix:>12} [{bar:40}] {pos}/{len} ({elapsed}, eta {eta}) {msg}"
+        };
         self.bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{prefix:>12} [{bar:40}] {pos}/{len} ({elapsed}, eta {eta}) {msg}",
-            )
-            .expect("static template")
-            .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(template)
+                .expect("static template")
+                .progress_chars("=> "),
         );
         self.bar.set_prefix(what.to_string());
         self.bar.set_message("");
@@ -425,4 +429,30 @@ pub fn servo_bench(a: &ServoBenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // A second signal ends the process at once (a run whose robot stopped answering would
+    // otherwise never reach the end of its episode). write(2) and _exit(2) are async-signal-safe.
+    if STOP.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: both calls are on the async-signal-safe list.
+        unsafe { libc::_exit(130) };
+    }
+    const MSG: &[u8] =
+        b"reflex: stopping when the work in hand is done (signal again to quit at once)\n";
+    // SAFETY: as above; the buffer is static.
+    unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+}
+
+/// A flag set by SIGINT or SIGTERM, for commands that end cleanly when asked (the emulator
+/// removes its link; `reflex run` finishes its episode); a second signal quits at once.
+pub fn stop_on_signals() -> &'static std::sync::atomic::AtomicBool {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    &STOP
 }

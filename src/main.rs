@@ -75,6 +75,9 @@ enum Command {
         #[command(subcommand)]
         command: cmd::hw::CalibrateCommand,
     },
+    /// The tarball that installs reflex on a robot's computer as a service (binary, ONNX
+    /// Runtime, models, configs, systemd unit, install script with upgrade and rollback).
+    Bundle(cmd::bundle::BundleArgs),
     /// Servo buses: emulated servos on a pseudo-terminal, bus latency.
     Hw {
         #[command(subcommand)]
@@ -138,6 +141,7 @@ fn main() {
         Command::Viz(a) => cmd::tools::viz(a),
         Command::Teleop(a) => cmd::tools::teleop(a),
         Command::Learn(a) => cmd::learn::run(a),
+        Command::Bundle(a) => cmd::bundle::run(a),
         Command::Policy { command } => cmd::tools::policy(command),
         Command::Bc { command } => cmd::tools::bc(command),
         Command::Dataset { command } => cmd::tools::dataset(command),

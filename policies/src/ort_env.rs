@@ -5,9 +5,11 @@
 //! order, and the first hit wins:
 //!
 //! 1. `ORT_DYLIB_PATH`, the path of the shared library itself;
-//! 2. the project environment: `.venv/lib/python3*/site-packages/onnxruntime/capi/` in the
+//! 2. an installed bundle's own copy: `<prefix>/lib/libonnxruntime.so*` beside `<prefix>/bin/reflex`
+//!    (what `reflex bundle` packs and its install script puts in place);
+//! 3. the project environment: `.venv/lib/python3*/site-packages/onnxruntime/capi/` in the
 //!    current directory or one of its parents, or beside the executable (what `make` installs);
-//! 3. an `onnxruntime` package importable by `python3`.
+//! 4. an `onnxruntime` package importable by `python3`.
 //!
 //! If none is found, [`find_onnxruntime`] fails with one message that says how to install it.
 
@@ -24,6 +26,8 @@ pub const ORT_VERSION: &str = "1.31.1";
 pub enum Source {
     /// `ORT_DYLIB_PATH`.
     EnvVar,
+    /// `<prefix>/lib/` of an installed bundle, beside `<prefix>/bin/reflex`.
+    Bundle,
     /// The project's `.venv`.
     ProjectEnv,
     /// `python3 -c "import onnxruntime"`.
@@ -34,6 +38,7 @@ impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Source::EnvVar => "ORT_DYLIB_PATH",
+            Source::Bundle => "the bundle's lib/ beside bin/reflex",
             Source::ProjectEnv => "the project environment (.venv)",
             Source::Python => "the python3 onnxruntime package",
         })
@@ -59,7 +64,7 @@ pub enum OrtError {
     BadEnvVar(String),
     /// Nothing found anywhere.
     #[error(
-        "ONNX Runtime was not found (looked at ORT_DYLIB_PATH, .venv/lib/python3*/site-packages/onnxruntime \
+        "ONNX Runtime was not found (looked at ORT_DYLIB_PATH, a bundle's lib/ beside bin/reflex, .venv/lib/python3*/site-packages/onnxruntime \
          in {searched}, and python3's onnxruntime). Install it with one of:\n\
          \x20 - `make test` or `make demo` in the reflex checkout (creates .venv with onnxruntime=={ORT_VERSION});\n\
          \x20 - `python3 -m pip install onnxruntime=={ORT_VERSION}` (CPU);\n\
@@ -98,7 +103,16 @@ fn in_venv(root: &Path) -> Option<PathBuf> {
         .find_map(|py| lib_in_capi(&py.join("site-packages").join("onnxruntime").join("capi")))
 }
 
-/// The newest-looking `libonnxruntime.so*` in a `capi` directory.
+/// An installed bundle's library: `<prefix>/lib/libonnxruntime.so*` when the executable lives in
+/// `<prefix>/bin/`.
+fn in_bundle(exe_dir: &Path) -> Option<PathBuf> {
+    if exe_dir.file_name()? != "bin" {
+        return None;
+    }
+    lib_in_capi(&exe_dir.parent()?.join("lib"))
+}
+
+/// The newest-looking `libonnxruntime.so*` in a directory (a wheel's `capi`, a bundle's `lib`).
 fn lib_in_capi(capi: &Path) -> Option<PathBuf> {
     let mut libs: Vec<PathBuf> = std::fs::read_dir(capi)
         .ok()?
@@ -132,10 +146,11 @@ fn python_capi(python: &str) -> Option<PathBuf> {
     lib_in_capi(&Path::new(dir.trim()).join("capi"))
 }
 
-/// The lookup with its inputs made explicit (for tests): the value of `ORT_DYLIB_PATH`, the roots
-/// that may hold a `.venv`, and the Python interpreter to ask.
+/// The lookup with its inputs made explicit (for tests): the value of `ORT_DYLIB_PATH`, the
+/// executable's directory, the roots that may hold a `.venv`, and the Python interpreter to ask.
 pub fn find_with(
     env_var: Option<&str>,
+    exe_dir: Option<&Path>,
     roots: &[PathBuf],
     python: Option<&str>,
 ) -> Result<Found, OrtError> {
@@ -149,6 +164,12 @@ pub fn find_with(
         } else {
             Err(OrtError::BadEnvVar(p.into()))
         };
+    }
+    if let Some(path) = exe_dir.and_then(in_bundle) {
+        return Ok(Found {
+            path,
+            source: Source::Bundle,
+        });
     }
     for root in roots {
         if let Some(path) = in_venv(root) {
@@ -198,7 +219,9 @@ pub fn default_roots() -> Vec<PathBuf> {
 /// Finds ONNX Runtime with the real environment.
 pub fn find_onnxruntime() -> Result<Found, OrtError> {
     let var = std::env::var("ORT_DYLIB_PATH").ok();
-    find_with(var.as_deref(), &default_roots(), Some("python3"))
+    let exe = std::env::current_exe().ok();
+    let exe_dir = exe.as_deref().and_then(Path::parent);
+    find_with(var.as_deref(), exe_dir, &default_roots(), Some("python3"))
 }
 
 static ENV: OnceLock<ort::environment::Environment> = OnceLock::new();
@@ -249,7 +272,7 @@ mod tests {
         fake_venv(d.path(), "python3.11", "libonnxruntime.so.1.31.1");
         let lib = d.path().join("custom.so");
         std::fs::write(&lib, b"").unwrap();
-        let f = find_with(Some(lib.to_str().unwrap()), &[d.path().into()], None).unwrap();
+        let f = find_with(Some(lib.to_str().unwrap()), None, &[d.path().into()], None).unwrap();
         assert_eq!(
             f,
             Found {
@@ -263,9 +286,14 @@ mod tests {
     fn env_var_to_a_missing_file_is_an_error_not_a_fallback() {
         let d = tempfile::tempdir().unwrap();
         fake_venv(d.path(), "python3.11", "libonnxruntime.so.1.31.1");
-        let e = find_with(Some("/nope/libonnxruntime.so"), &[d.path().into()], None)
-            .unwrap_err()
-            .to_string();
+        let e = find_with(
+            Some("/nope/libonnxruntime.so"),
+            None,
+            &[d.path().into()],
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("/nope/libonnxruntime.so") && e.contains("ORT_DYLIB_PATH"),
             "{e}"
@@ -279,6 +307,7 @@ mod tests {
         let versioned = fake_venv(d.path(), "python3.11", "libonnxruntime.so.1.31.1");
         let f = find_with(
             None,
+            Some(Path::new("/nonexistent/bin")),
             &[PathBuf::from("/nonexistent"), d.path().into()],
             None,
         )
@@ -295,11 +324,34 @@ mod tests {
     #[test]
     fn nothing_found_says_how_to_install_including_jetson() {
         let d = tempfile::tempdir().unwrap();
-        let e = find_with(None, &[d.path().into()], Some("/nonexistent/python3"))
+        let e = find_with(None, None, &[d.path().into()], Some("/nonexistent/python3"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("pip install onnxruntime==1.31.1"), "{e}");
         assert!(e.contains("Jetson") && e.contains("ORT_DYLIB_PATH"), "{e}");
         assert!(e.contains(&d.path().display().to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_bundles_own_library_comes_before_the_project_environment() {
+        let d = tempfile::tempdir().unwrap();
+        fake_venv(d.path(), "python3.11", "libonnxruntime.so.1.31.1");
+        let prefix = d.path().join("opt/reflex/current");
+        std::fs::create_dir_all(prefix.join("bin")).unwrap();
+        std::fs::create_dir_all(prefix.join("lib")).unwrap();
+        let lib = prefix.join("lib/libonnxruntime.so.1.31.1");
+        std::fs::write(&lib, b"").unwrap();
+        std::fs::write(prefix.join("lib/libonnxruntime_providers_shared.so"), b"").unwrap();
+        let f = find_with(None, Some(&prefix.join("bin")), &[d.path().into()], None).unwrap();
+        assert_eq!(
+            f,
+            Found {
+                path: lib,
+                source: Source::Bundle
+            }
+        );
+        // An executable outside a `bin/` (cargo's target/release) never looks in a sibling lib/.
+        let f = find_with(None, Some(&prefix.join("lib")), &[d.path().into()], None).unwrap();
+        assert_eq!(f.source, Source::ProjectEnv);
     }
 }

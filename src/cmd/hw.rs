@@ -47,22 +47,6 @@ fn config(a: &EmulateArgs) -> EmulatorConfig {
     }
 }
 
-static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// A flag set by SIGINT or SIGTERM (so the emulator removes its link before it exits).
-fn stop_on_signals() -> &'static std::sync::atomic::AtomicBool {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-    &STOP
-}
-
 pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
     match cmd {
         HwCommand::Emulate(a) => {
@@ -87,7 +71,7 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
                 "emulated {model} servos 1-6 on {shown} (open it at 1000000 baud; Ctrl-C stops)"
             );
             std::io::stdout().flush()?;
-            let stop = stop_on_signals();
+            let stop = crate::cli::stop_on_signals();
             let t0 = Instant::now();
             while a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s)
                 && !stop.load(std::sync::atomic::Ordering::Relaxed)

@@ -1,6 +1,7 @@
 //! One module per command: its arguments and what it prints. The work is in reflex-agent.
 
 pub mod bench;
+pub mod bundle;
 pub mod demo;
 pub mod hw;
 pub mod learn;

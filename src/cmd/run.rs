@@ -15,8 +15,12 @@ pub struct RunArgs {
     #[arg(long)]
     config: PathBuf,
     /// Episodes to run (overrides `[run] episodes`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "until_stopped")]
     episodes: Option<u64>,
+    /// Run episodes until SIGTERM or Ctrl-C (a service), then end after the episode in progress:
+    /// it finishes, is recorded, and the summary is printed.
+    #[arg(long)]
+    until_stopped: bool,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -37,11 +41,16 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     let cfg = RunConfig::load(&a.config)?;
     let o = RunOptions {
         bus: a.bus.config(),
-        episodes: a.episodes,
+        episodes: if a.until_stopped {
+            Some(u64::MAX)
+        } else {
+            a.episodes
+        },
         record: a.record,
         live: reflex_agent::replay::with_viewer(reflex_record::Live::parse(&a.rerun)?),
         trace_hz: a.trace_hz,
         episode_lines: true,
+        stop: Some(crate::cli::stop_on_signals()),
     };
     let report = run_config(&cfg, &o, &Bars::new(a.json))?;
     if a.json {

@@ -537,9 +537,13 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
 
 #[derive(Args)]
 pub struct VizArgs {
-    /// The robot's name on the bus.
+    /// The robot's name on the bus (default: the robot of --config).
+    #[arg(long, required_unless_present = "config")]
+    robot: Option<String>,
+    /// A config whose [robot] name and [bus] (endpoints, TLS) are used, e.g.
+    /// configs/deploy/viewer.toml; flags given beside it win.
     #[arg(long)]
-    robot: String,
+    config: Option<PathBuf>,
     /// Where the stream goes: spawn (start a viewer), connect or connect=ADDR (a running viewer),
     /// save=DIR (episode files, no viewer).
     #[arg(long, default_value = "spawn")]
@@ -562,13 +566,23 @@ pub struct VizArgs {
 
 pub fn viz(a: VizArgs) -> anyhow::Result<()> {
     let target = VizTarget::parse(&a.rerun)?;
-    let session = a.bus.config().open()?;
+    let (robot, bus) = match &a.config {
+        Some(path) => {
+            let cfg = reflex_agent::config::RunConfig::load(path)?;
+            let mut bus = cfg.bus_config(&a.bus.config());
+            // Access rules guard a robot's own key space; a viewer enforces none.
+            bus.access = None;
+            (a.robot.clone().unwrap_or_else(|| cfg.robot_name()), bus)
+        }
+        None => (a.robot.clone().unwrap_or_default(), a.bus.config()),
+    };
+    let session = bus.open()?;
     let o = VizOptions {
         episodes: a.episodes,
         seconds: a.seconds,
         wait_s: a.wait_s,
     };
-    let out = reflex_agent::viz::watch(&session, &a.robot, target, &o, &Bars::spinner(a.json))?;
+    let out = reflex_agent::viz::watch(&session, &robot, target, &o, &Bars::spinner(a.json))?;
     if a.json {
         print_json(&out);
     } else {

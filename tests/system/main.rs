@@ -3,6 +3,7 @@
 
 mod alloc_count;
 mod arm;
+mod bundle;
 mod bus;
 mod calibration;
 mod cli;

@@ -298,6 +298,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             done: Vec::new(),
             eval: Vec::new(),
             episode_lines: false,
+            stop_when: None,
             t0: Instant::now(),
         })
     }
@@ -676,6 +677,8 @@ pub struct Actor<R: Robot> {
     t0: Instant,
     /// Print a line per episode through the progress sink (`reflex run`).
     pub episode_lines: bool,
+    /// Set from outside (a signal handler) to end the run after the episode in progress.
+    pub stop_when: Option<&'static AtomicBool>,
 }
 
 impl<R: Robot> Actor<R> {
@@ -697,6 +700,13 @@ impl<R: Robot> Actor<R> {
         progress.start(n, "episodes");
         let start = self.done.len();
         while ((self.done.len() - start) as u64) < n {
+            if self.stop_when.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                tracing::info!(
+                    "asked to stop: ending the run after {} episodes",
+                    self.done.len() - start
+                );
+                break;
+            }
             self.pace_learner()?;
             let safety_before = self.lp.safety_counters();
             let version_before = self.lp.stats().residual_version;
@@ -939,6 +949,9 @@ pub struct RunOptions {
     pub trace_hz: Option<f64>,
     /// Print a line per episode through the progress sink (what `reflex run` shows).
     pub episode_lines: bool,
+    /// When set (SIGTERM from systemd, Ctrl-C), the run ends after the episode in progress: the
+    /// episode finishes, is recorded and its steps reach the learner.
+    pub stop: Option<&'static AtomicBool>,
 }
 
 /// Builds the policy a config names, for a robot with `spec`.
@@ -1185,6 +1198,7 @@ fn drive<R: Robot + 'static>(
         actor.pace = false;
     }
     actor.episode_lines = o.episode_lines;
+    actor.stop_when = o.stop;
     actor.run_episodes(episodes, progress)?;
     if cfg.run.eval_episodes > 0 {
         actor.evaluate(cfg.run.eval_episodes, progress)?;

@@ -20,6 +20,7 @@ pub mod actor;
 pub mod arm;
 pub mod assemble;
 pub mod bench;
+pub mod bundle;
 pub mod config;
 pub mod dataset;
 pub mod demo;
