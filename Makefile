@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 CARGO ?= cargo
 
-.PHONY: demo test venv build bench fmt clippy clean-venv models
+.PHONY: demo test venv build bench fmt clippy clean-venv models bundle bundle-check
 
 ## The pinned Python environment (onnxruntime, eclipse-zenoh, gymnasium, msgpack).
 venv: $(VENV)/.installed
@@ -41,6 +41,40 @@ models: build
 	$(REFLEX) bc train --demos demos/insert --out models/insert.onnx --steps 10000 --seed 1
 	$(REFLEX) run --config configs/run/sim-pick-bc.toml --episodes 100
 	$(REFLEX) run --config configs/run/sim-insert-bc.toml --episodes 100
+
+## The robot's bundle (docs/deploy.md): reflex cross-built for BUNDLE_TARGET with cargo-zigbuild
+## (zig from PyPI, in .venv-tools), ONNX Runtime from the onnxruntime wheel of that platform,
+## packed with the models, configs, systemd unit and install script by `reflex bundle` into
+## dist/. It compiles the dependency tree a second time, for the target (28 min cold on 2 cores),
+## so it is not part of `make test`; the install, upgrade and rollback tests use a host bundle.
+BUNDLE_TARGET ?= aarch64-unknown-linux-gnu
+BUNDLE_ARCH := $(firstword $(subst -, ,$(BUNDLE_TARGET)))
+BUNDLE_TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+ORT_VERSION := $(shell sed -n 's/^onnxruntime==//p' tests/requirements.txt)
+ZIG_VERSION := 0.17.1
+ZIGBUILD_VERSION := 0.24.1
+TOOLS_VENV := .venv-tools
+bundle: venv build
+	rustup target add $(BUNDLE_TARGET)
+	@test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install --disable-pip-version-check -q ziglang==$(ZIG_VERSION)
+	@command -v cargo-zigbuild > /dev/null || $(CARGO) install --locked cargo-zigbuild --version $(ZIGBUILD_VERSION)
+	@# cargo-zigbuild runs zig as `python3 -m ziglang` when no `zig` is on PATH.
+	PATH="$(CURDIR)/$(TOOLS_VENV)/bin:$$PATH" CARGO_TARGET_DIR="$(BUNDLE_TARGET_DIR)" \
+		$(CARGO) zigbuild --release --target $(BUNDLE_TARGET) -p reflex
+	rm -rf .bundle-cache/ort && mkdir -p .bundle-cache/ort
+	$(VENV)/bin/python -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
+		--platform manylinux_2_28_$(BUNDLE_ARCH) --python-version 3.11 \
+		onnxruntime==$(ORT_VERSION) -d .bundle-cache/ort
+	$(VENV)/bin/python -m zipfile -e .bundle-cache/ort/onnxruntime-$(ORT_VERSION)-*.whl .bundle-cache/ort/wheel
+	$(CARGO) run --release --quiet -- bundle --target $(BUNDLE_TARGET) \
+		--binary "$(BUNDLE_TARGET_DIR)/$(BUNDLE_TARGET)/release/reflex" \
+		--onnxruntime .bundle-cache/ort/wheel/onnxruntime/capi/libonnxruntime.so.$(ORT_VERSION) --out dist
+
+## The aarch64 bundle on this x86_64 machine under qemu-user: --version, doctor and a short
+## simulator run with the shipped policy on the bundle's own aarch64 ONNX Runtime.
+bundle-check:
+	tests/qemu_bundle_check.sh $(lastword $(sort $(wildcard dist/reflex-*-aarch64-unknown-linux-gnu.tar.gz)))
 
 bench: build
 	$(CARGO) run --release --quiet -- sim bench --task pick

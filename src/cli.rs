@@ -147,7 +147,10 @@ pub fn print_json(v: &serde_json::Value) {
 
 /// `reflex doctor`: what this machine and this build can drive, one line per check, each problem
 /// with its fix; fails when something a run needs is missing.
-pub fn doctor(tls: Option<(&std::path::Path, &str)>) -> anyhow::Result<()> {
+pub fn doctor(
+    tls: Option<(&std::path::Path, &str)>,
+    config: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let mut problems = 0;
     match reflex_policies::ort_env::find_onnxruntime() {
         Ok(found) => {
@@ -178,6 +181,9 @@ pub fn doctor(tls: Option<(&std::path::Path, &str)>) -> anyhow::Result<()> {
     disk(std::path::Path::new("."));
     if let Some((dir, name)) = tls {
         problems += certificates(dir, name);
+    }
+    if let Some(path) = config {
+        problems += config_checks(path);
     }
     println!(
         "teleop devices in this build: keyboard, leader arm (so101-leader, koch-leader), gamepad (evdev: /dev/input/event*), SpaceMouse (hidraw: /dev/hidraw*)"
@@ -302,6 +308,111 @@ fn disk(dir: &std::path::Path) {
     } else {
         println!("disk: {free_gb:.1} GB free for recordings");
     }
+}
+
+/// What a robot's config needs on this machine: the policy model and its provider, the arm's
+/// port (present, this user may open it) and calibration, the bus certificates, and listening
+/// endpoints that are free.
+fn config_checks(path: &std::path::Path) -> usize {
+    use reflex_policies::onnx_policy::Provider;
+    let cfg = match reflex_agent::config::RunConfig::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("config: {e}");
+            return 1;
+        }
+    };
+    let file = path.display();
+    println!("config: {file}: ok (robot `{}`)", cfg.robot_name());
+    let mut problems = 0;
+    let mut problem = |msg: String| {
+        problems += 1;
+        println!("{msg}");
+    };
+    if let Some(m) = &cfg.policy.model {
+        if m.is_file() {
+            println!("policy model: {}: ok", m.display());
+        } else {
+            problem(format!(
+                "policy model: {} not found ([policy] model in {file})",
+                m.display()
+            ));
+        }
+    }
+    let wants = match &cfg.policy.provider {
+        Provider::Cuda { .. } => Some("cuda"),
+        Provider::Tensorrt { .. } => Some("tensorrt"),
+        _ => None,
+    };
+    if let Some(p) = wants {
+        let lib = reflex_policies::ort_env::find_onnxruntime().ok();
+        let has = lib.as_ref().is_some_and(|f| {
+            f.path
+                .parent()
+                .is_some_and(|d| d.join(format!("libonnxruntime_providers_{p}.so")).exists())
+        });
+        if has {
+            println!("policy provider: {p}: the library has it");
+        } else {
+            problem(format!(
+                "policy provider: [policy.provider] kind = \"{p}\" in {file}, but the ONNX Runtime found has no {p} provider: install the CUDA/TensorRT build (docs/deploy.md, Jetson) or set kind = \"cpu\""
+            ));
+        }
+    }
+    if let Some(arm) = &cfg.arm {
+        let port = std::path::Path::new(&arm.port);
+        let c = std::ffi::CString::new(arm.port.as_bytes()).unwrap_or_default();
+        if !port.exists() {
+            problem(format!(
+                "arm port: {} does not exist ([arm] port in {file}): is the adapter plugged in and powered? ls /dev/serial/by-id/ names it",
+                arm.port
+            ));
+        // SAFETY: access() only reads the path string.
+        } else if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+            problem(format!(
+                "arm port: {} exists but this user may not open it: sudo usermod -aG dialout $USER and log in again (the service's user `reflex` is in dialout)",
+                arm.port
+            ));
+        } else {
+            println!("arm port: {}: ok", arm.port);
+        }
+        match &arm.calibration {
+            Some(c) if !c.is_file() => problem(format!(
+                "arm calibration: {} not found ([arm] calibration in {file}): reflex calibrate joints writes it",
+                c.display()
+            )),
+            Some(c) => println!("arm calibration: {}: ok", c.display()),
+            None => println!(
+                "arm calibration: none ([arm] calibration): the arm runs on the servos' raw zero, fine for an emulated arm only"
+            ),
+        }
+    }
+    let bus = cfg.bus_config(&Default::default());
+    if let Some(tls) = &bus.tls {
+        match tls.check() {
+            Ok(()) => println!(
+                "bus certificates: {} and its key, key private: ok",
+                tls.cert.display()
+            ),
+            Err(e) => problem(format!("bus certificates: {e}")),
+        }
+    }
+    for ep in &bus.listen {
+        let Some(addr) = ep.strip_prefix("tcp/").or_else(|| ep.strip_prefix("tls/")) else {
+            continue;
+        };
+        match std::net::TcpListener::bind(addr) {
+            Ok(_) => println!("bus endpoint: {ep}: free to listen on"),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => problem(format!(
+                "bus endpoint: {ep} is in use ([bus] listen in {file}): is reflex already running (systemctl status reflex)?"
+            )),
+            Err(e) => problem(format!("bus endpoint: {ep} ([bus] listen in {file}): {e}")),
+        }
+    }
+    for ep in &bus.connect {
+        println!("bus endpoint: connects to {ep}");
+    }
+    problems
 }
 
 /// The bus certificates of peer `name` in `dir`: present, key private.

@@ -93,6 +93,10 @@ struct DoctorArgs {
     /// The peer's name in --tls-dir.
     #[arg(long, value_name = "NAME", requires = "tls_dir")]
     tls_name: Option<String>,
+    /// Also check what this robot config needs here: its model and provider, the arm's port and
+    /// calibration, its bus certificates and endpoints (on a robot: /etc/reflex/robot.toml).
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
 }
 
 /// glibc returns large freed blocks (> 128 KiB) to the OS and maps fresh zeroed pages for the next
@@ -145,7 +149,10 @@ fn main() {
         Command::Policy { command } => cmd::tools::policy(command),
         Command::Bc { command } => cmd::tools::bc(command),
         Command::Dataset { command } => cmd::tools::dataset(command),
-        Command::Doctor(a) => cli::doctor(a.tls_dir.as_deref().zip(a.tls_name.as_deref())),
+        Command::Doctor(a) => cli::doctor(
+            a.tls_dir.as_deref().zip(a.tls_name.as_deref()),
+            a.config.as_deref(),
+        ),
         Command::Soak(a) => cmd::bench::soak(a),
         Command::Hw { command } => cmd::hw::run(command),
         Command::Calibrate { command } => cmd::hw::calibrate(command),

@@ -215,6 +215,29 @@ fn bundle_installs_upgrades_rolls_back_and_runs_from_its_root() {
             && text.contains("ONNX Runtime loads: ok"),
         "{text}"
     );
+    // The first-boot check of the installed robot config names what is still missing here: the
+    // arm's serial adapter, its calibration, the robot's certificates.
+    let first_boot = Command::new(&bin)
+        .arg("doctor")
+        .arg("--config")
+        .arg(etc.join("robot.toml"))
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&first_boot.stdout);
+    assert!(!first_boot.status.success(), "{text}");
+    for want in [
+        "policy model: /opt/reflex/current/models/so101-reach.onnx not found",
+        "arm port: /dev/ttyACM0 does not exist",
+        "arm calibration: /etc/reflex/calibration/so101_follower.json not found",
+        "bus certificates:",
+        "bus endpoint: tls/0.0.0.0:7447",
+    ] {
+        assert!(
+            text.contains(want),
+            "doctor --config lacks `{want}`:\n{text}"
+        );
+    }
     let run = json_output(
         Command::new(&bin)
             .args(["run", "--json", "--episodes", "3", "--config"])

@@ -215,6 +215,7 @@ fi
 if live && [ "$(uname -m)" = "${TARGET%%-*}" ]; then
     "$BASE/current/bin/reflex" --version > /dev/null || die "$BASE/current/bin/reflex does not run on this machine"
 fi
-say "done. Next: certificates in $ETC/keys (reflex keys init on a workstation), then"
-say "  $BASE/current/bin/reflex doctor --tls-dir $ETC/keys --tls-name robot"
+say "done. Next: set the arm's port and calibration in $ETC/robot.toml, put ca.pem, robot.pem and"
+say "robot.key in $ETC/keys (reflex keys init, on a workstation), then check and start:"
+say "  $BASE/current/bin/reflex doctor --config $ETC/robot.toml"
 say "  systemctl start reflex; journalctl -u reflex -f"
