@@ -414,3 +414,112 @@ learners = ["learner"]
         "the learner's weights reached the actor: {link}"
     );
 }
+
+#[test]
+fn keys_add_signs_a_new_operator_the_robot_accepts_and_a_stranger_authority_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let run = |args: &[&str]| {
+        let out = reflex().args(args).output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let k = keys.to_str().unwrap();
+    let (ok, out) = run(&[
+        "keys", "init", "--robot", "arm", "--dir", k, "--peer", "robot",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = run(&["keys", "add", "--dir", k, "--peer", "alice"]);
+    assert!(ok, "{out}");
+    let (ok, out) = run(&["keys", "add", "--dir", k, "--peer", "alice"]);
+    assert!(
+        !ok && out.contains("alice.pem") && out.contains("exists"),
+        "{out}"
+    );
+    // A certificate named `alice` from another authority.
+    let other = dir.path().join("other");
+    let (ok, out) = run(&[
+        "keys",
+        "init",
+        "--robot",
+        "arm",
+        "--dir",
+        other.to_str().unwrap(),
+        "--peer",
+        "alice",
+    ]);
+    assert!(ok, "{out}");
+
+    let ep = tls_endpoint();
+    let mut robot_cfg = bus(
+        std::slice::from_ref(&ep),
+        &[],
+        Some(TlsFiles::in_dir(&keys, "robot")),
+    );
+    robot_cfg.access = Some((
+        "arm".into(),
+        Access {
+            learners: vec![],
+            teleops: vec!["alice".into()],
+            viewers: vec![],
+        },
+    ));
+    let robot = robot_cfg.open().unwrap();
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let g = got.clone();
+    let _sub = robot
+        .declare_subscriber("reflex/arm/teleop")
+        .callback(move |s| {
+            g.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&s.payload().to_bytes()).to_string())
+        })
+        .wait()
+        .unwrap();
+    let alice = bus(
+        &[],
+        std::slice::from_ref(&ep),
+        Some(TlsFiles::in_dir(&keys, "alice")),
+    )
+    .open()
+    .unwrap();
+    // The stranger trusts the robot's authority (so only its own certificate is wrong).
+    let mut stranger = TlsFiles::in_dir(&other, "alice");
+    stranger.ca = keys.join("ca.pem");
+    let stranger = bus(&[], std::slice::from_ref(&ep), Some(stranger))
+        .open()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..10 {
+        alice.put("reflex/arm/teleop", "added").wait().unwrap();
+        stranger
+            .put("reflex/arm/teleop", "stranger")
+            .wait()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let mut from = got.lock().unwrap().clone();
+    from.sort();
+    from.dedup();
+    assert_eq!(
+        from,
+        ["added"],
+        "the added operator takes over; the stranger is not let in"
+    );
+
+    // The authority's key must stay private.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(keys.join("ca.key"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (ok, out) = run(&["keys", "add", "--dir", k, "--peer", "bob"]);
+    assert!(
+        !ok && out.contains("ca.key") && out.contains("chmod 600"),
+        "{out}"
+    );
+}

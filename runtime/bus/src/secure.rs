@@ -186,6 +186,85 @@ pub fn valid_for_days(days: i64) -> Validity {
     )
 }
 
+/// A certificate for peer `name` signed by `issuer`, written to `<dir>/<name>.pem` and
+/// `<dir>/<name>.key` (mode 600).
+fn issue_peer<S: rcgen::SigningKey>(
+    dir: &Path,
+    name: &str,
+    hosts: &[String],
+    (from, to): Validity,
+    issuer: &rcgen::Issuer<'_, S>,
+) -> Result<(String, PathBuf, PathBuf), BusError> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+    let err =
+        |e: rcgen::Error| BusError::Config(format!("making the certificate of `{name}`: {e}"));
+    let mut names: Vec<String> = vec![name.to_string(), "localhost".into(), "127.0.0.1".into()];
+    names.extend(hosts.iter().cloned());
+    let mut p = CertificateParams::new(names).map_err(err)?;
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.use_authority_key_identifier_extension = true;
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    (p.not_before, p.not_after) = (from, to);
+    let key = KeyPair::generate().map_err(err)?;
+    let cert = p.signed_by(&key, issuer).map_err(err)?;
+    let (c, k) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    write_file(&k, &key.serialize_pem(), true)?;
+    write_file(&c, &cert.pem(), false)?;
+    Ok((name.to_string(), c, k))
+}
+
+/// Certificates for more peers of a robot whose keys `init_keys` made: signed by the authority in
+/// `dir` (`ca.pem`, `ca.key`, the key readable by its owner only), so the robot and every other
+/// peer accept them without new keys of their own. An existing peer is never overwritten.
+pub fn add_peers(
+    dir: &Path,
+    peers: &[String],
+    hosts: &[String],
+    validity: &dyn Fn(&str) -> Validity,
+) -> Result<Vec<(String, PathBuf, PathBuf)>, BusError> {
+    let (ca_pem, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    for p in [&ca_pem, &ca_key] {
+        if !p.is_file() {
+            return Err(BusError::Config(format!(
+                "`{}` not found: `reflex keys add` signs with the robot's authority; run `reflex keys init` first, or point --dir at the directory it wrote",
+                p.display()
+            )));
+        }
+    }
+    check_private(&ca_key)?;
+    for name in peers {
+        let c = dir.join(format!("{name}.pem"));
+        if c.exists() {
+            return Err(BusError::Config(format!(
+                "`{}` exists: peer `{name}` has a certificate already; remove its .pem and .key to issue a new one",
+                c.display()
+            )));
+        }
+    }
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|e| BusError::Config(format!("`{}`: {e}", p.display())))
+    };
+    let key = rcgen::KeyPair::from_pem(&read(&ca_key)?)
+        .map_err(|e| BusError::Config(format!("`{}`: not a private key: {e}", ca_key.display())))?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&read(&ca_pem)?, key).map_err(|e| {
+        BusError::Config(format!(
+            "`{}`: not a certificate authority: {e}",
+            ca_pem.display()
+        ))
+    })?;
+    peers
+        .iter()
+        .map(|name| issue_peer(dir, name, hosts, validity(name), &issuer))
+        .collect()
+}
+
 /// Makes a certificate authority for `robot` and a certificate for every peer in `peers`
 /// (its common name is its name), naming `hosts` (DNS names or IP addresses the robot is
 /// reached at) beside `localhost` so a peer can check the robot's name. `validity(name)` says
@@ -199,8 +278,7 @@ pub fn init_keys(
     validity: &dyn Fn(&str) -> Validity,
 ) -> Result<KeySet, BusError> {
     use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     };
     let err = |e: rcgen::Error| BusError::Config(format!("making certificates: {e}"));
     std::fs::create_dir_all(dir)
@@ -231,26 +309,7 @@ pub fn init_keys(
     let issuer = Issuer::new(ca, ca_key);
     let mut out = vec![];
     for name in peers {
-        let mut names: Vec<String> = vec![name.clone(), "localhost".into(), "127.0.0.1".into()];
-        names.extend(hosts.iter().cloned());
-        let mut p = CertificateParams::new(names).map_err(err)?;
-        p.distinguished_name.push(DnType::CommonName, name.clone());
-        p.use_authority_key_identifier_extension = true;
-        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        p.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        (p.not_before, p.not_after) = validity(name);
-        let key = KeyPair::generate().map_err(err)?;
-        let cert = p.signed_by(&key, &issuer).map_err(err)?;
-        let (c, k) = (
-            dir.join(format!("{name}.pem")),
-            dir.join(format!("{name}.key")),
-        );
-        write_file(&k, &key.serialize_pem(), true)?;
-        write_file(&c, &cert.pem(), false)?;
-        out.push((name.clone(), c, k));
+        out.push(issue_peer(dir, name, hosts, validity(name), &issuer)?);
     }
     Ok(KeySet {
         ca: ca_pem,
