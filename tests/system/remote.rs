@@ -118,9 +118,11 @@ fn reflex_run_drives_a_free_running_served_simulator_on_the_wall_clock() {
     for e in eps {
         let steps = e["steps"].as_u64().unwrap();
         // pick's time limit is 100 of the robot's own ticks; the robot counts the ticks it held
-        // before the loop's first command too, so the loop sees at most 100 steps.
+        // before the loop's first command too, so the loop sees about 100 steps at most. The two
+        // clocks are independent: when the robot's tick runs late (a loaded CI machine), the loop
+        // ticks on time and sees one more step (101 was seen under CI load).
         assert!(
-            (2..=100).contains(&steps),
+            (2..=103).contains(&steps),
             "an episode of {steps} steps: {v}"
         );
         assert!(
