@@ -359,6 +359,15 @@ fn config_checks(path: &std::path::Path) -> usize {
             ));
         }
     }
+    if let Some(why) = cfg.insecure_arm_bus(&BusConfig::default()) {
+        if cfg.bus.insecure {
+            println!(
+                "bus: INSECURE ([bus] insecure = true in {file}): {why}; `reflex run` warns every minute"
+            );
+        } else {
+            problem(format!("bus: {why} (`reflex run` refuses this config)"));
+        }
+    }
     if let Some(arm) = &cfg.arm {
         let port = std::path::Path::new(&arm.port);
         let c = std::ffi::CString::new(arm.port.as_bytes()).unwrap_or_default();
@@ -543,27 +552,43 @@ pub fn servo_bench(a: &ServoBenchArgs) -> anyhow::Result<()> {
 }
 
 static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static STOP_NOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static SIGNALS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 extern "C" fn on_signal(_: libc::c_int) {
-    // A second signal ends the process at once (a run whose robot stopped answering would
-    // otherwise never reach the end of its episode). write(2) and _exit(2) are async-signal-safe.
-    if STOP.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        // SAFETY: both calls are on the async-signal-safe list.
-        unsafe { libc::_exit(130) };
-    }
-    const MSG: &[u8] =
-        b"reflex: stopping when the work in hand is done (signal again to quit at once)\n";
+    use std::sync::atomic::Ordering::Relaxed;
+    // First: finish the work in hand. Second: stop at the next control tick (the robot is
+    // still left as `[robot] on_exit` says). Third: quit the process at once (a robot call that
+    // never returns would otherwise keep it). write(2) and _exit(2) are async-signal-safe.
+    let msg: &[u8] = match SIGNALS.fetch_add(1, Relaxed) {
+        0 => {
+            STOP.store(true, Relaxed);
+            b"reflex: stopping when the work in hand is done (signal again to stop now)\n"
+        }
+        1 => {
+            STOP_NOW.store(true, Relaxed);
+            b"reflex: stopping now (signal again to quit at once, leaving the robot as it is)\n"
+        }
+        // SAFETY: _exit is on the async-signal-safe list.
+        _ => unsafe { libc::_exit(130) },
+    };
     // SAFETY: as above; the buffer is static.
-    unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
 }
 
 /// A flag set by SIGINT or SIGTERM, for commands that end cleanly when asked (the emulator
-/// removes its link; `reflex run` finishes its episode); a second signal quits at once.
+/// removes its link; `reflex run` finishes its episode); a second signal sets
+/// [`stop_now_flag`], a third quits at once.
 pub fn stop_on_signals() -> &'static std::sync::atomic::AtomicBool {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    // SAFETY: the handler only stores to atomics, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     &STOP
+}
+
+/// Set by a second SIGINT or SIGTERM (after [`stop_on_signals`]): stop at once, cleanly.
+pub fn stop_now_flag() -> &'static std::sync::atomic::AtomicBool {
+    &STOP_NOW
 }

@@ -57,6 +57,9 @@ enum Command {
     Learn(cmd::learn::LearnArgs),
     /// Drive a robot by hand from this terminal (take over, correct, label success or failure).
     Teleop(cmd::tools::TeleopArgs),
+    /// A robot's emergency stop from any computer on its bus: raise it (anyone), release it and
+    /// resume (an operator), each confirmed by the robot's status.
+    Estop(cmd::tools::EstopArgs),
     /// Watch a robot over the bus in Rerun (live viewer or episode files).
     Viz(cmd::tools::VizArgs),
     /// Checks what a first run needs: ONNX Runtime and its providers, serial ports, cameras,
@@ -144,6 +147,7 @@ fn main() {
         Command::Replay(a) => cmd::tools::replay(a),
         Command::Viz(a) => cmd::tools::viz(a),
         Command::Teleop(a) => cmd::tools::teleop(a),
+        Command::Estop(a) => cmd::tools::estop(a),
         Command::Learn(a) => cmd::learn::run(a),
         Command::Bundle(a) => cmd::bundle::run(a),
         Command::Policy { command } => cmd::tools::policy(command),

@@ -7,7 +7,12 @@
 //! and ACTION (Feetech), SYNC READ and SYNC WRITE with the protocol's status packets, and moves
 //! its present position toward its goal at a bounded speed while its torque is on. Faults on
 //! request: ids that never answer, a corrupted byte in every n-th status packet, a delay before
-//! every answer.
+//! every answer, SYNC READs left unanswered after a number of them (a bus that fails mid-run).
+//!
+//! With a goal log the emulator writes a JSON line for every change of a servo's goal or torque
+//! register (`{"t_unix_ns":..,"write":..,"id":..,"reg":"goal"|"torque","value":..}`, `write`
+//! counting the packets that wrote goals): what a driver actually told the servos, for tests
+//! and for anyone debugging a controller without an arm.
 
 use crate::feetech::{self, BROADCAST_ID, Instruction};
 use crate::{dynamixel, dynamixel::x_series, feetech::sts3215};
@@ -90,6 +95,10 @@ pub struct EmulatorConfig {
     pub speed: f64,
     /// Starting present position of every servo, steps.
     pub start_position: u16,
+    /// Leave every SYNC READ after the first `n` unanswered (a bus that fails mid-run).
+    pub drop_sync_reads_after: Option<u64>,
+    /// Write goal and torque changes to this file, one JSON line each.
+    pub goal_log: Option<std::path::PathBuf>,
 }
 
 impl Default for EmulatorConfig {
@@ -102,6 +111,8 @@ impl Default for EmulatorConfig {
             delay: Duration::ZERO,
             speed: 4000.0,
             start_position: 2048,
+            drop_sync_reads_after: None,
+            goal_log: None,
         }
     }
 }
@@ -117,6 +128,8 @@ pub struct EmulatorCounters {
     pub corrupted: AtomicU64,
     /// Bytes that were not a valid instruction packet.
     pub garbage: AtomicU64,
+    /// SYNC READs received.
+    pub sync_reads: AtomicU64,
 }
 
 /// A running emulated bus; dropped, it stops.
@@ -132,6 +145,15 @@ pub struct Emulator {
 impl Emulator {
     /// Opens a pseudo-terminal and serves the servos of `cfg` on it.
     pub fn start(cfg: EmulatorConfig) -> Result<Self, serialport::Error> {
+        let log = match &cfg.goal_log {
+            Some(p) => Some(GoalLog::create(p).map_err(|e| {
+                serialport::Error::new(
+                    serialport::ErrorKind::Io(e.kind()),
+                    format!("goal log `{}`: {e}", p.display()),
+                )
+            })?),
+            None => None,
+        };
         let (master, slave) = TTYPort::pair()?;
         let path = slave.name().ok_or_else(|| {
             serialport::Error::new(serialport::ErrorKind::NoDevice, "a pty without a name")
@@ -145,7 +167,7 @@ impl Emulator {
             .spawn(move || {
                 // The slave end stays open here, so the master never reads EIO between clients.
                 let _slave = slave;
-                serve(master, cfg, &s, &c, &h)
+                serve(master, cfg, &s, &c, &h, log)
             })
             .map_err(|e| {
                 serialport::Error::new(serialport::ErrorKind::Io(e.kind()), e.to_string())
@@ -327,12 +349,64 @@ fn decode(model: ServoModel, buf: &[u8]) -> Result<(u8, Cmd, usize), crate::Pack
     }
 }
 
+/// Goal and torque changes, one JSON line each, written as they happen (a test reads the file
+/// while the emulator runs).
+struct GoalLog {
+    file: std::fs::File,
+    last: Vec<(u8, u32, u32)>,
+    writes: u64,
+}
+
+impl GoalLog {
+    fn create(path: &std::path::Path) -> std::io::Result<Self> {
+        Ok(GoalLog {
+            file: std::fs::File::create(path)?,
+            last: Vec::new(),
+            writes: 0,
+        })
+    }
+
+    /// Notes the servos' goal and torque registers after a packet that may have written them.
+    fn note(&mut self, servos: &[Servo], t: &Table) {
+        self.writes += 1;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let mut lines = String::new();
+        for s in servos {
+            let (goal, torque) = (s.get(t.goal), s.get(t.torque));
+            let k = match self.last.iter().position(|(id, _, _)| *id == s.id) {
+                Some(k) => k,
+                None => {
+                    // First sight: the power-on values, logged as they are.
+                    self.last.push((s.id, u32::MAX, u32::MAX));
+                    self.last.len() - 1
+                }
+            };
+            let (_, g0, t0) = self.last[k];
+            for (reg, old, new) in [("goal", g0, goal), ("torque", t0, torque)] {
+                if old != new {
+                    lines.push_str(&format!(
+                        "{{\"t_unix_ns\":{now},\"write\":{},\"id\":{},\"reg\":\"{reg}\",\"value\":{new}}}\n",
+                        self.writes, s.id
+                    ));
+                }
+            }
+            self.last[k] = (s.id, goal, torque);
+        }
+        if !lines.is_empty() {
+            let _ = self.file.write_all(lines.as_bytes());
+        }
+    }
+}
+
 fn serve(
     mut port: TTYPort,
     cfg: EmulatorConfig,
     stop: &AtomicBool,
     c: &EmulatorCounters,
     hand: &std::sync::Mutex<Vec<(u8, f64)>>,
+    mut log: Option<GoalLog>,
 ) {
     let _ = port.set_timeout(Duration::from_millis(2));
     let table = cfg.model.table();
@@ -365,8 +439,21 @@ fn serve(
             match decode(cfg.model, &buf) {
                 Ok((id, cmd, used)) => {
                     c.instructions.fetch_add(1, Ordering::Relaxed);
-                    let answers = execute(&mut servos, &cfg, &table, id, cmd);
+                    let writes = matches!(cmd, Cmd::Write(..) | Cmd::SyncWrite(..) | Cmd::Action);
+                    let sync_read = matches!(cmd, Cmd::SyncRead(..));
+                    let mut answers = execute(&mut servos, &cfg, &table, id, cmd);
+                    if sync_read {
+                        let n = c.sync_reads.fetch_add(1, Ordering::Relaxed) + 1;
+                        if cfg.drop_sync_reads_after.is_some_and(|k| n > k) {
+                            answers.clear();
+                        }
+                    }
                     buf.drain(..used);
+                    if let Some(l) = &mut log
+                        && writes
+                    {
+                        l.note(&servos, &table);
+                    }
                     for (id, params) in answers {
                         if !cfg.delay.is_zero() {
                             std::thread::sleep(cfg.delay);

@@ -16,14 +16,16 @@ use crate::outbox::{Frames, OutboxSender, Source};
 use crate::policy::{ChunkSpec, Policy, PolicyThread};
 use crate::residual::ResidualHook;
 use crate::robot::{Robot, RobotError};
-use crate::safety::{Safety, SafetyConfig, SafetyCounters, SafetyInput};
+use crate::safety::{Safety, SafetyConfig, SafetyCounters, SafetyEvent, SafetyInput};
 use crate::schedule::{CatchUp, Schedule};
 use crate::teleop::TeleopReader;
 use crate::triple::Writer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use reflex_contracts::stop::{StopState, StopSwitch};
 use serde::Deserialize;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 fn d_catch_up() -> CatchUp {
@@ -166,6 +168,14 @@ pub struct LoopStats {
     /// Time the robot took to reset (a real arm moving to its start pose): not part of any
     /// step's time, and the schedule restarts after it, so it is not counted as missed ticks.
     pub reset: Histogram,
+    /// Ticks held because the e-stop was latched (no episode in progress).
+    pub stopped_ticks: u64,
+    /// Ticks held after a release, waiting for an operator to resume.
+    pub paused_ticks: u64,
+    /// A person's labels and reset requests refused because the e-stop was latched or paused.
+    pub refused_while_stopped: u64,
+    /// Resets (moves to a start pose) the e-stop interrupted.
+    pub resets_stopped: u64,
 }
 
 /// A low-rate snapshot for the status publisher.
@@ -203,6 +213,10 @@ pub struct LoopStatus {
     pub outbox_dropped: u64,
     /// Residual weight version.
     pub residual_version: u64,
+    /// The e-stop as the loop last saw it.
+    pub stop: StopState,
+    /// E-stops raised so far.
+    pub estops: u64,
 }
 
 /// How an episode went.
@@ -226,6 +240,8 @@ pub struct EpisodeSummary {
     pub labelled: bool,
     /// Ended by the robot's time limit.
     pub truncated: bool,
+    /// Ended by an emergency stop (neither a success nor a failure of the task).
+    pub estop: bool,
     /// FNV-1a hash of the bits of every state, action, next state and reward of the episode, in
     /// order: two runs with equal digests saw bit-identical episodes.
     pub digest: u64,
@@ -296,6 +312,16 @@ pub enum LoopError {
     /// The config is out of range.
     #[error("loop config: key `{}` = {} is out of range; allowed: {}", .0.key, .0.value, .0.allowed)]
     Config(Invalid),
+    /// An episode was asked to start while the e-stop is latched.
+    #[error(
+        "robot `{robot}`: the emergency stop is latched (raised by {by}): release it (`reflex estop release`) before an episode can start"
+    )]
+    Latched {
+        /// Robot name.
+        robot: String,
+        /// Who raised it.
+        by: String,
+    },
 }
 
 /// The control loop of one robot.
@@ -344,8 +370,13 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     finished: Vec<EpisodeSummary>,
     /// Time spent in robot resets during the current tick.
     reset_took: Duration,
-    started: bool,
-    estop_flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// An episode is in progress (between a completed reset and its end).
+    episode_open: bool,
+    /// The seed of a reset the e-stop interrupted: the next start uses it again.
+    pending_seed: Option<u64>,
+    stop: Arc<StopSwitch>,
+    /// E-stops raised as of the last tick: a higher count is a new e-stop.
+    seen_raises: u64,
 }
 
 /// Builds a [`ControlLoop`]: `ControlLoop::builder(robot, clock).policy(driver).seed(7).build()`.
@@ -363,7 +394,7 @@ pub struct ControlLoopBuilder<R: Robot, C: Clock> {
     outbox: Option<OutboxSender>,
     frames: Option<(OutboxSender<Frames>, u32)>,
     status: Option<Writer<LoopStatus>>,
-    estop_flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    stop: Option<Arc<StopSwitch>>,
 }
 
 impl<R: Robot, C: Clock> ControlLoopBuilder<R, C> {
@@ -430,9 +461,11 @@ impl<R: Robot, C: Clock> ControlLoopBuilder<R, C> {
         self
     }
 
-    /// A flag another thread sets to latch the emergency stop.
-    pub fn estop_flag(mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Self {
-        self.estop_flag = Some(flag);
+    /// The e-stop this loop obeys, shared with whoever raises, releases and resumes it (the
+    /// bus, a teleop device, a test); default: a switch of its own ([`ControlLoop::stop_switch`]).
+    /// The robot gets it too ([`Robot::attach_stop`]).
+    pub fn stop_switch(mut self, stop: Arc<StopSwitch>) -> Self {
+        self.stop = Some(stop);
         self
     }
 
@@ -457,7 +490,11 @@ impl<R: Robot, C: Clock> ControlLoopBuilder<R, C> {
         lp.outbox = self.outbox;
         lp.frames = self.frames;
         lp.status = self.status;
-        lp.estop_flag = self.estop_flag;
+        if let Some(stop) = self.stop {
+            lp.seen_raises = stop.raises();
+            lp.stop = stop;
+        }
+        lp.robot.attach_stop(lp.stop.clone());
         Ok(lp)
     }
 }
@@ -479,7 +516,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             outbox: None,
             frames: None,
             status: None,
-            estop_flag: None,
+            stop: None,
         }
     }
 
@@ -552,8 +589,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             episode: EpisodeSummary::default(),
             finished: Vec::new(),
             reset_took: Duration::ZERO,
-            started: false,
-            estop_flag: None,
+            episode_open: false,
+            pending_seed: None,
+            stop: StopSwitch::new(),
+            seen_raises: 0,
             chunk_spec,
             spec,
             driver,
@@ -571,9 +610,22 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         }
     }
 
-    /// Latches the emergency stop (e.g. from an `estop` event on the bus).
+    /// Raises the emergency stop (as an `estop` event on the bus does): from the next tick the
+    /// robot holds, the episode in progress ends as `estop`, and nothing starts until an operator
+    /// releases and resumes ([`StopSwitch`]).
     pub fn estop(&mut self) {
-        self.safety.estop();
+        self.stop.raise("local");
+    }
+
+    /// The e-stop this loop obeys.
+    pub fn stop_switch(&self) -> &Arc<StopSwitch> {
+        &self.stop
+    }
+
+    /// Whether an episode is in progress (false while the e-stop holds the robot between
+    /// episodes).
+    pub fn in_episode(&self) -> bool {
+        self.episode_open
     }
 
     /// The robot.
@@ -626,15 +678,47 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// unfinished episode is not counted).
     pub fn restart_with_seed(&mut self, seed: u64) -> Result<(), LoopError> {
         self.seeds = ChaCha8Rng::seed_from_u64(seed);
-        self.start_episode()
+        self.pending_seed = None;
+        self.episode_open = false;
+        self.step_open = false;
+        self.start_if_running()
     }
 
-    /// Starts a new episode (resets the robot with the next seed).
+    /// Starts a new episode now (resets the robot with the next seed), as a person's deliberate
+    /// act: refused while the e-stop is latched; after a release it resumes the run.
     pub fn start_episode(&mut self) -> Result<(), LoopError> {
-        let seed: u64 = self.seeds.random();
+        match self.stop.state() {
+            StopState::Latched => {
+                return Err(LoopError::Latched {
+                    robot: self.spec.name.clone(),
+                    by: self.stop.raised_by(),
+                });
+            }
+            StopState::Paused => {
+                let _ = self.stop.resume(self.stop.raises(), "local");
+            }
+            StopState::Running => {}
+        }
+        self.seen_raises = self.stop.raises();
+        self.begin_episode()
+    }
+
+    /// Starts the next episode when the e-stop allows it (the loop's own starts).
+    fn start_if_running(&mut self) -> Result<(), LoopError> {
+        if self.stop.may_move() && self.stop.raises() == self.seen_raises {
+            self.begin_episode()
+        } else {
+            Ok(())
+        }
+    }
+
+    fn begin_episode(&mut self) -> Result<(), LoopError> {
+        let seed: u64 = match self.pending_seed.take() {
+            Some(s) => s,
+            None => self.seeds.random(),
+        };
         let before = self.clock.now();
-        let o = self.robot.reset(Some(seed))?;
-        self.obs.copy_from(o);
+        let reset = self.robot.reset(Some(seed));
         let now = self.clock.now();
         let took = now.saturating_sub(before);
         self.stats.reset.record(took);
@@ -642,6 +726,18 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         if !took.is_zero() {
             // A tick about to start is due now, not when it was due before the reset.
             self.schedule.restart(now);
+        }
+        match reset {
+            Ok(o) => self.obs.copy_from(o),
+            Err(RobotError::Stopped { .. }) => {
+                // The e-stop cut the move to the start pose short: no episode; the same seed
+                // is used when the run goes on.
+                self.stats.resets_stopped += 1;
+                self.pending_seed = Some(seed);
+                self.episode_open = false;
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
         }
         self.generation += 1;
         self.chunks.clear();
@@ -656,10 +752,6 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.obs.time_ns,
         );
         self.safety.reset();
-        self.safety.clear_estop();
-        if let Some(f) = &self.estop_flag {
-            f.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
         if let PolicyDriver::Inline { policy, .. } = &mut self.driver {
             policy.reset();
         }
@@ -670,10 +762,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             digest: DIGEST_START,
             ..Default::default()
         };
-        self.started = true;
+        self.episode_open = true;
         Ok(())
     }
 
+    /// Ends the episode in progress and starts the next one unless the e-stop holds the robot.
     fn end_episode(&mut self, success: bool, labelled: bool) -> Result<(), LoopError> {
         self.episode.success = success;
         self.episode.labelled = labelled;
@@ -686,7 +779,9 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.episode.ret
         );
         self.finished.push(self.episode.clone());
-        self.start_episode()
+        self.episode_open = false;
+        self.step_open = false;
+        self.start_if_running()
     }
 
     fn push_chunk(&mut self) {
@@ -751,15 +846,28 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// - free-running (hardware, real-time servers): the newest observation at the start of the
     ///   next tick, the same one the next action is chosen from. A tick that closes an episode
     ///   (task end, a person's label or reset) resets the robot and commands nothing.
+    ///
+    /// The e-stop is read at the start of every tick (two atomic loads). A new e-stop ends the
+    /// episode in progress as `estop` (a free-running robot's open step closes with the newest
+    /// observation; a lockstep robot's step closes flagged when the stop arrived during it), and
+    /// from then on every tick commands the robot's hold, step-limited, until an operator
+    /// releases (still holding: paused) and resumes; the next tick after the resume starts the
+    /// next episode. Held ticks belong to no episode.
     pub fn step(&mut self) -> Result<(), LoopError> {
-        if !self.started {
-            self.start_episode()?;
+        if !self.episode_open {
+            self.start_if_running()?;
         }
         let deadline = self.schedule.deadline();
         let t = self.clock.sleep_until(deadline);
         let lateness = t.saturating_sub(deadline);
-        self.check_estop();
+        let estop = self.note_stop();
         self.read_observation(t)?;
+        if estop && self.episode_open {
+            self.end_by_estop()?;
+        }
+        if !self.episode_open || !self.stop.may_move() {
+            return self.hold_tick(t, lateness);
+        }
         let person = self.read_teleop(t);
         if !self.spec.lockstep && self.close_free_running(person)? {
             self.finish_tick(t, lateness);
@@ -780,23 +888,91 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         if self.spec.lockstep {
             let after = self.robot.observe()?;
             self.after.copy_from(after);
-            let done = self.close_step(person);
+            // An e-stop raised while the robot stepped: this step is the episode's last.
+            let estop = self.stop.raises() != self.seen_raises;
+            let done = self.close_step(person, estop);
             self.finish_tick(t, lateness);
-            self.end_if(person, done)?;
+            if estop {
+                self.note_stop();
+                self.episode.estop = true;
+                self.end_episode(false, false)?;
+            } else {
+                self.end_if(person, done)?;
+            }
         } else {
             self.finish_tick(t, lateness);
         }
         Ok(())
     }
 
-    fn check_estop(&mut self) {
-        if let Some(f) = &self.estop_flag
-            && f.load(std::sync::atomic::Ordering::Relaxed)
-            && !self.safety.estopped()
-        {
-            tracing::warn!("emergency stop: holding until the next episode");
+    /// Reads the e-stop: mirrors a latch into the safety layer; returns whether an e-stop was
+    /// raised since the last call. No logging here (formatting allocates): the status thread
+    /// reports stops.
+    fn note_stop(&mut self) -> bool {
+        let raises = self.stop.raises();
+        let new = raises != self.seen_raises;
+        self.seen_raises = raises;
+        if new || self.stop.state() == StopState::Latched {
             self.safety.estop();
+        } else {
+            self.safety.clear_estop();
         }
+        new
+    }
+
+    /// The e-stop ends the episode in progress.
+    fn end_by_estop(&mut self) -> Result<(), LoopError> {
+        if self.step_open {
+            // Free-running: the step the last tick opened closes with the newest observation.
+            self.after.copy_from(&self.obs);
+            self.close_step(PersonInput::default(), true);
+        }
+        self.episode.estop = true;
+        self.end_episode(false, false)
+    }
+
+    /// A tick with no episode in progress (the e-stop latched, or released and waiting for a
+    /// resume): the robot's hold, step-limited; a person's labels and resets are refused, their
+    /// takeover ignored; nothing is counted as a step of any episode.
+    fn hold_tick(&mut self, t: Duration, lateness: Duration) -> Result<(), LoopError> {
+        let person = self.read_teleop(t);
+        if person.label.is_some() || person.reset {
+            self.stats.refused_while_stopped += 1;
+        }
+        let latched = self.stop.state() == StopState::Latched;
+        self.robot.hold_action(&mut self.hold);
+        let input = SafetyInput {
+            joint_pos: self
+                .joint_field
+                .as_ref()
+                .map(|r| &self.obs.state[r.clone()]),
+            ee_pos: None,
+            obs_age: t.saturating_sub(self.last_obs_change),
+            policy_age: None,
+            teleop_age: None,
+        };
+        let why = if latched {
+            SafetyEvent::Estop as u32
+        } else {
+            0
+        };
+        self.safety.hold(&mut self.action, &self.hold, &input, why);
+        if latched {
+            self.stats.stopped_ticks += 1;
+        } else {
+            self.stats.paused_ticks += 1;
+        }
+        self.base.fill(0.0);
+        self.res.fill(0.0);
+        self.robot.command(&self.action)?;
+        if self.spec.lockstep {
+            // A lockstep robot answers every command; take the answer so the next tick reads a
+            // fresh observation.
+            let o = self.robot.observe()?;
+            self.obs.copy_from(o);
+        }
+        self.finish_tick(t, lateness);
+        Ok(())
     }
 
     fn read_observation(&mut self, t: Duration) -> Result<(), LoopError> {
@@ -855,7 +1031,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     fn close_free_running(&mut self, person: PersonInput) -> Result<bool, LoopError> {
         let done = if self.step_open {
             self.after.copy_from(&self.obs);
-            self.close_step(person)
+            self.close_step(person, false)
         } else {
             false
         };
@@ -974,7 +1150,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// The second half, from the observation that closes the step (`self.after`): reward, end of
     /// episode, next state; the whole transition goes to the outbox. Returns whether the episode
     /// is over by the task.
-    fn close_step(&mut self, person: PersonInput) -> bool {
+    fn close_step(&mut self, person: PersonInput, estop: bool) -> bool {
         self.step_open = false;
         let a = &self.after;
         self.episode.ret += a.reward;
@@ -989,6 +1165,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             tr.success = a.success;
             tr.label = person.label;
             tr.reset_requested = person.reset;
+            tr.estop = estop;
             ob.send(tr);
         }
         done
@@ -1062,6 +1239,8 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         s.episode = self.obs.episode;
         s.outbox_dropped = self.outbox.as_ref().map_or(0, |o| o.dropped());
         s.residual_version = self.stats.residual_version;
+        s.stop = self.stop.state();
+        s.estops = self.seen_raises;
         w.publish();
     }
 

@@ -68,6 +68,8 @@ pub struct Transition {
     pub label: Option<bool>,
     /// A person asked for a reset in this step.
     pub reset_requested: bool,
+    /// An emergency stop ended the episode after this step.
+    pub estop: bool,
     /// Safety events of this step ([`crate::safety::SafetyEvent`] bits).
     pub safety_flags: u32,
     /// Wake-up lateness of this step.
@@ -123,6 +125,17 @@ impl Transition {
         w.success = self.success;
         w.label = self.label;
         w.reset = self.reset_requested;
+        w.estop = self.estop;
+    }
+
+    /// The step is the last of its episode (the task ended it, its time ran out, a person
+    /// labelled or reset it, or an e-stop ended it).
+    pub fn ends_episode(&self) -> bool {
+        self.terminated
+            || self.truncated
+            || self.label.is_some()
+            || self.reset_requested
+            || self.estop
     }
 
     /// The trace of this step for `reflex viz`, written into `m` reusing its buffers.
@@ -144,6 +157,7 @@ impl Transition {
         s.success = t.success;
         s.label = t.label;
         s.reset = t.reset_requested;
+        s.estop = t.estop;
         s.safety_flags = t.safety_flags;
         s.lateness_us = (t.lateness.as_secs_f64() * 1e6) as f32;
         s.chunk_age_ms = (t.chunk_age.as_secs_f64() * 1e3) as f32;
@@ -174,6 +188,7 @@ impl Transition {
             success: s.success,
             label: s.label,
             reset_requested: s.reset,
+            estop: s.estop,
             safety_flags: s.safety_flags,
             lateness: secs(s.lateness_us / 1e6),
             chunk_age: secs(s.chunk_age_ms / 1e3),

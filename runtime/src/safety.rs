@@ -270,11 +270,13 @@ impl Safety {
     }
 
     /// Latches the emergency stop: every action is replaced by hold until [`Safety::clear_estop`].
+    /// The control loop mirrors its [`crate::control::ControlLoop::stop_switch`] here every
+    /// tick; the switch, not this flag, decides when a stop ends.
     pub fn estop(&mut self) {
         self.estop = true;
     }
 
-    /// Releases the emergency stop (on a reset).
+    /// Lets actions through again (the loop calls it once the switch is no longer latched).
     pub fn clear_estop(&mut self) {
         self.estop = false;
     }
@@ -329,23 +331,54 @@ impl Safety {
             flags |= SafetyEvent::NonFinite as u32;
         }
         if flags != 0 {
-            action.copy_from_slice(hold);
-            self.counters.bump(flags);
-            self.remember(action);
-            return Verdict { flags, held: true };
+            return self.hold(action, hold, input, flags);
         }
-        // Bounds of the action space, which for absolute joints are the joint limits.
+        flags |= self.bounds(action);
+        flags |= self.step_limit(action, input);
+        flags |= self.workspace(action, hold, input);
+        self.counters.bump(flags);
+        self.remember(action);
+        Verdict { flags, held: false }
+    }
+
+    /// Replaces `action` with the robot's `hold`, counted under `why` (bits of
+    /// [`SafetyEvent`], 0 for a hold nobody needs to hear about, such as a paused run). A hold
+    /// is a command like any other: it stays inside the action bounds and the per-step limit
+    /// (a robot whose hold is not where it was last commanded moves there no faster than the
+    /// limit allows), so no hold can command a jump. The workspace check is left out: it would
+    /// turn a hold into a step back towards the box.
+    pub fn hold(
+        &mut self,
+        action: &mut [f32],
+        hold: &[f32],
+        input: &SafetyInput,
+        why: u32,
+    ) -> Verdict {
+        action.copy_from_slice(hold);
+        if self.have_last {
+            // A hold that is not finite keeps the last command instead.
+            for (a, l) in action.iter_mut().zip(&self.last) {
+                if !a.is_finite() {
+                    *a = *l;
+                }
+            }
+        }
+        let flags = why | self.bounds(action) | self.step_limit(action, input);
+        self.counters.bump(flags);
+        self.remember(action);
+        Verdict { flags, held: true }
+    }
+
+    /// Bounds of the action space, which for absolute joints are the joint limits.
+    fn bounds(&self, action: &mut [f32]) -> u32 {
+        let mut flags = 0;
         for ((a, lo), hi) in action.iter_mut().zip(&self.low).zip(&self.high) {
             if *a < *lo || *a > *hi {
                 *a = a.clamp(*lo, *hi);
                 flags |= SafetyEvent::PositionLimit as u32;
             }
         }
-        flags |= self.step_limit(action, input);
-        flags |= self.workspace(action, hold, input);
-        self.counters.bump(flags);
-        self.remember(action);
-        Verdict { flags, held: false }
+        flags
     }
 
     fn remember(&mut self, action: &[f32]) {
@@ -596,6 +629,105 @@ mod tests {
         let mut a = [0.01, 0.0, 0.0, 0.03];
         assert_eq!(s.filter(&mut a, &HOLD, &base).flags, 0);
         assert_eq!(s.counters().total(), 4);
+    }
+
+    fn joint_abs(n: usize) -> ActionSpec {
+        ActionSpec {
+            kind: ActionKind::JointAbs,
+            names: (0..n).map(|i| format!("j{i}")).collect(),
+            low: vec![-2.0; n],
+            high: vec![2.0; n],
+        }
+    }
+
+    fn still() -> SafetyInput<'static> {
+        SafetyInput {
+            joint_pos: None,
+            ee_pos: None,
+            obs_age: Duration::ZERO,
+            policy_age: None,
+            teleop_age: None,
+        }
+    }
+
+    #[test]
+    fn a_hold_of_an_absolute_joint_robot_never_jumps_from_the_last_command() {
+        let mut s = Safety::new(SafetyConfig::default(), &joint_abs(3), None);
+        let mut a = [0.8, -0.8, 0.03];
+        assert_eq!(s.filter(&mut a, &[0.0; 3], &still()).flags, 0);
+        // The right hold (the last command) passes untouched.
+        let mut a = [9.0; 3];
+        let v = s.hold(
+            &mut a,
+            &[0.8, -0.8, 0.03],
+            &still(),
+            SafetyEvent::Estop as u32,
+        );
+        assert_eq!(a, [0.8, -0.8, 0.03]);
+        assert!(v.held && v.has(SafetyEvent::Estop) && !v.has(SafetyEvent::StepLimit));
+        // A hold at the middle of the range (what a remote robot used to send) moves one limited
+        // step at a time, whichever way it comes in.
+        let mut a = [9.0; 3];
+        let v = s.filter(
+            &mut a,
+            &[0.0; 3],
+            &SafetyInput {
+                obs_age: Duration::from_secs(1),
+                ..still()
+            },
+        );
+        assert!(v.held && v.has(SafetyEvent::ObsStale) && v.has(SafetyEvent::StepLimit));
+        assert!(
+            (a[0] - 0.7).abs() < 1e-6 && (a[1] + 0.7).abs() < 1e-6,
+            "{a:?}"
+        );
+        assert!((a[2] - 0.01).abs() < 1e-6, "gripper limited too: {a:?}");
+    }
+
+    #[test]
+    fn a_hold_of_a_delta_robot_is_step_limited_and_a_nan_hold_keeps_the_last_command() {
+        let spec = ActionSpec {
+            kind: ActionKind::JointDelta,
+            names: vec!["a".into(), "b".into(), "g".into()],
+            low: vec![-1.0; 3],
+            high: vec![1.0; 3],
+        };
+        let mut s = Safety::new(SafetyConfig::default(), &spec, None);
+        let mut a = [0.0; 3];
+        let v = s.hold(&mut a, &[0.5, -0.05, 0.5], &still(), 0);
+        assert!(v.has(SafetyEvent::StepLimit), "{v:?}");
+        assert_eq!(a, [0.1, -0.05, 0.02]);
+        // End-effector steps: the translation and the (absolute) gripper both limited.
+        let mut s = Safety::new(SafetyConfig::default(), &ee_spec(), None);
+        let mut a = [0.0, 0.0, 0.0, 0.03];
+        s.filter(&mut a, &HOLD, &input([0.2, 0.0, 0.1]));
+        let mut a = [0.0; 4];
+        s.hold(&mut a, &[0.05, 0.0, 0.0, 0.07], &input([0.2, 0.0, 0.1]), 0);
+        assert!(
+            (a[0] - 0.02).abs() < 1e-6 && (a[3] - 0.05).abs() < 1e-6,
+            "{a:?}"
+        );
+        // A hold that is not finite keeps the last command.
+        let mut a = [0.0; 4];
+        s.hold(
+            &mut a,
+            &[0.0, 0.0, 0.0, f32::NAN],
+            &input([0.2, 0.0, 0.1]),
+            0,
+        );
+        assert!((a[3] - 0.05).abs() < 1e-6, "{a:?}");
+        // A generic box: inside its bounds.
+        let spec = ActionSpec {
+            kind: ActionKind::Box,
+            names: vec!["u".into()],
+            low: vec![-2.0],
+            high: vec![2.0],
+        };
+        let mut s = Safety::new(SafetyConfig::default(), &spec, None);
+        let mut a = [0.0];
+        let v = s.hold(&mut a, &[5.0], &still(), 0);
+        assert_eq!(a, [2.0]);
+        assert!(v.has(SafetyEvent::PositionLimit));
     }
 
     #[test]

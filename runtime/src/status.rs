@@ -32,6 +32,10 @@ pub fn to_msg(robot: &str, s: &LoopStatus) -> StatusMsg {
         recorder_dropped: 0,
         residual_version: s.residual_version,
         rejected: Vec::new(),
+        stop: s.stop.as_str().to_string(),
+        estops: s.estops,
+        stop_by: String::new(),
+        estop_raised_unix_ns: 0,
     }
 }
 

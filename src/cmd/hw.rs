@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 pub enum HwCommand {
     /// Emulated servos behind a pseudo-terminal (prints the port to open), until stopped.
     Emulate(EmulateArgs),
+    /// Serve the arm of a run config on the bus (a robot driver for an actor on another
+    /// computer), with the serving side's own command filter and e-stop.
+    Serve(ServeArgs),
     /// Sync-read and sync-write latency over an emulated bus.
     Bench(crate::cli::ServoBenchArgs),
 }
@@ -34,6 +37,29 @@ pub struct EmulateArgs {
     /// Also make PATH a symbolic link to the port (a fixed name for configs; removed on exit).
     #[arg(long, value_name = "PATH")]
     link: Option<std::path::PathBuf>,
+    /// Write every change of a servo's goal or torque register to FILE, a JSON line each
+    /// (`t_unix_ns`, `write`, `id`, `reg`, `value`): what a controller told the servos.
+    #[arg(long, value_name = "FILE")]
+    goal_log: Option<std::path::PathBuf>,
+    /// Leave every SYNC READ after the first N unanswered (a bus that fails mid-run).
+    #[arg(long, value_name = "N")]
+    drop_sync_reads_after: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The robot's run config: `[robot]` (so101 or koch), `[arm]`, `[safety]` (the filter's
+    /// step limits), `[serve]`, `[bus]`.
+    #[arg(long)]
+    config: std::path::PathBuf,
+    /// Stop after this many seconds (default: until interrupted).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Print the serving counters as JSON when stopped.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    bus: crate::cli::BusArgs,
 }
 
 fn config(a: &EmulateArgs) -> EmulatorConfig {
@@ -43,6 +69,8 @@ fn config(a: &EmulateArgs) -> EmulatorConfig {
         silent: a.silent.clone(),
         corrupt_every: a.corrupt_every,
         delay: Duration::from_secs_f64(a.delay_ms / 1e3),
+        drop_sync_reads_after: a.drop_sync_reads_after,
+        goal_log: a.goal_log.clone(),
         ..Default::default()
     }
 }
@@ -84,6 +112,24 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
             Ok(())
         }
         HwCommand::Bench(a) => crate::cli::servo_bench(&a),
+        HwCommand::Serve(a) => {
+            let cfg = reflex_agent::config::RunConfig::load(&a.config)?;
+            let stop = crate::cli::stop_on_signals();
+            let stats = reflex_agent::arm::serve_config(&cfg, &a.bus.config(), stop, a.seconds)?;
+            if a.json {
+                crate::cli::print_json(&serde_json::to_value(&stats)?);
+            } else {
+                println!(
+                    "served {} steps, {} resets; {} commands refused (filter or malformed), {} held by the e-stop, {} watchdog trips",
+                    stats.steps,
+                    stats.resets,
+                    stats.rejected_commands,
+                    stats.held_while_stopped,
+                    stats.watchdog_trips
+                );
+            }
+            Ok(())
+        }
     }
 }
 

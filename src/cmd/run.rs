@@ -51,6 +51,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         trace_hz: a.trace_hz,
         episode_lines: true,
         stop: Some(crate::cli::stop_on_signals()),
+        stop_now: Some(crate::cli::stop_now_flag()),
     };
     let report = run_config(&cfg, &o, &Bars::new(a.json))?;
     if a.json {
@@ -142,6 +143,7 @@ fn episode_json(e: &EpisodeSummary) -> serde_json::Value {
         "interventions": e.interventions,
         "labelled": e.labelled,
         "truncated": e.truncated,
+        "estop": e.estop,
         "digest": format!("{:016x}", e.digest),
     })
 }
@@ -194,6 +196,7 @@ pub fn report_json(r: &RunReport) -> serde_json::Value {
         "learner_link": r.link,
         "learner": r.learner,
         "arm": r.arm,
+        "stop": r.stop,
         "residual_version": r.stats.residual_version,
         "recording": r.recording,
         "seeds": r.episodes.iter().map(|e| e.seed).collect::<Vec<_>>(),
@@ -243,6 +246,30 @@ fn print_text(r: &RunReport) {
             acted.join(", ")
         }
     );
+    if r.stop.estops > 0 {
+        println!(
+            "e-stop: {} raised (last by {}), {} episodes ended by it, {} ticks held latched, {} paused; {} when the run ended",
+            r.stop.estops,
+            r.stop.raised_by,
+            r.stop.episodes_stopped,
+            r.stop.stopped_ticks,
+            r.stop.paused_ticks,
+            r.stop.state
+        );
+    }
+    if let Some(a) = &r.arm
+        && !a.on_exit.is_empty()
+    {
+        println!(
+            "arm on exit: {}{}",
+            a.on_exit,
+            if a.on_exit_ok {
+                ""
+            } else {
+                " (FAILED: the bus did not answer)"
+            }
+        );
+    }
     if !r.eval.is_empty() {
         let e = episodes_json(&r.eval);
         println!(

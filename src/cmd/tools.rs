@@ -266,6 +266,80 @@ pub enum DeviceArg {
     Spacemouse,
 }
 
+/// What `reflex estop` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EstopAction {
+    /// Latch the e-stop: the robot holds, the episode ends, nothing starts.
+    Raise,
+    /// Release the latched e-stop the robot's status shows: the robot stays still (paused).
+    Release,
+    /// Resume a paused run: the next episode starts.
+    Resume,
+}
+
+#[derive(Args)]
+pub struct EstopArgs {
+    /// raise (the default), release or resume.
+    #[arg(value_enum, default_value = "raise")]
+    action: EstopAction,
+    /// The robot's name on the bus.
+    #[arg(long)]
+    robot: String,
+    /// Who acts, shown in the robot's status and log (default: user@host).
+    #[arg(long = "as", value_name = "NAME")]
+    who: Option<String>,
+    /// How long to wait for the robot's status to confirm, s.
+    #[arg(long, default_value_t = 5.0)]
+    wait_s: f64,
+    /// Print the confirming status as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+pub fn estop(a: EstopArgs) -> anyhow::Result<()> {
+    use reflex_contracts::stop::StopAct;
+    let act = match a.action {
+        EstopAction::Raise => StopAct::Raise,
+        EstopAction::Release => StopAct::Release,
+        EstopAction::Resume => StopAct::Resume,
+    };
+    let who = a.who.clone().unwrap_or_else(|| {
+        let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{user}@{}", host.trim())
+    });
+    let session = a.bus.config().open()?;
+    let out = reflex_agent::operator::act(
+        &session,
+        &a.robot,
+        act,
+        &who,
+        Duration::from_secs_f64(a.wait_s),
+    )?;
+    if a.json {
+        print_json(&serde_json::to_value(&out)?);
+    } else {
+        let next = match act {
+            StopAct::Raise => format!(
+                "the robot holds; release with `reflex estop release --robot {}`",
+                a.robot
+            ),
+            StopAct::Release => format!(
+                "nothing moves until `reflex estop resume --robot {}`",
+                a.robot
+            ),
+            StopAct::Resume => "the next episode starts".to_string(),
+        };
+        println!(
+            "`{}`: e-stop {} (e-stop {}, by {}): {next}",
+            out.robot, out.state, out.estops, out.by
+        );
+    }
+    Ok(())
+}
+
 #[derive(Args)]
 pub struct TeleopArgs {
     /// Input device.
@@ -336,6 +410,12 @@ impl reflex_contracts::teleop::Teleop for WithButtons {
     }
     fn finished(&self) -> bool {
         self.keys.as_ref().is_some_and(|k| k.finished()) || self.dev.finished()
+    }
+    fn take_stop_act(&mut self) -> Option<reflex_contracts::stop::StopAct> {
+        self.keys
+            .as_mut()
+            .and_then(|k| k.take_stop_act())
+            .or_else(|| self.dev.take_stop_act())
     }
 }
 
@@ -421,7 +501,7 @@ pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
     };
     match a.device {
         DeviceArg::Keyboard => eprint!(
-            "teleop `{}` ({}): w/s a/d r/f move, o/c gripper, space take over / hand back, y success, n failure, x reset, q quit\r\n",
+            "teleop `{}` ({}): w/s a/d r/f move, o/c gripper, space take over / hand back, y success, n failure, x reset, e E-STOP, u release, g resume, q quit\r\n",
             spec.name, spec.kind
         ),
         DeviceArg::Leader => eprint!(
@@ -432,7 +512,7 @@ pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
             if a.intervene {
                 "driving from the start (Ctrl-C stops)"
             } else {
-                "space take over / hand back, y success, n failure, x reset, q quit"
+                "space take over / hand back, y success, n failure, x reset, e E-STOP, u release, g resume, q quit"
             }
         ),
         DeviceArg::Gamepad => eprint!(
@@ -479,6 +559,16 @@ pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
                 "-- episode {ep}: {} drives\r\n",
                 if person { "you" } else { "the policy" }
             ),
+            TeleopEvent::Stop(state, n, by) => match state {
+                "latched" => eprint!(
+                    "-- EMERGENCY STOP {n} latched (by {by}): the robot holds; u releases\r\n"
+                ),
+                "paused" => {
+                    eprint!("-- e-stop released (by {by}): nothing moves until g resumes\r\n")
+                }
+                _ if n > 0 => eprint!("-- running again (resumed by {by})\r\n"),
+                _ => {}
+            },
             TeleopEvent::Connected(_) => {}
         },
     )?;

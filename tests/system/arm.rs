@@ -276,7 +276,7 @@ fn reflex_teleop_with_a_leader_arm_drives_the_emulated_follower_through_reflex_r
             (
                 "[run]",
                 &format!(
-                    "[bus]\nenabled = true\nno_multicast = true\ntrace_hz = 50.0\nlisten = [\"{ep}\"]\n\n[run]"
+                    "[bus]\nenabled = true\ninsecure = true\nno_multicast = true\ntrace_hz = 50.0\nlisten = [\"{ep}\"]\n\n[run]"
                 ),
             ),
         ],
@@ -445,4 +445,433 @@ fn reflex_calibrate_joints_homes_the_middle_sweeps_the_ranges_and_writes_lerobot
         assert!(q[k].abs() < 0.01, "joint {k} at {} rad: {q:?}", q[k]);
     }
     assert!((q[5] - 0.5).abs() < 0.01, "the gripper half open: {q:?}");
+}
+
+/// One line of `reflex hw emulate --goal-log`: a change of a servo's goal or torque register.
+#[derive(Debug, Clone)]
+struct GoalChange {
+    t_unix_ns: u128,
+    write: u64,
+    id: u8,
+    reg: String,
+    value: u64,
+}
+
+fn goal_log(path: &std::path::Path) -> Vec<GoalChange> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.ends_with('}'))
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {l}"));
+            GoalChange {
+                t_unix_ns: n("t_unix_ns") as u128,
+                write: n("write"),
+                id: n("id") as u8,
+                reg: v["reg"].as_str().unwrap().to_string(),
+                value: n("value"),
+            }
+        })
+        .collect()
+}
+
+/// The packets that changed a goal after `t_ns` (each packet one entry).
+fn goal_writes_after(log: &[GoalChange], t_ns: u128) -> Vec<u64> {
+    let mut w: Vec<u64> = log
+        .iter()
+        .filter(|c| c.reg == "goal" && c.t_unix_ns > t_ns)
+        .map(|c| c.write)
+        .collect();
+    w.dedup();
+    w
+}
+
+/// The last torque value written to each servo (1-6).
+fn torques(log: &[GoalChange]) -> Vec<u64> {
+    (1..=6u8)
+        .map(|id| {
+            log.iter()
+                .rev()
+                .find(|c| c.id == id && c.reg == "torque")
+                .map_or(0, |c| c.value)
+        })
+        .collect()
+}
+
+/// Waits (bounded, so a broken run fails instead of hanging) until `ok`.
+fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !ok() {
+        assert!(t0.elapsed().as_secs() < secs, "never happened: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The newest status of robot `so101` seen on the bus at `ep`.
+struct StatusWatch {
+    latest: std::sync::Arc<std::sync::Mutex<Option<reflex_contracts::msg::StatusMsg>>>,
+    _sub: zenoh::pubsub::Subscriber<()>,
+    _session: zenoh::Session,
+}
+
+impl StatusWatch {
+    fn new(ep: &str) -> Self {
+        use zenoh::Wait;
+        let session = reflex_bus::BusConfig::hermetic(vec![], vec![ep.to_string()])
+            .open()
+            .unwrap();
+        let latest = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let l = latest.clone();
+        let sub = session
+            .declare_subscriber("reflex/so101/status")
+            .callback(move |s| {
+                if let Ok(m) = reflex_contracts::msg::decode::<reflex_contracts::msg::StatusMsg>(
+                    "status",
+                    &s.payload().to_bytes(),
+                ) {
+                    *l.lock().unwrap() = Some(m);
+                }
+            })
+            .wait()
+            .unwrap();
+        StatusWatch {
+            latest,
+            _sub: sub,
+            _session: session,
+        }
+    }
+
+    fn get(&self) -> Option<reflex_contracts::msg::StatusMsg> {
+        self.latest.lock().unwrap().clone()
+    }
+
+    /// Waits for a status that satisfies `ok`; returns it.
+    fn wait(
+        &self,
+        what: &str,
+        ok: impl Fn(&reflex_contracts::msg::StatusMsg) -> bool,
+    ) -> reflex_contracts::msg::StatusMsg {
+        let mut found = None;
+        wait_until(what, 120, || {
+            found = self.get().filter(|m| ok(m));
+            found.is_some()
+        });
+        found.unwrap()
+    }
+}
+
+/// `reflex estop ACTION --robot so101` on the bus at `ep`; returns what it printed.
+fn estop_cli(action: &str, ep: &str) -> String {
+    let out = reflex()
+        .args([
+            "estop",
+            action,
+            "--robot",
+            "so101",
+            "--no-multicast",
+            "--as",
+            "the test",
+            "--wait-s",
+            "20",
+            "--connect",
+            ep,
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "reflex estop {action}: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
+}
+
+/// The shipped config on the bus at `ep` (without TLS: `insecure = true`), with `edits`.
+fn bus_config(
+    dir: &tempfile::TempDir,
+    port: &std::path::Path,
+    ep: &str,
+    edits: &[(&str, &str)],
+) -> std::path::PathBuf {
+    let bus = format!(
+        "[bus]\nenabled = true\ninsecure = true\nno_multicast = true\ntrace_hz = 0.0\nlisten = [\"{ep}\"]\n\n[run]"
+    );
+    let mut all: Vec<(&str, &str)> = vec![("[run]", &bus)];
+    all.extend_from_slice(edits);
+    config(dir, port, &all)
+}
+
+fn wait_exit(
+    child: &mut ChildGuard,
+    dir: &tempfile::TempDir,
+    name: &str,
+) -> std::process::ExitStatus {
+    let mut status = None;
+    wait_until(
+        &format!("{name} to exit: {}", crate::common::child_stderr(dir, name)),
+        120,
+        || {
+            status = child.0.try_wait().unwrap();
+            status.is_some()
+        },
+    );
+    status.unwrap()
+}
+
+#[test]
+fn an_estop_holds_the_emulated_arm_for_the_rest_of_the_run_and_only_release_then_resume_move_it() {
+    use crate::common::{child_stderr, spawn, unix_endpoint};
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("goals.jsonl");
+    let (_emu, link) = emulator(&dir, &["--goal-log", log.to_str().unwrap()]);
+    let ep = unix_endpoint(&dir, "bus");
+    // Tiny steps: the arm creeps toward its target, so an episode runs its whole 150 steps
+    // (3 s) and the goals change every few ticks until the e-stop.
+    let cfg = bus_config(
+        &dir,
+        &link,
+        &ep,
+        &[
+            ("start_speed_rad_s = 0.5", "start_speed_rad_s = 3.0"),
+            ("ee_step_m = 0.008", "ee_step_m = 0.0002"),
+        ],
+    );
+    let mut run = reflex();
+    run.args(["run", "--json", "--episodes", "4", "--config"])
+        .arg(&cfg);
+    let mut actor = spawn(run, &dir, "actor");
+    let watch = StatusWatch::new(&ep);
+    // Mid-episode 1: 40 ticks into its 150.
+    watch.wait("the first episode under way", |m| m.ticks >= 40);
+    let said = estop_cli("raise", &ep);
+    assert!(said.contains("latched"), "{said}");
+    let latched = watch.wait("the loop held", |m| m.stop == "latched");
+    let raised_at = latched.estop_raised_unix_ns as u128;
+    assert_eq!(latched.estops, 1);
+    assert_eq!(latched.stop_by, "the test");
+    // Held for as long as three more episodes would have taken (450 ticks), and then some.
+    let t0 = latched.ticks;
+    watch.wait("three episodes' worth of held ticks", |m| {
+        m.ticks >= t0 + 3 * 150 + 20
+    });
+    let said = estop_cli("release", &ep);
+    assert!(said.contains("paused"), "{said}");
+    let t1 = watch.get().unwrap().ticks;
+    watch.wait("paused ticks", |m| m.ticks >= t1 + 50 && m.stop == "paused");
+    // On the servos: after the e-stop at most the packets already on their way (one tick's,
+    // and one written while the stop was being noticed) changed a goal; then nothing, through
+    // the whole latch and the release. The torque stayed on.
+    let seen = goal_log(&log);
+    let moving_before = goal_writes_after(&seen, 0).len();
+    assert!(
+        moving_before > 10,
+        "the arm never moved before the e-stop: {moving_before} goal writes"
+    );
+    let after = goal_writes_after(&seen, raised_at);
+    eprintln!(
+        "goal writes before the e-stop {moving_before}, after it (latched {} ticks, then paused) {}",
+        watch.get().unwrap().ticks - t0,
+        after.len()
+    );
+    assert!(
+        after.len() <= 2,
+        "goals changed after the e-stop: writes {after:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|c| c.reg != "torque" || c.t_unix_ns < raised_at),
+        "the torque changed while held"
+    );
+    assert_eq!(torques(&seen), vec![1; 6]);
+    // Resume: the run goes on (the next episode's move to its start pose, then the policy).
+    let said = estop_cli("resume", &ep);
+    assert!(said.contains("running"), "{said}");
+    let status = wait_exit(&mut actor, &dir, "actor");
+    assert!(status.success(), "{}", child_stderr(&dir, "actor"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap();
+    assert_eq!(v["episodes"], 4, "{v}");
+    let stopped: Vec<bool> = v["episodes_detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["estop"].as_bool().unwrap())
+        .collect();
+    assert_eq!(stopped, vec![true, false, false, false], "{v}");
+    let e1 = &v["episodes_detail"][0];
+    assert!(
+        e1["steps"].as_u64().unwrap() < 150 && e1["success"] == false,
+        "{e1}"
+    );
+    assert_eq!(v["stop"]["estops"], 1, "{v}");
+    assert!(v["stop"]["stopped_ticks"].as_u64().unwrap() >= 470, "{v}");
+    assert!(v["stop"]["paused_ticks"].as_u64().unwrap() >= 50, "{v}");
+    assert!(
+        goal_writes_after(&goal_log(&log), raised_at).len() > after.len() + 10,
+        "the arm did not move after the resume"
+    );
+    let err = child_stderr(&dir, "actor");
+    assert!(
+        err.contains("INSECURE"),
+        "no warning about the bus without TLS: {err}"
+    );
+}
+
+#[test]
+fn an_estop_during_the_move_to_the_start_pose_stops_that_move_within_one_period() {
+    use crate::common::{child_stderr, spawn, unix_endpoint};
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("goals.jsonl");
+    let (_emu, link) = emulator(&dir, &["--goal-log", log.to_str().unwrap()]);
+    let ep = unix_endpoint(&dir, "bus");
+    // A slow move: several seconds from the power-on pose to the first start pose.
+    let cfg = bus_config(
+        &dir,
+        &link,
+        &ep,
+        &[("start_speed_rad_s = 0.5", "start_speed_rad_s = 0.1")],
+    );
+    let mut run = reflex();
+    run.args(["run", "--json", "--episodes", "1", "--config"])
+        .arg(&cfg);
+    let mut actor = spawn(run, &dir, "actor");
+    let watch = StatusWatch::new(&ep);
+    // The move has begun: goals step towards the start pose.
+    wait_until("the move to the start pose", 60, || {
+        goal_writes_after(&goal_log(&log), 0).len() >= 8
+    });
+    let said = estop_cli("raise", &ep);
+    assert!(said.contains("latched"), "{said}");
+    let raised_at = watch
+        .wait("the stop latched", |m| m.stop == "latched")
+        .estop_raised_unix_ns as u128;
+    // The loop is back from the cut-short move and holding.
+    watch.wait("held ticks", |m| m.stop == "latched" && m.ticks >= 50);
+    let seen = goal_log(&log);
+    let after = goal_writes_after(&seen, raised_at);
+    eprintln!(
+        "the move to the start pose: {} goal writes before the e-stop, {} after it",
+        goal_writes_after(&seen, 0).len() - after.len(),
+        after.len()
+    );
+    assert!(
+        after.len() <= 2,
+        "the move went on after the e-stop: goal writes {after:?}"
+    );
+    // SIGTERM while held ends the run at once (no episode in progress).
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(actor.0.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut actor, &dir, "actor");
+    assert!(status.success(), "{}", child_stderr(&dir, "actor"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap();
+    assert_eq!(v["episodes"], 0, "an episode ran: {v}");
+    assert_eq!(v["stop"]["resets_stopped"], 1, "{v}");
+    assert_eq!(v["stop"]["state"], "latched", "{v}");
+    assert_eq!(
+        torques(&goal_log(&log)),
+        vec![1; 6],
+        "on_exit = hold keeps the torque on"
+    );
+}
+
+#[test]
+fn on_exit_hold_or_release_reaches_the_servos_on_normal_exit_on_error_and_on_sigterm() {
+    use crate::common::{child_stderr, spawn};
+    for mode in ["hold", "release"] {
+        let want = if mode == "hold" {
+            vec![1; 6]
+        } else {
+            vec![0; 6]
+        };
+        for cause in ["exit", "error", "sigterm"] {
+            let dir = tempfile::tempdir().unwrap();
+            let log = dir.path().join("goals.jsonl");
+            let mut emu_args = vec!["--goal-log", log.to_str().unwrap()];
+            if cause == "error" {
+                // About three seconds of the run, then the bus stops answering reads.
+                emu_args.extend(["--drop-sync-reads-after", "150"]);
+            }
+            let (_emu, link) = emulator(&dir, &emu_args);
+            let on_exit = format!("[robot]\non_exit = \"{mode}\"");
+            let cfg = config(
+                &dir,
+                &link,
+                &[
+                    ("[robot]", &on_exit),
+                    ("start_speed_rad_s = 0.5", "start_speed_rad_s = 3.0"),
+                    ("max_episode_steps = 150", "max_episode_steps = 25"),
+                ],
+            );
+            let mut run = reflex();
+            run.args(["run", "--json", "--config"]).arg(&cfg);
+            match cause {
+                "exit" => run.args(["--episodes", "2"]),
+                "error" => run.args(["--episodes", "1000"]),
+                _ => run.arg("--until-stopped"),
+            };
+            let mut actor = spawn(run, &dir, "actor");
+            if cause == "sigterm" {
+                wait_until("the arm moving", 60, || {
+                    goal_writes_after(&goal_log(&log), 0).len() >= 10
+                });
+                // SAFETY: kill(2) on our own child.
+                unsafe { libc::kill(actor.0.id() as i32, libc::SIGTERM) };
+            }
+            let status = wait_exit(&mut actor, &dir, "actor");
+            let err = child_stderr(&dir, "actor");
+            if cause == "error" {
+                assert!(!status.success(), "{mode}/{cause}: the run did not fail");
+                assert!(
+                    err.contains("reads in a row failed"),
+                    "{mode}/{cause}: {err}"
+                );
+            } else {
+                assert!(status.success(), "{mode}/{cause}: {err}");
+                let v: serde_json::Value = serde_json::from_str(
+                    &std::fs::read_to_string(dir.path().join("actor.out")).unwrap(),
+                )
+                .unwrap();
+                assert_eq!(v["arm"]["on_exit"], mode, "{mode}/{cause}: {v}");
+                assert_eq!(v["arm"]["on_exit_ok"], true, "{mode}/{cause}: {v}");
+            }
+            assert_eq!(
+                torques(&goal_log(&log)),
+                want,
+                "{mode}/{cause}: the torque registers at the end; {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_real_arm_on_a_bus_without_tls_is_refused_unless_insecure_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("goals.jsonl");
+    let (_emu, link) = emulator(&dir, &["--goal-log", log.to_str().unwrap()]);
+    let ep = crate::common::unix_endpoint(&dir, "bus");
+    let bus = format!("[bus]\nenabled = true\nno_multicast = true\nlisten = [\"{ep}\"]\n\n[run]");
+    let cfg = config(&dir, &link, &[("[run]", &bus)]);
+    let err = run_json(&cfg, 1).expect_err("an arm on a bus anyone can write to must not start");
+    assert!(
+        err.contains("insecure = true") && err.contains("TLS"),
+        "{err}"
+    );
+    assert!(
+        torques(&goal_log(&log)).iter().all(|t| *t == 0),
+        "the arm was powered before the refusal"
+    );
+    let out = reflex()
+        .args(["doctor", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(said.contains("bus:") && said.contains("refuses"), "{said}");
 }

@@ -509,24 +509,272 @@ fn physics_allocations_are_measured_separately() {
     );
 }
 
+/// An e-stop ends the episode as `estop`, holds for as long as it stays latched (however many
+/// episodes the robot's time limit would otherwise have run), refuses resets and labels, and
+/// only a release and then a resume (two deliberate acts) let anything move again.
+/// (It used to hold "until the next episode": the episode's step limit ran out under the hold
+/// and the policy took over again with nobody releasing anything.)
 #[test]
-fn estop_flag_holds_until_the_next_episode() {
-    let flag = Arc::new(AtomicBool::new(false));
-    let (mut lp, _, _, _) =
-        fixed_loop_with(SafetyConfig::default(), |b| b.estop_flag(flag.clone()));
-    lp.run_ticks(3).unwrap();
-    assert_eq!(lp.robot().last_command()[0], 0.001);
-    flag.store(true, Ordering::Relaxed);
+fn an_estop_latches_until_an_operator_releases_and_resumes_and_ends_the_episode_as_estop() {
+    use reflex_contracts::stop::StopState;
+    let (mut tx, rx) = teleop_channel(4);
+    let (otx, orx) = outbox(256, 8, 4);
+    // Episodes of 20 steps.
+    let robot = NullRobot::new("w", 8, 20);
+    let policy = Fixed {
+        action: [0.001, 0.0, 0.0, 0.03],
+        nan: Arc::new(AtomicBool::new(false)),
+    };
+    let mut lp = ControlLoop::builder(robot, SimClock::new())
+        .config(cfg(100.0, ChunkMode::NewestWins))
+        .policy(PolicyDriver::inline(Box::new(policy)))
+        .teleop(rx)
+        .outbox(otx)
+        .build()
+        .unwrap();
+    let stop = lp.stop_switch().clone();
     lp.run_ticks(5).unwrap();
-    assert_eq!(
-        lp.robot().last_command()[0],
-        0.0,
-        "still moving after the emergency stop"
-    );
-    assert_eq!(lp.safety_counters().get(SafetyEvent::Estop), 5);
-    // Only a new episode releases it.
-    lp.start_episode().unwrap();
-    assert!(!flag.load(Ordering::Relaxed));
-    lp.run_ticks(2).unwrap();
     assert_eq!(lp.robot().last_command()[0], 0.001);
+    let robot_episode = lp.robot_mut().observe().unwrap().episode;
+    stop.raise("test");
+    lp.step().unwrap();
+    assert_eq!(
+        lp.robot().last_command()[..3],
+        [0.0; 3],
+        "moving after the e-stop"
+    );
+    let ended = lp
+        .episodes()
+        .last()
+        .expect("the e-stop ended the episode")
+        .clone();
+    assert!(
+        ended.estop && !ended.success && !ended.truncated,
+        "{ended:?}"
+    );
+    assert!(!lp.in_episode());
+    // Far longer than the 20-step time limit: still held, no reset, no step counted.
+    let ticks = lp.stats().ticks;
+    for seq in 1..=200u64 {
+        // A person's reset request and a success label while latched are refused.
+        if seq % 50 == 0 {
+            tx.send(&TeleopMsg {
+                v: 1,
+                seq,
+                action: vec![0.0; 4],
+                reset: seq == 50,
+                success: seq == 100,
+                ..Default::default()
+            });
+        }
+        lp.step().unwrap();
+        assert_eq!(lp.robot().last_command()[..3], [0.0; 3], "tick {seq}");
+    }
+    assert_eq!(lp.stats().ticks, ticks + 200);
+    // Held ticks are steady state too: nothing allocated on the loop thread.
+    let (_, allocs) = alloc_count::count(|| lp.run_ticks(100).unwrap());
+    assert_eq!(allocs, 0, "{allocs} allocations in 100 held ticks");
+    assert_eq!(lp.episodes().len(), 1, "an episode ended while latched");
+    assert_eq!(
+        lp.robot_mut().observe().unwrap().episode,
+        robot_episode,
+        "reset while latched"
+    );
+    assert_eq!(lp.stats().stopped_ticks, 301);
+    assert_eq!(lp.stats().refused_while_stopped, 2);
+    assert_eq!(lp.safety_counters().get(SafetyEvent::Estop), 301);
+    assert!(
+        lp.start_episode().is_err(),
+        "an episode started while latched"
+    );
+    // A release answering an older count does nothing; the right one pauses: still nothing moves.
+    assert!(stop.release(0, "op").is_err());
+    stop.release(stop.raises(), "op").unwrap();
+    lp.run_ticks(50).unwrap();
+    assert_eq!(
+        lp.robot().last_command()[..3],
+        [0.0; 3],
+        "a release moved the robot"
+    );
+    assert_eq!(lp.episodes().len(), 1);
+    assert_eq!(lp.stats().paused_ticks, 50);
+    assert_eq!(lp.robot_mut().observe().unwrap().episode, robot_episode);
+    // Resume: the next tick starts the next episode and the policy acts again.
+    stop.resume(stop.raises(), "op").unwrap();
+    assert_eq!(stop.state(), StopState::Running);
+    lp.run_ticks(3).unwrap();
+    assert!(lp.in_episode());
+    assert_eq!(lp.robot_mut().observe().unwrap().episode, robot_episode + 1);
+    assert_eq!(lp.robot().last_command()[0], 0.001);
+    // The free-running robot's open step closed with the e-stop, flagged; held ticks sent none.
+    let mut ends = vec![];
+    while let Some(t) = orx.try_recv() {
+        if t.ends_episode() {
+            ends.push((t.step, t.estop));
+        }
+        orx.recycle(t);
+    }
+    assert_eq!(ends, vec![(4, true)], "steps that ended an episode");
+}
+
+/// A robot whose reset moves on its own (as a real arm drives to its start pose) and sees the
+/// e-stop raised on its `at`-th reset, half-way.
+struct SlowReset {
+    inner: NullRobot,
+    stop: Option<Arc<reflex_contracts::stop::StopSwitch>>,
+    resets: u32,
+    at: u32,
+    seeds: Vec<Option<u64>>,
+}
+
+impl Robot for SlowReset {
+    fn spec(&self) -> &RobotSpec {
+        self.inner.spec()
+    }
+    fn reset(&mut self, seed: Option<u64>) -> Result<&Observation, RobotError> {
+        self.resets += 1;
+        self.seeds.push(seed);
+        let stop = self.stop.as_ref().expect("the loop attaches its e-stop");
+        if self.resets == self.at {
+            stop.raise("during the reset");
+        }
+        if !stop.may_move() {
+            return Err(RobotError::Stopped {
+                robot: "w".into(),
+                what: "the move to the start pose",
+                state: stop.state().as_str(),
+            });
+        }
+        self.inner.reset(seed)
+    }
+    fn command(&mut self, a: &[f32]) -> Result<(), RobotError> {
+        self.inner.command(a)
+    }
+    fn observe(&mut self) -> Result<&Observation, RobotError> {
+        self.inner.observe()
+    }
+    fn hold_action(&self, out: &mut [f32]) {
+        self.inner.hold_action(out)
+    }
+    fn attach_stop(&mut self, stop: Arc<reflex_contracts::stop::StopSwitch>) {
+        self.stop = Some(stop);
+    }
+}
+
+#[test]
+fn an_estop_raised_during_a_reset_is_not_lost_and_the_reset_waits_for_a_resume() {
+    // The second reset (the start of episode 2) is cut short by an e-stop.
+    let robot = SlowReset {
+        inner: NullRobot::new("w", 8, 10),
+        stop: None,
+        resets: 0,
+        at: 2,
+        seeds: vec![],
+    };
+    let policy = Fixed {
+        action: [0.001, 0.0, 0.0, 0.03],
+        nan: Arc::new(AtomicBool::new(false)),
+    };
+    let mut lp = ControlLoop::builder(robot, SimClock::new())
+        .config(cfg(100.0, ChunkMode::NewestWins))
+        .policy(PolicyDriver::inline(Box::new(policy)))
+        .build()
+        .unwrap();
+    let stop = lp.stop_switch().clone();
+    lp.run_ticks(12).unwrap();
+    assert_eq!(lp.episodes().len(), 1, "episode 1 ran to its limit");
+    assert!(!lp.in_episode(), "an episode started despite the e-stop");
+    assert_eq!(lp.stats().resets_stopped, 1);
+    lp.run_ticks(100).unwrap();
+    assert_eq!(lp.robot().resets, 2, "a reset was tried while latched");
+    assert_eq!(lp.robot().inner.last_command()[..3], [0.0; 3]);
+    stop.release(stop.raises(), "op").unwrap();
+    lp.run_ticks(10).unwrap();
+    assert_eq!(lp.robot().resets, 2, "a release started a reset");
+    stop.resume(stop.raises(), "op").unwrap();
+    lp.run_ticks(2).unwrap();
+    assert!(lp.in_episode());
+    let seeds = &lp.robot().seeds;
+    assert_eq!(seeds.len(), 3);
+    assert_eq!(
+        seeds[1], seeds[2],
+        "the interrupted episode's seed is used when it starts"
+    );
+}
+
+/// A robot that raises its e-stop while it executes its `at`-th command (an e-stop that
+/// arrives while a lockstep simulator steps).
+struct RaiseWhileStepping<R: Robot> {
+    inner: R,
+    stop: Option<Arc<reflex_contracts::stop::StopSwitch>>,
+    commands: u32,
+    at: u32,
+}
+
+impl<R: Robot> Robot for RaiseWhileStepping<R> {
+    fn spec(&self) -> &RobotSpec {
+        self.inner.spec()
+    }
+    fn reset(&mut self, seed: Option<u64>) -> Result<&Observation, RobotError> {
+        self.inner.reset(seed)
+    }
+    fn command(&mut self, a: &[f32]) -> Result<(), RobotError> {
+        self.commands += 1;
+        if self.commands == self.at {
+            self.stop.as_ref().unwrap().raise("while stepping");
+        }
+        self.inner.command(a)
+    }
+    fn observe(&mut self) -> Result<&Observation, RobotError> {
+        self.inner.observe()
+    }
+    fn hold_action(&self, out: &mut [f32]) {
+        self.inner.hold_action(out)
+    }
+    fn attach_stop(&mut self, stop: Arc<reflex_contracts::stop::StopSwitch>) {
+        self.stop = Some(stop);
+    }
+}
+
+/// A lockstep robot (the simulator) steps inside `command`: an e-stop raised while it stepped
+/// marks that step as the episode's last, so the learner and the recorder see the episode end.
+#[test]
+fn a_lockstep_episode_cut_by_an_estop_ends_with_a_flagged_step() {
+    use reflex_sim::{SimConfig, SimEnv, TaskKind};
+    let env = SimEnv::new(SimConfig::for_task(TaskKind::Reach)).unwrap();
+    let spec = env.spec().clone();
+    let robot = RaiseWhileStepping {
+        inner: env,
+        stop: None,
+        commands: 0,
+        at: 4,
+    };
+    let (otx, orx) = outbox(1024, spec.state_dim(), spec.action.dim());
+    let mut lp = ControlLoop::builder(robot, SimClock::new())
+        .policy(PolicyDriver::inline(Box::new(
+            reflex_sim::expert::ExpertPolicy::new(&spec, 0.0, 0, 1).unwrap(),
+        )))
+        .outbox(otx)
+        .build()
+        .unwrap();
+    lp.run_ticks(30).unwrap();
+    let mut steps = vec![];
+    while let Some(t) = orx.try_recv() {
+        steps.push((t.step, t.estop, t.ends_episode()));
+        orx.recycle(t);
+    }
+    // Four steps, the fourth flagged; nothing while latched.
+    assert_eq!(
+        steps,
+        vec![
+            (0, false, false),
+            (1, false, false),
+            (2, false, false),
+            (3, true, true)
+        ]
+    );
+    let e = lp.episodes().last().unwrap();
+    assert!(e.estop && e.steps == 4, "{e:?}");
+    assert_eq!(lp.stats().stopped_ticks, 26);
+    assert!(!lp.in_episode());
 }

@@ -29,6 +29,7 @@ use reflex_bus::{BusConfig, Keys};
 use reflex_contracts::msg::{Image, Observation, RobotSpec};
 use reflex_contracts::policy::{ChunkSpec, Policy, PolicyError};
 use reflex_contracts::robot::Robot;
+use reflex_contracts::stop::{StopState, StopSwitch};
 use reflex_policies::sac::hook::ResidualMlp;
 use reflex_policies::sac::{Mode, Sac};
 use reflex_record::Live;
@@ -107,6 +108,7 @@ pub struct ActorBuilder<R: Robot> {
     frozen: Option<ResidualMlp>,
     run_id: Option<String>,
     rejects: Vec<Arc<reflex_bus::Rejects>>,
+    stop: Arc<StopSwitch>,
 }
 
 impl<R: Robot + 'static> ActorBuilder<R> {
@@ -129,7 +131,15 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             frozen: None,
             run_id: None,
             rejects: Vec::new(),
+            stop: StopSwitch::new(),
         }
+    }
+
+    /// The e-stop the actor obeys (default: its own, raised and released from the bus when the
+    /// actor has one). Share it to stop the robot from this process.
+    pub fn stop_switch(mut self, stop: Arc<StopSwitch>) -> Self {
+        self.stop = stop;
+        self
     }
 
     /// Reports this counter of rejected messages in the status (e.g. a remote robot's
@@ -299,6 +309,8 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             eval: Vec::new(),
             episode_lines: false,
             stop_when: None,
+            stop_now: None,
+            last_stop: (StopState::Running, 0),
             t0: Instant::now(),
         })
     }
@@ -315,7 +327,7 @@ struct Wires {
     residual: Option<(ResidualMlp, bool)>,
     teleop: Option<reflex_runtime::teleop::TeleopReader>,
     status: Option<reflex_runtime::triple::Writer<reflex_runtime::control::LoopStatus>>,
-    estop: Option<Arc<AtomicBool>>,
+    stop: Arc<StopSwitch>,
     parts: Parts,
 }
 
@@ -369,7 +381,7 @@ impl Wires {
             residual: None,
             teleop: None,
             status: None,
-            estop: None,
+            stop: b.stop.clone(),
             parts: Parts {
                 tap: None,
                 learner: None,
@@ -463,7 +475,12 @@ impl Wires {
     ) -> Result<()> {
         let teleop_rejects = reflex_bus::Rejects::new(&keys.teleop);
         let event_rejects = reflex_bus::Rejects::new(&keys.events);
-        rejects.extend([teleop_rejects.clone(), event_rejects.clone()]);
+        let operator_rejects = reflex_bus::Rejects::new(&keys.operator);
+        rejects.extend([
+            teleop_rejects.clone(),
+            event_rejects.clone(),
+            operator_rejects.clone(),
+        ]);
         self.parts.rejects = rejects.clone();
         let (w, r) = reflex_runtime::status::status_channel();
         self.status = Some(w);
@@ -480,6 +497,7 @@ impl Wires {
                         as Box<dyn Fn() -> u64 + Send>
                 }),
                 rejects,
+                stop: Some(self.stop.clone()),
             },
         ));
         let (tw, tr) = reflex_runtime::teleop::teleop_channel(spec.action.dim());
@@ -492,12 +510,16 @@ impl Wires {
             reflex_bus::teleop::subscribe(s, keys, tw, spec.action.dim(), teleop_rejects)
                 .map_err(|e| bus_err(&keys.teleop, e))?,
         );
-        let flag = Arc::new(AtomicBool::new(false));
-        self.parts._subs.push(
-            reflex_bus::teleop::subscribe_estop(s, keys, flag.clone(), event_rejects)
-                .map_err(|e| bus_err(&keys.events, e))?,
+        self.parts._subs.extend(
+            reflex_bus::teleop::subscribe_stop(
+                s,
+                keys,
+                self.stop.clone(),
+                event_rejects,
+                operator_rejects,
+            )
+            .map_err(|e| bus_err(&keys.events, e))?,
         );
-        self.estop = Some(flag);
         Ok(())
     }
 
@@ -520,9 +542,7 @@ impl Wires {
         if let Some(s) = self.status {
             b = b.status(s);
         }
-        if let Some(e) = self.estop {
-            b = b.estop_flag(e);
-        }
+        b = b.stop_switch(self.stop);
         (b, self.parts)
     }
 }
@@ -639,6 +659,31 @@ pub struct RunReport {
     pub learner: Option<LearnerReport>,
     /// A real arm's bus timing and counters.
     pub arm: Option<crate::arm::ArmReport>,
+    /// The e-stop over the run.
+    pub stop: StopReport,
+}
+
+/// What the e-stop did over a run.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StopReport {
+    /// `running`, `latched` or `paused` when the run ended.
+    pub state: &'static str,
+    /// E-stops raised.
+    pub estops: u64,
+    /// Who raised the last one.
+    pub raised_by: String,
+    /// Wall time of the last one, ns since the Unix epoch (0: none).
+    pub last_raised_unix_ns: u64,
+    /// Episodes an e-stop ended.
+    pub episodes_stopped: u64,
+    /// Ticks held latched.
+    pub stopped_ticks: u64,
+    /// Ticks held after a release, before a resume.
+    pub paused_ticks: u64,
+    /// A person's labels and resets refused while stopped.
+    pub refused_while_stopped: u64,
+    /// Moves to a start pose the e-stop cut short.
+    pub resets_stopped: u64,
 }
 
 /// What the recorder wrote.
@@ -677,8 +722,13 @@ pub struct Actor<R: Robot> {
     t0: Instant,
     /// Print a line per episode through the progress sink (`reflex run`).
     pub episode_lines: bool,
-    /// Set from outside (a signal handler) to end the run after the episode in progress.
+    /// Set from outside (a signal handler) to end the run after the episode in progress (at
+    /// once when no episode is in progress: the e-stop holds the robot).
     pub stop_when: Option<&'static AtomicBool>,
+    /// Set from outside (a second signal) to end the run at the next tick, the episode in
+    /// progress unfinished; the robot is then left as `[robot] on_exit` says.
+    pub stop_now: Option<&'static AtomicBool>,
+    last_stop: (StopState, u64),
 }
 
 impl<R: Robot> Actor<R> {
@@ -692,35 +742,97 @@ impl<R: Robot> Actor<R> {
         &self.lp
     }
 
+    /// The e-stop the actor obeys.
+    pub fn stop_switch(&self) -> Arc<StopSwitch> {
+        self.lp.stop_switch().clone()
+    }
+
     /// Runs `n` more episodes. In simulated time with a learner, the actor lets the learner
     /// take every step so far before each episode (between episodes nothing waits on the robot),
     /// so training follows the data as it would at the robot's own pace. A learner that stopped
-    /// ends the run at once with its error.
+    /// ends the run at once with its error. While the e-stop holds the robot the loop keeps
+    /// ticking (holding) and no episode counts; `stop_when` then ends the run at once.
     pub fn run_episodes(&mut self, n: u64, progress: &dyn Progress) -> Result<&[EpisodeSummary]> {
         progress.start(n, "episodes");
         let start = self.done.len();
+        let mut seen = self.lp.episodes().len();
+        self.pace_learner()?;
+        let mut safety_before = self.lp.safety_counters();
+        let mut version_before = self.lp.stats().residual_version;
+        let asked = |f: Option<&'static AtomicBool>| f.is_some_and(|s| s.load(Ordering::Relaxed));
         while ((self.done.len() - start) as u64) < n {
-            if self.stop_when.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            if asked(self.stop_now) {
+                tracing::warn!(
+                    "asked to stop now: ending the run after {} episodes, the one in progress unfinished",
+                    self.done.len() - start
+                );
+                break;
+            }
+            if asked(self.stop_when) && !self.lp.in_episode() {
+                tracing::info!("asked to stop while the robot is held: ending the run");
+                break;
+            }
+            self.lp.step()?;
+            self.note_stop_change(progress);
+            if self.lp.episodes().len() == seen {
+                continue;
+            }
+            let new = self.lp.episodes()[seen..].to_vec();
+            seen += new.len();
+            for e in new {
+                self.done.push(e);
+                let ok = self.done[start..].iter().filter(|e| e.success).count();
+                progress.message(&format!("{ok} ok"));
+                if self.episode_lines {
+                    progress.line(&self.episode_line(&safety_before, version_before));
+                }
+                progress.inc(1);
+                safety_before = self.lp.safety_counters();
+                version_before = self.lp.stats().residual_version;
+            }
+            if asked(self.stop_when) {
                 tracing::info!(
                     "asked to stop: ending the run after {} episodes",
                     self.done.len() - start
                 );
                 break;
             }
-            self.pace_learner()?;
-            let safety_before = self.lp.safety_counters();
-            let version_before = self.lp.stats().residual_version;
-            let ep = self.lp.run_episodes(1)?;
-            self.done.extend(ep);
-            let ok = self.done[start..].iter().filter(|e| e.success).count();
-            progress.message(&format!("{ok} ok"));
-            if self.episode_lines {
-                progress.line(&self.episode_line(&safety_before, version_before));
+            if ((self.done.len() - start) as u64) < n {
+                self.pace_learner()?;
             }
-            progress.inc(1);
         }
         progress.finish();
         Ok(&self.done[start..])
+    }
+
+    /// A line for the person watching when the e-stop changes state.
+    fn note_stop_change(&mut self, progress: &dyn Progress) {
+        let sw = self.lp.stop_switch().clone();
+        let now = (sw.state(), sw.raises());
+        if now == self.last_stop {
+            return;
+        }
+        self.last_stop = now;
+        if !self.episode_lines {
+            return;
+        }
+        let robot = &self.lp.robot().spec().name;
+        let line = match now.0 {
+            StopState::Latched => format!(
+                "EMERGENCY STOP {} latched (raised by {}): the robot holds, no episode starts; release with `reflex estop release --robot {robot}`",
+                now.1,
+                sw.raised_by()
+            ),
+            StopState::Paused => format!(
+                "e-stop released by {}: paused, nothing moves; resume with `reflex estop resume --robot {robot}`",
+                sw.released_resumed_by().0
+            ),
+            StopState::Running => format!(
+                "resumed by {}: the next episode starts",
+                sw.released_resumed_by().1
+            ),
+        };
+        progress.line(&line);
     }
 
     /// What a person watching wants after each episode: how it ended and who drove, the robot's
@@ -737,6 +849,7 @@ impl<R: Robot> Actor<R> {
             return String::new();
         };
         let how = match (e.success, e.labelled, e.truncated) {
+            _ if e.estop => "EMERGENCY STOP",
             (true, true, _) => "success (labelled)",
             (true, false, _) => "success",
             (false, true, _) => "failure (labelled)",
@@ -918,7 +1031,26 @@ impl<R: Robot> Actor<R> {
                 });
             }
         }
+        let sw = self.lp.stop_switch().clone();
+        let st = self.lp.stats();
+        let stop = StopReport {
+            state: sw.state().as_str(),
+            estops: sw.raises(),
+            raised_by: sw.raised_by(),
+            last_raised_unix_ns: sw.last_raised_unix_ns(),
+            episodes_stopped: self
+                .done
+                .iter()
+                .chain(&self.eval)
+                .filter(|e| e.estop)
+                .count() as u64,
+            stopped_ticks: st.stopped_ticks,
+            paused_ticks: st.paused_ticks,
+            refused_while_stopped: st.refused_while_stopped,
+            resets_stopped: st.resets_stopped,
+        };
         Ok(RunReport {
+            stop,
             run_id: self.run_id.clone(),
             episodes: std::mem::take(&mut self.done),
             eval: std::mem::take(&mut self.eval),
@@ -952,6 +1084,8 @@ pub struct RunOptions {
     /// When set (SIGTERM from systemd, Ctrl-C), the run ends after the episode in progress: the
     /// episode finishes, is recorded and its steps reach the learner.
     pub stop: Option<&'static AtomicBool>,
+    /// When set (a second signal), the run ends at the next tick.
+    pub stop_now: Option<&'static AtomicBool>,
 }
 
 /// Builds the policy a config names, for a robot with `spec`.
@@ -1060,8 +1194,64 @@ pub fn load_residual(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Residua
     Ok(Some(m.hook()))
 }
 
+/// Repeats a warning every `every` (the first at once) until dropped.
+pub struct Nag {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Nag {
+    /// Starts warning `message`.
+    pub fn start(message: String, every: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("warn".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    tracing::warn!("{message}");
+                    let t0 = Instant::now();
+                    while t0.elapsed() < every && !s.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            })
+            .expect("spawn the warning thread");
+        Nag {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Nag {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Refuses a real arm on a bus without TLS unless `[bus] insecure = true`; with it, a warning
+/// now and every minute while the returned guard lives.
+pub fn check_arm_bus(cfg: &RunConfig, bus: &BusConfig) -> Result<Option<Nag>> {
+    match cfg.insecure_arm_bus(bus) {
+        None => Ok(None),
+        Some(why) if !cfg.bus.insecure => Err(AgentError::setup("[bus]", why)),
+        Some(_) => Ok(Some(Nag::start(
+            format!(
+                "INSECURE: robot `{}` is a real arm on a bus without TLS ([bus] insecure = true): anyone on the network can take it over, reset it or release its e-stop",
+                cfg.robot_name()
+            ),
+            Duration::from_secs(60),
+        ))),
+    }
+}
+
 /// Runs a run config to the end: what `reflex run --config F` does.
 pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> Result<RunReport> {
+    let _insecure = check_arm_bus(cfg, &o.bus)?;
     let use_bus = cfg.uses_bus(&o.bus);
     let session = if use_bus {
         Some(cfg.bus_config(&o.bus).open()?)
@@ -1105,8 +1295,10 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
                     ),
                 ));
             }
-            let rejects = robot.rejects();
-            let b = ActorBuilder::new(robot).count_rejects(rejects);
+            let (rejects, dropped) = (robot.rejects(), robot.dropped());
+            let b = ActorBuilder::new(robot)
+                .count_rejects(rejects)
+                .count_rejects(dropped);
             drive(b, None, cfg, session, o, episodes, progress)
         }
         RobotSource::So101 | RobotSource::Koch => {
@@ -1123,7 +1315,8 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
                 RobotSource::So101 => reflex_hardware::arm::ArmKind::So101Follower,
                 _ => reflex_hardware::arm::ArmKind::KochFollower,
             };
-            let robot = crate::arm::ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
+            let mut robot = crate::arm::ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
+            robot.set_on_exit(cfg.robot.on_exit);
             let handle = robot.report_handle();
             let chain = (kind == reflex_hardware::arm::ArmKind::So101Follower)
                 .then(|| reflex_sim::world::ArmModel::so101().chain);
@@ -1199,6 +1392,7 @@ fn drive<R: Robot + 'static>(
     }
     actor.episode_lines = o.episode_lines;
     actor.stop_when = o.stop;
+    actor.stop_now = o.stop_now;
     actor.run_episodes(episodes, progress)?;
     if cfg.run.eval_episodes > 0 {
         actor.evaluate(cfg.run.eval_episodes, progress)?;

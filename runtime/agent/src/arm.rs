@@ -16,10 +16,11 @@
 //! the last observation (the loop sees it stale and holds); more than `max_missed_reads` in a row
 //! end the run with the error naming the servo, the servos holding their last goal.
 
-use crate::config::{ArmSection, ArmTask};
+use crate::config::{ArmSection, ArmTask, OnExit};
 use nalgebra::{Isometry3, Translation3, Vector3};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use reflex_contracts::stop::StopSwitch;
 use reflex_hardware::arm::{ArmKind, ArmTiming, ServoArm};
 use reflex_runtime::kinematics::{IkOptions, top_down};
 use reflex_runtime::msg::{ActionKind, Observation, PROTOCOL_VERSION, RobotSpec, StateField};
@@ -27,6 +28,7 @@ use reflex_runtime::robot::{Robot, RobotError, check_action};
 use reflex_sim::env::{HOME_YAW, WORKSPACE_MAX, WORKSPACE_MIN};
 use reflex_sim::task::{TaskKind, TaskLayout};
 use reflex_sim::world::ArmModel;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Arm joints before the gripper.
@@ -63,6 +65,12 @@ pub struct ArmReport {
     pub corrupt: u64,
     /// Attempts that timed out.
     pub timeouts: u64,
+    /// What the arm was left doing when reflex let go of it: `hold` (last goal, torque on) or
+    /// `release` (torque off); empty while the run goes on.
+    pub on_exit: String,
+    /// Whether that last act reached every servo (false: the bus failed; the servos keep what
+    /// they last received).
+    pub on_exit_ok: bool,
 }
 
 /// Shared with the caller, so the report survives the robot being moved into the loop.
@@ -81,6 +89,8 @@ pub struct ArmRobot {
     q_prev: Vec<f64>,
     /// The goal being sent (same units).
     q_cmd: Vec<f64>,
+    /// The goal before the command being applied.
+    q_before: Vec<f64>,
     ranges: Vec<(f64, f64)>,
     ee_goal: Vector3<f64>,
     layout: Option<TaskLayout>,
@@ -89,7 +99,14 @@ pub struct ArmRobot {
     t_episode: Instant,
     missed_in_a_row: u32,
     shared: SharedTiming,
+    stop: Option<Arc<StopSwitch>>,
+    on_exit: OnExit,
+    exit: Option<(OnExit, bool)>,
 }
+
+/// Changes smaller than this (joint units) are no change: a hold that goes through the action's
+/// f32 units comes back within rounding and must not move a servo by a step.
+const SAME: f64 = 1e-6;
 
 fn device(robot: &str, e: impl std::fmt::Display) -> RobotError {
     RobotError::Device {
@@ -167,6 +184,7 @@ impl ArmRobot {
             model,
             q: here.clone(),
             q_prev: here.clone(),
+            q_before: here.clone(),
             q_cmd: here,
             ranges,
             ee_goal: Vector3::zeros(),
@@ -176,7 +194,53 @@ impl ArmRobot {
             t_episode: Instant::now(),
             missed_in_a_row: 0,
             shared: SharedTiming::default(),
+            stop: None,
+            on_exit: OnExit::Hold,
+            exit: None,
         })
+    }
+
+    /// What the arm does when this robot is dropped (the run ended, failed or was stopped):
+    /// keep its last goal with the torque on, or turn the torque off.
+    pub fn set_on_exit(&mut self, on_exit: OnExit) {
+        self.on_exit = on_exit;
+    }
+
+    /// The e-stop stops moves the arm makes on its own: `Err` when it is not running.
+    fn check_stop(&self, what: &'static str) -> Result<(), RobotError> {
+        match &self.stop {
+            Some(s) if !s.may_move() => Err(RobotError::Stopped {
+                robot: self.spec.name.clone(),
+                what,
+                state: s.state().as_str(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Lets go of the arm as `[robot] on_exit` says: the last goal once more with the torque on,
+    /// or the torque off.
+    fn settle(&mut self) {
+        let ok = match self.on_exit {
+            OnExit::Hold => self.arm.write(&self.q_cmd).is_ok(),
+            OnExit::Release => self.arm.set_torque(false).is_ok(),
+        };
+        match (self.on_exit, ok) {
+            (OnExit::Hold, true) => tracing::info!(
+                "{}: on exit the servos hold their last goal with the torque on",
+                self.spec.name
+            ),
+            (OnExit::Release, true) => tracing::warn!(
+                "{}: on exit the torque is off: the joints are free and fall under gravity",
+                self.spec.name
+            ),
+            (what, false) => tracing::warn!(
+                "{}: on exit could not {} (the bus failed): the servos keep what they last received",
+                self.spec.name,
+                what.as_str()
+            ),
+        }
+        self.exit = Some((self.on_exit, ok));
     }
 
     fn make_spec(
@@ -300,6 +364,10 @@ impl ArmRobot {
             retries: s.retries,
             corrupt: s.corrupt,
             timeouts: s.timeouts,
+            on_exit: self
+                .exit
+                .map_or(String::new(), |(e, _)| e.as_str().to_string()),
+            on_exit_ok: self.exit.is_some_and(|(_, ok)| ok),
         };
         if let Ok(mut g) = self.shared.lock() {
             *g = Some(r);
@@ -420,13 +488,18 @@ impl ArmRobot {
     }
 
     /// Moves from where the arm is to `goal` no faster than `[arm] start_speed_rad_s`, one goal
-    /// per control period, then waits (up to 2 s) until the arm is there.
+    /// per control period, then waits (up to 2 s) until the arm is there. The e-stop is checked
+    /// before every goal: once it is raised no further goal is written, the arm holds the last
+    /// one (at most one period's step from where it was), and the move returns
+    /// [`RobotError::Stopped`].
     fn move_to(&mut self, goal: &[f64]) -> Result<(), RobotError> {
         let period = Duration::from_secs_f64(1.0 / self.cfg.control_hz);
         let max_step = self.cfg.start_speed_rad_s / self.cfg.control_hz;
+        self.check_stop("the move to the start pose")?;
         while !self.read()? {}
         self.q_cmd.copy_from_slice(&self.q);
         loop {
+            self.check_stop("the move to the start pose")?;
             let mut done = true;
             for (k, (q, g)) in self.q_cmd.iter_mut().zip(goal).enumerate() {
                 // The gripper's unit is a fraction of its range: its whole range in the time the
@@ -449,6 +522,7 @@ impl ArmRobot {
         }
         let t0 = Instant::now();
         loop {
+            self.check_stop("the move to the start pose")?;
             self.read()?;
             let far = self
                 .q
@@ -474,6 +548,7 @@ impl ArmRobot {
 
 impl Drop for ArmRobot {
     fn drop(&mut self) {
+        self.settle();
         self.publish_report();
     }
 }
@@ -487,6 +562,7 @@ impl Robot for ArmRobot {
         if self.obs.episode > 0 {
             self.publish_report();
         }
+        self.check_stop("the reset")?;
         let seed = seed.unwrap_or_else(|| self.seeds.random());
         // Where the arm starts: the simulator's start pose for reach, else where it is.
         while !self.read()? {}
@@ -522,7 +598,14 @@ impl Robot for ArmRobot {
         check_action(&self.spec.name, self.spec.action.dim(), a)?;
         let lim = &self.spec.action;
         let c = |i: usize| a[i].clamp(lim.low[i], lim.high[i]) as f64;
+        self.q_before.copy_from_slice(&self.q_cmd);
         match self.spec.action.kind {
+            // No step: the body keeps its goals exactly (a hold never re-solves the IK).
+            ActionKind::EeDelta | ActionKind::EeDeltaYaw
+                if a[..a.len() - 1].iter().all(|v| *v == 0.0) =>
+            {
+                self.q_cmd[BODY] = self.fraction(c(a.len() - 1));
+            }
             ActionKind::EeDelta | ActionKind::EeDeltaYaw => {
                 let measured = self.tcp().map(|t| t.translation.vector).unwrap_or_default();
                 // As in the simulator: track the goal so small steps add up, re-anchor on the
@@ -562,8 +645,11 @@ impl Robot for ArmRobot {
             }
             ActionKind::Box => {}
         }
-        for (q, (lo, hi)) in self.q_cmd.iter_mut().zip(&self.ranges) {
+        for ((q, (lo, hi)), b) in self.q_cmd.iter_mut().zip(&self.ranges).zip(&self.q_before) {
             *q = q.clamp(*lo, *hi);
+            if (*q - b).abs() < SAME {
+                *q = *b;
+            }
         }
         self.arm
             .write(&self.q_cmd)
@@ -600,4 +686,92 @@ impl Robot for ArmRobot {
             ActionKind::JointDelta | ActionKind::Box => {}
         }
     }
+
+    fn attach_stop(&mut self, stop: Arc<StopSwitch>) {
+        self.stop = Some(stop);
+    }
+}
+
+/// Serves the arm of a run config on the bus until `stop` is set (or `seconds` pass): what
+/// `reflex hw serve` runs. The server filters every command against the spec's ranges and
+/// `[safety]`'s per-step limits unless `[serve] filter = false`, obeys the robot's e-stop on its
+/// own, and holds the arm when no command comes ([`reflex_bus::robot::RobotServer`]). A bus
+/// without TLS needs `[bus] insecure = true` (then a warning every minute).
+pub fn serve_config(
+    cfg: &crate::config::RunConfig,
+    bus: &reflex_bus::BusConfig,
+    stop: &std::sync::atomic::AtomicBool,
+    seconds: Option<f64>,
+) -> crate::error::Result<reflex_bus::robot::ServeStats> {
+    use crate::AgentError;
+    use reflex_bus::robot::{CommandFilter, RobotServer, ServeMode};
+    use std::sync::atomic::Ordering;
+    let kind = match cfg.robot.source {
+        crate::config::RobotSource::So101 => ArmKind::So101Follower,
+        crate::config::RobotSource::Koch => ArmKind::KochFollower,
+        other => {
+            return Err(AgentError::setup(
+                "[robot] source",
+                format!("`reflex hw serve` serves a real arm (so101 or koch), not {other:?}"),
+            ));
+        }
+    };
+    let arm_cfg = cfg
+        .arm
+        .as_ref()
+        .ok_or_else(|| AgentError::setup("[robot] source", "a real arm needs an [arm] table"))?;
+    let mut on_bus = cfg.clone();
+    on_bus.bus.enabled = true;
+    let _insecure = crate::actor::check_arm_bus(&on_bus, bus)?;
+    let mut robot = ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
+    robot.set_on_exit(cfg.robot.on_exit);
+    let session = cfg.bus_config(bus).open()?;
+    let mut server = RobotServer::new(
+        &session,
+        robot,
+        ServeMode::Realtime {
+            hz: arm_cfg.control_hz,
+        },
+    )?;
+    if cfg.serve.filter.unwrap_or(true) {
+        server = server.with_filter(CommandFilter {
+            max_joint_step_rad: cfg.safety.max_joint_step_rad,
+            max_ee_step_m: cfg.safety.max_ee_step_m,
+            max_gripper_step: cfg.safety.max_gripper_step_m,
+        });
+    }
+    if let Some(ms) = cfg.serve.watchdog_ms {
+        server = server.with_watchdog(Duration::from_secs_f64(ms / 1e3));
+    }
+    tracing::info!(
+        "serving arm `{}` ({}) on reflex/{}/* at {} Hz, command filter {}",
+        cfg.robot_name(),
+        kind.name(),
+        cfg.robot_name(),
+        arm_cfg.control_hz,
+        if cfg.serve.filter.unwrap_or(true) {
+            "on"
+        } else {
+            "off"
+        }
+    );
+    // The server stops on the caller's flag or after `seconds`.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let t0 = Instant::now();
+    let stats = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                if stop.load(Ordering::Relaxed)
+                    || seconds.is_some_and(|s| t0.elapsed().as_secs_f64() >= s)
+                {
+                    done.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let r = server.run(&done);
+        done.store(true, Ordering::Relaxed);
+        r
+    })?;
+    Ok(stats)
 }

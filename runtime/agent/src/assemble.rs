@@ -16,11 +16,15 @@ pub struct Assembler {
     relabel: Option<OnnxPolicy>,
     rlif: bool,
     pending: Option<LTransition>,
+    pending_episode: u64,
     prev_teleop: bool,
     chunk: Vec<f32>,
     act_dim: usize,
     /// Transitions pushed into the buffers.
     pub stored: u64,
+    /// Episodes whose last step carried no end (an e-stop raised between a lockstep robot's
+    /// steps, an actor that died mid-episode): their last step was stored as a truncation.
+    pub unterminated: u64,
 }
 
 impl Assembler {
@@ -39,10 +43,12 @@ impl Assembler {
             relabel,
             rlif,
             pending: None,
+            pending_episode: 0,
             prev_teleop: false,
             chunk: Vec::new(),
             act_dim,
             stored: 0,
+            unterminated: 0,
         }
     }
 
@@ -60,6 +66,20 @@ impl Assembler {
 
     /// Takes one step; stores the one before it (and this one if it ends the episode).
     pub fn push(&mut self, sac: &mut Sac, s: &WireStep) -> crate::error::Result<()> {
+        if s.episode != self.pending_episode
+            && let Some(mut p) = self.pending.take()
+        {
+            // The held step's episode ended without saying so: it is stored as cut short,
+            // bootstrapping from its own base action rather than the next episode's.
+            if self.mode == Mode::Residual {
+                p.next_base.clone_from(&p.base);
+            }
+            p.truncated = true;
+            self.store(sac, &p);
+            self.unterminated += 1;
+            self.prev_teleop = false;
+        }
+        self.pending_episode = s.episode;
         let person = s.teleop;
         let residual = self.mode == Mode::Residual;
         let mut base_n = s.base.clone();
@@ -242,6 +262,39 @@ mod tests {
         assert_eq!((b.obs[0], b.next_obs[0], b.reward), (8.0, 12.0, 1.0));
         assert_eq!(b.action, w1);
         assert!(b.terminated && !b.truncated);
+    }
+
+    #[test]
+    fn an_episode_that_ended_without_saying_so_is_stored_as_cut_short_not_joined_to_the_next() {
+        let cfg = SacConfig {
+            mode: Mode::Full,
+            hidden: vec![8],
+            ..Default::default()
+        };
+        let mut sac = Sac::new(cfg, 2, 2).unwrap();
+        let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], 0.0);
+        let mut asm = Assembler::new(Mode::Full, norm, None, false, 2);
+        // Episode 1's last step carries no end (an e-stop between two lockstep steps); episode 2
+        // follows.
+        for (episode, i) in [(1, 0), (1, 1), (2, 0), (2, 1)] {
+            let mut s = step(i, false, 0.0, false);
+            s.episode = episode;
+            s.obs[1] = episode as f32;
+            asm.push(&mut sac, &s).unwrap();
+        }
+        assert_eq!(asm.unterminated, 1);
+        // Stored: episode 1's two steps (the second as a truncation), episode 2's first.
+        assert_eq!(asm.stored, 3);
+        let t = sac.online.get(1);
+        assert_eq!((t.obs[0], t.obs[1]), (1.0, 1.0));
+        assert!(t.truncated && !t.terminated);
+        // An end flagged by an e-stop closes the episode at once.
+        let mut s = step(2, false, 0.0, false);
+        s.episode = 2;
+        s.estop = true;
+        asm.push(&mut sac, &s).unwrap();
+        assert_eq!(asm.stored, 5);
+        assert!(!asm.holds_one());
     }
 
     #[test]

@@ -157,6 +157,33 @@ pub struct RobotSection {
     /// simulator's arm for `source = "sim"`).
     #[serde(default)]
     pub urdf: Option<PathBuf>,
+    /// What a real arm does when the run ends, fails or is stopped by a signal: `hold` (the
+    /// servos keep their last goal with the torque on) or `release` (torque off: the joints go
+    /// limp and fall under gravity). Ignored by simulators and remote robots (their server
+    /// decides).
+    #[serde(default)]
+    pub on_exit: OnExit,
+}
+
+/// `[robot] on_exit`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExit {
+    /// Keep the last goal with the torque on (the default: nothing falls).
+    #[default]
+    Hold,
+    /// Turn the torque off (the arm can be moved by hand; unsupported joints fall).
+    Release,
+}
+
+impl OnExit {
+    /// `hold` or `release`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnExit::Hold => "hold",
+            OnExit::Release => "release",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -332,6 +359,11 @@ pub struct BusSection {
     /// Who may do what on this robot's key space (certificate common names); needs `tls`.
     #[serde(default)]
     pub access: Option<AccessSection>,
+    /// Allow a real arm on a bus without TLS (anyone on the network could take over, reset or
+    /// release it): `reflex run` refuses such a config unless this is set, and then warns every
+    /// minute.
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 /// `[bus.tls]`.
@@ -373,8 +405,23 @@ impl Default for BusSection {
             trace_hz: d_trace_hz(),
             tls: None,
             access: None,
+            insecure: false,
         }
     }
+}
+
+/// `[serve]`: how `reflex hw serve` offers the config's arm on the bus.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSection {
+    /// Check every command against the spec's ranges and `[safety]`'s per-step limits
+    /// (`max_joint_step_rad`, `max_ee_step_m`, `max_gripper_step_m`) before the arm executes it;
+    /// refused commands are counted and the arm holds (default: on).
+    #[serde(default)]
+    pub filter: Option<bool>,
+    /// Hold the arm once no command came for this long, ms (default: five periods).
+    #[serde(default)]
+    pub watchdog_ms: Option<f64>,
 }
 
 /// The whole actor config file.
@@ -407,6 +454,9 @@ pub struct RunConfig {
     /// The residual learner on the bus (`reflex learn` with the same file); absent: no learning.
     #[serde(default)]
     pub learner: Option<LearnerSection>,
+    /// `[serve]`: the arm served on the bus by `reflex hw serve`.
+    #[serde(default)]
+    pub serve: ServeSection,
 }
 
 impl RunConfig {
@@ -488,6 +538,24 @@ impl RunConfig {
         Ok(c)
     }
 
+    /// A real arm in this process (`source = "so101"` or `"koch"`).
+    pub fn is_arm(&self) -> bool {
+        matches!(self.robot.source, RobotSource::So101 | RobotSource::Koch)
+    }
+
+    /// Why this config may not drive its arm over this bus, if it may not: a real arm on a bus
+    /// without TLS lets anyone on the network take over, reset, release or resume it, so that
+    /// needs `[bus] insecure = true`. `extra` is the command line's bus settings.
+    pub fn insecure_arm_bus(&self, extra: &BusConfig) -> Option<String> {
+        let bus = self.bus_config(extra);
+        (self.is_arm() && self.uses_bus(extra) && bus.tls.is_none()).then(|| {
+            format!(
+                "robot `{}` is a real arm and its bus has no TLS: anyone on the network could take it over, reset it, or release its e-stop. Give [bus] a [bus.tls] table (`reflex keys init`, docs/deploy.md), or set [bus] insecure = true on a network you trust",
+                self.robot_name()
+            )
+        })
+    }
+
     /// Whether the actor needs the bus: a remote robot, endpoints, or the file says so.
     pub fn uses_bus(&self, extra: &BusConfig) -> bool {
         self.bus.enabled
@@ -537,6 +605,9 @@ impl Validate for RunConfig {
         }
         if let Some(l) = &self.loop_ {
             l.validate("loop")?;
+        }
+        if let Some(w) = self.serve.watchdog_ms {
+            in_range("serve", "watchdog_ms", w, 1.0, 60_000.0)?;
         }
         self.safety.validate("safety")?;
         in_range("robot", "timeout_ms", self.robot.timeout_ms, 1.0, 600_000.0)?;

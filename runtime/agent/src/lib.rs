@@ -10,6 +10,8 @@
 //! - [`assemble`], [`presets`]: from the actor's steps to the learner's transitions (relabelling,
 //!   RLIF, HIL-SERL routing) and the SAC settings the demo measured;
 //! - [`demo`]: the whole mission in one process (`reflex demo`);
+//! - [`operator`]: a robot's e-stop raised, released and resumed from any computer on its bus
+//!   (`reflex estop`);
 //! - [`bench`], [`simtools`], [`policytools`], [`teleop`], [`viz`], [`replay`]: what the other
 //!   commands run.
 //!
@@ -29,6 +31,7 @@ mod error;
 pub mod heldout;
 pub mod leader;
 pub mod learner;
+pub mod operator;
 pub mod plot;
 pub mod policytools;
 pub mod presets;

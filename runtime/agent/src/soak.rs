@@ -7,8 +7,10 @@
 //! chunk policy, so the run measures the runtime, not a simulator. Faults, each drawn from the
 //! seed: the learner stopped and restarted from its checkpoint; NaN chunks from the policy;
 //! undecodable bytes and messages of the wrong shape on every key the actor and the learner
-//! read (teleop, events, learner state, weights, transitions); emergency stops. Not injected
-//! here: dropped network links and a slow or full disk (docs/reliability.md).
+//! read (teleop, events, operator, learner state, weights, transitions), releases that answer
+//! no e-stop; emergency-stop drills (an e-stop on the bus, the loop held, an operator's release
+//! and resume). Not injected here: dropped network links and a slow or full disk
+//! (docs/reliability.md).
 
 use crate::actor::{ActorBuilder, ClockChoice, LearnerSetup};
 use crate::progress::Progress;
@@ -16,8 +18,11 @@ use crate::{AgentError, error::Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use reflex_bus::{BusConfig, Keys};
-use reflex_contracts::msg::{self, EpisodeEvent, EventKind, Observation, PROTOCOL_VERSION};
+use reflex_contracts::msg::{
+    self, EpisodeEvent, EventKind, Observation, OperatorKind, OperatorMsg, PROTOCOL_VERSION,
+};
 use reflex_contracts::policy::{ChunkSpec, Policy, PolicyError};
+use reflex_contracts::stop::StopState;
 use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -84,6 +89,7 @@ fn hostile_peer(
         let targets = [
             keys.teleop.clone(),
             keys.events.clone(),
+            keys.operator.clone(),
             keys.learn_state.clone(),
             keys.learn_weights.clone(),
             keys.learn_transitions.clone(),
@@ -110,13 +116,12 @@ fn hostile_peer(
                     action: vec![1.0; rng.random_range(0..3)],
                     ..Default::default()
                 }),
-                _ => msg::encode(&EpisodeEvent {
+                // A release that answers no e-stop this robot raised: refused and counted.
+                _ => msg::encode(&OperatorMsg {
                     v: PROTOCOL_VERSION,
-                    kind: EventKind::Estop,
-                    episode: 0,
-                    step: 0,
-                    seed: None,
-                    source: "soak".into(),
+                    kind: OperatorKind::Release,
+                    estops: u64::MAX,
+                    source: "soak hostile peer".into(),
                 }),
             };
             if session.put(key.clone(), payload).wait().is_ok() {
@@ -125,6 +130,77 @@ fn hostile_peer(
         }
         Ok(())
     })
+}
+
+/// An e-stop drill through the bus, as a person would do it: an `estop` event, the loop held
+/// for a while (it must latch within `LATCH_TICKS`), an operator's release (paused, still
+/// held) and resume. Returns the ticks the robot was held.
+fn estop_drill(
+    actor: &mut crate::actor::Actor<NullRobot>,
+    session: &zenoh::Session,
+    keys: &Keys,
+) -> Result<u64> {
+    const TICKS: u64 = 5000;
+    let sw = actor.stop_switch();
+    let fail = |what: &str| AgentError::setup("soak e-stop drill", what.to_string());
+    // Publishes what `message` makes (again every 250 ticks: a put may race a fresh
+    // subscription) until the stop is `want`.
+    let until = |actor: &mut crate::actor::Actor<NullRobot>,
+                 want: StopState,
+                 key: &str,
+                 message: &dyn Fn() -> Vec<u8>|
+     -> Result<()> {
+        for i in 0..TICKS {
+            if sw.state() == want {
+                return Ok(());
+            }
+            if i % 250 == 0 {
+                session
+                    .put(key.to_string(), message())
+                    .wait()
+                    .map_err(|e| fail(&format!("{key}: {e}")))?;
+            }
+            actor.run_ticks(1)?;
+        }
+        Err(fail(&format!(
+            "the stop did not become {} within {TICKS} ticks",
+            want.as_str()
+        )))
+    };
+    let held0 = actor.control_loop().stats().stopped_ticks;
+    let estop = || {
+        msg::encode(&EpisodeEvent {
+            v: PROTOCOL_VERSION,
+            kind: EventKind::Estop,
+            episode: 0,
+            step: 0,
+            seed: None,
+            source: "soak drill".into(),
+        })
+    };
+    until(actor, StopState::Latched, &keys.events, &estop)?;
+    actor.run_ticks(100)?;
+    if actor.control_loop().in_episode() {
+        return Err(fail(
+            "an episode is in progress while the e-stop is latched",
+        ));
+    }
+    let operator = |kind| {
+        msg::encode(&OperatorMsg {
+            v: PROTOCOL_VERSION,
+            kind,
+            estops: sw.raises(),
+            source: "soak drill".into(),
+        })
+    };
+    until(actor, StopState::Paused, &keys.operator, &|| {
+        operator(OperatorKind::Release)
+    })?;
+    actor.run_ticks(20)?;
+    until(actor, StopState::Running, &keys.operator, &|| {
+        operator(OperatorKind::Resume)
+    })?;
+    Ok(actor.control_loop().stats().stopped_ticks - held0)
 }
 
 /// Resident memory of this process, MB (Linux; 0 elsewhere).
@@ -192,6 +268,8 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
     let endpoint = format!("unixsock-stream/{}", o.dir.join("soak.sock").display());
     let _ = std::fs::remove_file(o.dir.join("soak.sock"));
     let session = BusConfig::hermetic(vec![endpoint.clone()], vec![]).open()?;
+    let operator = BusConfig::hermetic(vec![], vec![endpoint.clone()]).open()?;
+    let keys = Keys::new("soak").map_err(reflex_bus::BusError::from)?;
     let nan_chunks = Arc::new(AtomicU64::new(0));
     let mut actor = soak_actor(o, session, nan_chunks.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -201,6 +279,7 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
         .then(|| hostile_peer(endpoint, o.seed, stop.clone(), hostile_sent.clone()));
     let mut rng = ChaCha8Rng::seed_from_u64(o.seed ^ 0x50a4);
     let (t0, mut rss, mut restarts) = (Instant::now(), vec![], 0u64);
+    let (mut drills, mut drill_held) = (0u64, 0u64);
     let every = (o.steps / 20).max(1);
     let mut next_sample = 0;
     progress.start(o.steps, "steps");
@@ -218,6 +297,14 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
         if o.faults && rng.random_bool((10.0 * 200.0 / o.steps as f64).min(1.0)) {
             actor.restart_learner()?;
             restarts += 1;
+        }
+        // About five e-stop drills per soak (at least one).
+        if o.faults
+            && (drills == 0 && ticks > o.steps / 2
+                || rng.random_bool((5.0 * 200.0 / o.steps as f64).min(1.0)))
+        {
+            drill_held += estop_drill(&mut actor, &operator, &keys)?;
+            drills += 1;
         }
     }
     progress.finish();
@@ -258,6 +345,8 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
         "learner_instances_seen": link.learner_instances,
         "nan_chunks_injected": nan_chunks.load(Ordering::Relaxed),
         "hostile_messages": hostile_sent.load(Ordering::Relaxed),
+        "estop_drills": drills,
+        "estop_held_ticks": drill_held,
         "safety": reflex_runtime::safety::SafetyEvent::ALL
             .iter()
             .map(|e| (e.name().to_string(), safety.get(*e)))

@@ -38,7 +38,7 @@ impl StepLog {
         ep.actors.push(person as u8);
         ep.base_actions.push(tr.base.clone());
         ep.residuals.push(tr.residual.clone());
-        if tr.terminated || tr.truncated || tr.label.is_some() || tr.reset_requested {
+        if tr.ends_episode() {
             ep.success = tr.success || tr.label == Some(true);
             ep.terminated = tr.terminated;
             ep.truncated = tr.truncated;

@@ -16,11 +16,15 @@
 //! | `y` | mark success (ends the episode) |
 //! | `n` | mark failure (ends the episode) |
 //! | `x` | ask for a reset |
+//! | `e` | raise the e-stop (anyone may) |
+//! | `u` | release the e-stop the robot's status shows (the robot stays still: paused) |
+//! | `g` | resume a paused run (the next episode starts) |
 //! | `q`, Ctrl-C | quit (hands back first) |
 
 use crate::error::Result;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{self, Observation, PROTOCOL_VERSION, RobotSpec, TeleopMsg};
+use reflex_contracts::stop::StopAct;
 use reflex_contracts::teleop::{Teleop, TeleopError};
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -79,6 +83,8 @@ pub struct KeyMap {
     gripper_target: Option<f32>,
     /// The intervention toggle.
     pub intervene: bool,
+    /// An e-stop key pressed and not yet sent.
+    pub stop_act: Option<StopAct>,
 }
 
 impl KeyMap {
@@ -102,6 +108,7 @@ impl KeyMap {
             last: [None; 6],
             gripper_target: None,
             intervene: false,
+            stop_act: None,
         }
     }
 
@@ -129,6 +136,9 @@ impl KeyMap {
             b'y' => m.success = true,
             b'n' => m.failure = true,
             b'x' => m.reset = true,
+            b'e' => self.stop_act = Some(StopAct::Raise),
+            b'u' => self.stop_act = Some(StopAct::Release),
+            b'g' => self.stop_act = Some(StopAct::Resume),
             b'q' | 3 => return false,
             _ => {}
         }
@@ -220,6 +230,10 @@ impl Teleop for Keyboard {
     fn finished(&self) -> bool {
         self.quit
     }
+
+    fn take_stop_act(&mut self) -> Option<StopAct> {
+        self.map.stop_act.take()
+    }
 }
 
 /// What happens while a device drives, for whoever shows it.
@@ -234,6 +248,8 @@ pub enum TeleopEvent<'a> {
     Robot(&'a msg::EpisodeEvent),
     /// The actor's episode or who drives changed: (episode, a person drives).
     Status(u64, bool),
+    /// The robot's e-stop changed: (state, e-stops raised, who acted).
+    Stop(&'a str, u64, &'a str),
 }
 
 /// What a teleop device hears back from the actor: the robot's newest traced state (for devices
@@ -244,6 +260,7 @@ pub struct Follow {
     latest: std::sync::Mutex<Option<Observation>>,
     events: std::sync::Mutex<Vec<msg::EpisodeEvent>>,
     status: std::sync::Mutex<Option<(u64, bool)>>,
+    stop: std::sync::Mutex<Option<(String, u64, String)>>,
 }
 
 impl Follow {
@@ -264,6 +281,11 @@ impl Follow {
     pub fn status(&self) -> Option<(u64, bool)> {
         self.status.lock().ok().and_then(|g| *g)
     }
+
+    /// The robot's e-stop in the actor's newest status: (state, e-stops raised, who acted).
+    pub fn stop(&self) -> Option<(String, u64, String)> {
+        self.stop.lock().ok().and_then(|g| g.clone())
+    }
 }
 
 impl reflex_bus::trace::TraceSink for Follow {
@@ -279,6 +301,9 @@ impl reflex_bus::trace::TraceSink for Follow {
     fn status(&self, m: &msg::StatusMsg) {
         if let Ok(mut g) = self.status.lock() {
             *g = Some((m.episode, m.intervening));
+        }
+        if let Ok(mut g) = self.stop.lock() {
+            *g = Some((m.stop.clone(), m.estops, m.stop_by.clone()));
         }
     }
     fn event(&self, e: &msg::EpisodeEvent) {
@@ -326,6 +351,8 @@ pub fn drive(
     let mut next = Instant::now();
     let mut was = false;
     let mut last_status = None;
+    let mut last_stop = None;
+    let source = format!("teleop {} ({})", device.name(), std::process::id());
     while !device.finished() {
         if let Some(f) = follow {
             for e in f.take_events() {
@@ -338,9 +365,34 @@ pub fn drive(
                     on_event(TeleopEvent::Status(ep, person));
                 }
             }
+            let sp = f.stop().map(|(state, n, _)| (state, n));
+            if sp.is_some() && sp != last_stop {
+                last_stop = sp;
+                if let Some((state, n, by)) = f.stop() {
+                    on_event(TeleopEvent::Stop(&state, n, &by));
+                }
+            }
         }
         let obs = follow.and_then(Follow::latest);
         device.poll(obs.as_ref(), &mut m)?;
+        if let Some(act) = device.take_stop_act() {
+            // A release or resume names the e-stop the status shows; without a status there
+            // is nothing to answer.
+            let seen = follow.and_then(Follow::stop).map(|(_, n, _)| n);
+            match (act, seen) {
+                (StopAct::Raise, _) => {
+                    crate::operator::publish(session, &keys, act, 0, &source)?;
+                    on_event(TeleopEvent::Sent("EMERGENCY STOP"));
+                }
+                (_, Some(n)) => {
+                    crate::operator::publish(session, &keys, act, n, &source)?;
+                    on_event(TeleopEvent::Sent(act.as_str()));
+                }
+                (_, None) => on_event(TeleopEvent::Sent(
+                    "nothing: no status from the robot yet to say which e-stop to answer",
+                )),
+            }
+        }
         let now = Instant::now();
         if now >= next {
             m.seq += 1;

@@ -53,6 +53,9 @@ pub struct LinkConfig {
     pub resend_ms: f64,
     /// Unacknowledged steps kept at most (the oldest are dropped and counted beyond this).
     pub max_unacked: usize,
+    /// Steps sent ahead of what the learner has taken, at most: the rest wait in the actor
+    /// (back-pressure), so the learner's bounded queue does not overflow under normal load.
+    pub max_in_flight: usize,
     /// When new weights reach the loop.
     pub swap: SwapPoint,
     /// At the end of a run, wait this long for the learner to persist the last steps, s.
@@ -66,6 +69,7 @@ impl Default for LinkConfig {
             flush_ms: 50.0,
             resend_ms: 5000.0,
             max_unacked: 2_000_000,
+            max_in_flight: 16_384,
             swap: SwapPoint::Episode,
             drain_s: 10.0,
         }
@@ -79,6 +83,7 @@ impl reflex_contracts::config::Validate for LinkConfig {
         in_range(p, "flush_ms", self.flush_ms, 1.0, 60_000.0)?;
         in_range(p, "resend_ms", self.resend_ms, 10.0, 600_000.0)?;
         in_range(p, "max_unacked", self.max_unacked, 1_000, 1_000_000_000)?;
+        in_range(p, "max_in_flight", self.max_in_flight, 64, 100_000_000)?;
         in_range(p, "drain_s", self.drain_s, 0.0, 3600.0)?;
         Ok(())
     }
@@ -253,6 +258,8 @@ pub struct ActorLink {
     next: u64,
     /// Next sequence number to send.
     sent: u64,
+    /// What the learner reported it has taken (sends stay within `max_in_flight` of it).
+    learner_received: u64,
     last_send: Instant,
     last_progress: (u64, Instant),
     instance: u64,
@@ -348,6 +355,7 @@ impl ActorLink {
             base: 0,
             next: 0,
             sent: 0,
+            learner_received: 0,
             last_send: now,
             last_progress: (0, now),
             instance: 0,
@@ -411,7 +419,9 @@ impl ActorLink {
                 self.gaps_seen = s.gaps;
                 self.rewind(self.base);
             }
+            self.learner_received = self.base;
         } else if let Some((s, _)) = state {
+            self.learner_received = s.received;
             // Forget what the learner has in a checkpoint.
             while self.base < s.persisted.min(self.next) && !self.unacked.is_empty() {
                 self.unacked.pop_front();
@@ -467,11 +477,15 @@ impl ActorLink {
         }
     }
 
-    /// Sends every queued step not sent yet, in batches.
+    /// Sends queued steps not sent yet, in batches, as far as `max_in_flight` allows.
     pub fn flush(&mut self) {
-        while self.sent < self.next {
+        let limit = self
+            .learner_received
+            .max(self.base)
+            .saturating_add(self.cfg.max_in_flight as u64);
+        while self.sent < self.next.min(limit) {
             let from = (self.sent - self.base) as usize;
-            let n = ((self.next - self.sent) as usize).min(self.cfg.batch_steps);
+            let n = ((self.next.min(limit) - self.sent) as usize).min(self.cfg.batch_steps);
             self.batch.first_seq = self.sent;
             self.batch.held_from = self.base;
             self.batch.steps.clear();
@@ -544,6 +558,11 @@ impl ActorLink {
     }
 }
 
+/// Batches the learner's receive queue holds. An actor sends at most `max_in_flight` (16,384)
+/// steps ahead of the learner, in batches of up to 64 steps and usually at least a few (a batch
+/// goes out at an episode's end or after `flush_ms`): 1024 batches cover that with room to spare.
+pub const LEARNER_QUEUE_BATCHES: usize = 1024;
+
 /// Floats per weight chunk on the wire (64 KiB of payload).
 pub const WEIGHTS_CHUNK: usize = 16 * 1024;
 
@@ -573,6 +592,8 @@ pub struct LearnerLinkStats {
     pub undecodable: u64,
     /// Steps left out because they did not fit the robot (lengths, non-finite values).
     pub rejected_steps: u64,
+    /// Batches dropped because the learner's queue was full (the actor resends them).
+    pub queue_full: u64,
 }
 
 /// Steps a learner should take, in order.
@@ -684,6 +705,7 @@ pub struct LearnerLink {
     pos: LinkPosition,
     stats: LearnerLinkStats,
     undecodable: Arc<crate::Rejects>,
+    queue_full: Arc<crate::Rejects>,
     weights: Vec<f32>,
     arch: u64,
     shape: Option<StepShape>,
@@ -706,17 +728,27 @@ impl LearnerLink {
             .declare_token(keys.alive_learner.clone())
             .wait()
             .map_err(|e| err(&keys.alive_learner, e))?;
-        // Unbounded on purpose: a batch the learner cannot queue is a batch the actor must
-        // resend; the actor bounds what it sends by what the learner acknowledges, and
-        // `LearnerState::queued` tells it the learner is busy rather than lossy.
-        let (tx, rx) = crossbeam::channel::unbounded::<TransitionBatch>();
+        // Bounded: an actor keeps at most `max_in_flight` steps ahead of what the learner took
+        // (back-pressure on its side), so in normal operation the queue never fills; a batch
+        // that finds it full (a flood from a broken or hostile peer) is dropped and counted,
+        // and a real actor resends it when the learner reports the gap.
+        let (tx, rx) = crossbeam::channel::bounded::<TransitionBatch>(LEARNER_QUEUE_BATCHES);
         let undecodable = crate::Rejects::new(&keys.learn_transitions);
+        let queue_full =
+            crate::Rejects::new(&format!("{} (learner queue full)", keys.learn_transitions));
+        let full = queue_full.clone();
         let sub = crate::subscribe_decoded(
             session,
             &keys.learn_transitions,
             undecodable.clone(),
             move |b: TransitionBatch| {
-                let _ = tx.send(b);
+                if let Err(crossbeam::channel::TrySendError::Full(b)) = tx.try_send(b) {
+                    full.reject(&format_args!(
+                        "{LEARNER_QUEUE_BATCHES} batches wait already: dropped a batch of {} steps from {}",
+                        b.steps.len(),
+                        b.first_seq
+                    ));
+                }
             },
         )
         .map_err(|e| err(&keys.learn_transitions, e))?;
@@ -745,6 +777,7 @@ impl LearnerLink {
             },
             stats: LearnerLinkStats::default(),
             undecodable,
+            queue_full,
             weights: Vec::new(),
             arch: 0,
             shape: None,
@@ -771,6 +804,7 @@ impl LearnerLink {
         LearnerLinkStats {
             undecodable: self.undecodable.count(),
             rejected_steps: self.step_rejects.count(),
+            queue_full: self.queue_full.count(),
             ..self.stats
         }
     }

@@ -21,11 +21,14 @@ use crate::BusError;
 use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender};
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{
-    self, Command, EpisodeEvent, EventKind, Observation, PROTOCOL_VERSION, ResetRequest, RobotSpec,
+    self, ActionKind, Command, EpisodeEvent, EventKind, Observation, PROTOCOL_VERSION,
+    ResetRequest, RobotSpec,
 };
 use reflex_contracts::robot::{Robot, RobotError, check_action};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use reflex_contracts::stop::StopSwitch;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zenoh::Wait;
 
@@ -44,6 +47,11 @@ pub struct RemoteRobot {
     spec: RobotSpec,
     cmd_pub: zenoh::pubsub::Publisher<'static>,
     obs_rx: Receiver<Observation>,
+    aside: Arc<Aside>,
+    /// Whether a command was sent since the last reset (the hold is then the last command).
+    commanded: bool,
+    joint_field: Option<std::ops::Range<usize>>,
+    stop: Option<Arc<StopSwitch>>,
     obs: Observation,
     have_obs: bool,
     seq: u64,
@@ -53,7 +61,54 @@ pub struct RemoteRobot {
     buf: Vec<u8>,
     cmd: Command,
     rejects: std::sync::Arc<crate::Rejects>,
+    dropped: std::sync::Arc<crate::Rejects>,
     _obs_sub: zenoh::pubsub::Subscriber<()>,
+}
+
+/// Observations queued between Zenoh's thread and the loop.
+const OBS_QUEUE: usize = 64;
+
+/// What the observation queue pushed aside when it was full: episode ends (never dropped: the
+/// loop must see every end), and the rewards of the observations it dropped (added to the next
+/// one the loop takes, so no reward is lost with them).
+#[derive(Default)]
+struct Aside {
+    ends: Mutex<VecDeque<Observation>>,
+    pending: AtomicUsize,
+    reward_bits: AtomicU32,
+}
+
+impl Aside {
+    fn add_reward(&self, r: f32) {
+        let _ = self
+            .reward_bits
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                Some((f32::from_bits(b) + r).to_bits())
+            });
+    }
+
+    fn take_reward(&self) -> f32 {
+        f32::from_bits(self.reward_bits.swap(0f32.to_bits(), Ordering::AcqRel))
+    }
+
+    /// The oldest episode end pushed aside, if any (one atomic load when there is none).
+    fn take_end(&self) -> Option<Observation> {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut g = self.ends.lock().ok()?;
+        let o = g.pop_front();
+        self.pending.store(g.len(), Ordering::Release);
+        o
+    }
+
+    fn clear(&self) {
+        if let Ok(mut g) = self.ends.lock() {
+            g.clear();
+            self.pending.store(0, Ordering::Release);
+        }
+        self.take_reward();
+    }
 }
 
 impl RemoteRobot {
@@ -82,12 +137,29 @@ impl RemoteRobot {
                 ),
             });
         }
+        let joint_field = spec.field("joint_pos");
+        if spec.action.kind == ActionKind::JointAbs
+            && joint_field.as_ref().map(|r| r.len()) != Some(spec.action.dim())
+        {
+            return Err(RobotError::Device {
+                robot: robot.into(),
+                message: format!(
+                    "its actions are absolute joint targets ({} of them) but its state has no `joint_pos` field of that size: without measured joint positions no hold can keep it where it is; add `joint_pos` to its spec",
+                    spec.action.dim()
+                ),
+            });
+        }
         // Observations are decoded and checked against the spec on Zenoh's thread and handed
-        // over through a small channel; the newest matters, older ones are skipped by `observe`.
+        // over through a small queue; the newest matters, older ones are skipped by `observe`.
         // One that does not fit the spec never reaches the loop: it is counted and dropped.
-        let (tx, obs_rx) = channel::bounded::<Observation>(64);
+        // When the loop falls 64 behind, the oldest is dropped (counted) to make room for the
+        // newest, except an episode's end, which waits aside until the loop takes it.
+        let (tx, obs_rx) = channel::bounded::<Observation>(OBS_QUEUE);
+        let aside = Arc::new(Aside::default());
         let rejects = crate::Rejects::new(&keys.obs);
+        let dropped = crate::Rejects::new(&format!("{} (oldest dropped, loop behind)", keys.obs));
         let (obs_key, r, sp) = (keys.obs.clone(), rejects.clone(), spec.clone());
+        let (oldest, a, d) = (obs_rx.clone(), aside.clone(), dropped.clone());
         let obs_sub = session
             .declare_subscriber(keys.obs.clone())
             .callback(move |sample| {
@@ -98,7 +170,29 @@ impl RemoteRobot {
                 if let Err(e) = o.check_against(&sp) {
                     return r.reject(&e);
                 }
-                let _ = tx.try_send(o);
+                let mut o = o;
+                for _ in 0..2 {
+                    match tx.try_send(o) {
+                        Ok(()) => return,
+                        Err(channel::TrySendError::Disconnected(_)) => return,
+                        Err(channel::TrySendError::Full(back)) => o = back,
+                    }
+                    if let Ok(old) = oldest.try_recv() {
+                        if old.done() {
+                            if let Ok(mut g) = a.ends.lock() {
+                                g.push_back(old);
+                                a.pending.store(g.len(), Ordering::Release);
+                            }
+                        } else {
+                            a.add_reward(old.reward);
+                            d.reject(&format_args!(
+                                "the loop is {OBS_QUEUE} observations behind: dropped the oldest (seq {}) for the newest",
+                                old.seq
+                            ));
+                        }
+                    }
+                }
+                d.reject(&"the observation queue stayed full: dropped the newest");
             })
             .wait()
             .map_err(|e| bus_err(&keys.obs, e))?;
@@ -123,6 +217,10 @@ impl RemoteRobot {
             spec,
             cmd_pub,
             obs_rx,
+            aside,
+            commanded: false,
+            joint_field,
+            stop: None,
             obs: Observation::default(),
             have_obs: false,
             seq: 0,
@@ -136,6 +234,7 @@ impl RemoteRobot {
                 action: Vec::with_capacity(act_dim),
             },
             rejects,
+            dropped,
             _obs_sub: obs_sub,
         })
     }
@@ -143,6 +242,12 @@ impl RemoteRobot {
     /// Observations rejected so far (malformed, or not fitting the spec), with their key.
     pub fn rejects(&self) -> std::sync::Arc<crate::Rejects> {
         self.rejects.clone()
+    }
+
+    /// Observations dropped because the loop fell [`OBS_QUEUE`] behind (the oldest go first;
+    /// an episode's end is never dropped).
+    pub fn dropped(&self) -> std::sync::Arc<crate::Rejects> {
+        self.dropped.clone()
     }
 
     /// The deadline applied to every exchange.
@@ -266,16 +371,30 @@ impl Robot for RemoteRobot {
             v: PROTOCOL_VERSION,
             seed,
         });
-        let obs: Observation = query(
+        let reply: Result<Observation, RobotError> = query(
             &self.session,
             &self.keys.reset,
             &self.keys.robot,
             req,
             self.timeout,
-        )?;
+        );
+        let obs = match reply {
+            Ok(o) => o,
+            // The robot's server hears the same e-stop and refuses or cuts its reset short.
+            Err(_) if self.stop.as_ref().is_some_and(|s| !s.may_move()) => {
+                return Err(RobotError::Stopped {
+                    robot: self.keys.robot.clone(),
+                    what: "the reset",
+                    state: self.stop.as_ref().map_or("latched", |s| s.state().as_str()),
+                });
+            }
+            Err(e) => return Err(e),
+        };
         obs.check_against(&self.spec)?;
         // Anything queued from the previous episode is stale now.
         while self.obs_rx.try_recv().is_ok() {}
+        self.aside.clear();
+        self.commanded = false;
         self.seq = self.seq.max(obs.seq);
         self.episode_floor = obs.episode;
         self.obs = obs;
@@ -291,6 +410,7 @@ impl Robot for RemoteRobot {
         self.cmd.action.clear();
         self.cmd.action.extend_from_slice(action);
         msg::encode_into(&self.cmd, &mut self.buf);
+        self.commanded = true;
         self.cmd_pub
             .put(self.buf.as_slice())
             .wait()
@@ -320,7 +440,17 @@ impl Robot for RemoteRobot {
                 }
             }
         }
-        let mut reward = 0.0;
+        let mut reward = self.aside.take_reward();
+        // An episode end pushed aside is older than anything queued: it comes first.
+        while let Some(o) = self.aside.take_end() {
+            if o.episode < self.episode_floor {
+                continue;
+            }
+            self.obs = o;
+            self.obs.reward += reward;
+            self.have_obs = true;
+            return Ok(&self.obs);
+        }
         let mut got = false;
         if !self.have_obs {
             match self.obs_rx.recv_timeout(self.timeout) {
@@ -346,17 +476,55 @@ impl Robot for RemoteRobot {
         Ok(&self.obs)
     }
 
+    /// Keeps the robot where it was last told to be: the last command for absolute spaces
+    /// (before any command in an episode, the measured `joint_pos` for joint targets); zero
+    /// steps for delta spaces, with an end-effector space's absolute gripper at its last
+    /// command (or measured opening). Only a generic `box` space with nothing commanded yet
+    /// falls back to zero (or the middle of a range that excludes it): its meaning is the
+    /// environment's. The server applies its own robot's hold between commands.
     fn hold_action(&self, out: &mut [f32]) {
-        // Without a model of the remote robot the neutral action is the midpoint for absolute
-        // spaces; delta spaces hold with zero steps. Servers apply their own hold between commands.
-        for (i, o) in out.iter_mut().enumerate() {
-            let (lo, hi) = (self.spec.action.low[i], self.spec.action.high[i]);
-            *o = if lo <= 0.0 && hi >= 0.0 {
+        let a = &self.spec.action;
+        let last = (self.commanded && self.cmd.action.len() == out.len())
+            .then_some(self.cmd.action.as_slice());
+        let measured = self
+            .joint_field
+            .as_ref()
+            .filter(|r| r.end <= self.obs.state.len())
+            .map(|r| &self.obs.state[r.clone()]);
+        let neutral = |i: usize| {
+            if a.low[i] <= 0.0 && a.high[i] >= 0.0 {
                 0.0
             } else {
-                0.5 * (lo + hi)
-            };
+                0.5 * (a.low[i] + a.high[i])
+            }
+        };
+        let n = out.len();
+        match a.kind {
+            ActionKind::JointAbs | ActionKind::Box => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = match (last, measured) {
+                        (Some(l), _) => l[i],
+                        (None, Some(q)) if q.len() == n => q[i],
+                        _ => neutral(i),
+                    };
+                }
+            }
+            ActionKind::JointDelta => out.fill(0.0),
+            ActionKind::EeDelta | ActionKind::EeDeltaYaw => {
+                out.fill(0.0);
+                // The gripper (the last component) is an absolute opening.
+                out[n - 1] = match (last, measured) {
+                    (Some(l), _) => l[n - 1],
+                    (None, Some(q)) if !q.is_empty() => q[q.len() - 1],
+                    _ => neutral(n - 1),
+                }
+                .clamp(a.low[n - 1], a.high[n - 1]);
+            }
         }
+    }
+
+    fn attach_stop(&mut self, stop: Arc<StopSwitch>) {
+        self.stop = Some(stop);
     }
 }
 
@@ -441,6 +609,84 @@ enum Incoming {
     Reset(zenoh::query::Query, Option<u64>),
 }
 
+/// The serving side's own safety filter. Every command a [`RobotServer`] is about to execute
+/// must lie inside the spec's action bounds and within a per-step limit of where the robot is
+/// told to be now (its hold action: the current targets); anything else is refused, counted on
+/// the command key like every other reject, and the robot holds that tick. A controller whose
+/// own safety layer clips to the same limits never meets it; a hostile or broken one cannot
+/// make the robot jump. `reflex hw serve` turns it on for arms by default (`[serve] filter`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CommandFilter {
+    /// Largest change of a joint target per command, rad (joint actions; a yaw step).
+    pub max_joint_step_rad: f32,
+    /// Largest end-effector translation per command, m (end-effector actions).
+    pub max_ee_step_m: f32,
+    /// Largest change of the gripper per command, in its action units.
+    pub max_gripper_step: f32,
+}
+
+impl CommandFilter {
+    /// Why `a` is refused, if it is; `hold` is the robot's hold action now.
+    pub fn check(&self, spec: &msg::ActionSpec, a: &[f32], hold: &[f32]) -> Result<(), String> {
+        // A controller that clips to the same limit in f32 lands a rounding error past it.
+        let over = |v: f32, max: f32| v.abs() > max * (1.0 + 1e-4) + 1e-6;
+        for (i, v) in a.iter().enumerate() {
+            let (lo, hi) = (spec.low[i], spec.high[i]);
+            let slack = 1e-4 * (hi - lo).abs().max(1e-3);
+            if !(lo - slack..=hi + slack).contains(v) {
+                return Err(format!(
+                    "`{}` = {v} is outside its range [{lo}, {hi}]",
+                    spec.names[i]
+                ));
+            }
+        }
+        let n = a.len();
+        let step = |i: usize, d: f32, max: f32| {
+            if over(d, max) {
+                Err(format!(
+                    "`{}` changes by {d:+.4} in one command; the limit is {max}",
+                    spec.names[i]
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        match spec.kind {
+            ActionKind::JointAbs => {
+                for i in 0..n {
+                    let max = if i + 1 == n {
+                        self.max_gripper_step
+                    } else {
+                        self.max_joint_step_rad
+                    };
+                    step(i, a[i] - hold[i], max)?;
+                }
+            }
+            ActionKind::JointDelta => {
+                for i in 0..n {
+                    let max = if i + 1 == n {
+                        self.max_gripper_step
+                    } else {
+                        self.max_joint_step_rad
+                    };
+                    step(i, a[i], max)?;
+                }
+            }
+            ActionKind::EeDelta | ActionKind::EeDeltaYaw => {
+                for i in 0..3 {
+                    step(i, a[i], self.max_ee_step_m)?;
+                }
+                if spec.kind == ActionKind::EeDeltaYaw {
+                    step(3, a[3], self.max_joint_step_rad)?;
+                }
+                step(n - 1, a[n - 1] - hold[n - 1], self.max_gripper_step)?;
+            }
+            ActionKind::Box => {}
+        }
+        Ok(())
+    }
+}
+
 /// Serves any [`Robot`] on the bus: answers spec and reset queries, executes commands, publishes
 /// observations and episode events, and holds a liveliness token while it runs.
 pub struct RobotServer<R: Robot> {
@@ -456,6 +702,10 @@ pub struct RobotServer<R: Robot> {
     cmd_rejects: std::sync::Arc<crate::Rejects>,
     counters: Arc<ServeCounters>,
     watchdog: Duration,
+    filter: Option<CommandFilter>,
+    reference: Vec<f32>,
+    stop: Arc<StopSwitch>,
+    _stop_subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _token: zenoh::liveliness::LivelinessToken,
     _cmd_sub: zenoh::pubsub::Subscriber<()>,
     _reset_q: zenoh::query::Queryable<()>,
@@ -463,7 +713,7 @@ pub struct RobotServer<R: Robot> {
 }
 
 /// Counters of a served robot, returned when it stops.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ServeStats {
     /// Steps executed.
     pub steps: u64,
@@ -475,6 +725,8 @@ pub struct ServeStats {
     pub rejected_commands: u64,
     /// Times the watchdog found no controller and held the robot.
     pub watchdog_trips: u64,
+    /// Commands the e-stop turned into holds (latched or paused).
+    pub held_while_stopped: u64,
 }
 
 /// Live counters of a served robot, readable from any thread while it runs.
@@ -486,12 +738,18 @@ pub struct ServeCounters {
     pub watchdog_trips: AtomicU64,
     /// The watchdog holds the robot now (no command for longer than the watchdog period).
     pub holding: AtomicBool,
+    /// Commands the e-stop turned into holds.
+    pub held_while_stopped: AtomicU64,
 }
 
 impl<R: Robot> RobotServer<R> {
     /// Declares everything on the bus under `reflex/<robot>/...`, where `<robot>` is the spec's
     /// name.
-    pub fn new(session: &zenoh::Session, robot: R, mode: ServeMode) -> Result<Self, BusError> {
+    ///
+    /// The server obeys the robot's e-stop on its own (`estop` events, an operator's release
+    /// and resume): while it is latched or paused every command becomes the robot's hold, resets
+    /// are refused, and a move the robot makes on its own (a reset) stops.
+    pub fn new(session: &zenoh::Session, mut robot: R, mode: ServeMode) -> Result<Self, BusError> {
         let mut spec = robot.spec().clone();
         spec.lockstep = matches!(mode, ServeMode::Lockstep);
         if let ServeMode::Realtime { hz } = mode {
@@ -529,6 +787,16 @@ impl<R: Robot> RobotServer<R> {
             .declare_publisher(keys.events.clone())
             .wait()
             .map_err(|e| declare(&keys.events, e))?;
+        let stop = StopSwitch::new();
+        let stop_subs = crate::teleop::subscribe_stop(
+            session,
+            &keys,
+            stop.clone(),
+            crate::Rejects::new(&keys.events),
+            crate::Rejects::new(&keys.operator),
+        )
+        .map_err(|e| declare(&keys.events, e))?;
+        robot.attach_stop(stop.clone());
         let token = session
             .liveliness()
             .declare_token(keys.alive_robot.clone())
@@ -553,6 +821,10 @@ impl<R: Robot> RobotServer<R> {
             cmd_rejects,
             counters: Arc::default(),
             watchdog,
+            filter: None,
+            reference: vec![0.0; spec.action.dim()],
+            stop,
+            _stop_subs: stop_subs,
             _token: token,
             _cmd_sub: cmd_sub,
             _reset_q: reset_q,
@@ -568,6 +840,48 @@ impl<R: Robot> RobotServer<R> {
     /// Live counters (commands, watchdog trips, holding now).
     pub fn counters(&self) -> Arc<ServeCounters> {
         self.counters.clone()
+    }
+
+    /// Checks every command with `filter` before the robot executes it ([`CommandFilter`]).
+    pub fn with_filter(mut self, filter: CommandFilter) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+
+    /// The e-stop this server obeys (raised and released from the bus; tests may act on it).
+    pub fn stop_switch(&self) -> Arc<StopSwitch> {
+        self.stop.clone()
+    }
+
+    /// Sends the robot its hold.
+    fn hold(&mut self) -> Result<(), RobotError> {
+        self.robot.hold_action(&mut self.hold);
+        let hold = std::mem::take(&mut self.hold);
+        let r = self.robot.command(&hold);
+        self.hold = hold;
+        r
+    }
+
+    /// A controller's command, unless the e-stop holds the robot or the filter refuses it
+    /// (then the robot holds).
+    fn execute(&mut self, c: &Command) -> Result<(), RobotError> {
+        if !self.stop.may_move() {
+            self.counters
+                .held_while_stopped
+                .fetch_add(1, Ordering::Relaxed);
+            return self.hold();
+        }
+        if let Some(f) = self.filter {
+            self.robot.hold_action(&mut self.reference);
+            if let Err(why) = f.check(&self.robot.spec().action, &c.action, &self.reference) {
+                self.cmd_rejects.reject(&format_args!(
+                    "command {} refused by the robot's filter: {why}",
+                    c.seq
+                ));
+                return self.hold();
+            }
+        }
+        self.robot.command(&c.action)
     }
 
     /// A free-running robot whose controller has sent nothing for `after` is held, counted and
@@ -666,6 +980,17 @@ impl<R: Robot> RobotServer<R> {
         seed: Option<u64>,
         seq: u64,
     ) -> Result<(), RobotError> {
+        if !self.stop.may_move() {
+            let _ = query
+                .reply_err(format!(
+                    "robot `{}`: the emergency stop is {} (raised by {}): no reset until it is released and resumed",
+                    self.keys.robot,
+                    self.stop.state().as_str(),
+                    self.stop.raised_by()
+                ))
+                .wait();
+            return Ok(());
+        }
         self.seed = seed;
         match self.robot.reset(seed) {
             Ok(obs) => {
@@ -692,6 +1017,7 @@ impl<R: Robot> RobotServer<R> {
         let mut stats = self.serve(stop)?;
         stats.rejected_commands = self.cmd_rejects.count();
         stats.watchdog_trips = self.counters.watchdog_trips.load(Ordering::Relaxed);
+        stats.held_while_stopped = self.counters.held_while_stopped.load(Ordering::Relaxed);
         Ok(stats)
     }
 
@@ -705,7 +1031,7 @@ impl<R: Robot> RobotServer<R> {
                         Ok(Incoming::Cmd(c)) => {
                             seq = c.seq;
                             self.counters.commands.fetch_add(1, Ordering::Relaxed);
-                            if let Err(e) = self.robot.command(&c.action) {
+                            if let Err(e) = self.execute(&c) {
                                 tracing::warn!("command {} rejected: {e}", c.seq);
                             } else {
                                 stats.steps += 1;
@@ -769,17 +1095,13 @@ impl<R: Robot> RobotServer<R> {
                 Some(c) => {
                     seq = c.seq;
                     self.fed(now, &mut last_cmd);
-                    self.robot.command(&c.action)
+                    self.execute(&c)
                 }
                 None => {
                     stats.holds += 1;
                     self.starved(now, last_cmd);
                     // A delta command is applied once; between commands the robot holds.
-                    self.robot.hold_action(&mut self.hold);
-                    let hold = std::mem::take(&mut self.hold);
-                    let r = self.robot.command(&hold);
-                    self.hold = hold;
-                    r
+                    self.hold()
                 }
             };
             match result {

@@ -3,7 +3,8 @@
 //! control on the robot's key space by the certificate's common name:
 //! - every authenticated peer may watch (subscribe, query, liveliness) and may raise an e-stop
 //!   (`reflex/<robot>/events`);
-//! - only the configured teleop devices may command or take over (`reflex/<robot>/teleop`);
+//! - only the configured teleop devices may command or take over (`reflex/<robot>/teleop`) and
+//!   release or resume an e-stop (`reflex/<robot>/operator`);
 //! - only the configured learners may publish weights and learner state
 //!   (`reflex/<robot>/learn/{state,weights}`, `alive/learner`);
 //! - anything else from a peer (a viewer publishing commands, a peer driving the robot's `cmd`)
@@ -72,7 +73,7 @@ pub fn check_private(key: &Path) -> Result<(), BusError> {
 pub struct Access {
     /// Peers that may publish weights and learner state.
     pub learners: Vec<String>,
-    /// Peers that may command and take over.
+    /// Peers that may command and take over, and release and resume an e-stop.
     pub teleops: Vec<String>,
     /// Peers that may only watch (and raise an e-stop).
     pub viewers: Vec<String>,
@@ -127,7 +128,7 @@ impl Access {
       "messages": ["declare_subscriber", "query", "declare_liveliness_subscriber", "liveliness_query"]}},
     {{"id": "estop", "key_exprs": [{events}], "flows": ["ingress"], "permission": "allow",
       "messages": ["put"]}},
-    {{"id": "teleop", "key_exprs": [{teleop}], "flows": ["ingress"], "permission": "allow",
+    {{"id": "teleop", "key_exprs": [{teleop}, {operator}], "flows": ["ingress"], "permission": "allow",
       "messages": ["put"]}},
     {{"id": "learn", "key_exprs": [{state}, {weights}, {alive}], "flows": ["ingress"],
       "permission": "allow",
@@ -139,6 +140,7 @@ impl Access {
             all_keys = k("**"),
             events = k("events"),
             teleop = k("teleop"),
+            operator = k("operator"),
             state = k("learn/state"),
             weights = k("learn/weights"),
             alive = k("alive/learner"),

@@ -5,6 +5,7 @@
 use crate::Rejects;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg;
+use reflex_contracts::stop::{StopState, StopSwitch};
 use reflex_runtime::control::LoopStatus;
 use reflex_runtime::safety::SafetyEvent;
 use reflex_runtime::triple::Reader;
@@ -21,6 +22,9 @@ pub struct StatusExtras {
     pub recorder_dropped: Option<Box<dyn Fn() -> u64 + Send>>,
     /// Rejection counters of the keys the actor reads.
     pub rejects: Vec<Arc<Rejects>>,
+    /// The e-stop: its state and who acted last go in every status, and a change is published
+    /// at once, even while the loop is busy (a reset's move to its start pose).
+    pub stop: Option<Arc<StopSwitch>>,
 }
 
 impl StatusExtras {
@@ -94,8 +98,17 @@ pub fn spawn_publisher(
             };
             let mut last_safety = reflex_runtime::safety::SafetyCounters::default();
             let mut clips = ClipWindow::default();
+            let stop_now = |x: &Option<Arc<StopSwitch>>| x.as_ref().map(|s| (s.state(), s.raises()));
+            let mut last_stop = stop_now(&extras.stop);
+            let mut last_put = std::time::Instant::now();
             while !s.load(Ordering::Relaxed) {
-                if reader.update() {
+                let fresh = reader.update();
+                let stop = stop_now(&extras.stop);
+                // A new snapshot, a change of the e-stop, or a heartbeat every second (the loop
+                // may be busy in a reset: watchers must still see the stop and the actor alive).
+                if fresh || stop != last_stop || last_put.elapsed() >= Duration::from_secs(1) {
+                    last_stop = stop;
+                    last_put = std::time::Instant::now();
                     // The loop cannot log (formatting allocates); this thread logs for it.
                     // Holds and e-stops are warned at once; routine clipping (a step or the
                     // tool kept inside its limit) is summarised per episode by the actor and
@@ -126,6 +139,9 @@ pub fn spawn_publisher(
                         m.recorder_dropped = r();
                     }
                     m.rejected = extras.rejected();
+                    if let Some(sw) = &extras.stop {
+                        fill_stop(&mut m, sw);
+                    }
                     if let Err(e) = publisher.put(msg::encode(&m)).wait() {
                         tracing::warn!("status on {}: {e}", keys.status);
                     }
@@ -138,6 +154,19 @@ pub fn spawn_publisher(
         stop,
         thread: Some(thread),
     }
+}
+
+/// The e-stop's state, count and who acted last, from the switch itself.
+pub fn fill_stop(m: &mut msg::StatusMsg, sw: &StopSwitch) {
+    let state = sw.state();
+    m.stop = state.as_str().to_string();
+    m.estops = sw.raises();
+    m.estop_raised_unix_ns = sw.last_raised_unix_ns();
+    m.stop_by = match state {
+        StopState::Latched => sw.raised_by(),
+        StopState::Paused => sw.released_resumed_by().0,
+        StopState::Running => sw.released_resumed_by().1,
+    };
 }
 
 impl Drop for StatusPublisher {

@@ -131,7 +131,7 @@ impl TracePublisher {
 
     /// Publishes `t` if it is due. Congestion drops rather than waits.
     pub fn offer(&mut self, t: &Transition) {
-        let ends = t.terminated || t.truncated || t.label.is_some() || t.reset_requested;
+        let ends = t.ends_episode();
         if !ends && !t.step.is_multiple_of(self.every) {
             return;
         }
@@ -244,7 +244,7 @@ pub fn watch(
             st.traces.fetch_add(1, Relaxed);
             let t = Transition::from_trace(&m);
             r.step(&t);
-            if t.terminated || t.truncated || t.label.is_some() || t.reset_requested {
+            if t.ends_episode() {
                 st.episodes_ended.fetch_add(1, Relaxed);
             }
         })

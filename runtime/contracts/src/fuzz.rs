@@ -88,6 +88,12 @@ fn corpus() -> Vec<Vec<u8>> {
             v: PROTOCOL_VERSION,
             seed: Some(4),
         }),
+        encode(&OperatorMsg {
+            v: PROTOCOL_VERSION,
+            kind: OperatorKind::Release,
+            estops: 3,
+            source: "operator".into(),
+        }),
     ]
 }
 
@@ -116,6 +122,11 @@ fn decode_everything(bytes: &[u8]) {
     let _ = decode::<ResetRequest>("k", bytes);
     let _ = decode::<LearnerState>("k", bytes);
     let _ = decode::<EpisodeEvent>("k", bytes);
+    if let Ok(m) = decode::<OperatorMsg>("k", bytes) {
+        // What reaches a log line from another process is bounded and printable.
+        let who = crate::stop::clean_name(&m.source);
+        assert!(who.len() <= crate::stop::MAX_WHO && who.chars().all(|c| c.is_ascii()));
+    }
     let _ = decode::<StepTrace>("k", bytes);
     let _ = decode::<TraceFrames>("k", bytes);
     let _ = decode::<StatusMsg>("k", bytes);
@@ -150,7 +161,7 @@ proptest! {
 
     #[test]
     fn mutated_valid_messages_never_panic_a_decoder_or_a_validator(
-        which in 0usize..7,
+        which in 0usize..8,
         edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 1..6),
     ) {
         let c = corpus();

@@ -23,6 +23,8 @@ pub struct Keys {
     pub events: String,
     /// `reflex/<robot>/teleop`
     pub teleop: String,
+    /// `reflex/<robot>/operator`: an operator's release and resume of the e-stop
+    pub operator: String,
     /// `reflex/<robot>/status`
     pub status: String,
     /// `reflex/<robot>/alive/robot`
@@ -64,6 +66,7 @@ impl Keys {
             reset: k("reset"),
             events: k("events"),
             teleop: k("teleop"),
+            operator: k("operator"),
             status: k("status"),
             alive_robot: k("alive/robot"),
             trace: k("trace"),

@@ -6,6 +6,8 @@
 //! - [`keys`]: the key expressions of one robot on the bus;
 //! - [`robot::Robot`], [`policy::Policy`], [`teleop::Teleop`]: the traits simulators, hardware,
 //!   policies and teleop devices implement;
+//! - [`stop`]: the emergency stop's latch, release and resume, shared by the loop, the robot and
+//!   the bus;
 //! - [`config`]: TOML loading whose errors name the file, the key and what is allowed.
 //!
 //! It depends on serde and its formats only: no Zenoh, Rerun, candle or ONNX Runtime
@@ -17,6 +19,7 @@ pub mod keys;
 pub mod msg;
 pub mod policy;
 pub mod robot;
+pub mod stop;
 pub mod teleop;
 pub mod validate;
 
@@ -31,5 +34,6 @@ pub mod prelude {
     };
     pub use crate::policy::{ChunkSpec, Policy, PolicyError};
     pub use crate::robot::{Robot, RobotError};
+    pub use crate::stop::{StopState, StopSwitch};
     pub use crate::teleop::{Teleop, TeleopError};
 }

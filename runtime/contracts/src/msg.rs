@@ -402,8 +402,36 @@ pub enum EventKind {
     Failure,
     /// The episode ended (after success, failure or the time limit).
     Done,
-    /// Emergency stop: every actor must hold the robot still until a reset.
+    /// Emergency stop: every actor and robot server holds the robot still, ends the episode in
+    /// progress and starts nothing until an operator releases it and resumes (an
+    /// [`OperatorMsg`] on `reflex/<robot>/operator`). Anyone on the bus may raise it.
     Estop,
+}
+
+/// A deliberate act of an operator on the e-stop (docs/runtime.md, "Stopping"). Published on
+/// `reflex/<robot>/operator`, which only peers allowed to teleoperate may write when the bus has
+/// access rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperatorKind {
+    /// Release a latched e-stop: the robot stays still (paused) until a resume.
+    Release,
+    /// Resume a paused run: the next episode starts.
+    Resume,
+}
+
+/// An operator's release or resume. Published on `reflex/<robot>/operator`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OperatorMsg {
+    /// Protocol version.
+    pub v: u16,
+    /// Release or resume.
+    pub kind: OperatorKind,
+    /// The e-stop count the operator saw in the robot's status (`StatusMsg::estops`): the act
+    /// answers that e-stop only, never one raised after it.
+    pub estops: u64,
+    /// Who acts (a person's or a device's name; shown in the status and logs).
+    pub source: String,
 }
 
 /// An episode event. Published on `reflex/<robot>/events`.
@@ -489,6 +517,18 @@ pub struct StatusMsg {
     /// version, or not fitting the robot's spec); keys with none are left out.
     #[serde(default)]
     pub rejected: Vec<(String, u64)>,
+    /// The e-stop: `running`, `latched` or `paused` (docs/runtime.md, "Stopping").
+    #[serde(default)]
+    pub stop: String,
+    /// E-stops raised so far (an operator's release names this count).
+    #[serde(default)]
+    pub estops: u64,
+    /// Who raised the e-stop (latched), released it (paused) or resumed (running after a stop).
+    #[serde(default)]
+    pub stop_by: String,
+    /// Wall time of the last e-stop, ns since the Unix epoch (0: none yet).
+    #[serde(default)]
+    pub estop_raised_unix_ns: u64,
 }
 
 /// One control step as the actor saw it, for visualisation on other machines. Published on
@@ -526,6 +566,9 @@ pub struct StepTrace {
     pub label: Option<bool>,
     /// A person asked for a reset.
     pub reset: bool,
+    /// An emergency stop ended the episode after this step.
+    #[serde(default)]
+    pub estop: bool,
     /// Safety event bits of the step.
     pub safety_flags: u32,
     /// Wake-up lateness, us.
@@ -581,12 +624,15 @@ pub struct WireStep {
     pub label: Option<bool>,
     /// A person asked for a reset (ends the episode).
     pub reset: bool,
+    /// An emergency stop ended the episode after this step (not terminal: the task did not end).
+    #[serde(default)]
+    pub estop: bool,
 }
 
 impl WireStep {
     /// The step ends its episode.
     pub fn ends_episode(&self) -> bool {
-        self.terminated || self.truncated || self.label.is_some() || self.reset
+        self.terminated || self.truncated || self.label.is_some() || self.reset || self.estop
     }
 }
 
@@ -706,6 +752,7 @@ versioned!(
     Command => "Command",
     ResetRequest => "ResetRequest",
     EpisodeEvent => "EpisodeEvent",
+    OperatorMsg => "OperatorMsg",
     TeleopMsg => "TeleopMsg",
     StatusMsg => "StatusMsg",
     StepTrace => "StepTrace",

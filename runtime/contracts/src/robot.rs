@@ -54,6 +54,19 @@ pub enum RobotError {
         /// What the transport said.
         message: String,
     },
+    /// The emergency stop interrupted or refused a move the robot makes on its own (a reset's
+    /// move to the start pose): the robot holds where it is.
+    #[error(
+        "robot `{robot}`: the emergency stop is {state}: {what} stopped, the robot holds where it is (release and resume it to go on)"
+    )]
+    Stopped {
+        /// Robot name.
+        robot: String,
+        /// What was stopped: `the move to the start pose`, `the reset`.
+        what: &'static str,
+        /// `latched` or `paused`.
+        state: &'static str,
+    },
     /// The robot (or simulator) itself failed.
     #[error("robot `{robot}`: {message}")]
     Device {
@@ -84,9 +97,17 @@ pub trait Robot: Send {
     fn observe(&mut self) -> Result<&Observation, RobotError>;
 
     /// Writes into `out` (length = action dimension) an action that keeps the robot where it is:
-    /// zero steps for delta action spaces, the current targets for absolute ones. The control
-    /// loop and the real-time server use it when no fresh command is available.
+    /// zero steps for delta action spaces (an absolute gripper component at its current target),
+    /// the current targets for absolute ones, never a fixed pose such as the middle of the range.
+    /// The control loop and the real-time server use it when no fresh command is available and
+    /// whenever the robot must be held (e-stop, stale inputs).
     fn hold_action(&self, out: &mut [f32]);
+
+    /// Hands the robot its e-stop. A robot that moves on its own between commands (a real arm
+    /// driving to its start pose inside [`Robot::reset`]) checks it every period and stops with
+    /// [`RobotError::Stopped`] when it is no longer running; robots that only move when commanded
+    /// may ignore it (the default).
+    fn attach_stop(&mut self, _stop: std::sync::Arc<crate::stop::StopSwitch>) {}
 
     /// `command` then `observe`.
     fn step(&mut self, action: &[f32]) -> Result<&Observation, RobotError> {

@@ -34,4 +34,11 @@ pub trait Teleop: Send {
     fn finished(&self) -> bool {
         false
     }
+
+    /// An e-stop button the person pressed since the last call (raise, release, resume), if the
+    /// device has such buttons. The caller sends it on the bus (`reflex/<robot>/events` for a
+    /// raise, `reflex/<robot>/operator` for a release or resume).
+    fn take_stop_act(&mut self) -> Option<crate::stop::StopAct> {
+        None
+    }
 }

@@ -248,7 +248,9 @@ fn log_events(rec: &rerun::RecordingStream, ep: &Episode, t: &Transition) {
                 .with_level(rerun::TextLogLevel::WARN),
         );
     }
-    if t.terminated || t.truncated || t.label.is_some() {
+    if t.estop {
+        info(format!("step {}: episode ends (emergency stop)", t.step));
+    } else if t.terminated || t.truncated || t.label.is_some() {
         let what = if t.success || t.label == Some(true) {
             "success"
         } else if t.truncated {

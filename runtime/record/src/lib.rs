@@ -497,7 +497,7 @@ impl Worker {
         }
         episode::account(&self.scene, e, t);
         self.stats.recorded.fetch_add(1, Ordering::Relaxed);
-        if t.terminated || t.truncated || t.label.is_some() || t.reset_requested {
+        if t.ends_episode() {
             let e = self.ep.take().expect("open");
             episode::finish_episode(&self.cfg, e, &self.stats, &self.seen);
         }
