@@ -564,22 +564,18 @@ impl StatusWatch {
 
 /// `reflex estop ACTION --robot so101` on the bus at `ep`; returns what it printed.
 fn estop_cli(action: &str, ep: &str) -> String {
-    let out = reflex()
-        .args([
-            "estop",
-            action,
-            "--robot",
-            "so101",
-            "--no-multicast",
-            "--as",
-            "the test",
-            "--wait-s",
-            "20",
-            "--connect",
-            ep,
-        ])
-        .output()
-        .unwrap();
+    estop_cli_at(action, &[ep])
+}
+
+/// `reflex estop ACTION --robot so101` connected to every endpoint in `eps`.
+fn estop_cli_at(action: &str, eps: &[&str]) -> String {
+    let mut c = reflex();
+    c.args(["estop", action, "--robot", "so101", "--no-multicast"])
+        .args(["--as", "the test", "--wait-s", "20"]);
+    for ep in eps {
+        c.args(["--connect", ep]);
+    }
+    let out = c.output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
@@ -874,4 +870,90 @@ fn a_real_arm_on_a_bus_without_tls_is_refused_unless_insecure_is_set() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success());
     assert!(said.contains("bus:") && said.contains("refuses"), "{said}");
+}
+
+#[test]
+fn reflex_hw_serve_offers_the_emulated_arm_to_an_actor_in_another_process_and_obeys_the_estop() {
+    use crate::common::{child_stderr, spawn, unix_endpoint};
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("goals.jsonl");
+    let (_emu, link) = emulator(&dir, &["--goal-log", log.to_str().unwrap()]);
+    let (arm_ep, actor_ep) = (unix_endpoint(&dir, "arm"), unix_endpoint(&dir, "actor"));
+    // The shipped pair of configs, pointed at this test's port and sockets.
+    let edit = |file: &str, edits: &[(&str, &str)]| {
+        let mut text = std::fs::read_to_string(repo().join("configs/run").join(file)).unwrap();
+        for (from, to) in edits {
+            assert!(text.contains(from), "{file} has no `{from}`");
+            text = text.replace(from, to);
+        }
+        let p = dir.path().join(file);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let served = edit(
+        "so101-served.toml",
+        &[
+            ("/tmp/reflex-so101", link.to_str().unwrap()),
+            ("tcp/127.0.0.1:7448", &arm_ep),
+            ("start_speed_rad_s = 0.5", "start_speed_rad_s = 3.0"),
+        ],
+    );
+    let model = repo().join("models/so101-reach.onnx");
+    let remote = edit(
+        "so101-remote.toml",
+        &[
+            ("../../models/so101-reach.onnx", model.to_str().unwrap()),
+            ("timeout_ms = 5000.0", "timeout_ms = 20000.0"),
+            (
+                "connect = [\"tcp/127.0.0.1:7448\"]",
+                &format!("connect = [\"{arm_ep}\"]\nlisten = [\"{actor_ep}\"]"),
+            ),
+        ],
+    );
+    let mut serve = reflex();
+    serve
+        .args(["hw", "serve", "--json", "--config"])
+        .arg(&served);
+    let mut server = spawn(serve, &dir, "server");
+    let mut run = reflex();
+    run.args(["run", "--json", "--episodes", "1000", "--config"])
+        .arg(&remote);
+    let mut actor = spawn(run, &dir, "actor");
+    let watch = StatusWatch::new(&actor_ep);
+    watch.wait("two episodes on the served arm", |m| m.episode >= 3);
+    let said = estop_cli_at("raise", &[&actor_ep, &arm_ep]);
+    assert!(said.contains("latched"), "{said}");
+    let latched = watch.wait("the actor held", |m| m.stop == "latched");
+    let raised_at = latched.estop_raised_unix_ns as u128;
+    watch.wait("held ticks", |m| m.ticks >= latched.ticks + 100);
+    let after = goal_writes_after(&goal_log(&log), raised_at);
+    assert!(
+        after.len() <= 2,
+        "the served arm moved after the e-stop: writes {after:?}"
+    );
+    for (child, name) in [(&mut actor, "actor"), (&mut server, "server")] {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+        let status = wait_exit(child, &dir, name);
+        assert!(status.success(), "{name}: {}", child_stderr(&dir, name));
+    }
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join(format!("{name}.out"))).unwrap(),
+        )
+        .unwrap()
+    };
+    let (a, s) = (read("actor"), read("server"));
+    eprintln!(
+        "actor: {} episodes, success {}; server: {s}",
+        a["episodes"], a["success_rate"]
+    );
+    assert!(a["episodes"].as_u64().unwrap() >= 2, "{a}");
+    assert_eq!(a["stop"]["state"], "latched", "{a}");
+    // The server heard the e-stop itself: the actor's commands became holds there too; none of
+    // them was outside the filter.
+    assert!(s["held_while_stopped"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["rejected_commands"], 0, "{s}");
+    assert!(s["steps"].as_u64().unwrap() > 100, "{s}");
+    assert!(child_stderr(&dir, "server").contains("INSECURE"));
 }

@@ -570,7 +570,17 @@ fn a_short_soak_with_faults_loses_no_transition_and_rejects_every_hostile_messag
     );
     assert!(v["learner_restarts"].as_u64().unwrap() >= 1, "{v}");
     assert!(v["hostile_messages"].as_u64().unwrap() > 50, "{v}");
-    for key in ["teleop", "events", "learn/state", "learn/weights"] {
+    // E-stop drills through the bus: latched, held, released, resumed; the run went on.
+    assert!(v["estop_drills"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["estop_held_ticks"].as_u64().unwrap() >= 100, "{v}");
+    assert!(v["safety"]["estop"].as_u64().unwrap() >= 100, "{v}");
+    for key in [
+        "teleop",
+        "events",
+        "operator",
+        "learn/state",
+        "learn/weights",
+    ] {
         let n = v["rejected"][format!("reflex/soak/{key}")]
             .as_u64()
             .unwrap_or(0);
@@ -807,4 +817,387 @@ fn a_full_disk_while_recording_marks_the_episodes_incomplete_and_the_run_goes_on
         steps(&ok),
         "the full disk changed the episodes"
     );
+}
+
+/// Whether a subscriber matches `p` (its declaration has reached this session).
+fn matching(p: &zenoh::pubsub::Publisher<'_>) -> bool {
+    p.matching_status().wait().is_ok_and(|m| m.matching())
+}
+
+/// Every command a robot executes, for the server's side of a link.
+struct Logged<R: Robot> {
+    inner: R,
+    log: std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>,
+}
+
+impl<R: Robot> Robot for Logged<R> {
+    fn spec(&self) -> &RobotSpec {
+        self.inner.spec()
+    }
+    fn reset(&mut self, s: Option<u64>) -> Result<&Observation, RobotError> {
+        self.log.lock().unwrap().clear();
+        self.inner.reset(s)
+    }
+    fn command(&mut self, a: &[f32]) -> Result<(), RobotError> {
+        self.log.lock().unwrap().push(a.to_vec());
+        self.inner.command(a)
+    }
+    fn observe(&mut self) -> Result<&Observation, RobotError> {
+        self.inner.observe()
+    }
+    fn hold_action(&self, out: &mut [f32]) {
+        self.inner.hold_action(out)
+    }
+}
+
+/// A base policy that always asks for the same absolute pose.
+struct Pose(Vec<f32>);
+
+impl reflex_contracts::policy::Policy for Pose {
+    fn name(&self) -> &str {
+        "pose"
+    }
+    fn chunk_spec(&self) -> reflex_contracts::policy::ChunkSpec {
+        reflex_contracts::policy::ChunkSpec {
+            len: 1,
+            execute: 1,
+            dim: self.0.len(),
+        }
+    }
+    fn infer(
+        &mut self,
+        _: &Observation,
+        out: &mut [f32],
+    ) -> Result<(), reflex_contracts::policy::PolicyError> {
+        out.copy_from_slice(&self.0);
+        Ok(())
+    }
+}
+
+/// The largest change between consecutive commands: (body joints, gripper).
+fn largest_steps(commands: &[Vec<f32>]) -> (f32, f32) {
+    let mut worst = (0.0f32, 0.0f32);
+    for w in commands.windows(2) {
+        let n = w[0].len();
+        for i in 0..n {
+            let d = (w[1][i] - w[0][i]).abs();
+            if i + 1 == n {
+                worst.1 = worst.1.max(d);
+            } else {
+                worst.0 = worst.0.max(d);
+            }
+        }
+    }
+    worst
+}
+
+#[test]
+fn a_remote_absolute_joint_robot_held_on_stale_observations_never_steps_past_the_limit() {
+    // Before: a remote robot's hold for absolute joint targets was the middle of each range (0
+    // here), and the safety layer let holds through without its step limit: when the link
+    // went quiet the actor commanded a jump from wherever the arm was to the middle.
+    use reflex_agent::actor::{ActorBuilder, ClockChoice};
+    use reflex_runtime::safety::{SafetyConfig, SafetyEvent};
+    let mut cfg = reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Reach);
+    cfg.action = reflex_contracts::msg::ActionKind::JointAbs;
+    cfg.max_episode_steps = Some(100_000);
+    cfg.robot = "joints".into();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+    let robot = Logged {
+        inner: reflex_sim::SimEnv::new(cfg).unwrap(),
+        log: log.clone(),
+    };
+    let server_ep = crate::common::free_tcp_endpoint();
+    let robot_bus = BusConfig::hermetic(vec![server_ep.clone()], vec![])
+        .open()
+        .unwrap();
+    let _serving = RobotServer::new(&robot_bus, robot, ServeMode::Realtime { hz: 50.0 })
+        .unwrap()
+        .spawn();
+    let relay = Relay::to(server_ep.trim_start_matches("tcp/").parse().unwrap());
+    let bus = BusConfig::hermetic(vec![], vec![format!("tcp/127.0.0.1:{}", relay.port)])
+        .open()
+        .unwrap();
+    let remote = RemoteRobot::connect(&bus, "joints", Duration::from_secs(5)).unwrap();
+    let limits = SafetyConfig::default();
+    let (max_joint, max_grip) = (limits.max_joint_step_rad, limits.max_gripper_step_m);
+    let mut actor = ActorBuilder::new(remote)
+        .policy(Box::new(Pose(vec![0.8, 0.3, -0.3, 0.2, 0.0, 0.03])))
+        .clock(ClockChoice::Wall {
+            spin: Duration::from_micros(200),
+        })
+        .safety(limits)
+        .build()
+        .unwrap();
+    let mut sent: Vec<Vec<f32>> = vec![];
+    let tick = |actor: &mut reflex_agent::actor::Actor<RemoteRobot>,
+                sent: &mut Vec<Vec<f32>>,
+                n: usize| {
+        for _ in 0..n {
+            actor.run_ticks(1).unwrap();
+            sent.push(actor.control_loop().last_action().to_vec());
+        }
+    };
+    // The arm ramps out to the pose (8 ticks at the limit), far from the middle of its ranges.
+    tick(&mut actor, &mut sent, 25);
+    assert!(
+        (sent.last().unwrap()[0] - 0.8).abs() < 1e-4,
+        "{:?}",
+        sent.last()
+    );
+    relay.cut();
+    let stale0 = actor
+        .control_loop()
+        .safety_counters()
+        .get(SafetyEvent::ObsStale);
+    tick(&mut actor, &mut sent, 40);
+    let stale = actor
+        .control_loop()
+        .safety_counters()
+        .get(SafetyEvent::ObsStale)
+        - stale0;
+    assert!(
+        stale > 20,
+        "the actor held on only {stale} of 40 ticks without observations"
+    );
+    let held = sent.last().unwrap();
+    assert!(
+        (held[0] - 0.8).abs() < 1e-4 && (held[5] - 0.03).abs() < 1e-4,
+        "the hold is not where the arm was: {held:?}"
+    );
+    let (joint, grip) = largest_steps(&sent);
+    assert!(
+        joint <= max_joint + 1e-5 && grip <= max_grip + 1e-5,
+        "the actor commanded steps of {joint} rad and {grip} (limits {max_joint}, {max_grip})"
+    );
+    // What the robot executed: its own holds between commands and the commands that arrived.
+    let executed = log.lock().unwrap().clone();
+    assert!(executed.len() > 20, "{} commands executed", executed.len());
+    let (joint, grip) = largest_steps(&executed);
+    assert!(
+        joint <= max_joint + 1e-5 && grip <= max_grip + 1e-5,
+        "the robot executed steps of {joint} rad and {grip}"
+    );
+}
+
+#[test]
+fn a_served_arm_refuses_and_counts_out_of_range_and_over_limit_commands_and_its_servos_never_see_them()
+ {
+    // Before: `RobotServer` checked a command's length only: a peer on the bus could send a
+    // served arm any target at all.
+    use reflex_agent::arm::ArmRobot;
+    use reflex_agent::config::ArmSection;
+    use reflex_bus::robot::CommandFilter;
+    use reflex_hardware::arm::ArmKind;
+    use reflex_hardware::emulate::{Emulator, EmulatorConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let goals = dir.path().join("goals.jsonl");
+    let emu = Emulator::start(EmulatorConfig {
+        goal_log: Some(goals.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let cfg: ArmSection = toml::from_str(&format!(
+        "port = \"{}\"\ntask = \"joints\"\naction = \"joint_abs\"\nstart_speed_rad_s = 3.0",
+        emu.path()
+    ))
+    .unwrap();
+    let arm = ArmRobot::open(ArmKind::So101Follower, "so101", &cfg).unwrap();
+    let (a, b) = pair(&dir);
+    let server = RobotServer::new(&a, arm, ServeMode::Realtime { hz: 50.0 })
+        .unwrap()
+        .with_filter(CommandFilter {
+            max_joint_step_rad: 0.05,
+            max_ee_step_m: 0.01,
+            max_gripper_step: 0.05,
+        });
+    let rejects = server.command_rejects();
+    let serving = server.spawn();
+    let mut remote = RemoteRobot::connect(&b, "so101", Duration::from_secs(20)).unwrap();
+    let here = remote.reset(Some(0)).unwrap().state[..6].to_vec();
+    let keys = Keys::new("so101").unwrap();
+    let hostile = b.declare_publisher(keys.cmd.clone()).wait().unwrap();
+    wait_for("the server's subscription", || matching(&hostile));
+    let send = |seq: u64, action: Vec<f32>| {
+        hostile
+            .put(msg::encode(&Command {
+                v: PROTOCOL_VERSION,
+                seq,
+                action,
+            }))
+            .wait()
+            .unwrap();
+    };
+    let with = |d0: f32| {
+        let mut a = here.clone();
+        a[0] += d0;
+        a
+    };
+    // Out of range (10 rad on a joint whose range is one turn), then half a radian in one step.
+    let mut far = here.clone();
+    far[0] = 10.0;
+    send(1, far);
+    wait_for("the out-of-range command refused", || rejects.count() >= 1);
+    send(2, with(0.5));
+    wait_for("the over-limit command refused", || rejects.count() >= 2);
+    // A step inside the limit goes through.
+    send(3, with(0.03));
+    let step = |rad: f32| 2048 + (rad as f64 * 4096.0 / std::f64::consts::TAU).round() as u64;
+    wait_for("the good command on the servo", || {
+        std::fs::read_to_string(&goals)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                l.contains("\"id\":1,\"reg\":\"goal\"")
+                    && l.contains(&format!("\"value\":{}}}", step(here[0] + 0.03)))
+            })
+    });
+    let stats = serving.stop().unwrap();
+    assert_eq!(stats.rejected_commands, 2, "{stats:?}");
+    // The shoulder's goal register only ever held the start and the good step.
+    let log = std::fs::read_to_string(&goals).unwrap();
+    let shoulder: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("\"id\":1,\"reg\":\"goal\""))
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["value"].as_u64().unwrap()
+        })
+        .collect();
+    let limit = step(here[0] + 0.05);
+    assert!(
+        shoulder.iter().all(|g| *g <= limit),
+        "a refused goal reached the servo: {shoulder:?} (limit {limit})"
+    );
+    drop(emu);
+}
+
+#[test]
+fn when_the_loop_falls_behind_the_newest_observation_is_kept_and_an_episode_end_is_never_dropped() {
+    // Before: the queue of 64 dropped the newest observation when full, so a loop that fell
+    // behind acted on old ones.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(&dir);
+    let keys = Keys::new("burst").unwrap();
+    let mut spec = RobotSpec::new("burst", "test/burst", 50.0)
+        .with_state("ee_pos", 3, "m")
+        .with_action(reflex_contracts::msg::ActionKind::Box, &["u"], -1.0, 1.0);
+    spec.lockstep = false;
+    let obs = |seq: u64, episode: u64, done: bool| Observation {
+        v: PROTOCOL_VERSION,
+        seq,
+        episode,
+        state: vec![seq as f32, 0.0, 0.0],
+        reward: done as u8 as f32,
+        terminated: done,
+        success: done,
+        ..Default::default()
+    };
+    let (sk, sb) = (keys.spec.clone(), msg::encode(&spec));
+    let _spec_q = a
+        .declare_queryable(keys.spec.clone())
+        .callback(move |q| {
+            let _ = q.reply(sk.clone(), sb.clone()).wait();
+        })
+        .wait()
+        .unwrap();
+    let _token = a
+        .liveliness()
+        .declare_token(keys.alive_robot.clone())
+        .wait()
+        .unwrap();
+    let mut robot = RemoteRobot::connect(&b, "burst", Duration::from_secs(20)).unwrap();
+    let publisher = a.declare_publisher(keys.obs.clone()).wait().unwrap();
+    wait_for("the robot's subscription", || matching(&publisher));
+    // 200 observations while the loop reads none: the episode ends at 50, the next runs on.
+    for seq in 1..=200u64 {
+        let o = if seq <= 50 {
+            obs(seq, 1, seq == 50)
+        } else {
+            obs(seq, 2, false)
+        };
+        publisher.put(msg::encode(&o)).wait().unwrap();
+    }
+    let dropped = robot.dropped();
+    wait_for("the queue to overflow", || dropped.count() >= 200 - 64 - 1);
+    let first = robot.observe().unwrap().clone();
+    assert_eq!(
+        (first.seq, first.done(), first.reward),
+        (50, true, 1.0),
+        "the episode end"
+    );
+    let next = robot.observe().unwrap().clone();
+    assert_eq!(next.seq, 200, "the newest observation, not an old one");
+    assert!(
+        dropped.count() >= 135 && dropped.count() <= 149,
+        "{}",
+        dropped.count()
+    );
+}
+
+#[test]
+fn the_learners_queue_is_bounded_and_the_actor_sends_no_further_ahead_than_its_window() {
+    // Before: the learner's receive queue was unbounded (a flood of batches grew it without
+    // limit) and the actor sent everything it had, however far behind the learner was.
+    use reflex_bus::learnlink::LEARNER_QUEUE_BATCHES;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(&dir);
+    let keys = Keys::new("q").unwrap();
+    let learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    let flood = a
+        .declare_publisher(keys.learn_transitions.clone())
+        .wait()
+        .unwrap();
+    wait_for("the learner's subscription", || matching(&flood));
+    let step = WireStep {
+        obs: vec![0.0; 2],
+        next_obs: vec![0.0; 2],
+        base: vec![0.0],
+        action: vec![0.0],
+        ..Default::default()
+    };
+    for i in 0..3000u64 {
+        let batch = TransitionBatch {
+            v: PROTOCOL_VERSION,
+            actor: 5,
+            first_seq: i,
+            held_from: 0,
+            steps: vec![step.clone()],
+            flush: false,
+        };
+        flood.put(msg::encode(&batch)).wait().unwrap();
+    }
+    wait_for("the queue full and the rest counted", || {
+        learner.stats().queue_full + learner.queued() as u64 >= 3000
+    });
+    assert_eq!(learner.queued(), LEARNER_QUEUE_BATCHES);
+    assert_eq!(
+        learner.stats().queue_full,
+        3000 - LEARNER_QUEUE_BATCHES as u64
+    );
+    drop(learner);
+    // An actor with no learner sends its window and keeps the rest.
+    let (w, _r) = reflex_runtime::triple::triple(reflex_runtime::residual::Weights::default());
+    let mut actor = ActorLink::new(
+        &a,
+        &Keys::new("window").unwrap(),
+        LinkConfig {
+            max_in_flight: 100,
+            batch_steps: 64,
+            ..Default::default()
+        },
+        reflex_runtime::residual::WeightsWriter::from_writer(w),
+        WeightsShape { len: 1, arch: 0 },
+    )
+    .unwrap();
+    let mut t = reflex_runtime::outbox::Transition::with_dims(2, 1);
+    for i in 0..1000u32 {
+        t.step = i;
+        actor.offer(&t);
+    }
+    actor.tick();
+    let st = actor.stats();
+    assert_eq!(st.steps, 1000);
+    assert_eq!(st.batches, 2, "64 + 36 steps sent, the rest held: {st:?}");
+    assert_eq!(st.lost, 0);
 }

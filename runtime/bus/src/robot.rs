@@ -842,6 +842,12 @@ impl<R: Robot> RobotServer<R> {
         self.counters.clone()
     }
 
+    /// Commands rejected so far (malformed, the wrong size, the queue full, or refused by the
+    /// filter), with their key.
+    pub fn command_rejects(&self) -> std::sync::Arc<crate::Rejects> {
+        self.cmd_rejects.clone()
+    }
+
     /// Checks every command with `filter` before the robot executes it ([`CommandFilter`]).
     pub fn with_filter(mut self, filter: CommandFilter) -> Self {
         self.filter = Some(filter);
