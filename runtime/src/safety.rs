@@ -334,7 +334,7 @@ impl Safety {
             return self.hold(action, hold, input, flags);
         }
         flags |= self.bounds(action);
-        flags |= self.step_limit(action, input);
+        flags |= self.step_limit(action, hold, input);
         flags |= self.workspace(action, hold, input);
         self.counters.bump(flags);
         self.remember(action);
@@ -363,7 +363,7 @@ impl Safety {
                 }
             }
         }
-        let flags = why | self.bounds(action) | self.step_limit(action, input);
+        let flags = why | self.bounds(action) | self.step_limit(action, hold, input);
         self.counters.bump(flags);
         self.remember(action);
         Verdict { flags, held: true }
@@ -386,7 +386,7 @@ impl Safety {
         self.have_last = true;
     }
 
-    fn step_limit(&mut self, action: &mut [f32], input: &SafetyInput) -> u32 {
+    fn step_limit(&mut self, action: &mut [f32], hold: &[f32], input: &SafetyInput) -> u32 {
         let n = action.len();
         let mut hit = false;
         let mut clip = |v: &mut f32, max: f32| {
@@ -400,11 +400,17 @@ impl Safety {
                 for v in action.iter_mut().take(3) {
                     clip(v, self.cfg.max_ee_step_m);
                 }
-                // The gripper is absolute: limit its change from the last command.
-                if self.have_last {
-                    let mut d = action[n - 1] - self.last[n - 1];
+                // The gripper is absolute: limit its change from the last command, or at an
+                // episode's start from where the robot holds it now.
+                let from = if self.have_last {
+                    self.last[n - 1]
+                } else {
+                    hold[n - 1]
+                };
+                if from.is_finite() {
+                    let mut d = action[n - 1] - from;
                     clip(&mut d, self.cfg.max_gripper_step_m);
-                    action[n - 1] = self.last[n - 1] + d;
+                    action[n - 1] = from + d;
                 }
             }
             ActionKind::JointDelta => {
@@ -540,6 +546,13 @@ mod tests {
         let mut a = [0.0, 0.0, 0.0, 0.07];
         s.filter(&mut a, &HOLD, &input([0.2, 0.0, 0.1]));
         assert!((a[3] - 0.05).abs() < 1e-6, "{}", a[3]);
+        // At an episode's start the first gripper command moves from where the robot holds it
+        // (0.03), not anywhere in its range at once.
+        s.reset();
+        let mut a = [0.0, 0.0, 0.0, 0.0];
+        let v = s.filter(&mut a, &HOLD, &input([0.2, 0.0, 0.1]));
+        assert!(v.has(SafetyEvent::StepLimit));
+        assert!((a[3] - 0.01).abs() < 1e-6, "{}", a[3]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! without an arm: `reflex hw emulate` in one process, `reflex run` with the shipped
 //! configs/run/so101-emulated.toml (its port pointed at the emulator) in another.
 
-use crate::common::{ChildGuard, reflex, repo};
+use crate::common::{ChildGuard, StatusWatch, reflex, repo, wait_until};
 use std::io::BufRead;
 
 /// Starts `reflex hw emulate --robot so101-follower` with `extra` arguments, linked at a path in
@@ -500,68 +500,6 @@ fn torques(log: &[GoalChange]) -> Vec<u64> {
         .collect()
 }
 
-/// Waits (bounded, so a broken run fails instead of hanging) until `ok`.
-fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
-    let t0 = std::time::Instant::now();
-    while !ok() {
-        assert!(t0.elapsed().as_secs() < secs, "never happened: {what}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
-/// The newest status of robot `so101` seen on the bus at `ep`.
-struct StatusWatch {
-    latest: std::sync::Arc<std::sync::Mutex<Option<reflex_contracts::msg::StatusMsg>>>,
-    _sub: zenoh::pubsub::Subscriber<()>,
-    _session: zenoh::Session,
-}
-
-impl StatusWatch {
-    fn new(ep: &str) -> Self {
-        use zenoh::Wait;
-        let session = reflex_bus::BusConfig::hermetic(vec![], vec![ep.to_string()])
-            .open()
-            .unwrap();
-        let latest = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let l = latest.clone();
-        let sub = session
-            .declare_subscriber("reflex/so101/status")
-            .callback(move |s| {
-                if let Ok(m) = reflex_contracts::msg::decode::<reflex_contracts::msg::StatusMsg>(
-                    "status",
-                    &s.payload().to_bytes(),
-                ) {
-                    *l.lock().unwrap() = Some(m);
-                }
-            })
-            .wait()
-            .unwrap();
-        StatusWatch {
-            latest,
-            _sub: sub,
-            _session: session,
-        }
-    }
-
-    fn get(&self) -> Option<reflex_contracts::msg::StatusMsg> {
-        self.latest.lock().unwrap().clone()
-    }
-
-    /// Waits for a status that satisfies `ok`; returns it.
-    fn wait(
-        &self,
-        what: &str,
-        ok: impl Fn(&reflex_contracts::msg::StatusMsg) -> bool,
-    ) -> reflex_contracts::msg::StatusMsg {
-        let mut found = None;
-        wait_until(what, 120, || {
-            found = self.get().filter(|m| ok(m));
-            found.is_some()
-        });
-        found.unwrap()
-    }
-}
-
 /// `reflex estop ACTION --robot so101` on the bus at `ep`; returns what it printed.
 fn estop_cli(action: &str, ep: &str) -> String {
     estop_cli_at(action, &[ep])
@@ -639,7 +577,7 @@ fn an_estop_holds_the_emulated_arm_for_the_rest_of_the_run_and_only_release_then
     run.args(["run", "--json", "--episodes", "4", "--config"])
         .arg(&cfg);
     let mut actor = spawn(run, &dir, "actor");
-    let watch = StatusWatch::new(&ep);
+    let watch = StatusWatch::new(&ep, "so101");
     // Mid-episode 1: 40 ticks into its 150.
     watch.wait("the first episode under way", |m| m.ticks >= 40);
     let said = estop_cli("raise", &ep);
@@ -735,7 +673,7 @@ fn an_estop_during_the_move_to_the_start_pose_stops_that_move_within_one_period(
     run.args(["run", "--json", "--episodes", "1", "--config"])
         .arg(&cfg);
     let mut actor = spawn(run, &dir, "actor");
-    let watch = StatusWatch::new(&ep);
+    let watch = StatusWatch::new(&ep, "so101");
     // The move has begun: goals step towards the start pose.
     wait_until("the move to the start pose", 60, || {
         goal_writes_after(&goal_log(&log), 0).len() >= 8
@@ -919,7 +857,7 @@ fn reflex_hw_serve_offers_the_emulated_arm_to_an_actor_in_another_process_and_ob
     run.args(["run", "--json", "--episodes", "1000", "--config"])
         .arg(&remote);
     let mut actor = spawn(run, &dir, "actor");
-    let watch = StatusWatch::new(&actor_ep);
+    let watch = StatusWatch::new(&actor_ep, "so101");
     watch.wait("two episodes on the served arm", |m| m.episode >= 3);
     let said = estop_cli_at("raise", &[&actor_ep, &arm_ep]);
     assert!(said.contains("latched"), "{said}");

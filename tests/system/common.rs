@@ -80,3 +80,65 @@ pub fn json_output(cmd: &mut Command) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Waits (bounded, so a broken run fails instead of hanging) until `ok`.
+pub fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !ok() {
+        assert!(t0.elapsed().as_secs() < secs, "never happened: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The newest status of a robot seen on the bus at `ep`.
+pub struct StatusWatch {
+    latest: std::sync::Arc<std::sync::Mutex<Option<reflex_contracts::msg::StatusMsg>>>,
+    _sub: zenoh::pubsub::Subscriber<()>,
+    _session: zenoh::Session,
+}
+
+impl StatusWatch {
+    pub fn new(ep: &str, robot: &str) -> Self {
+        use zenoh::Wait;
+        let session = reflex_bus::BusConfig::hermetic(vec![], vec![ep.to_string()])
+            .open()
+            .unwrap();
+        let latest = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let l = latest.clone();
+        let sub = session
+            .declare_subscriber(format!("reflex/{robot}/status"))
+            .callback(move |s| {
+                if let Ok(m) = reflex_contracts::msg::decode::<reflex_contracts::msg::StatusMsg>(
+                    "status",
+                    &s.payload().to_bytes(),
+                ) {
+                    *l.lock().unwrap() = Some(m);
+                }
+            })
+            .wait()
+            .unwrap();
+        StatusWatch {
+            latest,
+            _sub: sub,
+            _session: session,
+        }
+    }
+
+    pub fn get(&self) -> Option<reflex_contracts::msg::StatusMsg> {
+        self.latest.lock().unwrap().clone()
+    }
+
+    /// Waits for a status that satisfies `ok`; returns it.
+    pub fn wait(
+        &self,
+        what: &str,
+        ok: impl Fn(&reflex_contracts::msg::StatusMsg) -> bool,
+    ) -> reflex_contracts::msg::StatusMsg {
+        let mut found = None;
+        wait_until(what, 120, || {
+            found = self.get().filter(|m| ok(m));
+            found.is_some()
+        });
+        found.unwrap()
+    }
+}

@@ -879,8 +879,8 @@ fn largest_steps(commands: &[Vec<f32>]) -> (f32, f32) {
     let mut worst = (0.0f32, 0.0f32);
     for w in commands.windows(2) {
         let n = w[0].len();
-        for i in 0..n {
-            let d = (w[1][i] - w[0][i]).abs();
+        for (i, (b, a)) in w[1].iter().zip(&w[0]).enumerate() {
+            let d = (b - a).abs();
             if i + 1 == n {
                 worst.1 = worst.1.max(d);
             } else {
@@ -1200,4 +1200,86 @@ fn the_learners_queue_is_bounded_and_the_actor_sends_no_further_ahead_than_its_w
     assert_eq!(st.steps, 1000);
     assert_eq!(st.batches, 2, "64 + 36 steps sent, the rest held: {st:?}");
     assert_eq!(st.lost, 0);
+}
+
+/// A robot of any action kind with four joints it reports as `joint_pos`.
+struct Kinded {
+    spec: RobotSpec,
+    obs: Observation,
+}
+
+impl Kinded {
+    fn new(name: &str, kind: reflex_contracts::msg::ActionKind) -> Self {
+        let mut spec = RobotSpec::new(name, "test/kinded", 50.0)
+            .with_state("joint_pos", 4, "rad, then the gripper in m")
+            .with_action(kind, &["a", "b", "c", "gripper_m"], -1.0, 1.0);
+        // An absolute range that excludes zero: a middle-of-the-range hold would be 0.5.
+        spec.action.low = vec![0.2, -1.0, -1.0, 0.0];
+        spec.action.high = vec![0.8, 1.0, 1.0, 0.08];
+        let obs = Observation {
+            v: PROTOCOL_VERSION,
+            episode: 1,
+            state: vec![0.7, -0.4, 0.3, 0.05],
+            ..Default::default()
+        };
+        Kinded { spec, obs }
+    }
+}
+
+impl Robot for Kinded {
+    fn spec(&self) -> &RobotSpec {
+        &self.spec
+    }
+    fn reset(&mut self, _: Option<u64>) -> Result<&Observation, RobotError> {
+        Ok(&self.obs)
+    }
+    fn command(&mut self, _: &[f32]) -> Result<(), RobotError> {
+        Ok(())
+    }
+    fn observe(&mut self) -> Result<&Observation, RobotError> {
+        Ok(&self.obs)
+    }
+    fn hold_action(&self, out: &mut [f32]) {
+        out.fill(0.0)
+    }
+}
+
+#[test]
+fn a_remote_robots_hold_is_where_it_was_last_told_to_be_for_every_action_kind() {
+    // Before: the hold of every absolute component was 0 or the middle of its range.
+    use reflex_contracts::msg::ActionKind as K;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(&dir);
+    let command = [0.6f32, 0.01, -0.02, 0.03];
+    // (kind, hold right after a reset, hold after `command`)
+    let cases = [
+        (K::JointAbs, [0.7, -0.4, 0.3, 0.05], command),
+        (K::JointDelta, [0.0; 4], [0.0; 4]),
+        (K::EeDelta, [0.0, 0.0, 0.0, 0.05], [0.0, 0.0, 0.0, 0.03]),
+        (K::Box, [0.7, -0.4, 0.3, 0.05], command),
+    ];
+    for (i, (kind, at_reset, after)) in cases.into_iter().enumerate() {
+        let name = format!("kind{i}");
+        let _server = RobotServer::new(&a, Kinded::new(&name, kind), ServeMode::Lockstep)
+            .unwrap()
+            .spawn();
+        let mut robot = RemoteRobot::connect(&b, &name, Duration::from_secs(20)).unwrap();
+        robot.reset(Some(0)).unwrap();
+        let mut hold = [9.0f32; 4];
+        robot.hold_action(&mut hold);
+        assert_eq!(hold, at_reset, "{kind:?} right after a reset");
+        robot.command(&command).unwrap();
+        robot.hold_action(&mut hold);
+        assert_eq!(hold, after, "{kind:?} after a command");
+    }
+    // Absolute joint targets without measured joint positions cannot be held: refused.
+    let mut blind = Kinded::new("blind", K::JointAbs);
+    blind.spec.state[0].name = "q".into();
+    let _server = RobotServer::new(&a, blind, ServeMode::Lockstep)
+        .unwrap()
+        .spawn();
+    let err = RemoteRobot::connect(&b, "blind", Duration::from_secs(20))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("joint_pos"), "{err}");
 }

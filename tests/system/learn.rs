@@ -411,6 +411,83 @@ fn keyboard_teleop_takes_over_moves_labels_and_hands_back() {
 }
 
 #[test]
+fn the_keyboards_e_u_and_g_keys_raise_release_and_resume_a_running_actors_estop() {
+    use crate::common::{StatusWatch, wait_until};
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let ep = unix_endpoint(&dir, "actor");
+    // The shipped expert config on the wall clock, on the bus.
+    let text = std::fs::read_to_string(repo().join("configs/run/sim-pick-expert.toml"))
+        .unwrap()
+        .replace("clock = \"sim\"", "clock = \"wall\"")
+        .replace(
+            "[run]",
+            &format!("[bus]\nenabled = true\nno_multicast = true\nlisten = [\"{ep}\"]\n\n[run]"),
+        );
+    let cfg = dir.path().join("actor.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let mut run = reflex();
+    run.args(["run", "--json", "--until-stopped", "--config"])
+        .arg(&cfg);
+    let mut actor = spawn(run, &dir, "actor");
+    let watch = StatusWatch::new(&ep, "sim");
+    watch.wait("the actor running", |m| m.ticks > 20);
+    let (mut keyboard, terminal) = pty();
+    let mut teleop = crate::common::ChildGuard(
+        reflex()
+            .args([
+                "teleop",
+                "--device",
+                "keyboard",
+                "--robot",
+                "sim",
+                "--no-multicast",
+            ])
+            .args(["--connect", &ep])
+            .stdin(terminal)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("teleop.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // The teleop has the actor's status once it prints who drives.
+    wait_until("the teleop following the actor", 60, || {
+        child_stderr(&dir, "teleop").contains("drives")
+    });
+    // Each key once the teleop has seen the last one's effect in the actor's status (a release
+    // names the e-stop the status shows).
+    for (key, state, shown) in [
+        (b"e", "latched", "EMERGENCY STOP 1 latched"),
+        (b"u", "paused", "released"),
+        (b"g", "running", "running again"),
+    ] {
+        keyboard.write_all(key).unwrap();
+        watch.wait(state, |m| m.stop == state && m.estops == 1);
+        wait_until(shown, 60, || child_stderr(&dir, "teleop").contains(shown));
+    }
+    keyboard.write_all(b"q").unwrap();
+    assert!(teleop.0.wait().unwrap().success());
+    let said = child_stderr(&dir, "teleop");
+    assert!(
+        said.contains("EMERGENCY STOP 1 latched")
+            && said.contains("released")
+            && said.contains("running again"),
+        "{said}"
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(actor.0.id() as i32, libc::SIGTERM) };
+    wait_until("the actor to exit", 120, || {
+        actor.0.try_wait().unwrap().is_some()
+    });
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap();
+    assert_eq!(v["stop"]["estops"], 1, "{v}");
+    assert!(v["stop"]["stopped_ticks"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["stop"]["state"], "running", "{v}");
+}
+
+#[test]
 fn by_default_the_learner_runs_inside_reflex_run_and_takes_every_step() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = learner_config(dir.path());

@@ -58,7 +58,7 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
     let robot = robot_cfg.open().unwrap();
     // What reached the robot: (key, sender named in the payload).
     let got: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let keys = ["teleop", "learn/weights", "events", "cmd"];
+    let keys = ["teleop", "learn/weights", "events", "operator", "cmd"];
     let _subs: Vec<_> = keys
         .iter()
         .map(|k| {
@@ -159,6 +159,11 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
         from("events"),
         ["learner", "teleop", "viewer"],
         "every authenticated operator may raise an e-stop; the expired and the anonymous peer are not in"
+    );
+    assert_eq!(
+        from("operator"),
+        ["teleop"],
+        "only a teleop peer releases or resumes an e-stop: a viewer can stop the robot, never start it again"
     );
     assert!(
         from("cmd").is_empty(),

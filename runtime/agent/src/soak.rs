@@ -18,11 +18,9 @@ use crate::{AgentError, error::Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use reflex_bus::{BusConfig, Keys};
-use reflex_contracts::msg::{
-    self, EpisodeEvent, EventKind, Observation, OperatorKind, OperatorMsg, PROTOCOL_VERSION,
-};
+use reflex_contracts::msg::{self, Observation, OperatorKind, OperatorMsg, PROTOCOL_VERSION};
 use reflex_contracts::policy::{ChunkSpec, Policy, PolicyError};
-use reflex_contracts::stop::StopState;
+use reflex_contracts::stop::StopAct;
 use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -143,63 +141,34 @@ fn estop_drill(
     const TICKS: u64 = 5000;
     let sw = actor.stop_switch();
     let fail = |what: &str| AgentError::setup("soak e-stop drill", what.to_string());
-    // Publishes what `message` makes (again every 250 ticks: a put may race a fresh
-    // subscription) until the stop is `want`.
-    let until = |actor: &mut crate::actor::Actor<NullRobot>,
-                 want: StopState,
-                 key: &str,
-                 message: &dyn Fn() -> Vec<u8>|
-     -> Result<()> {
+    // Acts as an operator would (again every 250 ticks: a put may race a fresh subscription)
+    // until the stop is in the state the act leads to.
+    let until = |actor: &mut crate::actor::Actor<NullRobot>, act: StopAct| -> Result<()> {
         for i in 0..TICKS {
-            if sw.state() == want {
+            if sw.state() == act.leads_to() {
                 return Ok(());
             }
             if i % 250 == 0 {
-                session
-                    .put(key.to_string(), message())
-                    .wait()
-                    .map_err(|e| fail(&format!("{key}: {e}")))?;
+                crate::operator::publish(session, keys, act, sw.raises(), "soak drill")?;
             }
             actor.run_ticks(1)?;
         }
         Err(fail(&format!(
             "the stop did not become {} within {TICKS} ticks",
-            want.as_str()
+            act.leads_to().as_str()
         )))
     };
     let held0 = actor.control_loop().stats().stopped_ticks;
-    let estop = || {
-        msg::encode(&EpisodeEvent {
-            v: PROTOCOL_VERSION,
-            kind: EventKind::Estop,
-            episode: 0,
-            step: 0,
-            seed: None,
-            source: "soak drill".into(),
-        })
-    };
-    until(actor, StopState::Latched, &keys.events, &estop)?;
+    until(actor, StopAct::Raise)?;
     actor.run_ticks(100)?;
     if actor.control_loop().in_episode() {
         return Err(fail(
             "an episode is in progress while the e-stop is latched",
         ));
     }
-    let operator = |kind| {
-        msg::encode(&OperatorMsg {
-            v: PROTOCOL_VERSION,
-            kind,
-            estops: sw.raises(),
-            source: "soak drill".into(),
-        })
-    };
-    until(actor, StopState::Paused, &keys.operator, &|| {
-        operator(OperatorKind::Release)
-    })?;
+    until(actor, StopAct::Release)?;
     actor.run_ticks(20)?;
-    until(actor, StopState::Running, &keys.operator, &|| {
-        operator(OperatorKind::Resume)
-    })?;
+    until(actor, StopAct::Resume)?;
     Ok(actor.control_loop().stats().stopped_ticks - held0)
 }
 

@@ -612,7 +612,13 @@ enum Incoming {
 /// The serving side's own safety filter. Every command a [`RobotServer`] is about to execute
 /// must lie inside the spec's action bounds and within a per-step limit of where the robot is
 /// told to be now (its hold action: the current targets); anything else is refused, counted on
-/// the command key like every other reject, and the robot holds that tick. A controller whose
+/// the command key like every other reject, and the robot holds that tick. The limit is per
+/// controller step: a free-running server executes only the newest of the commands that arrive
+/// within one of its ticks, so a command may lie one step further per command skipped since the
+/// last one executed (at most [`CommandFilter::MAX_PERIODS`] steps in all, however many a flood
+/// sends); the first command after a reset gets two (a controller steps from the pose it
+/// measured, which may trail the target). Ticks without a command add nothing: an idle robot's
+/// targets do not move, so neither may the next command jump. A controller whose
 /// own safety layer clips to the same limits never meets it; a hostile or broken one cannot
 /// make the robot jump. `reflex hw serve` turns it on for arms by default (`[serve] filter`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -626,10 +632,22 @@ pub struct CommandFilter {
 }
 
 impl CommandFilter {
-    /// Why `a` is refused, if it is; `hold` is the robot's hold action now.
-    pub fn check(&self, spec: &msg::ActionSpec, a: &[f32], hold: &[f32]) -> Result<(), String> {
+    /// The most controller steps one command may span.
+    pub const MAX_PERIODS: u32 = 3;
+
+    /// Why `a` is refused, if it is; `hold` is the robot's hold action now, `periods` the
+    /// controller steps the command may span (1, plus the commands skipped since the last one
+    /// executed).
+    pub fn check(
+        &self,
+        spec: &msg::ActionSpec,
+        a: &[f32],
+        hold: &[f32],
+        periods: u32,
+    ) -> Result<(), String> {
+        let k = periods.clamp(1, Self::MAX_PERIODS) as f32;
         // A controller that clips to the same limit in f32 lands a rounding error past it.
-        let over = |v: f32, max: f32| v.abs() > max * (1.0 + 1e-4) + 1e-6;
+        let over = |v: f32, max: f32| v.abs() > k * max * (1.0 + 1e-4) + 1e-6;
         for (i, v) in a.iter().enumerate() {
             let (lo, hi) = (spec.low[i], spec.high[i]);
             let slack = 1e-4 * (hi - lo).abs().max(1e-3);
@@ -644,7 +662,7 @@ impl CommandFilter {
         let step = |i: usize, d: f32, max: f32| {
             if over(d, max) {
                 Err(format!(
-                    "`{}` changes by {d:+.4} in one command; the limit is {max}",
+                    "`{}` changes by {d:+.4} in one command; the limit is {max} per step ({k} steps)",
                     spec.names[i]
                 ))
             } else {
@@ -652,29 +670,21 @@ impl CommandFilter {
             }
         };
         match spec.kind {
-            ActionKind::JointAbs => {
-                for i in 0..n {
+            ActionKind::JointAbs | ActionKind::JointDelta => {
+                // Absolute targets change from the current ones; deltas are the change.
+                let absolute = spec.kind == ActionKind::JointAbs;
+                for (i, (v, h)) in a.iter().zip(hold).enumerate() {
                     let max = if i + 1 == n {
                         self.max_gripper_step
                     } else {
                         self.max_joint_step_rad
                     };
-                    step(i, a[i] - hold[i], max)?;
-                }
-            }
-            ActionKind::JointDelta => {
-                for i in 0..n {
-                    let max = if i + 1 == n {
-                        self.max_gripper_step
-                    } else {
-                        self.max_joint_step_rad
-                    };
-                    step(i, a[i], max)?;
+                    step(i, if absolute { v - h } else { *v }, max)?;
                 }
             }
             ActionKind::EeDelta | ActionKind::EeDeltaYaw => {
-                for i in 0..3 {
-                    step(i, a[i], self.max_ee_step_m)?;
+                for (i, v) in a.iter().enumerate().take(3) {
+                    step(i, *v, self.max_ee_step_m)?;
                 }
                 if spec.kind == ActionKind::EeDeltaYaw {
                     step(3, a[3], self.max_joint_step_rad)?;
@@ -704,6 +714,9 @@ pub struct RobotServer<R: Robot> {
     watchdog: Duration,
     filter: Option<CommandFilter>,
     reference: Vec<f32>,
+    /// Controller steps the next command may span: 1, plus commands skipped since the last one
+    /// executed (and one after a reset).
+    periods: u32,
     stop: Arc<StopSwitch>,
     _stop_subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _token: zenoh::liveliness::LivelinessToken,
@@ -823,6 +836,7 @@ impl<R: Robot> RobotServer<R> {
             watchdog,
             filter: None,
             reference: vec![0.0; spec.action.dim()],
+            periods: 1,
             stop,
             _stop_subs: stop_subs,
             _token: token,
@@ -879,7 +893,12 @@ impl<R: Robot> RobotServer<R> {
         }
         if let Some(f) = self.filter {
             self.robot.hold_action(&mut self.reference);
-            if let Err(why) = f.check(&self.robot.spec().action, &c.action, &self.reference) {
+            if let Err(why) = f.check(
+                &self.robot.spec().action,
+                &c.action,
+                &self.reference,
+                self.periods,
+            ) {
                 self.cmd_rejects.reject(&format_args!(
                     "command {} refused by the robot's filter: {why}",
                     c.seq
@@ -887,6 +906,7 @@ impl<R: Robot> RobotServer<R> {
                 return self.hold();
             }
         }
+        self.periods = 1;
         self.robot.command(&c.action)
     }
 
@@ -1009,6 +1029,8 @@ impl<R: Robot> RobotServer<R> {
                     .wait()
                     .map_err(|e| bus_err(&self.keys.reset, e))?;
                 self.event(EventKind::Reset, episode, step);
+                // The controller's first command steps from the pose it measured: two steps.
+                self.periods = 2;
                 Ok(())
             }
             Err(e) => {
@@ -1077,7 +1099,12 @@ impl<R: Robot> RobotServer<R> {
             loop {
                 let left = next.saturating_duration_since(Instant::now());
                 match self.rx.recv_timeout(left) {
-                    Ok(Incoming::Cmd(c)) => pending = Some(c),
+                    Ok(Incoming::Cmd(c)) => {
+                        if pending.replace(c).is_some() {
+                            // Skipped for a newer one: the newer may lie a step further.
+                            self.periods = self.periods.saturating_add(1);
+                        }
+                    }
                     Ok(Incoming::Reset(q, s)) => {
                         stats.resets += 1;
                         pending = None;

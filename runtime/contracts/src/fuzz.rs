@@ -125,7 +125,7 @@ fn decode_everything(bytes: &[u8]) {
     if let Ok(m) = decode::<OperatorMsg>("k", bytes) {
         // What reaches a log line from another process is bounded and printable.
         let who = crate::stop::clean_name(&m.source);
-        assert!(who.len() <= crate::stop::MAX_WHO && who.chars().all(|c| c.is_ascii()));
+        assert!(who.len() <= crate::stop::MAX_WHO && who.is_ascii());
     }
     let _ = decode::<StepTrace>("k", bytes);
     let _ = decode::<TraceFrames>("k", bytes);
