@@ -1,9 +1,10 @@
 //! The fixed-rate control loop.
 //!
-//! Each tick: wait for the deadline -> read the newest observation -> take new chunks from the
-//! policy and ask for the next one -> choose the action (a person's command while they intervene,
-//! otherwise the chunk's action plus the residual, otherwise hold) -> safety -> command the robot
-//! -> hand the transition to the outbox. Nothing on this path waits for inference, logging, the
+//! Each tick: wait for the deadline -> read the e-stop -> read the newest observation -> take new
+//! chunks from the policy and ask for the next one -> choose the action (a person's command while
+//! they intervene, otherwise the chunk's action plus the residual, otherwise hold) -> safety ->
+//! command the robot -> hand the transition to the outbox. While the e-stop is latched or paused
+//! a tick only commands the robot's hold (docs/runtime.md, "Stopping"). Nothing on this path waits for inference, logging, the
 //! network or the learner, and after warm-up nothing on it allocates (a test counts).
 
 use crate::chunk::{ActionChunk, ChunkMode, ChunkQueue};
