@@ -544,9 +544,11 @@ impl Sac {
         let eps = randn(&mut self.rng, (n, self.act_dim), &self.dev)?;
         let s = self.actor.sample(&x, &eps)?;
         let a = self.to_action(&s.action, &base)?;
+        // The critic scores the actions with its weights held still: gradients reach the actor
+        // through the actions only (the critic's own gradients would be thrown away).
         let q = self
             .critic
-            .forward(&Tensor::cat(&[&x, &a], 1)?)?
+            .forward_frozen(&Tensor::cat(&[&x, &a], 1)?)?
             .squeeze(2)?
             .mean(0)?; // mean over the ensemble
         let alpha = self.log_alpha.as_tensor().exp()?.detach();
@@ -561,7 +563,6 @@ impl Sac {
             loss = (loss + (bc * self.cfg.bc_weight)?)?;
         }
         let grads = loss.backward()?;
-        // Only the actor's parameters move here; the critic's gradients are discarded.
         self.actor_opt.step(&grads)?;
         self.counters.actor_updates += 1;
         // Temperature: loss = alpha * (entropy - target).

@@ -2,7 +2,8 @@
 //! products (one GEMM per layer for all members, not N separate networks) and a tanh-squashed
 //! Gaussian actor.
 
-use candle_core::{D, Device, Result, Tensor, Var};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, D, Device, Layout, Result, Shape, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -10,6 +11,67 @@ fn uniform(rng: &mut ChaCha8Rng, n: usize, k: f32) -> Vec<f32> {
     (0..n)
         .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * k)
         .collect()
+}
+
+/// `a @ b` (2-D, or 3-D batched) whose backward computes only the gradients somebody needs.
+///
+/// candle's own matmul computes both operands' gradients whatever they are. A learner update
+/// wastes two of them: the gradient of a data input (the first layer's input in the critic and
+/// actor updates) and the critic's weight gradients in the actor update, where the critic only
+/// passes gradients through to the action. Here an operand that is not tracked (plain data, or
+/// a weight detached for the actor update) gets none: the same numbers, fewer matrix products.
+struct NeededGradsMatmul;
+
+impl CustomOp2 for NeededGradsMatmul {
+    fn name(&self) -> &'static str {
+        "matmul (needed gradients only)"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (a, b) = (l1.dims(), l2.dims());
+        let r = a.len();
+        if r < 2 || b.len() != r || a[r - 1] != b[r - 2] || a[..r - 2] != b[..r - 2] {
+            candle_core::bail!("matmul of {a:?} and {b:?}");
+        }
+        let (m, k, n) = (a[r - 2], a[r - 1], b[r - 1]);
+        let batch: usize = a[..r - 2].iter().product();
+        let out = s1.matmul(s2, (batch, m, n, k), l1, l2)?;
+        let mut dims = a[..r - 2].to_vec();
+        dims.extend([m, n]);
+        Ok((out, Shape::from(dims)))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let r = a.rank();
+        let ga = if a.track_op() {
+            Some(grad.matmul(&b.transpose(r - 2, r - 1)?)?)
+        } else {
+            None
+        };
+        let gb = if b.track_op() {
+            Some(a.transpose(r - 2, r - 1)?.matmul(grad)?)
+        } else {
+            None
+        };
+        Ok((ga, gb))
+    }
+}
+
+/// `a @ b`, computing in backward only the gradients of operands that are tracked.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    a.apply_op2(b, NeededGradsMatmul)
 }
 
 /// Layer normalisation over the last dimension (differentiable basic ops).
@@ -95,25 +157,33 @@ impl Ensemble {
 
     /// `x` `[B, in]` -> `[N, B, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, |v| v.as_tensor().clone())
+    }
+
+    /// `x` `[B, in]` -> `[N, B, out]` with the parameters detached: gradients flow to `x` only
+    /// (the actor update scores its actions with the critic without differentiating the
+    /// critic's weights).
+    pub fn forward_frozen(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, |v| v.as_tensor().detach())
+    }
+
+    fn forward_with(&self, x: &Tensor, p: impl Fn(&Var) -> Tensor) -> Result<Tensor> {
         let b = x.dim(0)?;
         let o0 = self.dims[1];
         // First layer: one GEMM for every member.
-        let mut h = x
-            .matmul(self.ws[0].as_tensor())?
+        let mut h = matmul(x, &p(&self.ws[0]))?
             .reshape((b, self.n, o0))?
             .transpose(0, 1)?
             .contiguous()?;
-        h = h.broadcast_add(self.bs[0].as_tensor())?;
+        h = h.broadcast_add(&p(&self.bs[0]))?;
         let last = self.ws.len() - 1;
         for l in 0..=last {
             if l > 0 {
-                h = h
-                    .matmul(self.ws[l].as_tensor())?
-                    .broadcast_add(self.bs[l].as_tensor())?;
+                h = matmul(&h, &p(&self.ws[l]))?.broadcast_add(&p(&self.bs[l]))?;
             }
             if l < last {
                 if let Some(ln) = &self.ln {
-                    h = layer_norm(&h, ln[l].0.as_tensor(), ln[l].1.as_tensor())?;
+                    h = layer_norm(&h, &p(&ln[l].0), &p(&ln[l].1))?;
                 }
                 h = h.relu()?;
             }
@@ -238,4 +308,70 @@ pub fn randn(rng: &mut ChaCha8Rng, shape: (usize, usize), dev: &Device) -> Resul
 /// A seeded generator for network initialisation.
 pub fn init_rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand_var(rng: &mut ChaCha8Rng, shape: (usize, usize, usize)) -> Var {
+        let v = uniform(rng, shape.0 * shape.1 * shape.2, 1.0);
+        Var::from_tensor(&Tensor::from_vec(v, shape, &Device::Cpu).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_needed_gradients_matmul_gives_candles_numbers_and_skips_untracked_operands() {
+        let mut rng = init_rng(3);
+        let (a, b) = (rand_var(&mut rng, (2, 5, 4)), rand_var(&mut rng, (2, 4, 3)));
+        let weights = Tensor::from_vec(uniform(&mut rng, 2 * 5 * 3, 1.0), (2, 5, 3), &Device::Cpu)
+            .unwrap();
+        let loss = |y: Tensor| y.mul(&weights).unwrap().sum_all().unwrap();
+        let ours = loss(matmul(a.as_tensor(), b.as_tensor()).unwrap());
+        let theirs = loss(a.as_tensor().matmul(b.as_tensor()).unwrap());
+        assert_eq!(
+            ours.to_scalar::<f32>().unwrap(),
+            theirs.to_scalar::<f32>().unwrap()
+        );
+        let (g1, g2) = (ours.backward().unwrap(), theirs.backward().unwrap());
+        for v in [&a, &b] {
+            let (x, y) = (g1.get(v).unwrap(), g2.get(v).unwrap());
+            assert_eq!(
+                x.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            );
+        }
+        // A detached right operand gets no gradient; the left one still the same.
+        let frozen = b.as_tensor().detach();
+        let g = loss(matmul(a.as_tensor(), &frozen).unwrap())
+            .backward()
+            .unwrap();
+        assert!(g.get(&frozen).is_none() && g.get(b.as_tensor()).is_none());
+        assert_eq!(
+            g.get(&a).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            g2.get(&a).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_frozen_ensemble_passes_the_same_input_gradient_and_none_to_its_weights() {
+        let mut rng = init_rng(5);
+        let e = Ensemble::new(2, &[3, 8, 8, 1], true, &mut rng, &Device::Cpu).unwrap();
+        let x = Var::from_tensor(
+            &Tensor::from_vec(uniform(&mut rng, 4 * 3, 1.0), (4, 3), &Device::Cpu).unwrap(),
+        )
+        .unwrap();
+        let live = e.forward(x.as_tensor()).unwrap().sum_all().unwrap();
+        let frozen = e.forward_frozen(x.as_tensor()).unwrap().sum_all().unwrap();
+        assert_eq!(
+            live.to_scalar::<f32>().unwrap(),
+            frozen.to_scalar::<f32>().unwrap()
+        );
+        let (gl, gf) = (live.backward().unwrap(), frozen.backward().unwrap());
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat(gl.get(&x).unwrap()), flat(gf.get(&x).unwrap()));
+        for w in e.vars() {
+            assert!(gl.get(&w).is_some(), "the live forward trains every weight");
+            assert!(gf.get(&w).is_none(), "the frozen forward computed a weight gradient");
+        }
+    }
 }
