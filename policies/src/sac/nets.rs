@@ -3,7 +3,16 @@
 //! Gaussian actor.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, D, Device, Layout, Result, Shape, Tensor, Var};
+use candle_core::{
+    CpuStorage, CustomOp2, CustomOp3, D, Device, Layout, Result, Shape, Tensor, Var,
+};
+
+fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
+        _ => candle_core::bail!("{what}: expected contiguous f32 storage"),
+    }
+}
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -72,6 +81,112 @@ impl CustomOp2 for NeededGradsMatmul {
 /// `a @ b`, computing in backward only the gradients of operands that are tracked.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     a.apply_op2(b, NeededGradsMatmul)
+}
+
+/// `relu(h + b)` for `h` `[N, B, O]` and a bias `b` `[N, 1, O]`, in one pass each way.
+///
+/// The separate operations it replaces (a broadcast add, a ReLU, and in backward a comparison
+/// against a zeroed tensor, a conversion, a product and a reduction) each allocated a tensor of
+/// the layer's size. The arithmetic is theirs: ReLU passes the gradient where `h + b >= 0`
+/// (multiplying by 1 or 0), and the bias gradient is the sum over the batch.
+struct BiasRelu;
+
+fn bias_dims(h: &Layout, b: &Layout) -> Result<(usize, usize, usize)> {
+    let (n, rows, o) = h.shape().dims3()?;
+    if b.shape().dims3()? != (n, 1, o) {
+        candle_core::bail!("bias {:?} for activations {:?}", b.dims(), h.dims());
+    }
+    Ok((n, rows, o))
+}
+
+impl CustomOp2 for BiasRelu {
+    fn name(&self) -> &'static str {
+        "bias + relu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, rows, o) = bias_dims(l1, l2)?;
+        let (h, b) = (f32s(s1, l1, self.name())?, f32s(s2, l2, self.name())?);
+        let mut out = vec![0f32; h.len()];
+        for (k, (dst, src)) in out.chunks_exact_mut(o).zip(h.chunks_exact(o)).enumerate() {
+            let bias = &b[(k / rows) * o..(k / rows + 1) * o];
+            for ((d, x), c) in dst.iter_mut().zip(src).zip(bias) {
+                *d = (x + c).max(0f32);
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((n, rows, o))))
+    }
+
+    fn bwd(
+        &self,
+        h: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dpre = h.apply_op3_no_bwd(b, &grad.contiguous()?, &BiasReluGrad)?;
+        let db = if b.track_op() {
+            Some(dpre.sum_keepdim(1)?)
+        } else {
+            None
+        };
+        Ok((h.track_op().then_some(dpre), db))
+    }
+}
+
+/// The gradient before the ReLU: `grad * (h + b >= 0)`.
+struct BiasReluGrad;
+
+impl CustomOp3 for BiasReluGrad {
+    fn name(&self) -> &'static str {
+        "bias + relu gradient"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, rows, o) = bias_dims(l1, l2)?;
+        let (h, b) = (f32s(s1, l1, self.name())?, f32s(s2, l2, self.name())?);
+        let g = f32s(s3, l3, self.name())?;
+        if g.len() != h.len() {
+            candle_core::bail!(
+                "{}: gradient of {} values for {}",
+                self.name(),
+                g.len(),
+                h.len()
+            );
+        }
+        let mut out = vec![0f32; h.len()];
+        for (k, ((dst, src), gr)) in out
+            .chunks_exact_mut(o)
+            .zip(h.chunks_exact(o))
+            .zip(g.chunks_exact(o))
+            .enumerate()
+        {
+            let bias = &b[(k / rows) * o..(k / rows + 1) * o];
+            for (((d, x), c), gv) in dst.iter_mut().zip(src).zip(bias).zip(gr) {
+                *d = gv * if x + c >= 0f32 { 1f32 } else { 0f32 };
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((n, rows, o))))
+    }
+}
+
+/// `relu(h + b)`, fused (see [`BiasRelu`]).
+pub fn bias_relu(h: &Tensor, b: &Tensor) -> Result<Tensor> {
+    h.contiguous()?.apply_op2(&b.contiguous()?, BiasRelu)
 }
 
 /// Layer normalisation over the last dimension (differentiable basic ops).
@@ -175,18 +290,19 @@ impl Ensemble {
             .reshape((b, self.n, o0))?
             .transpose(0, 1)?
             .contiguous()?;
-        h = h.broadcast_add(&p(&self.bs[0]))?;
         let last = self.ws.len() - 1;
         for l in 0..=last {
             if l > 0 {
-                h = matmul(&h, &p(&self.ws[l]))?.broadcast_add(&p(&self.bs[l]))?;
+                h = matmul(&h, &p(&self.ws[l]))?;
             }
-            if l < last {
-                if let Some(ln) = &self.ln {
-                    h = layer_norm(&h, &p(&ln[l].0), &p(&ln[l].1))?;
+            let bias = p(&self.bs[l]);
+            h = match &self.ln {
+                _ if l == last => h.broadcast_add(&bias)?,
+                Some(ln) => {
+                    layer_norm(&h.broadcast_add(&bias)?, &p(&ln[l].0), &p(&ln[l].1))?.relu()?
                 }
-                h = h.relu()?;
-            }
+                None => bias_relu(&h, &bias)?,
+            };
         }
         Ok(h)
     }
@@ -194,14 +310,19 @@ impl Ensemble {
     /// Copies `other`'s parameters into this one, or moves towards them: `self = tau other +
     /// (1 - tau) self` (Polyak averaging of target networks).
     pub fn polyak_from(&self, other: &Ensemble, tau: f64) -> Result<()> {
+        let (a, b) = (tau as f32, (1.0 - tau) as f32);
         for (t, s) in self.vars().iter().zip(other.vars()) {
-            let (sv, tv) = (s.as_tensor().detach(), t.as_tensor().detach());
-            let next = if tau >= 1.0 {
-                sv.copy()?
+            if tau >= 1.0 {
+                t.set(&s.as_tensor().detach().copy()?)?;
             } else {
-                ((sv * tau)? + (tv * (1.0 - tau))?)?
-            };
-            t.set(&next)?;
+                // In place, the arithmetic of `s * tau + t * (1 - tau)` to the bit.
+                t.as_tensor().inplace_op2(
+                    s.as_tensor(),
+                    &super::adam::Inplace2("polyak", |t: &mut f32, s: f32| {
+                        *t = (s * a + 0.0) + (*t * b + 0.0)
+                    }),
+                )?;
+            }
         }
         Ok(())
     }
@@ -323,8 +444,8 @@ mod tests {
     fn the_needed_gradients_matmul_gives_candles_numbers_and_skips_untracked_operands() {
         let mut rng = init_rng(3);
         let (a, b) = (rand_var(&mut rng, (2, 5, 4)), rand_var(&mut rng, (2, 4, 3)));
-        let weights = Tensor::from_vec(uniform(&mut rng, 2 * 5 * 3, 1.0), (2, 5, 3), &Device::Cpu)
-            .unwrap();
+        let weights =
+            Tensor::from_vec(uniform(&mut rng, 2 * 5 * 3, 1.0), (2, 5, 3), &Device::Cpu).unwrap();
         let loss = |y: Tensor| y.mul(&weights).unwrap().sum_all().unwrap();
         let ours = loss(matmul(a.as_tensor(), b.as_tensor()).unwrap());
         let theirs = loss(a.as_tensor().matmul(b.as_tensor()).unwrap());
@@ -347,9 +468,76 @@ mod tests {
             .unwrap();
         assert!(g.get(&frozen).is_none() && g.get(b.as_tensor()).is_none());
         assert_eq!(
-            g.get(&a).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-            g2.get(&a).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            g.get(&a)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+            g2.get(&a)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
         );
+    }
+
+    #[test]
+    fn the_fused_bias_relu_gives_candles_numbers_forward_and_backward() {
+        let mut rng = init_rng(4);
+        let h = rand_var(&mut rng, (2, 6, 5));
+        let b = rand_var(&mut rng, (2, 1, 5));
+        // An exact zero before the ReLU, where the gradient's convention matters.
+        let mut hv = h
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let bv = b
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        hv[7] = -bv[2];
+        h.set(&Tensor::from_vec(hv, (2, 6, 5), &Device::Cpu).unwrap())
+            .unwrap();
+        let w = Tensor::from_vec(uniform(&mut rng, 60, 1.0), (2, 6, 5), &Device::Cpu).unwrap();
+        let ours = bias_relu(h.as_tensor(), b.as_tensor())
+            .unwrap()
+            .mul(&w)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let theirs = h
+            .as_tensor()
+            .broadcast_add(b.as_tensor())
+            .unwrap()
+            .relu()
+            .unwrap()
+            .mul(&w)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        assert_eq!(
+            ours.to_scalar::<f32>().unwrap().to_bits(),
+            theirs.to_scalar::<f32>().unwrap().to_bits()
+        );
+        let (g1, g2) = (ours.backward().unwrap(), theirs.backward().unwrap());
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        for v in [&h, &b] {
+            assert_eq!(bits(g1.get(v).unwrap()), bits(g2.get(v).unwrap()));
+        }
     }
 
     #[test]
@@ -371,7 +559,10 @@ mod tests {
         assert_eq!(flat(gl.get(&x).unwrap()), flat(gf.get(&x).unwrap()));
         for w in e.vars() {
             assert!(gl.get(&w).is_some(), "the live forward trains every weight");
-            assert!(gf.get(&w).is_none(), "the frozen forward computed a weight gradient");
+            assert!(
+                gf.get(&w).is_none(),
+                "the frozen forward computed a weight gradient"
+            );
         }
     }
 }
