@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Runs reflex's learner benchmark and the SBX (JAX) peer on this machine, one after the other.
+# reflex's learner beside SBX (JAX) in one invocation: alternating runs in fresh processes,
+# medians and ratios (compare.py). Installs the peer into ./.venv-peers on first use (jax,
+# stable-baselines3 and torch: about 1 GB). Extra arguments go to compare.py, e.g. --reps 5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=.venv-peers
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
 "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r benches/peers/requirements.txt
-echo "== reflex"
-cargo run --release --quiet -- bench learner --json "$@"
-echo "== sbx (jax)"
-"$VENV/bin/python" benches/peers/sbx_bench.py
+cargo build --release --quiet
+REFLEX="${CARGO_TARGET_DIR:-target}/release/reflex"
+"$VENV/bin/python" benches/peers/compare.py --reflex "$REFLEX" "$@"
