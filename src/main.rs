@@ -115,28 +115,24 @@ fn tune_allocator() {
 }
 
 /// Candle's CPU kernels take their thread count from `RAYON_NUM_THREADS` whenever they run; it
-/// is set here, once, before any other thread exists (setting the environment later would race
-/// with readers on other threads). The learner gets one thread, leaving the loop a core, unless
-/// the person set the variable or `reflex bench learner --threads N` asks for more.
-fn set_learner_threads(cli: &Cli) {
+/// is set to one here, once, before any other thread exists (setting the environment later would
+/// race with readers on other threads), unless the person set it. Its elementwise kernels gain
+/// nothing from a second thread at the learner's sizes, and its idle workers spin beside the
+/// learner's own: the learner's matrix products take their threads from `[learner] threads`
+/// (`reflex_policies::sac::gemm`) instead.
+fn set_candle_threads() {
     if std::env::var_os("RAYON_NUM_THREADS").is_some() {
         return;
     }
-    let n = match &cli.command {
-        Command::Bench {
-            command: BenchCommand::Learner(a),
-        } => a.threads.max(1),
-        _ => 1,
-    };
     // SAFETY: main's first thread is the only thread of the process at this point (clap and
     // logging set-up start none).
-    unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
 }
 
 fn main() {
     tune_allocator();
     let cli = Cli::parse();
-    set_learner_threads(&cli);
+    set_candle_threads();
     cli::init_logging();
     let result = match cli.command {
         Command::Sim { command } => cmd::sim::run(command),

@@ -274,14 +274,14 @@ impl Renderer {
                 let local = Vector3::from_fn(|k, _| if i >> k & 1 == 1 { he[k] } else { -he[k] });
                 to_cam * (centre + rot * local - cam.eye)
             });
-            for axis in 0..3 {
+            for (axis, &half) in he.iter().enumerate() {
                 for positive in [false, true] {
                     let normal: Vector3<f32> = if positive {
                         rot.column(axis).into()
                     } else {
                         -rot.column(axis)
                     };
-                    let face_centre = centre + normal * he[axis];
+                    let face_centre = centre + normal * half;
                     if normal.dot(&(face_centre - cam.eye)) >= 0.0 {
                         continue; // faces away from the camera
                     }

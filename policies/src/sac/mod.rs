@@ -14,6 +14,7 @@
 pub mod adam;
 pub mod checkpoint;
 pub mod export;
+pub mod gemm;
 pub mod hil;
 pub mod hook;
 pub mod nets;

@@ -2,7 +2,7 @@
 //! products (one GEMM per layer for all members, not N separate networks) and a tanh-squashed
 //! Gaussian actor.
 
-use candle_core::backend::BackendStorage;
+use super::gemm::Gemm;
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, Device, Layout, Result, Shape, Tensor, Var,
 };
@@ -43,17 +43,7 @@ impl CustomOp2 for NeededGradsMatmul {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (a, b) = (l1.dims(), l2.dims());
-        let r = a.len();
-        if r < 2 || b.len() != r || a[r - 1] != b[r - 2] || a[..r - 2] != b[..r - 2] {
-            candle_core::bail!("matmul of {a:?} and {b:?}");
-        }
-        let (m, k, n) = (a[r - 2], a[r - 1], b[r - 1]);
-        let batch: usize = a[..r - 2].iter().product();
-        let out = s1.matmul(s2, (batch, m, n, k), l1, l2)?;
-        let mut dims = a[..r - 2].to_vec();
-        dims.extend([m, n]);
-        Ok((out, Shape::from(dims)))
+        Gemm.cpu_fwd(s1, l1, s2, l2)
     }
 
     fn bwd(
@@ -64,13 +54,14 @@ impl CustomOp2 for NeededGradsMatmul {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let r = a.rank();
+        // Read transposed in place (strided), computed on the learner's threads.
         let ga = if a.track_op() {
-            Some(grad.matmul(&b.transpose(r - 2, r - 1)?)?)
+            Some(grad.apply_op2_no_bwd(&b.transpose(r - 2, r - 1)?, &Gemm)?)
         } else {
             None
         };
         let gb = if b.track_op() {
-            Some(a.transpose(r - 2, r - 1)?.matmul(grad)?)
+            Some(a.transpose(r - 2, r - 1)?.apply_op2_no_bwd(grad, &Gemm)?)
         } else {
             None
         };

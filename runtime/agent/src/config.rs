@@ -724,6 +724,11 @@ pub struct LearnerSection {
     /// robot keeps every step and a bounded queue, and trains at the rate it can.
     #[serde(default = "d_backlog")]
     pub shed_updates_above: usize,
+    /// Threads for the learner's matrix products; 0 (the default) takes one fewer than the
+    /// machine's cores, at least one, so that a control loop on the same computer keeps a core.
+    /// On a workstation running only `reflex learn`, give it every core.
+    #[serde(default)]
+    pub threads: usize,
 }
 
 /// What a learner does with a checkpoint it cannot read.
@@ -776,6 +781,17 @@ fn d_true() -> bool {
 }
 
 impl LearnerSection {
+    /// The threads `threads` asks for, 0 resolved against this machine's cores.
+    pub fn learner_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .saturating_sub(1)
+                .max(1),
+            n => n,
+        }
+    }
+
     /// The SAC settings for `mode`: the demo's, with the keys of `[learner.sac]` replacing them.
     /// A key SAC does not have, or a value of the wrong type, is an error naming it.
     pub fn sac_config(&self, mode: Mode, seed: u64) -> Result<SacConfig, Invalid> {
@@ -821,6 +837,7 @@ impl LearnerSection {
             64,
             100_000_000,
         )?;
+        in_range("learner", "threads", self.threads, 0, 1024)?;
         self.sac_config(mode, 0)?;
         self.link.validate("learner.link")
     }

@@ -368,7 +368,12 @@ fn start<'a>(
     o: &ServeOptions,
 ) -> Result<Session<'a>> {
     let keys = Keys::new(&cfg.robot).map_err(reflex_bus::BusError::from)?;
-    tracing::info!("learner for `{}`: waiting for the actor's spec", cfg.robot);
+    let threads = reflex_policies::sac::gemm::set_threads(cfg.section.learner_threads());
+    tracing::info!(
+        "learner for `{}`: waiting for the actor's spec ({threads} thread{} for its matrix products)",
+        cfg.robot,
+        if threads == 1 { "" } else { "s" }
+    );
     let spec = reflex_bus::trace::fetch_spec(session, &keys, Duration::from_secs_f64(o.wait_s))?;
     spec.validate()?;
     let relabel = match (cfg.mode, &cfg.base_model) {

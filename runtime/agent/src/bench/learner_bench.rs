@@ -48,10 +48,12 @@ fn updates_per_s(hidden: usize, batch: usize, critics: usize, updates: usize) ->
 }
 
 /// SAC update throughput in three network configurations (`updates` timed each), and the wall
-/// time of `pendulum_steps` Pendulum steps with one update per step (0 skips it). Candle's thread
-/// count is read from `RAYON_NUM_THREADS`, which the caller sets before starting any thread
-/// (`threads` is reported as given).
+/// time of `pendulum_steps` Pendulum steps with one update per step (0 skips it), with the
+/// learner's matrix products on `threads` threads (capped at the machine's cores; the number in
+/// effect is reported). candle's other kernels read `RAYON_NUM_THREADS`, which the caller sets
+/// before starting any thread.
 pub fn run(updates: usize, pendulum_steps: usize, threads: usize) -> Result<serde_json::Value> {
+    let threads = reflex_policies::sac::gemm::set_threads(threads);
     let rows = [
         ("a_64x64_b100_2critics", 64, 100, 2),
         ("b_256x256_b256_2critics", 256, 256, 2),
