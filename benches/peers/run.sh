@@ -7,6 +7,11 @@ cd "$(dirname "$0")/../.."
 VENV=.venv-peers
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
 "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r benches/peers/requirements.txt
+# The same shared target directory as .ci/run when this machine keeps one (a cold release build
+# inside the clone takes ~25 min on 2 cores).
+if [ -z "${CARGO_TARGET_DIR:-}" ] && [ -d /work/cargo-target ]; then
+    export CARGO_TARGET_DIR=/work/cargo-target
+fi
 cargo build --release --quiet
 REFLEX="${CARGO_TARGET_DIR:-target}/release/reflex"
 "$VENV/bin/python" benches/peers/compare.py --reflex "$REFLEX" "$@"
