@@ -101,25 +101,37 @@ impl CustomOp2 for Gemm {
         };
         let (m, k, n) = (a[r - 2], a[r - 1], b[r - 1]);
         let batch = if r == 3 { a[0] } else { 1 };
-        let mut out = vec![0f32; batch * m * n];
-        run(
-            (x, operand(l1, r)),
-            (y, operand(l2, r)),
-            &mut out,
-            (batch, m, k, n),
-        );
+        let len = batch * m * n;
+        let out = if k == 0 {
+            vec![0f32; len]
+        } else {
+            // Not zero-filled first: with `read_dst` false, gemm writes every element of the
+            // destination without reading it (a memset of each product was ~5% of an update).
+            let mut out = Vec::<f32>::with_capacity(len);
+            run(
+                (x, operand(l1, r)),
+                (y, operand(l2, r)),
+                Shared(out.as_mut_ptr()),
+                (batch, m, k, n),
+            );
+            // SAFETY: `run` has written all `len` elements (every batch, every row band, all n
+            // columns of each row: the tasks cover [0, batch) x [0, m) exactly).
+            unsafe { out.set_len(len) };
+            out
+        };
         let mut dims = a[..r - 2].to_vec();
         dims.extend([m, n]);
         Ok((CpuStorage::F32(out), Shape::from(dims)))
     }
 }
 
-/// Computes every batch's `a @ b` into `out` (contiguous `[batch, m, n]`), split into at most
-/// [`threads`] tasks: whole batches when there are enough, otherwise bands of rows.
+/// Computes every batch's `a @ b` into `dst` (contiguous `[batch, m, n]`, room for all of it,
+/// written without being read), split into at most [`threads`] tasks: whole batches when there
+/// are enough, otherwise bands of rows.
 fn run(
     a: (&[f32], Operand),
     b: (&[f32], Operand),
-    out: &mut [f32],
+    dst: Shared<*mut f32>,
     dims: (usize, usize, usize, usize),
 ) {
     let (batch, m, k, n) = dims;
@@ -166,7 +178,6 @@ fn run(
                 }
             }
         };
-    let dst = Shared(out.as_mut_ptr());
     if tasks == 1 {
         product(dst, (0, batch), (0, m));
         return;

@@ -104,12 +104,11 @@ impl CustomOp2 for BiasRelu {
     ) -> Result<(CpuStorage, Shape)> {
         let (n, rows, o) = bias_dims(l1, l2)?;
         let (h, b) = (f32s(s1, l1, self.name())?, f32s(s2, l2, self.name())?);
-        let mut out = vec![0f32; h.len()];
-        for (k, (dst, src)) in out.chunks_exact_mut(o).zip(h.chunks_exact(o)).enumerate() {
+        // Extended row by row rather than zero-filled and then written.
+        let mut out = Vec::with_capacity(h.len());
+        for (k, src) in h.chunks_exact(o).enumerate() {
             let bias = &b[(k / rows) * o..(k / rows + 1) * o];
-            for ((d, x), c) in dst.iter_mut().zip(src).zip(bias) {
-                *d = (x + c).max(0f32);
-            }
+            out.extend(src.iter().zip(bias).map(|(x, c)| (x + c).max(0f32)));
         }
         Ok((CpuStorage::F32(out), Shape::from((n, rows, o))))
     }
@@ -159,17 +158,15 @@ impl CustomOp3 for BiasReluGrad {
                 h.len()
             );
         }
-        let mut out = vec![0f32; h.len()];
-        for (k, ((dst, src), gr)) in out
-            .chunks_exact_mut(o)
-            .zip(h.chunks_exact(o))
-            .zip(g.chunks_exact(o))
-            .enumerate()
-        {
+        let mut out = Vec::with_capacity(h.len());
+        for (k, (src, gr)) in h.chunks_exact(o).zip(g.chunks_exact(o)).enumerate() {
             let bias = &b[(k / rows) * o..(k / rows + 1) * o];
-            for (((d, x), c), gv) in dst.iter_mut().zip(src).zip(bias).zip(gr) {
-                *d = gv * if x + c >= 0f32 { 1f32 } else { 0f32 };
-            }
+            out.extend(
+                src.iter()
+                    .zip(bias)
+                    .zip(gr)
+                    .map(|((x, c), gv)| gv * if x + c >= 0f32 { 1f32 } else { 0f32 }),
+            );
         }
         Ok((CpuStorage::F32(out), Shape::from((n, rows, o))))
     }
