@@ -31,7 +31,7 @@ test: venv
 	$(CARGO) test --release --workspace
 
 ## Remake the shipped base policies in models/ (the exact commands and seeds are also recorded
-## in each model's spec as `provenance`, and in docs/policies.md).
+## in each model's spec as `provenance`; their rates in docs/bring-your-own-policy.md).
 REFLEX := $(CARGO) run --release --quiet --
 models: build
 	rm -rf demos/pick demos/insert

@@ -480,7 +480,7 @@ fn reflex_run_rejects_a_config_without_its_sim_table() {
 }
 
 #[test]
-fn physics_allocations_are_measured_separately() {
+fn physics_allocations_per_step_match_the_documented_figure() {
     // The runtime's own per-step work allocates nothing (above); rapier's step does allocate.
     // This measures how much, per control step of the in-process simulator, so it is known
     // rather than hidden. The figure is printed and documented in docs/runtime.md.
@@ -503,9 +503,11 @@ fn physics_allocations_are_measured_separately() {
     eprintln!(
         "in-process simulator: {per_step:.1} allocations per control step (10 physics steps, IK, observation)"
     );
+    // docs/runtime.md says "about 150" (150.6 on 2026-11-24; the count is deterministic for a
+    // seed and build). Outside 100..=200 the documented figure is wrong: measure and update it.
     assert!(
-        per_step > 0.0,
-        "if the simulator stopped allocating, update docs/runtime.md"
+        (100.0..=200.0).contains(&per_step),
+        "{per_step:.1} allocations per simulator step: docs/runtime.md says about 150; update it"
     );
 }
 

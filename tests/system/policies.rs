@@ -504,7 +504,8 @@ fn shipped_success(config: &str) -> f64 {
 
 #[test]
 fn shipped_base_policies_succeed_in_their_documented_range() {
-    // docs/policies.md states the measured rates; the base must leave the learner work to do.
+    // docs/bring-your-own-policy.md ("The shipped base policies") states the measured rates; the
+    // base must leave the learner work to do.
     for (config, lo, hi) in [
         ("configs/run/sim-pick-bc.toml", 0.25, 0.65),
         ("configs/run/sim-insert-bc.toml", 0.25, 0.65),
