@@ -185,13 +185,8 @@ impl Renderer {
     ) {
         let (w, h) = (self.width as usize, self.height as usize);
         out.resize(w * h * 3, 0);
-        let scale = (2.0 * (fov_y_rad / 2.0).tan()) as f32;
-        let cam = CamFrame {
-            rot: pose.rotation.to_rotation_matrix().matrix().cast(),
-            eye: pose.translation.vector.cast(),
-            focal_px: h as f32 / scale,
-            centre: (w as f32 / 2.0, h as f32 / 2.0),
-        };
+        let cam = CamFrame::new(pose, fov_y_rad, self.width, self.height);
+        let scale = cam.scale;
         let view = self.view(scene, layout, &cam);
         let light = Vector3::from(LIGHT).normalize();
         self.rasterize_boxes(scene, &cam, &light);
@@ -223,7 +218,7 @@ impl Renderer {
             }
         }
         if let Some((m, r)) = view.marker {
-            self.draw_marker(&cam, scale, m, r, &light, out);
+            self.draw_marker(&cam, m, r, &light, out);
         }
     }
 
@@ -407,7 +402,6 @@ impl Renderer {
     fn draw_marker(
         &self,
         cam: &CamFrame,
-        scale: f32,
         m: Vector3<f32>,
         r: f32,
         light: &Vector3<f32>,
@@ -436,7 +430,7 @@ impl Renderer {
             for x in x0..x1 {
                 let p = y * w + x;
                 let ray = self.rays[p];
-                let dc = Vector3::new(ray.x * scale, ray.y * scale, 1.0);
+                let dc = Vector3::new(ray.x * cam.scale, ray.y * cam.scale, 1.0);
                 let (a, b) = (dc.norm_squared(), dc.dot(&mc));
                 let disc = b * b - a * mm;
                 if b <= 0.0 || disc <= 0.0 {
@@ -465,15 +459,9 @@ impl Renderer {
     ) {
         let n = (self.width * self.height) as usize;
         out.resize(n * 3, 0);
-        let scale = (2.0 * (fov_y_rad / 2.0).tan()) as f32;
-        let rot: Matrix3<f32> = pose.rotation.to_rotation_matrix().matrix().cast();
+        let cam = CamFrame::new(pose, fov_y_rad, self.width, self.height);
+        let (rot, scale) = (cam.rot, cam.scale);
         self.bound_shapes(scene);
-        let cam = CamFrame {
-            rot,
-            eye: pose.translation.vector.cast(),
-            focal_px: 0.0,
-            centre: (0.0, 0.0),
-        };
         let view = self.view(scene, layout, &cam);
         let light = Vector3::from(LIGHT).normalize();
         for (p, ray_cam) in self.rays.iter().enumerate() {
@@ -566,8 +554,23 @@ struct View {
 struct CamFrame {
     rot: Matrix3<f32>,
     eye: Vector3<f32>,
+    /// Image-plane extent per unit of depth, over the image's height: `2 tan(fov_y / 2)`.
+    scale: f32,
     focal_px: f32,
     centre: (f32, f32),
+}
+
+impl CamFrame {
+    fn new(pose: &Isometry3<f64>, fov_y_rad: f64, width: u32, height: u32) -> Self {
+        let scale = (2.0 * (fov_y_rad / 2.0).tan()) as f32;
+        CamFrame {
+            rot: pose.rotation.to_rotation_matrix().matrix().cast(),
+            eye: pose.translation.vector.cast(),
+            scale,
+            focal_px: height as f32 / scale,
+            centre: (width as f32 / 2.0, height as f32 / 2.0),
+        }
+    }
 }
 
 /// A box face drawn in the current render.

@@ -842,3 +842,21 @@ impl LearnerSection {
         self.link.validate("learner.link")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learner_threads_default_to_all_cores_but_one_and_are_range_checked() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auto: LearnerSection = toml::from_str("").unwrap();
+        assert_eq!(auto.learner_threads(), cores.saturating_sub(1).max(1));
+        let two: LearnerSection = toml::from_str("threads = 2").unwrap();
+        assert_eq!(two.learner_threads(), 2);
+        two.validate(Mode::Full).unwrap();
+        let many: LearnerSection = toml::from_str("threads = 5000").unwrap();
+        let e = many.validate(Mode::Full).unwrap_err();
+        assert!(e.key.ends_with("threads"), "{e:?}");
+    }
+}
