@@ -47,6 +47,7 @@ models: build
 ## packed with the models, configs, systemd unit and install script by `reflex bundle` into
 ## dist/. It compiles the dependency tree a second time, for the target (28 min cold on 2 cores),
 ## so it is not part of `make test`; the install, upgrade and rollback tests use a host bundle.
+## The robot's binary is built without the `bench` feature: no benchmarks, no soak, no workloads.
 BUNDLE_TARGET ?= aarch64-unknown-linux-gnu
 BUNDLE_ARCH := $(firstword $(subst -, ,$(BUNDLE_TARGET)))
 BUNDLE_TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
@@ -61,7 +62,7 @@ bundle: venv build
 	@command -v cargo-zigbuild > /dev/null || $(CARGO) install --locked cargo-zigbuild --version $(ZIGBUILD_VERSION)
 	@# cargo-zigbuild runs zig as `python3 -m ziglang` when no `zig` is on PATH.
 	PATH="$(CURDIR)/$(TOOLS_VENV)/bin:$$PATH" CARGO_TARGET_DIR="$(BUNDLE_TARGET_DIR)" \
-		$(CARGO) zigbuild --release --target $(BUNDLE_TARGET) -p reflex
+		$(CARGO) zigbuild --release --target $(BUNDLE_TARGET) -p reflex --no-default-features
 	rm -rf .bundle-cache/ort && mkdir -p .bundle-cache/ort
 	$(VENV)/bin/python -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
 		--platform manylinux_2_28_$(BUNDLE_ARCH) --python-version 3.11 \

@@ -5,7 +5,6 @@ mod cli;
 mod cmd;
 
 use clap::{Parser, Subcommand};
-use cmd::bench::BenchCommand;
 use cmd::sim::SimCommand;
 use cmd::tools::{BcCommand, PolicyCommand};
 
@@ -27,9 +26,10 @@ enum Command {
         command: SimCommand,
     },
     /// Benchmarks that print medians and percentiles (`--json` for machines).
+    #[cfg(feature = "bench")]
     Bench {
         #[command(subcommand)]
-        command: BenchCommand,
+        command: cmd::bench::BenchCommand,
     },
     /// Base policies on ONNX Runtime: check a model against its spec, benchmark it.
     Policy {
@@ -67,6 +67,7 @@ enum Command {
     Doctor(DoctorArgs),
     /// Actor and learner for a long run with faults injected at random: memory, transitions,
     /// safety holds, timing.
+    #[cfg(feature = "bench")]
     Soak(cmd::bench::SoakArgs),
     /// Certificates for a link only the right peers can use (TLS, mutual authentication).
     Keys {
@@ -100,42 +101,19 @@ struct DoctorArgs {
     /// calibration, its bus certificates and endpoints (on a robot: /etc/reflex/robot.toml).
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
-}
-
-/// glibc returns large freed blocks (> 128 KiB) to the OS and maps fresh zeroed pages for the next
-/// one; candle allocates a new buffer per tensor operation, so the learner spent a quarter of its
-/// time in page faults and page clearing. Keeping freed memory in the process removes that.
-fn tune_allocator() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: mallopt only changes allocator thresholds; called before other threads start.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-    }
-}
-
-/// Candle's CPU kernels take their thread count from `RAYON_NUM_THREADS` whenever they run; it
-/// is set to one here, once, before any other thread exists (setting the environment later would
-/// race with readers on other threads), unless the person set it. Its elementwise kernels gain
-/// nothing from a second thread at the learner's sizes, and its idle workers spin beside the
-/// learner's own: the learner's matrix products take their threads from `[learner] threads`
-/// (`reflex_policies::sac::gemm`) instead.
-fn set_candle_threads() {
-    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
-        return;
-    }
-    // SAFETY: main's first thread is the only thread of the process at this point (clap and
-    // logging set-up start none).
-    unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
+    /// Print the report as JSON: every check with its area and level (ok, info, warning, problem).
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() {
-    tune_allocator();
+    // Before anything starts a thread: allocator thresholds and candle's thread count.
+    reflex_runtime::rt::prepare_process();
     let cli = Cli::parse();
-    set_candle_threads();
     cli::init_logging();
     let result = match cli.command {
         Command::Sim { command } => cmd::sim::run(command),
+        #[cfg(feature = "bench")]
         Command::Bench { command } => cmd::bench::run(command),
         Command::Run(a) => cmd::run::run(a),
         Command::Eval(a) => cmd::run::eval(a),
@@ -150,9 +128,13 @@ fn main() {
         Command::Bc { command } => cmd::tools::bc(command),
         Command::Dataset { command } => cmd::tools::dataset(command),
         Command::Doctor(a) => cli::doctor(
-            a.tls_dir.as_deref().zip(a.tls_name.as_deref()),
-            a.config.as_deref(),
+            &reflex_deploy::doctor::DoctorOptions {
+                tls: a.tls_dir.zip(a.tls_name),
+                config: a.config,
+            },
+            a.json,
         ),
+        #[cfg(feature = "bench")]
         Command::Soak(a) => cmd::bench::soak(a),
         Command::Hw { command } => cmd::hw::run(command),
         Command::Calibrate { command } => cmd::hw::calibrate(command),

@@ -1,6 +1,13 @@
-//! reflex-hardware: the servo buses of the arms people use for robot learning.
+//! reflex-hardware: the arms people use for robot learning and the devices a person drives them
+//! with.
 //!
-//! So far the packet layers, each a faithful implementation of a public protocol, checked byte
+//! - [`robot`]: an SO-101 or Koch follower as a [`reflex_contracts::robot::Robot`];
+//! - [`leader`], [`devices`], [`keyboard`]: the leader arm, a gamepad, a SpaceMouse and this
+//!   terminal's keys as [`reflex_contracts::teleop::Teleop`] devices;
+//! - [`arm`], [`calibrate`]: whole arms in joint units through LeRobot's calibration, and the
+//!   guided calibration procedure.
+//!
+//! Underneath, the packet layers, each a faithful implementation of a public protocol, checked byte
 //! for byte against the vendors' own Python SDKs (tests/system/servo_packets.rs), a Feetech bus
 //! on a serial port ([`bus`]) and emulated Feetech servos behind a pseudo-terminal
 //! ([`emulate`]):
@@ -13,9 +20,14 @@
 pub mod arm;
 pub mod bus;
 pub mod calibrate;
+pub mod devices;
 pub mod dynamixel;
 pub mod emulate;
 pub mod feetech;
+pub mod keyboard;
+pub mod leader;
+pub mod robot;
+pub mod teleop;
 
 /// Why bytes from the bus are not the status packet that was expected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -5,15 +5,12 @@
 //! - [`onnx_policy`]: running a model (chunk, diffusion or flow) as a loop [`reflex_runtime::policy::Policy`].
 //! - [`sampler`]: DDIM and flow-matching samplers with injectable noise.
 //! - [`vla`]: image and language inputs.
-//! - `fixtures` (feature `fixtures`): Pendulum and its SAC runs, the tiny VLA used in tests.
 //! - [`onnx_write`]: reflex's own ONNX writer.
 //! - [`bc`]: imitation training of diffusion policies in candle, exported to ONNX.
 //! - [`sac`]: the residual / full / noise-steering SAC learner, replay and checkpoints.
 #![warn(missing_docs)]
 
 pub mod bc;
-#[cfg(feature = "fixtures")]
-pub mod fixtures;
 pub mod onnx_policy;
 pub mod onnx_read;
 pub mod onnx_write;

@@ -1,7 +1,7 @@
 //! Inputs of vision-language-action policies: camera frames resized and normalised for the
 //! network, and instructions tokenised with a Hugging Face `tokenizer.json` (the `tokenizers`
 //! crate). The tiny VLA-shaped model reflex builds to test that path end to end is in
-//! [`crate::fixtures`] (feature `fixtures`).
+//! tests/system/tiny_vla.rs.
 
 use crate::onnx_policy::LoadError;
 use reflex_runtime::msg::Image;

@@ -30,8 +30,6 @@ pub mod safety;
 pub mod schedule;
 pub mod status;
 pub mod teleop;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod triple;
 
 /// The types most users need, in one import.

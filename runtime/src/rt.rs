@@ -110,3 +110,52 @@ pub fn apply(cfg: &RtConfig) -> Vec<RtReport> {
     }
     out
 }
+
+/// What [`prepare_process`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessSetup {
+    /// Freed memory is kept in the process (glibc's mmap and trim thresholds raised).
+    pub kept_freed_memory: bool,
+    /// `RAYON_NUM_THREADS` was set to 1 (false: the person set it, or other threads already ran).
+    pub pinned_candle_threads: bool,
+}
+
+/// Process-wide set-up for a reflex program, to be called first thing in `main`:
+///
+/// - glibc returns large freed blocks (> 128 KiB) to the OS and maps fresh zeroed pages for the
+///   next one; candle allocates a new buffer per tensor operation, so the learner spent a quarter
+///   of its time in page faults and page clearing. Raising the thresholds keeps freed memory in
+///   the process.
+/// - candle's CPU kernels take their thread count from `RAYON_NUM_THREADS` whenever they run. Its
+///   elementwise kernels gain nothing from a second thread at the learner's sizes, and its idle
+///   workers spin beside the learner's own (whose matrix products take their threads from
+///   `[learner] threads`), so it is set to one unless the person set it. Changing the environment
+///   while another thread may read it is undefined behaviour, so this is done only when the
+///   process has exactly one thread (counted in `/proc/self/task`), and skipped otherwise.
+pub fn prepare_process() -> ProcessSetup {
+    #[cfg(target_os = "linux")]
+    // SAFETY: mallopt only changes allocator thresholds and takes glibc's own locks.
+    let kept_freed_memory = unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1
+            && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1
+    };
+    #[cfg(not(target_os = "linux"))]
+    let kept_freed_memory = false;
+    let mut pinned_candle_threads = false;
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() && only_thread() {
+        // SAFETY: this is the process's only thread (checked just above), so no other thread can
+        // read the environment while it changes, and this thread starts none in between.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", "1") };
+        pinned_candle_threads = true;
+    }
+    ProcessSetup {
+        kept_freed_memory,
+        pinned_candle_threads,
+    }
+}
+
+/// Whether the calling thread is the process's only one (Linux: the entries of
+/// `/proc/self/task`; elsewhere unknown, so false).
+fn only_thread() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|d| d.count() == 1)
+}

@@ -6,14 +6,12 @@
 //! - [`env`]: [`SimEnv`], the simulator as a [`reflex_runtime::robot::Robot`].
 //! - [`expert`]: scripted experts with a noise knob.
 //! - [`camera`]: CPU-rendered front and wrist cameras.
-//! - [`demos`]: the on-disk format of recorded episodes.
 //!
 //! docs/sim.md describes the model, the tasks and their numbers.
 #![warn(missing_docs)]
 
 pub mod camera;
 pub mod config;
-pub mod demos;
 pub mod env;
 pub mod expert;
 pub mod human;

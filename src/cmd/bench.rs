@@ -2,7 +2,7 @@
 
 use crate::cli::{BusArgs, print_json};
 use clap::{Args, Subcommand};
-use reflex_agent::bench::{bus_bench, learner_bench, loop_bench};
+use reflex_bench::{bus_bench, learner_bench, loop_bench};
 use reflex_runtime::rt::RtConfig;
 
 #[derive(Subcommand)]
@@ -45,13 +45,13 @@ pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
             tmp
         }
     };
-    let o = reflex_agent::soak::SoakOptions {
+    let o = reflex_bench::soak::SoakOptions {
         steps: a.steps,
         seed: a.seed,
         dir,
         faults: !a.no_faults,
     };
-    let v = reflex_agent::soak::run(&o, &crate::cli::Bars::new(a.json))?;
+    let v = reflex_bench::soak::run(&o, &crate::cli::Bars::new(a.json))?;
     if a.json {
         print_json(&v);
     } else {

@@ -2,7 +2,7 @@
 
 use crate::cli::print_json;
 use clap::Args;
-use reflex_agent::bundle::{BundleOptions, default_version, host_target, make};
+use reflex_deploy::bundle::{BundleOptions, default_version, host_target, make};
 use std::path::PathBuf;
 
 #[derive(Args)]

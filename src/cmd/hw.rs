@@ -14,6 +14,7 @@ pub enum HwCommand {
     /// computer), with the serving side's own command filter and e-stop.
     Serve(ServeArgs),
     /// Sync-read and sync-write latency over an emulated bus.
+    #[cfg(feature = "bench")]
     Bench(crate::cli::ServoBenchArgs),
 }
 
@@ -99,7 +100,7 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
                 "emulated {model} servos 1-6 on {shown} (open it at 1000000 baud; Ctrl-C stops)"
             );
             std::io::stdout().flush()?;
-            let stop = crate::cli::stop_on_signals();
+            let stop = reflex_agent::signals::stop_on_signals();
             let t0 = Instant::now();
             while a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s)
                 && !stop.load(std::sync::atomic::Ordering::Relaxed)
@@ -111,11 +112,12 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        #[cfg(feature = "bench")]
         HwCommand::Bench(a) => crate::cli::servo_bench(&a),
         HwCommand::Serve(a) => {
             let cfg = reflex_agent::config::RunConfig::load(&a.config)?;
-            let stop = crate::cli::stop_on_signals();
-            let stats = reflex_agent::arm::serve_config(&cfg, &a.bus.config(), stop, a.seconds)?;
+            let stop = reflex_agent::signals::stop_on_signals();
+            let stats = reflex_agent::serve::serve_config(&cfg, &a.bus.config(), stop, a.seconds)?;
             if a.json {
                 crate::cli::print_json(&serde_json::to_value(&stats)?);
             } else {

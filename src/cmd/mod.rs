@@ -1,5 +1,6 @@
-//! One module per command: its arguments and what it prints. The work is in reflex-agent.
+//! One module per command: its arguments and what it prints. The work is in the libraries.
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod bundle;
 pub mod demo;

@@ -50,8 +50,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         live: reflex_agent::replay::with_viewer(reflex_record::Live::parse(&a.rerun)?),
         trace_hz: a.trace_hz,
         episode_lines: true,
-        stop: Some(crate::cli::stop_on_signals()),
-        stop_now: Some(crate::cli::stop_now_flag()),
+        stop: Some(reflex_agent::signals::stop_on_signals()),
+        stop_now: Some(reflex_agent::signals::stop_now_flag()),
     };
     let report = run_config(&cfg, &o, &Bars::new(a.json))?;
     if a.json {

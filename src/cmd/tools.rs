@@ -3,8 +3,9 @@
 use crate::cli::{Bars, BusArgs, command_line, print_json};
 use clap::{Args, Subcommand, ValueEnum};
 use reflex_agent::policytools::{self, TrainOptions};
-use reflex_agent::teleop::{Keyboard, TeleopEvent};
+use reflex_agent::teleop::TeleopEvent;
 use reflex_agent::viz::{VizOptions, VizTarget};
+use reflex_hardware::teleop::{DeviceKind, DeviceOptions};
 use reflex_policies::bc::TrainConfig;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -191,7 +192,7 @@ pub fn dataset(cmd: DatasetCommand) -> anyhow::Result<()> {
         (None, Some(r)) => r.join("steps"),
         (None, None) => anyhow::bail!("give --demos DIR or --run DIR"),
     };
-    let r = reflex_agent::dataset::export_lerobot(&reflex_agent::dataset::ExportOptions {
+    let r = reflex_data::dataset::export_lerobot(&reflex_data::dataset::ExportOptions {
         demos,
         out: a.out.clone(),
         task: a.task,
@@ -206,7 +207,7 @@ pub fn dataset(cmd: DatasetCommand) -> anyhow::Result<()> {
             r.data_files,
             r.features.join(", "),
             a.out.display(),
-            reflex_agent::dataset::CODEBASE_VERSION
+            reflex_data::dataset::CODEBASE_VERSION
         );
     }
     Ok(())
@@ -384,121 +385,30 @@ pub struct TeleopArgs {
     bus: BusArgs,
 }
 
-/// A device for the command, the keyboard (if any) for the buttons.
-struct WithButtons {
-    dev: Box<dyn reflex_contracts::teleop::Teleop>,
-    keys: Option<Keyboard>,
-    always: bool,
-}
-
-impl reflex_contracts::teleop::Teleop for WithButtons {
-    fn name(&self) -> &str {
-        self.dev.name()
-    }
-    fn poll(
-        &mut self,
-        obs: Option<&reflex_contracts::msg::Observation>,
-        m: &mut reflex_contracts::msg::TeleopMsg,
-    ) -> Result<bool, reflex_contracts::teleop::TeleopError> {
-        if let Some(k) = &mut self.keys {
-            k.poll(obs, m)?;
-        }
-        if self.always {
-            m.intervene = true;
-        }
-        self.dev.poll(obs, m)
-    }
-    fn finished(&self) -> bool {
-        self.keys.as_ref().is_some_and(|k| k.finished()) || self.dev.finished()
-    }
-    fn take_stop_act(&mut self) -> Option<reflex_contracts::stop::StopAct> {
-        self.keys
-            .as_mut()
-            .and_then(|k| k.take_stop_act())
-            .or_else(|| self.dev.take_stop_act())
-    }
-}
-
-/// The keyboard for the buttons when there is a terminal (its keys do not move the robot).
-fn buttons(
-    is_tty: bool,
-    spec: &reflex_contracts::msg::RobotSpec,
-    hold: Duration,
-) -> anyhow::Result<Option<Keyboard>> {
-    Ok(if is_tty {
-        Some(Keyboard::open(spec, 0.0, hold)?)
-    } else {
-        None
-    })
-}
-
 pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
     use reflex_contracts::msg::EventKind;
-    use reflex_contracts::teleop::Teleop;
     let session = a.bus.config().open()?;
     let spec =
         reflex_agent::teleop::fetch_spec(&session, &a.robot, Duration::from_secs_f64(a.wait_s))?;
     let follow = std::sync::Arc::new(reflex_agent::teleop::Follow::default());
     let _watch = reflex_agent::teleop::follow(&session, &a.robot, follow.clone())?;
-    let hold = Duration::from_secs_f64(a.hold_ms / 1e3);
-    // SAFETY: isatty only inspects file descriptor 0.
-    let is_tty = unsafe { libc::isatty(0) } == 1;
-    let mut dev: Box<dyn Teleop> = match a.device {
-        DeviceArg::Keyboard => Box::new(Keyboard::open(&spec, a.speed, hold)?),
-        DeviceArg::Leader => {
-            let port = a.port.as_deref().ok_or_else(|| {
-                anyhow::anyhow!("--device leader needs --port (the leader arm's serial port)")
-            })?;
-            let kind = reflex_hardware::arm::ArmKind::parse(&a.leader)
-                .filter(|k| k.is_leader())
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "--leader {}: not a leader arm (so101-leader or koch-leader)",
-                        a.leader
-                    )
-                })?;
-            let cal = match &a.calibration {
-                Some(p) => {
-                    reflex_calibration::Calibration::read(p, reflex_hardware::arm::RESOLUTION)?
-                }
-                None => kind.default_calibration(),
-            };
-            if !is_tty && !a.intervene {
-                anyhow::bail!(
-                    "--device leader takes over with the keyboard's space bar, and stdin is not a terminal: run it in a terminal, or pass --intervene to drive from the start"
-                );
-            }
-            let leader = reflex_agent::leader::LeaderArm::open(
-                kind,
-                port,
-                &cal,
-                &spec,
-                a.max_joint_step_rad,
-            )?;
-            Box::new(WithButtons {
-                dev: Box::new(leader),
-                keys: buttons(is_tty, &spec, hold)?,
-                always: a.intervene,
-            })
-        }
-        DeviceArg::Gamepad | DeviceArg::Spacemouse => {
-            let path = a.path.as_deref().ok_or_else(|| {
-                anyhow::anyhow!("--device gamepad and spacemouse need --path (the device file: /dev/input/eventN, /dev/hidrawN)")
-            })?;
-            let dev: Box<dyn Teleop> = if a.device == DeviceArg::Gamepad {
-                Box::new(reflex_agent::devices::Gamepad::open(path, &spec, a.speed)?)
-            } else {
-                Box::new(reflex_agent::devices::SpaceMouse::open(
-                    path, &spec, a.speed,
-                )?)
-            };
-            Box::new(WithButtons {
-                dev,
-                keys: buttons(is_tty, &spec, hold)?,
-                always: a.intervene,
-            })
-        }
+    let kind = match a.device {
+        DeviceArg::Keyboard => DeviceKind::Keyboard,
+        DeviceArg::Leader => DeviceKind::Leader,
+        DeviceArg::Gamepad => DeviceKind::Gamepad,
+        DeviceArg::Spacemouse => DeviceKind::SpaceMouse,
     };
+    let options = DeviceOptions {
+        port: a.port.clone(),
+        path: a.path.clone(),
+        leader: a.leader.clone(),
+        calibration: a.calibration.clone(),
+        speed: a.speed,
+        hold: Duration::from_secs_f64(a.hold_ms / 1e3),
+        max_joint_step_rad: a.max_joint_step_rad,
+        intervene: a.intervene,
+    };
+    let mut dev = reflex_hardware::teleop::open(kind, &spec, &options)?;
     match a.device {
         DeviceArg::Keyboard => eprint!(
             "teleop `{}` ({}): w/s a/d r/f move, o/c gripper, space take over / hand back, y success, n failure, x reset, e E-STOP, u release, g resume, q quit\r\n",

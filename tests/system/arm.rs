@@ -174,14 +174,14 @@ fn pose_servo(port: &str, id: u8, steps: u32) {
 #[test]
 fn a_leader_arm_takeover_30_degrees_away_never_moves_the_follower_more_than_the_rate_limit_per_tick()
  {
-    use reflex_agent::arm::ArmRobot;
-    use reflex_agent::config::ArmSection;
-    use reflex_agent::leader::LeaderArm;
     use reflex_contracts::msg::TeleopMsg;
     use reflex_contracts::robot::Robot;
     use reflex_contracts::teleop::Teleop;
     use reflex_hardware::arm::ArmKind;
     use reflex_hardware::emulate::{Emulator, EmulatorConfig};
+    use reflex_hardware::leader::LeaderArm;
+    use reflex_hardware::robot::ArmRobot;
+    use reflex_hardware::robot::ArmSection;
     let follower_bus = Emulator::start(EmulatorConfig::default()).unwrap();
     let leader_bus = Emulator::start(EmulatorConfig::default()).unwrap();
     // The person left the leader 30 degrees away from the follower on shoulder_pan and elbow_flex

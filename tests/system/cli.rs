@@ -112,11 +112,11 @@ fn sim_demos_writes_the_documented_format() {
     ]);
     assert!(ok, "{err}");
     assert!(stdout.contains("wrote 3 episodes"), "{stdout}");
-    let m = reflex_sim::demos::read_manifest(&out).unwrap();
+    let m = reflex_data::demos::read_manifest(&out).unwrap();
     assert_eq!(m.episodes.len(), 3);
     assert_eq!(m.spec.kind, "sim/reach");
     for e in &m.episodes {
-        let ep = reflex_sim::demos::read_episode(&out, e).unwrap();
+        let ep = reflex_data::demos::read_episode(&out, e).unwrap();
         assert_eq!(ep.observations.len(), ep.actions.len() + 1);
         assert_eq!(ep.rewards.len(), ep.actions.len());
         assert_eq!(ep.observations[0].len(), m.spec.state_dim());
@@ -250,7 +250,7 @@ fn reflex_run_prints_a_line_per_episode_and_summarises_routine_clipping_instead_
 #[test]
 fn reflex_teleop_from_a_gamepad_event_stream_takes_over_reflex_run() {
     use crate::common::{child_stderr, spawn, unix_endpoint};
-    use reflex_agent::devices::input_event;
+    use reflex_hardware::devices::input_event;
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let ep = unix_endpoint(&dir, "bus");

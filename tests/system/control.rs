@@ -3,6 +3,7 @@
 
 use crate::alloc_count;
 use crate::common::reflex;
+use reflex_bench::workloads::{NullRobot, SweepPolicy};
 use reflex_runtime::chunk::ChunkMode;
 use reflex_runtime::clock::{Clock, SimClock};
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
@@ -13,7 +14,6 @@ use reflex_runtime::residual::LinearResidual;
 use reflex_runtime::robot::{Robot, RobotError};
 use reflex_runtime::safety::{SafetyConfig, SafetyEvent};
 use reflex_runtime::teleop::teleop_channel;
-use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! code as a peer would attack it (docs/reliability.md lists them with what reflex guarantees).
 
 use crate::common::{json_output, reflex, repo};
+use reflex_bench::workloads::NullRobot;
 use reflex_bus::learnlink::{
     ActorLink, LearnerLink, LinkConfig, LinkPosition, StepShape, WeightsShape,
 };
@@ -11,7 +12,6 @@ use reflex_contracts::msg::{
     self, Command, Observation, PROTOCOL_VERSION, RobotSpec, TransitionBatch, WireStep,
 };
 use reflex_contracts::robot::{Robot, RobotError};
-use reflex_runtime::testkit::NullRobot;
 use std::time::{Duration, Instant};
 use zenoh::Wait;
 
@@ -686,7 +686,7 @@ fn a_dropped_link_to_a_remote_robot_holds_it_on_its_own_side_and_work_resumes_af
         .unwrap();
     let robot = RemoteRobot::connect(&bus, "far", Duration::from_secs(5)).unwrap();
     let mut actor = ActorBuilder::new(robot)
-        .policy(Box::new(reflex_runtime::testkit::SweepPolicy::new(8, 4)))
+        .policy(Box::new(reflex_bench::workloads::SweepPolicy::new(8, 4)))
         .clock(ClockChoice::Wall {
             spin: Duration::from_micros(200),
         })
@@ -985,11 +985,11 @@ fn a_served_arm_refuses_and_counts_out_of_range_and_over_limit_commands_and_its_
  {
     // Before: `RobotServer` checked a command's length only: a peer on the bus could send a
     // served arm any target at all.
-    use reflex_agent::arm::ArmRobot;
-    use reflex_agent::config::ArmSection;
     use reflex_bus::robot::CommandFilter;
     use reflex_hardware::arm::ArmKind;
     use reflex_hardware::emulate::{Emulator, EmulatorConfig};
+    use reflex_hardware::robot::ArmRobot;
+    use reflex_hardware::robot::ArmSection;
     let dir = tempfile::tempdir().unwrap();
     let goals = dir.path().join("goals.jsonl");
     let emu = Emulator::start(EmulatorConfig {

@@ -1,6 +1,8 @@
-//! The crates keep their layers (docs/architecture.md): a driver author compiles the contracts
-//! without Zenoh, Rerun, candle or ONNX Runtime; the control loop has none of them either; the
-//! binary's command modules never import each other.
+//! The crates keep their layers (docs/architecture.md): every crate depends on exactly the reflex
+//! crates the table there names, and the graph there is the one `cargo metadata` gives; a driver
+//! author compiles the contracts without Zenoh, Rerun, candle or ONNX Runtime; the control loop
+//! has none of them either; the robot's binary carries no benchmark; the binary's command modules
+//! never import each other and the binary holds no `unsafe` code.
 
 use crate::common::repo;
 
@@ -31,6 +33,220 @@ fn dependency_tree(package: &str) -> Vec<String> {
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(String::from))
         .collect()
+}
+
+/// Each workspace crate and the reflex crates it depends on (normal dependencies, optional ones
+/// included), from `cargo metadata`.
+fn workspace_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--offline",
+            "--no-deps",
+            "--format-version",
+            "1",
+        ])
+        .arg("--manifest-path")
+        .arg(repo().join("Cargo.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut graph = std::collections::BTreeMap::new();
+    for p in v["packages"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap().to_string();
+        let deps = p["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["kind"].is_null())
+            .filter_map(|d| d["name"].as_str())
+            .filter(|n| n.starts_with("reflex"))
+            .map(String::from)
+            .collect();
+        graph.insert(name, deps);
+    }
+    graph
+}
+
+/// docs/architecture.md's crate table: crate -> the reflex crates it may depend on.
+fn documented_graph(
+    doc: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut table = std::collections::BTreeMap::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // | crate | folder | job | deps |  -> ["", crate, folder, job, deps, ""]
+        if cells.len() != 6 || !cells[1].starts_with("reflex") {
+            continue;
+        }
+        let deps = cells[4]
+            .split(',')
+            .map(str::trim)
+            .filter(|d| d.starts_with("reflex"))
+            .map(String::from)
+            .collect();
+        table.insert(cells[1].to_string(), deps);
+    }
+    table
+}
+
+/// The graph as docs/architecture.md shows it: crates by layer (a layer depends only on the
+/// layers before it), each with its direct reflex dependencies.
+fn render_graph(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> String {
+    let mut layer: std::collections::BTreeMap<&str, usize> = Default::default();
+    while layer.len() < graph.len() {
+        let before = layer.len();
+        for (name, deps) in graph {
+            if layer.contains_key(name.as_str()) {
+                continue;
+            }
+            if deps.iter().all(|d| layer.contains_key(d.as_str())) {
+                let l = deps
+                    .iter()
+                    .map(|d| layer[d.as_str()] + 1)
+                    .max()
+                    .unwrap_or(0);
+                layer.insert(name, l);
+            }
+        }
+        assert!(layer.len() > before, "a dependency cycle among {graph:?}");
+    }
+    let mut rows: Vec<(usize, &str)> = layer.iter().map(|(n, l)| (*l, *n)).collect();
+    rows.sort();
+    let width = rows.iter().map(|(_, n)| n.len()).max().unwrap_or(0);
+    let mut text = String::from("```\n");
+    for (l, name) in rows {
+        let deps: Vec<&str> = graph[name].iter().map(String::as_str).collect();
+        text += &format!(
+            "{l}  {name:width$}  {}\n",
+            if deps.is_empty() {
+                "-".to_string()
+            } else {
+                format!("<- {}", deps.join(", "))
+            }
+        );
+    }
+    text += "```\n";
+    text
+}
+
+#[test]
+fn every_crate_depends_on_what_the_architecture_table_says_and_the_graph_is_current() {
+    let path = repo().join("docs/architecture.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let actual = workspace_graph();
+    let documented = documented_graph(&doc);
+    assert!(actual.len() >= 12, "{actual:?}");
+    for (name, deps) in &actual {
+        let Some(allowed) = documented.get(name) else {
+            panic!("{name} is not in docs/architecture.md's crate table");
+        };
+        assert_eq!(
+            deps, allowed,
+            "{name}: Cargo.toml's reflex dependencies (left) differ from docs/architecture.md's table (right)"
+        );
+    }
+    for name in documented.keys() {
+        assert!(
+            actual.contains_key(name),
+            "{name} is in the table but not in the workspace"
+        );
+    }
+    let (begin, end) = ("<!-- crate graph: begin -->\n", "<!-- crate graph: end -->");
+    let a = doc.find(begin).expect("the graph's begin marker") + begin.len();
+    let b = doc.find(end).expect("the graph's end marker");
+    let want = render_graph(&actual);
+    if doc[a..b] != want {
+        if std::env::var_os("REFLEX_WRITE_DOCS").is_some() {
+            let updated = format!("{}{}{}", &doc[..a], want, &doc[b..]);
+            std::fs::write(&path, updated).unwrap();
+        } else {
+            panic!(
+                "docs/architecture.md's crate graph is not the workspace's (REFLEX_WRITE_DOCS=1 rewrites it); it should read:\n{want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_robots_binary_carries_no_benchmark_and_no_test_double() {
+    // What `make bundle` builds: no default features, no dev-dependencies.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tree = |extra: &[&str]| {
+        let out = std::process::Command::new(&cargo)
+            .args([
+                "tree",
+                "--offline",
+                "-e",
+                "normal,features",
+                "--prefix",
+                "none",
+                "-p",
+                "reflex",
+            ])
+            .args(extra)
+            .arg("--manifest-path")
+            .arg(repo().join("Cargo.toml"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let robot = tree(&["--no-default-features"]);
+    assert!(robot.contains("reflex-agent"), "{robot}");
+    for never in ["reflex-bench", "testkit", "fixtures"] {
+        assert!(
+            !robot.contains(never),
+            "the robot's binary has {never}:\n{robot}"
+        );
+    }
+    // A development build asks for the benchmarks (the `bench` feature, on by default), and
+    // still no test double.
+    let dev = tree(&[]);
+    assert!(dev.contains("reflex-bench"), "{dev}");
+    for never in ["testkit", "fixtures"] {
+        assert!(!dev.contains(never), "the binary has {never}:\n{dev}");
+    }
+}
+
+#[test]
+fn the_binary_declares_no_unsafe_code_and_calls_no_libc() {
+    let mut n = 0;
+    let mut stack = vec![repo().join("src")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                assert!(
+                    !code.contains("unsafe") && !code.contains("libc::"),
+                    "{}:{}: the binary is parsing, dispatch and printing: `{}` belongs in a library",
+                    p.display(),
+                    i + 1,
+                    line.trim()
+                );
+            }
+            n += 1;
+        }
+    }
+    assert!(n >= 8, "source files found: {n}");
 }
 
 #[test]
@@ -88,7 +304,8 @@ fn the_binarys_command_modules_never_import_each_other() {
 #[test]
 fn no_library_code_changes_the_process_environment() {
     // `std::env::set_var` while other threads run is undefined behaviour (Rust 2024 makes it
-    // unsafe). Only the binary sets RAYON_NUM_THREADS, once, before any thread exists.
+    // unsafe). One function may set RAYON_NUM_THREADS: `reflex_runtime::rt::prepare_process`,
+    // which the binary calls first and which checks that the process has one thread.
     fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
@@ -104,8 +321,20 @@ fn no_library_code_changes_the_process_environment() {
         walk(&repo().join(d), &mut files);
     }
     assert!(files.len() > 20, "{} files", files.len());
+    let allowed = repo().join("runtime/src/rt.rs");
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
+        if f == allowed {
+            let at = text
+                .find("env::set_var")
+                .expect("prepare_process sets the environment");
+            let guard = text[..at]
+                .rfind("only_thread()")
+                .expect("a thread-count guard");
+            assert!(at - guard < 400, "the guard is right before the change");
+            assert_eq!(text.matches("env::set_var").count(), 1);
+            continue;
+        }
         assert!(
             !text.contains("env::set_var") && !text.contains("env::remove_var"),
             "{} changes the environment",

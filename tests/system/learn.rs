@@ -2,11 +2,11 @@
 //! that survives its learner being killed and restarted with no transition lost or duplicated.
 
 use crate::common::{child_stderr, reflex, repo, spawn, unix_endpoint};
+use reflex_bench::workloads::{NullRobot, SweepPolicy};
 use reflex_runtime::clock::WallClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
 use reflex_runtime::outbox::{Source, outbox};
 use reflex_runtime::residual::LinearResidual;
-use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

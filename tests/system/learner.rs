@@ -5,8 +5,8 @@
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use reflex_policies::fixtures::pendulum::{MAX_TORQUE, Pendulum};
-use reflex_policies::fixtures::pendulum_run::{base_success, train_dense, train_sparse};
+use reflex_bench::pendulum::{MAX_TORQUE, Pendulum};
+use reflex_bench::pendulum_run::{base_success, train_dense, train_sparse};
 use reflex_policies::sac::replay::Transition;
 use reflex_policies::sac::{Mode, Sac, SacConfig, draw_subset, subset_min};
 

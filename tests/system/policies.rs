@@ -2,6 +2,7 @@
 //! providers, bad files, and the shipped policies in closed loop.
 
 use crate::common::{python, reflex, repo};
+use reflex_bench::workloads::NullRobot;
 use reflex_policies::bc::{Denoiser, DenoiserShape};
 use reflex_policies::onnx_policy::{LoadError, OnnxPolicy, Provider, RunOptions};
 use reflex_policies::spec::{
@@ -9,7 +10,6 @@ use reflex_policies::spec::{
 };
 use reflex_runtime::msg::Observation;
 use reflex_runtime::robot::Robot;
-use reflex_runtime::testkit::NullRobot;
 use std::path::{Path, PathBuf};
 
 fn diffusion_spec(obs_dim_fields: Vec<String>, chunk: usize, dim: usize) -> PolicySpec {
@@ -230,7 +230,7 @@ const TOKENIZER: &str = r#"{
 
 #[test]
 fn vla_inputs_tokens_and_images_reach_the_network() {
-    use reflex_policies::fixtures::tiny_vla::{TinyVla, build_tiny_vla};
+    use crate::tiny_vla::{TinyVla, build_tiny_vla};
     use reflex_policies::vla::tokenize;
     let dir = tempfile::tempdir().unwrap();
     let tok = dir.path().join("tokenizer.json");

@@ -2,12 +2,12 @@
 //! recorder never holding the loop up, and `reflex replay`.
 
 use crate::common::{reflex, repo};
+use reflex_bench::workloads::{NullRobot, SweepPolicy};
 use reflex_record::{Live, Recorder, RecorderConfig};
 use reflex_runtime::clock::SimClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
 use reflex_runtime::outbox::outbox;
 use reflex_runtime::robot::Robot;
-use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -221,7 +221,7 @@ fn a_key_readable_by_others_and_plain_endpoints_beside_tls_are_refused_with_the_
 /// gamepad with the certificate `name`: how many steps the person drove.
 fn teleop_steps_with_certificate(name: &str) -> u64 {
     use crate::common::{child_stderr, spawn};
-    use reflex_agent::devices::input_event;
+    use reflex_hardware::devices::input_event;
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys");

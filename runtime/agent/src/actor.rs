@@ -102,7 +102,7 @@ pub struct ActorBuilder<R: Robot> {
     session: Option<zenoh::Session>,
     trace_hz: f64,
     record: Option<PathBuf>,
-    record_limits: crate::rotate::Limits,
+    record_limits: reflex_data::rotate::Limits,
     live: Live,
     learner: Option<LearnerSetup>,
     frozen: Option<ResidualMlp>,
@@ -125,7 +125,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             session: None,
             trace_hz: 0.0,
             record: None,
-            record_limits: crate::rotate::Limits::default(),
+            record_limits: reflex_data::rotate::Limits::default(),
             live: Live::Off,
             learner: None,
             frozen: None,
@@ -205,7 +205,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
 
     /// Keeps the records directory within `limits`, deleting earlier runs' oldest files first
     /// (a thread of its own, at start and every minute).
-    pub fn record_limits(mut self, limits: crate::rotate::Limits) -> Self {
+    pub fn record_limits(mut self, limits: reflex_data::rotate::Limits) -> Self {
         self.record_limits = limits;
         self
     }
@@ -342,7 +342,7 @@ struct Parts {
     _subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _status: Option<reflex_bus::status::StatusPublisher>,
     _spec: Option<zenoh::query::Queryable<()>>,
-    _janitor: Option<crate::rotate::Janitor>,
+    _janitor: Option<reflex_data::rotate::Janitor>,
 }
 
 impl Wires {
@@ -394,7 +394,7 @@ impl Wires {
                 _spec: None,
                 _janitor: match &b.record {
                     Some(root) if !b.record_limits.is_none() => {
-                        Some(crate::rotate::Janitor::start(
+                        Some(reflex_data::rotate::Janitor::start(
                             root.clone(),
                             root.join(run_id),
                             b.record_limits,
@@ -421,7 +421,7 @@ impl Wires {
         // With a records directory, every step also goes to `<run>/steps/` in reflex's episode
         // format (who acted, base, residual), for `reflex dataset export --run`.
         let steps = match &b.record {
-            Some(r) => Some(crate::steplog::StepLog::create(
+            Some(r) => Some(reflex_data::steplog::StepLog::create(
                 &r.join(run_id).join("steps"),
                 spec,
                 &format!("reflex run (run {run_id})"),
@@ -445,7 +445,7 @@ impl Wires {
         recorder: Option<(Arc<reflex_record::Recorder>, PathBuf)>,
         trace: Option<reflex_bus::trace::TracePublisher>,
         link: Option<ActorLink>,
-        steps: Option<crate::steplog::StepLog>,
+        steps: Option<reflex_data::steplog::StepLog>,
     ) {
         let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
         self.outbox = Some(otx);
@@ -658,7 +658,7 @@ pub struct RunReport {
     /// The in-process learner's report.
     pub learner: Option<LearnerReport>,
     /// A real arm's bus timing and counters.
-    pub arm: Option<crate::arm::ArmReport>,
+    pub arm: Option<reflex_hardware::robot::ArmReport>,
     /// The e-stop over the run.
     pub stop: StopReport,
 }
@@ -1315,7 +1315,8 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
                 RobotSource::So101 => reflex_hardware::arm::ArmKind::So101Follower,
                 _ => reflex_hardware::arm::ArmKind::KochFollower,
             };
-            let mut robot = crate::arm::ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
+            let mut robot =
+                reflex_hardware::robot::ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
             robot.set_on_exit(cfg.robot.on_exit);
             let handle = robot.report_handle();
             let chain = (kind == reflex_hardware::arm::ArmKind::So101Follower)

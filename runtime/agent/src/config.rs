@@ -11,6 +11,8 @@ use reflex_sim::SimConfig;
 use serde::Deserialize;
 use std::path::PathBuf;
 
+pub use reflex_hardware::robot::{ArmSection, ArmTask, OnExit};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 /// Where the robot is.
@@ -23,118 +25,6 @@ pub enum RobotSource {
     So101,
     /// A Koch follower on a Dynamixel bus in this process (`[arm]`).
     Koch,
-}
-
-/// What a real arm's episodes are (`[arm] task`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ArmTask {
-    /// The simulator's reach layout (SO-101 only): a target per episode, success within 2 cm.
-    Reach,
-    /// Joint positions and velocities; episodes end at their limit or on a person's label.
-    Joints,
-}
-
-fn d_arm_task() -> ArmTask {
-    ArmTask::Reach
-}
-fn d_arm_action() -> reflex_runtime::msg::ActionKind {
-    reflex_runtime::msg::ActionKind::EeDelta
-}
-fn d_arm_hz() -> f64 {
-    50.0
-}
-fn d_arm_timeout() -> f64 {
-    20.0
-}
-fn d_arm_retries() -> u32 {
-    2
-}
-fn d_arm_missed() -> u32 {
-    3
-}
-fn d_arm_start_speed() -> f64 {
-    0.5
-}
-fn d_arm_ee_step() -> f64 {
-    0.008
-}
-fn d_arm_joint_step() -> f64 {
-    0.05
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-/// `[arm]`: a real arm on a serial port (`robot.source = "so101"` or `"koch"`).
-pub struct ArmSection {
-    /// Serial port of the arm's bus adapter (`/dev/ttyACM0`, or what `reflex hw emulate` prints).
-    pub port: String,
-    /// LeRobot calibration file (absent: every joint's zero at step 2048, for emulated servos).
-    #[serde(default)]
-    pub calibration: Option<PathBuf>,
-    /// `reach` (SO-101) or `joints`.
-    #[serde(default = "d_arm_task")]
-    pub task: ArmTask,
-    /// Action space: ee_delta, joint_abs or joint_delta.
-    #[serde(default = "d_arm_action")]
-    pub action: reflex_runtime::msg::ActionKind,
-    /// Control rate, Hz.
-    #[serde(default = "d_arm_hz")]
-    pub control_hz: f64,
-    /// Episode time limit in steps (default: 3 s for reach, 20 s for joints).
-    #[serde(default)]
-    pub max_episode_steps: Option<u32>,
-    /// Deadline of one bus attempt, ms.
-    #[serde(default = "d_arm_timeout")]
-    pub timeout_ms: f64,
-    /// Attempts after the first.
-    #[serde(default = "d_arm_retries")]
-    pub retries: u32,
-    /// Failed reads in a row (each after its retries) before the run stops, the arm holding.
-    #[serde(default = "d_arm_missed")]
-    pub max_missed_reads: u32,
-    /// Speed of the move to an episode's start pose, rad/s.
-    #[serde(default = "d_arm_start_speed")]
-    pub start_speed_rad_s: f64,
-    /// Largest end-effector step per action, m.
-    #[serde(default = "d_arm_ee_step")]
-    pub ee_step_m: f64,
-    /// Largest joint step per action, rad.
-    #[serde(default = "d_arm_joint_step")]
-    pub joint_step_rad: f64,
-    /// Seed of the targets when the run gives none.
-    #[serde(default)]
-    pub seed: u64,
-}
-
-impl Validate for ArmSection {
-    fn validate(&self, p: &str) -> Result<(), Invalid> {
-        in_range(p, "control_hz", self.control_hz, 1.0, 1000.0)?;
-        in_range(p, "timeout_ms", self.timeout_ms, 1.0, 1000.0)?;
-        in_range(p, "start_speed_rad_s", self.start_speed_rad_s, 0.01, 3.0)?;
-        in_range(p, "ee_step_m", self.ee_step_m, 1e-4, 0.05)?;
-        in_range(p, "joint_step_rad", self.joint_step_rad, 1e-4, 0.5)?;
-        if self.retries > 10 {
-            return Err(Invalid {
-                key: format!("{p}.retries"),
-                value: self.retries.to_string(),
-                allowed: "0 to 10".into(),
-            });
-        }
-        if !matches!(
-            self.action,
-            reflex_runtime::msg::ActionKind::EeDelta
-                | reflex_runtime::msg::ActionKind::JointAbs
-                | reflex_runtime::msg::ActionKind::JointDelta
-        ) {
-            return Err(Invalid {
-                key: format!("{p}.action"),
-                value: format!("{:?}", self.action),
-                allowed: "ee_delta, joint_abs or joint_delta".into(),
-            });
-        }
-        Ok(())
-    }
 }
 
 fn d_timeout() -> f64 {
@@ -163,27 +53,6 @@ pub struct RobotSection {
     /// decides).
     #[serde(default)]
     pub on_exit: OnExit,
-}
-
-/// `[robot] on_exit`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnExit {
-    /// Keep the last goal with the torque on (the default: nothing falls).
-    #[default]
-    Hold,
-    /// Turn the torque off (the arm can be moved by hand; unsupported joints fall).
-    Release,
-}
-
-impl OnExit {
-    /// `hold` or `release`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnExit::Hold => "hold",
-            OnExit::Release => "release",
-        }
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -310,8 +179,8 @@ pub struct RunSection {
 
 impl RunSection {
     /// The limits on the records directory, if any.
-    pub fn record_limits(&self) -> crate::rotate::Limits {
-        crate::rotate::Limits {
+    pub fn record_limits(&self) -> reflex_data::rotate::Limits {
+        reflex_data::rotate::Limits {
             max_bytes: self.keep_recordings_gb.map(|g| (g * 1e9) as u64),
             max_age: self
                 .keep_recordings_days

@@ -367,7 +367,7 @@ impl Rig {
         &mut self,
         o: &DemoOptions,
         recorder: Option<&Recorder>,
-        log: Option<&mut crate::steplog::StepLog>,
+        log: Option<&mut reflex_data::steplog::StepLog>,
         human: &Option<SimHuman>,
         step: &mut WireStep,
     ) -> Result<()> {
@@ -441,7 +441,7 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let mut log = o
         .record
         .then(|| {
-            crate::steplog::StepLog::create(
+            reflex_data::steplog::StepLog::create(
                 &dir.join("steps"),
                 &spec,
                 &format!("reflex demo --seed {} --mode {}", o.seed, mode_name(o.mode)),
@@ -701,25 +701,25 @@ fn summarize(
         .collect();
     let (s20, i20) = (rolling(&succ, 20), rolling(&intv, 20));
     let title = format!("reflex demo, {} mode, seed {}", mode_name(o.mode), o.seed);
-    crate::plot::curves_png(
+    reflex_data::plot::curves_png(
         &dir.join("learning_curve.png"),
-        &crate::plot::Chart {
+        &reflex_data::plot::Chart {
             title: &title,
             x_label: "training episode",
             y_label: "rate over the last 20 episodes (%)",
             series: &[
-                crate::plot::Series {
+                reflex_data::plot::Series {
                     label: "success, robot alone",
                     values: &s20,
                     rgb: [30, 160, 60],
                 },
-                crate::plot::Series {
+                reflex_data::plot::Series {
                     label: "episodes with a takeover",
                     values: &i20,
                     rgb: [210, 50, 40],
                 },
             ],
-            band: held.map(|h| crate::plot::Band {
+            band: held.map(|h| reflex_data::plot::Band {
                 rate: h.success_rate,
                 low: h.success_rate_wilson_95.0,
                 high: h.success_rate_wilson_95.1,

@@ -65,9 +65,12 @@ pub enum AgentError {
     /// A scripted expert.
     #[error(transparent)]
     Expert(#[from] reflex_sim::expert::ExpertError),
+    /// Recorded episodes, datasets and plots.
+    #[error(transparent)]
+    Data(#[from] reflex_data::DataError),
     /// Recorded demonstrations.
     #[error(transparent)]
-    Demos(#[from] reflex_sim::demos::DemoError),
+    Demos(#[from] reflex_data::demos::DemoError),
     /// The recorder.
     #[error(transparent)]
     Record(#[from] reflex_record::RecorderError),
@@ -112,12 +115,12 @@ impl AgentError {
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
 
 /// Maps any error to [`AgentError::Setup`] under `what` (the key, topic or file at fault).
-pub(crate) fn ctx<E: std::fmt::Display>(what: impl Into<String>) -> impl FnOnce(E) -> AgentError {
+pub fn ctx<E: std::fmt::Display>(what: impl Into<String>) -> impl FnOnce(E) -> AgentError {
     let what = what.into();
     move |e| AgentError::setup(what, e.to_string())
 }
 
 /// A plain failure with its message (the message names what failed).
-pub(crate) fn bail(message: String) -> AgentError {
+pub fn bail(message: String) -> AgentError {
     AgentError::Failed(message)
 }

@@ -12,35 +12,27 @@
 //! - [`demo`]: the whole mission in one process (`reflex demo`);
 //! - [`operator`]: a robot's e-stop raised, released and resumed from any computer on its bus
 //!   (`reflex estop`);
-//! - [`bench`], [`simtools`], [`policytools`], [`teleop`], [`viz`], [`replay`]: what the other
-//!   commands run.
+//! - [`simtools`], [`policytools`], [`teleop`], [`viz`], [`replay`], [`serve`]: what the other
+//!   commands run; [`signals`]: SIGINT and SIGTERM as stops.
 //!
 //! Long jobs report through [`progress::Progress`]; nothing here prints.
 #![warn(missing_docs)]
 
 pub mod actor;
-pub mod arm;
 pub mod assemble;
-pub mod bench;
-pub mod bundle;
 pub mod config;
-pub mod dataset;
 pub mod demo;
-pub mod devices;
-mod error;
+pub mod error;
 pub mod heldout;
-pub mod leader;
 pub mod learner;
 pub mod operator;
-pub mod plot;
 pub mod policytools;
 pub mod presets;
 pub mod progress;
 pub mod replay;
-pub mod rotate;
+pub mod serve;
+pub mod signals;
 pub mod simtools;
-pub mod soak;
-pub mod steplog;
 pub mod tap;
 pub mod teleop;
 pub mod viz;

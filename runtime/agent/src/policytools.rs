@@ -220,11 +220,11 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
     // The episodes, the action size, the robot kind and where they came from.
     let (mut eps, action_dim, kind, origin) = match &o.source {
         TrainSource::Demos(dir) => {
-            let m = reflex_sim::demos::read_manifest(dir)?;
+            let m = reflex_data::demos::read_manifest(dir)?;
             let take = o.episodes.unwrap_or(m.episodes.len()).min(m.episodes.len());
             let mut eps = vec![];
             for e in &m.episodes[..take] {
-                let ep = reflex_sim::demos::read_episode(dir, e)?;
+                let ep = reflex_data::demos::read_episode(dir, e)?;
                 eps.push((ep.observations, ep.actions));
             }
             let origin = format!("demos {}: {}", dir.display(), m.command);
@@ -235,7 +235,7 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
             state_key,
             action_key,
         } => {
-            let d = crate::dataset::read_lerobot(dir, state_key, action_key)?;
+            let d = reflex_data::dataset::read_lerobot(dir, state_key, action_key)?;
             let origin = format!(
                 "LeRobot dataset {} ({state_key} -> {action_key})",
                 dir.display()

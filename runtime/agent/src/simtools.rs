@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use reflex_bus::BusConfig;
 use reflex_bus::robot::{RobotServer, ServeMode, ServeStats};
 use reflex_contracts::robot::Robot;
-use reflex_sim::demos::{DemoWriter, Episode};
+use reflex_data::demos::{DemoWriter, Episode};
 use reflex_sim::{Expert, SimConfig, SimEnv};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -308,7 +308,7 @@ pub fn snapshot(mut cfg: SimConfig, seed: u64, steps: u32, out: &Path) -> Result
     let mut files = vec![];
     for img in &obs.images {
         let p = out.join(format!("{}.png", img.camera));
-        crate::plot::write_png(&p, img.width, img.height, &img.data)?;
+        reflex_data::plot::write_png(&p, img.width, img.height, &img.data)?;
         files.push(p);
     }
     Ok(files)

@@ -52,7 +52,7 @@ struct Consumer {
     link: Option<reflex_bus::learnlink::ActorLink>,
     frames: Option<OutboxReceiver<Frames>>,
     held: Option<Box<Frames>>,
-    steps: Option<crate::steplog::StepLog>,
+    steps: Option<reflex_data::steplog::StepLog>,
     step_errors: u64,
 }
 
@@ -156,7 +156,7 @@ impl RecordingTap {
         link: Option<reflex_bus::learnlink::ActorLink>,
         rx: OutboxReceiver,
         frames: Option<OutboxReceiver<Frames>>,
-        steps: Option<crate::steplog::StepLog>,
+        steps: Option<reflex_data::steplog::StepLog>,
     ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let mut c = Consumer {

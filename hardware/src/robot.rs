@@ -16,23 +16,158 @@
 //! the last observation (the loop sees it stale and holds); more than `max_missed_reads` in a row
 //! end the run with the error naming the servo, the servos holding their last goal.
 
-use crate::config::{ArmSection, ArmTask, OnExit};
+use crate::arm::{ArmKind, ArmTiming, ServoArm};
 use nalgebra::{Isometry3, Translation3, Vector3};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use reflex_contracts::config::{Invalid, Validate, in_range};
+use reflex_contracts::msg::{ActionKind, Observation, PROTOCOL_VERSION, RobotSpec, StateField};
+use reflex_contracts::robot::{Robot, RobotError, check_action};
 use reflex_contracts::stop::StopSwitch;
-use reflex_hardware::arm::{ArmKind, ArmTiming, ServoArm};
 use reflex_runtime::kinematics::{IkOptions, top_down};
-use reflex_runtime::msg::{ActionKind, Observation, PROTOCOL_VERSION, RobotSpec, StateField};
-use reflex_runtime::robot::{Robot, RobotError, check_action};
 use reflex_sim::env::{HOME_YAW, WORKSPACE_MAX, WORKSPACE_MIN};
 use reflex_sim::task::{TaskKind, TaskLayout};
 use reflex_sim::world::ArmModel;
+use serde::Deserialize;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Arm joints before the gripper.
 const BODY: usize = 5;
+
+/// What a real arm's episodes are (`[arm] task`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArmTask {
+    /// The simulator's reach layout (SO-101 only): a target per episode, success within 2 cm.
+    Reach,
+    /// Joint positions and velocities; episodes end at their limit or on a person's label.
+    Joints,
+}
+
+fn d_arm_task() -> ArmTask {
+    ArmTask::Reach
+}
+fn d_arm_action() -> reflex_contracts::msg::ActionKind {
+    reflex_contracts::msg::ActionKind::EeDelta
+}
+fn d_arm_hz() -> f64 {
+    50.0
+}
+fn d_arm_timeout() -> f64 {
+    20.0
+}
+fn d_arm_retries() -> u32 {
+    2
+}
+fn d_arm_missed() -> u32 {
+    3
+}
+fn d_arm_start_speed() -> f64 {
+    0.5
+}
+fn d_arm_ee_step() -> f64 {
+    0.008
+}
+fn d_arm_joint_step() -> f64 {
+    0.05
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+/// `[arm]`: a real arm on a serial port (`robot.source = "so101"` or `"koch"`).
+pub struct ArmSection {
+    /// Serial port of the arm's bus adapter (`/dev/ttyACM0`, or what `reflex hw emulate` prints).
+    pub port: String,
+    /// LeRobot calibration file (absent: every joint's zero at step 2048, for emulated servos).
+    #[serde(default)]
+    pub calibration: Option<PathBuf>,
+    /// `reach` (SO-101) or `joints`.
+    #[serde(default = "d_arm_task")]
+    pub task: ArmTask,
+    /// Action space: ee_delta, joint_abs or joint_delta.
+    #[serde(default = "d_arm_action")]
+    pub action: reflex_contracts::msg::ActionKind,
+    /// Control rate, Hz.
+    #[serde(default = "d_arm_hz")]
+    pub control_hz: f64,
+    /// Episode time limit in steps (default: 3 s for reach, 20 s for joints).
+    #[serde(default)]
+    pub max_episode_steps: Option<u32>,
+    /// Deadline of one bus attempt, ms.
+    #[serde(default = "d_arm_timeout")]
+    pub timeout_ms: f64,
+    /// Attempts after the first.
+    #[serde(default = "d_arm_retries")]
+    pub retries: u32,
+    /// Failed reads in a row (each after its retries) before the run stops, the arm holding.
+    #[serde(default = "d_arm_missed")]
+    pub max_missed_reads: u32,
+    /// Speed of the move to an episode's start pose, rad/s.
+    #[serde(default = "d_arm_start_speed")]
+    pub start_speed_rad_s: f64,
+    /// Largest end-effector step per action, m.
+    #[serde(default = "d_arm_ee_step")]
+    pub ee_step_m: f64,
+    /// Largest joint step per action, rad.
+    #[serde(default = "d_arm_joint_step")]
+    pub joint_step_rad: f64,
+    /// Seed of the targets when the run gives none.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+impl Validate for ArmSection {
+    fn validate(&self, p: &str) -> Result<(), Invalid> {
+        in_range(p, "control_hz", self.control_hz, 1.0, 1000.0)?;
+        in_range(p, "timeout_ms", self.timeout_ms, 1.0, 1000.0)?;
+        in_range(p, "start_speed_rad_s", self.start_speed_rad_s, 0.01, 3.0)?;
+        in_range(p, "ee_step_m", self.ee_step_m, 1e-4, 0.05)?;
+        in_range(p, "joint_step_rad", self.joint_step_rad, 1e-4, 0.5)?;
+        if self.retries > 10 {
+            return Err(Invalid {
+                key: format!("{p}.retries"),
+                value: self.retries.to_string(),
+                allowed: "0 to 10".into(),
+            });
+        }
+        if !matches!(
+            self.action,
+            reflex_contracts::msg::ActionKind::EeDelta
+                | reflex_contracts::msg::ActionKind::JointAbs
+                | reflex_contracts::msg::ActionKind::JointDelta
+        ) {
+            return Err(Invalid {
+                key: format!("{p}.action"),
+                value: format!("{:?}", self.action),
+                allowed: "ee_delta, joint_abs or joint_delta".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `[robot] on_exit`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExit {
+    /// Keep the last goal with the torque on (the default: nothing falls).
+    #[default]
+    Hold,
+    /// Turn the torque off (the arm can be moved by hand; unsupported joints fall).
+    Release,
+}
+
+impl OnExit {
+    /// `hold` or `release`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnExit::Hold => "hold",
+            OnExit::Release => "release",
+        }
+    }
+}
 
 /// Bus timing and counters of a run on a real arm, for the run's report.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -119,7 +254,7 @@ impl ArmRobot {
     /// Opens the arm of `kind` as the config says; checks every servo answers.
     pub fn open(kind: ArmKind, name: &str, cfg: &ArmSection) -> Result<Self, RobotError> {
         let calibration = match &cfg.calibration {
-            Some(p) => reflex_calibration::Calibration::read(p, reflex_hardware::arm::RESOLUTION)
+            Some(p) => reflex_calibration::Calibration::read(p, crate::arm::RESOLUTION)
                 .map_err(|e| device(name, e))?,
             None => {
                 tracing::warn!(
@@ -291,14 +426,14 @@ impl ArmRobot {
                     joints.iter().map(|j| format!("{p}{j}_{u}")).collect()
                 };
                 let action = match cfg.action {
-                    ActionKind::JointDelta => reflex_runtime::msg::ActionSpec {
+                    ActionKind::JointDelta => reflex_contracts::msg::ActionSpec {
                         kind: ActionKind::JointDelta,
                         names: names("d_", "rad"),
                         low: vec![-s, -s, -s, -s, -s, -0.1],
                         high: vec![s, s, s, s, s, 0.1],
                     },
                     // Joint targets within what the calibration allows.
-                    _ => reflex_runtime::msg::ActionSpec {
+                    _ => reflex_contracts::msg::ActionSpec {
                         kind: ActionKind::JointAbs,
                         names: names("", "rad"),
                         low: ranges.iter().map(|r| r.0 as f32).collect(),
@@ -690,88 +825,4 @@ impl Robot for ArmRobot {
     fn attach_stop(&mut self, stop: Arc<StopSwitch>) {
         self.stop = Some(stop);
     }
-}
-
-/// Serves the arm of a run config on the bus until `stop` is set (or `seconds` pass): what
-/// `reflex hw serve` runs. The server filters every command against the spec's ranges and
-/// `[safety]`'s per-step limits unless `[serve] filter = false`, obeys the robot's e-stop on its
-/// own, and holds the arm when no command comes ([`reflex_bus::robot::RobotServer`]). A bus
-/// without TLS needs `[bus] insecure = true` (then a warning every minute).
-pub fn serve_config(
-    cfg: &crate::config::RunConfig,
-    bus: &reflex_bus::BusConfig,
-    stop: &std::sync::atomic::AtomicBool,
-    seconds: Option<f64>,
-) -> crate::error::Result<reflex_bus::robot::ServeStats> {
-    use crate::AgentError;
-    use reflex_bus::robot::{CommandFilter, RobotServer, ServeMode};
-    use std::sync::atomic::Ordering;
-    let kind = match cfg.robot.source {
-        crate::config::RobotSource::So101 => ArmKind::So101Follower,
-        crate::config::RobotSource::Koch => ArmKind::KochFollower,
-        other => {
-            return Err(AgentError::setup(
-                "[robot] source",
-                format!("`reflex hw serve` serves a real arm (so101 or koch), not {other:?}"),
-            ));
-        }
-    };
-    let arm_cfg = cfg
-        .arm
-        .as_ref()
-        .ok_or_else(|| AgentError::setup("[robot] source", "a real arm needs an [arm] table"))?;
-    let mut on_bus = cfg.clone();
-    on_bus.bus.enabled = true;
-    let _insecure = crate::actor::check_arm_bus(&on_bus, bus)?;
-    let mut robot = ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
-    robot.set_on_exit(cfg.robot.on_exit);
-    let session = cfg.bus_config(bus).open()?;
-    let mut server = RobotServer::new(
-        &session,
-        robot,
-        ServeMode::Realtime {
-            hz: arm_cfg.control_hz,
-        },
-    )?;
-    if cfg.serve.filter.unwrap_or(true) {
-        server = server.with_filter(CommandFilter {
-            max_joint_step_rad: cfg.safety.max_joint_step_rad,
-            max_ee_step_m: cfg.safety.max_ee_step_m,
-            max_gripper_step: cfg.safety.max_gripper_step_m,
-        });
-    }
-    if let Some(ms) = cfg.serve.watchdog_ms {
-        server = server.with_watchdog(Duration::from_secs_f64(ms / 1e3));
-    }
-    tracing::info!(
-        "serving arm `{}` ({}) on reflex/{}/* at {} Hz, command filter {}",
-        cfg.robot_name(),
-        kind.name(),
-        cfg.robot_name(),
-        arm_cfg.control_hz,
-        if cfg.serve.filter.unwrap_or(true) {
-            "on"
-        } else {
-            "off"
-        }
-    );
-    // The server stops on the caller's flag or after `seconds`.
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let t0 = Instant::now();
-    let stats = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                if stop.load(Ordering::Relaxed)
-                    || seconds.is_some_and(|s| t0.elapsed().as_secs_f64() >= s)
-                {
-                    done.store(true, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
-        let r = server.run(&done);
-        done.store(true, Ordering::Relaxed);
-        r
-    })?;
-    Ok(stats)
 }

@@ -10,7 +10,8 @@
 //! Every file is written whole and renamed into place, `info.json` last: a crash leaves a
 //! directory without `info.json`, which no loader takes for a dataset.
 
-use crate::{AgentError, error::Result};
+use crate::demos::{Episode, read_episode, read_manifest};
+use crate::{DataError, Result};
 use arrow_array::builder::{ListBuilder, StringBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, Int64Type};
@@ -20,9 +21,11 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema};
 use reflex_contracts::msg::RobotSpec;
-use reflex_sim::demos::{Episode, read_episode, read_manifest};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// One episode's observations and actions, frame by frame (what behaviour cloning reads).
+pub type EpisodeData = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
 /// The LeRobot dataset format version written and read.
 pub const CODEBASE_VERSION: &str = "v3.0";
@@ -39,8 +42,8 @@ const QUANTILES: [(f64, &str); 5] = [
     (0.99, "q99"),
 ];
 
-fn bad(path: &Path, message: impl Into<String>) -> AgentError {
-    AgentError::setup(format!("dataset `{}`", path.display()), message.into())
+fn bad(path: &Path, message: impl Into<String>) -> DataError {
+    DataError::invalid(format!("dataset `{}`", path.display()), message.into())
 }
 
 /// What `reflex dataset export` is asked.
@@ -229,9 +232,9 @@ fn parquet_bytes(batch: &RecordBatch, path: &Path) -> Result<Vec<u8>> {
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
+        std::fs::create_dir_all(d).map_err(|e| DataError::io(d, e))?;
     }
-    reflex_runtime::fsio::atomic_write(path, bytes).map_err(|e| AgentError::io(path, e))
+    reflex_runtime::fsio::atomic_write(path, bytes).map_err(|e| DataError::io(path, e))
 }
 
 fn chunk_file(dir: &str, index: usize) -> String {
@@ -333,7 +336,7 @@ fn check_episode(spec: &RobotSpec, ep: &Episode, file: &Path) -> Result<()> {
 pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
     if o.out.exists()
         && std::fs::read_dir(&o.out)
-            .map_err(|e| AgentError::io(&o.out, e))?
+            .map_err(|e| DataError::io(&o.out, e))?
             .next()
             .is_some()
     {
@@ -511,7 +514,7 @@ fn write_tasks(out: &Path, task: &str) -> Result<()> {
 #[derive(Clone, Debug)]
 pub struct LeRobotData {
     /// Episodes, in order.
-    pub episodes: Vec<reflex_policies::bc::EpisodeData>,
+    pub episodes: Vec<EpisodeData>,
     /// `robot_type` of info.json.
     pub robot_type: Option<String>,
     /// Frames per second.
@@ -576,7 +579,7 @@ fn float_rows(col: &ArrayRef, key: &str, path: &Path) -> Result<Vec<Vec<f32>>> {
 /// features of every frame, grouped into episodes by `episode_index`, in `index` order.
 pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeRobotData> {
     let info_path = dir.join("meta/info.json");
-    let text = std::fs::read(&info_path).map_err(|e| AgentError::io(&info_path, e))?;
+    let text = std::fs::read(&info_path).map_err(|e| DataError::io(&info_path, e))?;
     let info: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| bad(&info_path, e.to_string()))?;
     let version = info["codebase_version"].as_str().unwrap_or("(none)");
@@ -616,11 +619,11 @@ pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeR
     let (state_dim, action_dim) = (size(state_key)?, size(action_key)?);
     let mut files = vec![];
     let data = dir.join("data");
-    for chunk in std::fs::read_dir(&data).map_err(|e| AgentError::io(&data, e))? {
-        let chunk = chunk.map_err(|e| AgentError::io(&data, e))?.path();
+    for chunk in std::fs::read_dir(&data).map_err(|e| DataError::io(&data, e))? {
+        let chunk = chunk.map_err(|e| DataError::io(&data, e))?.path();
         if chunk.is_dir() {
-            for f in std::fs::read_dir(&chunk).map_err(|e| AgentError::io(&chunk, e))? {
-                let f = f.map_err(|e| AgentError::io(&chunk, e))?.path();
+            for f in std::fs::read_dir(&chunk).map_err(|e| DataError::io(&chunk, e))? {
+                let f = f.map_err(|e| DataError::io(&chunk, e))?.path();
                 if f.extension().is_some_and(|x| x == "parquet") {
                     files.push(f);
                 }
@@ -633,7 +636,7 @@ pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeR
     }
     let mut rows: Vec<(i64, i64, Vec<f32>, Vec<f32>)> = vec![];
     for f in &files {
-        let file = std::fs::File::open(f).map_err(|e| AgentError::io(f, e))?;
+        let file = std::fs::File::open(f).map_err(|e| DataError::io(f, e))?;
         let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
             .and_then(|b| b.build())
             .map_err(|e| bad(f, e.to_string()))?;
@@ -676,7 +679,7 @@ pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeR
         }
     }
     rows.sort_by_key(|r| r.1);
-    let mut episodes: Vec<reflex_policies::bc::EpisodeData> = vec![];
+    let mut episodes: Vec<EpisodeData> = vec![];
     let mut current = None;
     for (e, _, s, a) in rows {
         if current != Some(e) {

@@ -1,13 +1,13 @@
 //! `reflex bench loop`: the control loop's timing with a trivial robot and policy, optionally
 //! with busy threads beside it standing in for inference and learning.
 
-use crate::error::Result;
+use crate::workloads::{NullRobot, SweepPolicy};
+use reflex_agent::error::Result;
 use reflex_contracts::msg::Observation;
 use reflex_runtime::clock::WallClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
 use reflex_runtime::policy::PolicyThread;
 use reflex_runtime::rt::RtConfig;
-use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -70,9 +70,9 @@ pub fn run(a: &LoopBenchOptions) -> Result<serde_json::Value> {
     if let Some(runs) = &a.record {
         let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
         b = b.outbox(otx);
-        tap = Some(crate::tap::RecordingTap::start(
+        tap = Some(reflex_agent::tap::RecordingTap::start(
             runs,
-            &crate::run_id("bench-loop"),
+            &reflex_agent::run_id("bench-loop"),
             reflex_record::Live::Off,
             &spec,
             orx,

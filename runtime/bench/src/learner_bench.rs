@@ -1,9 +1,9 @@
 //! `reflex bench learner`: SAC update throughput in three network configurations, and the wall
 //! time of 10k Pendulum steps with one update per step.
 
-use crate::error::Result;
-use reflex_policies::fixtures::pendulum::{MAX_TORQUE, Pendulum};
-use reflex_policies::fixtures::pendulum_run::train_dense;
+use crate::pendulum::{MAX_TORQUE, Pendulum};
+use crate::pendulum_run::train_dense;
+use reflex_agent::error::Result;
 use reflex_policies::sac::replay::Transition;
 use reflex_policies::sac::{Mode, Sac, SacConfig};
 use std::time::Instant;

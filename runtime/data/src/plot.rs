@@ -110,7 +110,7 @@ fn episode_step(n: usize) -> usize {
 }
 
 /// Draws `chart` into a PNG at `path` (written atomically).
-pub fn curves_png(path: &std::path::Path, chart: &Chart) -> crate::error::Result<()> {
+pub fn curves_png(path: &std::path::Path, chart: &Chart) -> crate::Result<()> {
     let (w, h) = (760usize, 440usize);
     let (left, right, top, bottom) = (64usize, w - 24, 56usize, h - 56);
     let mut cv = Canvas {
@@ -221,12 +221,7 @@ fn legend(cv: &mut Canvas, chart: &Chart, right: usize, top: usize) {
 }
 
 /// Writes an rgb8 image as PNG, atomically.
-pub fn write_png(
-    path: &std::path::Path,
-    width: u32,
-    height: u32,
-    rgb: &[u8],
-) -> crate::error::Result<()> {
+pub fn write_png(path: &std::path::Path, width: u32, height: u32, rgb: &[u8]) -> crate::Result<()> {
     let mut bytes = Vec::new();
     let encode = |bytes: &mut Vec<u8>| -> Result<(), png::EncodingError> {
         let mut enc = png::Encoder::new(bytes, width, height);
@@ -235,9 +230,9 @@ pub fn write_png(
         enc.write_header()?.write_image_data(rgb)
     };
     encode(&mut bytes).map_err(|e| {
-        crate::AgentError::setup(format!("PNG `{}`", path.display()), e.to_string())
+        crate::DataError::invalid(format!("PNG `{}`", path.display()), e.to_string())
     })?;
-    reflex_runtime::fsio::atomic_write(path, &bytes).map_err(|e| crate::AgentError::io(path, e))
+    reflex_runtime::fsio::atomic_write(path, &bytes).map_err(|e| crate::DataError::io(path, e))
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 //! dataset. Written by the demo and, with `--record`, by `reflex run` (on the outbox's thread, off
 //! the loop). Each episode is written whole and atomically when it ends.
 
-use crate::error::Result;
+use crate::Result;
+use crate::demos::{DemoWriter, Episode};
 use reflex_contracts::msg::RobotSpec;
 use reflex_runtime::outbox::Transition;
-use reflex_sim::demos::{DemoWriter, Episode};
 use std::path::Path;
 
 /// The episodes of a run as they end.

@@ -12,16 +12,16 @@
 //! and resume). Not injected here: dropped network links and a slow or full disk
 //! (docs/reliability.md).
 
-use crate::actor::{ActorBuilder, ClockChoice, LearnerSetup};
-use crate::progress::Progress;
-use crate::{AgentError, error::Result};
+use crate::workloads::{NullRobot, SweepPolicy};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use reflex_agent::actor::{ActorBuilder, ClockChoice, LearnerSetup};
+use reflex_agent::progress::Progress;
+use reflex_agent::{AgentError, error::Result};
 use reflex_bus::{BusConfig, Keys};
 use reflex_contracts::msg::{self, Observation, OperatorKind, OperatorMsg, PROTOCOL_VERSION};
 use reflex_contracts::policy::{ChunkSpec, Policy, PolicyError};
 use reflex_contracts::stop::StopAct;
-use reflex_runtime::testkit::{NullRobot, SweepPolicy};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -134,7 +134,7 @@ fn hostile_peer(
 /// for a while (it must latch within `LATCH_TICKS`), an operator's release (paused, still
 /// held) and resume. Returns the ticks the robot was held.
 fn estop_drill(
-    actor: &mut crate::actor::Actor<NullRobot>,
+    actor: &mut reflex_agent::actor::Actor<NullRobot>,
     session: &zenoh::Session,
     keys: &Keys,
 ) -> Result<u64> {
@@ -143,13 +143,13 @@ fn estop_drill(
     let fail = |what: &str| AgentError::setup("soak e-stop drill", what.to_string());
     // Acts as an operator would (again every 250 ticks: a put may race a fresh subscription)
     // until the stop is in the state the act leads to.
-    let until = |actor: &mut crate::actor::Actor<NullRobot>, act: StopAct| -> Result<()> {
+    let until = |actor: &mut reflex_agent::actor::Actor<NullRobot>, act: StopAct| -> Result<()> {
         for i in 0..TICKS {
             if sw.state() == act.leads_to() {
                 return Ok(());
             }
             if i % 250 == 0 {
-                crate::operator::publish(session, keys, act, sw.raises(), "soak drill")?;
+                reflex_agent::operator::publish(session, keys, act, sw.raises(), "soak drill")?;
             }
             actor.run_ticks(1)?;
         }
@@ -188,19 +188,19 @@ fn soak_actor(
     o: &SoakOptions,
     session: zenoh::Session,
     nan_chunks: Arc<AtomicU64>,
-) -> Result<crate::actor::Actor<NullRobot>> {
+) -> Result<reflex_agent::actor::Actor<NullRobot>> {
     let policy = Faulty {
         inner: SweepPolicy::new(8, 4),
         p: if o.faults { 0.002 } else { 0.0 },
         rng: ChaCha8Rng::seed_from_u64(o.seed),
         nan_chunks,
     };
-    let section = crate::config::LearnerSection {
+    let section = reflex_agent::config::LearnerSection {
         checkpoint: o.dir.join("learner.ckpt"),
         checkpoint_every_s: 5.0,
-        preset: crate::config::Preset::Sac,
+        preset: reflex_agent::config::Preset::Sac,
         // NullRobot's state has no bounds; its values are small, so the raw state is fine.
-        obs_norm: crate::config::ObsNormSource::Off,
+        obs_norm: reflex_agent::config::ObsNormSource::Off,
         sac: Some(
             toml::from_str("hidden = [16, 16]\nbatch = 32\nwarmup_steps = 200\ncapacity = 100000")
                 .expect("a valid table"),
@@ -254,7 +254,7 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
     progress.start(o.steps, "steps");
     let mut ticks = 0;
     while ticks < o.steps {
-        actor.run_episodes(1, &crate::progress::Silent)?;
+        actor.run_episodes(1, &reflex_agent::progress::Silent)?;
         let now = actor.control_loop().stats().ticks;
         progress.inc(now - ticks);
         ticks = now;

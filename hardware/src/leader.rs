@@ -12,10 +12,10 @@
 //! The follower's pose comes from its observation (the actor's step trace on the bus). Without
 //! one, the device commands nothing (zeros for steps, no takeover blend can start).
 
+use crate::arm::{ArmKind, ServoArm};
 use nalgebra::Vector3;
 use reflex_contracts::msg::{ActionKind, Observation, RobotSpec, TeleopMsg};
 use reflex_contracts::teleop::{Teleop, TeleopError};
-use reflex_hardware::arm::{ArmKind, ServoArm};
 use reflex_sim::world::ArmModel;
 use std::time::Duration;
 
@@ -231,7 +231,7 @@ impl Teleop for LeaderArm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reflex_hardware::emulate::{Emulator, EmulatorConfig};
+    use crate::emulate::{Emulator, EmulatorConfig};
 
     #[test]
     fn a_leader_on_an_emulated_bus_reads_and_maps_onto_joint_targets() {

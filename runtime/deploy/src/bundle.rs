@@ -12,7 +12,7 @@
 //! pointing at the release in use and the one before it (rollback), the configuration in
 //! `/etc/reflex/`, recordings and checkpoints in `/var/lib/reflex/`.
 
-use crate::error::{AgentError, Result};
+use crate::{DeployError, Result};
 use sha2::{Digest, Sha256};
 use std::fs;
 use std::io::{Read, Write};
@@ -99,9 +99,9 @@ pub fn elf_arch(path: &Path) -> Result<String> {
     let mut head = Vec::with_capacity(20);
     fs::File::open(path)
         .and_then(|f| f.take(20).read_to_end(&mut head))
-        .map_err(|e| AgentError::io(path, e))?;
+        .map_err(|e| DeployError::io(path, e))?;
     if head.len() < 20 || head[..4] != *b"\x7fELF" {
-        return Err(AgentError::setup(
+        return Err(DeployError::setup(
             path.display().to_string(),
             "not an ELF file: a bundle holds Linux executables and shared libraries",
         ));
@@ -124,7 +124,7 @@ fn check_arch(path: &Path, what: &str, target: &str) -> Result<()> {
     let want = target.split('-').next().unwrap_or(target);
     let have = elf_arch(path)?;
     if have != want {
-        return Err(AgentError::setup(
+        return Err(DeployError::setup(
             path.display().to_string(),
             format!(
                 "{what} is built for {have}, but the bundle's target is {target}: build it for \
@@ -138,16 +138,16 @@ fn check_arch(path: &Path, what: &str, target: &str) -> Result<()> {
 
 fn copy_file(from: &Path, to: &Path) -> Result<u64> {
     if let Some(d) = to.parent() {
-        fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
+        fs::create_dir_all(d).map_err(|e| DeployError::io(d, e))?;
     }
-    fs::copy(from, to).map_err(|e| AgentError::io(from, e))
+    fs::copy(from, to).map_err(|e| DeployError::io(from, e))
 }
 
 /// Copies the files of `from` (recursively) into `to`; `keep` chooses files by name.
 fn copy_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> Result<usize> {
     let mut n = 0;
     let mut entries: Vec<_> = fs::read_dir(from)
-        .map_err(|e| AgentError::io(from, e))?
+        .map_err(|e| DeployError::io(from, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     entries.sort();
@@ -166,17 +166,18 @@ fn copy_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> Result<usi
 fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(d) = path.parent() {
-        fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
+        fs::create_dir_all(d).map_err(|e| DeployError::io(d, e))?;
     }
-    fs::write(path, text).map_err(|e| AgentError::io(path, e))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| AgentError::io(path, e))
+    fs::write(path, text).map_err(|e| DeployError::io(path, e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| DeployError::io(path, e))
 }
 
 /// Every file under `root`, relative, sorted.
 fn files_under(root: &Path) -> Result<Vec<PathBuf>> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-        for e in fs::read_dir(dir).map_err(|e| AgentError::io(dir, e))? {
-            let p = e.map_err(|e| AgentError::io(dir, e))?.path();
+        for e in fs::read_dir(dir).map_err(|e| DeployError::io(dir, e))? {
+            let p = e.map_err(|e| DeployError::io(dir, e))?.path();
             if p.is_dir() {
                 walk(root, &p, out)?;
             } else {
@@ -192,11 +193,11 @@ fn files_under(root: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn sha256_hex(path: &Path) -> Result<String> {
-    let mut f = fs::File::open(path).map_err(|e| AgentError::io(path, e))?;
+    let mut f = fs::File::open(path).map_err(|e| DeployError::io(path, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
-        let n = f.read(&mut buf).map_err(|e| AgentError::io(path, e))?;
+        let n = f.read(&mut buf).map_err(|e| DeployError::io(path, e))?;
         if n == 0 {
             break;
         }
@@ -210,14 +211,14 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
     let src = &o.source;
     for dir in ["models", "configs"] {
         if !src.join(dir).is_dir() {
-            return Err(AgentError::setup(
+            return Err(DeployError::setup(
                 src.join(dir).display().to_string(),
                 "not found: run `reflex bundle` in the reflex checkout, or pass --source CHECKOUT",
             ));
         }
     }
     if !src.join("configs/deploy/robot.toml").is_file() {
-        return Err(AgentError::setup(
+        return Err(DeployError::setup(
             src.join("configs/deploy/robot.toml").display().to_string(),
             "not found: the bundle installs it as /etc/reflex/robot.toml (it is in the reflex checkout)",
         ));
@@ -228,7 +229,7 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     if !lib_name.starts_with("libonnxruntime.so") {
-        return Err(AgentError::setup(
+        return Err(DeployError::setup(
             o.onnxruntime.display().to_string(),
             "--onnxruntime must be the library itself (onnxruntime/capi/libonnxruntime.so.* in the \
              onnxruntime wheel for the target)",
@@ -257,7 +258,7 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
         n.ends_with(".onnx") || n.ends_with(".policy.toml") || n.ends_with(".residual.json")
     };
     if copy_tree(&src.join("models"), &stage.join("models"), &model_files)? == 0 {
-        return Err(AgentError::setup(
+        return Err(DeployError::setup(
             src.join("models").display().to_string(),
             "holds no .onnx models: a bundle ships the base policies",
         ));
@@ -271,13 +272,13 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
             copy_file(&p, &stage.join("docs").join(doc))?;
         }
     }
-    fs::create_dir_all(stage.join("calibration")).map_err(|e| AgentError::io(stage, e))?;
+    fs::create_dir_all(stage.join("calibration")).map_err(|e| DeployError::io(stage, e))?;
     if let Some(c) = &o.calibration {
         let n = copy_tree(c, &stage.join("calibration"), &|p| {
             p.extension().is_some_and(|e| e == "json")
         })?;
         if n == 0 {
-            return Err(AgentError::setup(
+            return Err(DeployError::setup(
                 c.display().to_string(),
                 "--calibration holds no .json calibration files (`reflex calibrate joints` writes them)",
             ));
@@ -299,7 +300,7 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
         use std::os::unix::fs::PermissionsExt;
         let bin = stage.join("bin/reflex");
         fs::set_permissions(&bin, fs::Permissions::from_mode(0o755))
-            .map_err(|e| AgentError::io(&bin, e))?;
+            .map_err(|e| DeployError::io(&bin, e))?;
     }
     // Checksums last, over everything else: install.sh refuses a bundle that does not match.
     let files = files_under(stage)?;
@@ -319,7 +320,7 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
 /// same name.
 pub fn make(o: &BundleOptions) -> Result<Bundle> {
     if o.release.is_empty() || o.release.contains(['/', ' ', '"']) {
-        return Err(AgentError::setup(
+        return Err(DeployError::setup(
             "--release",
             format!(
                 "`{}` cannot name a release directory: use letters, digits, dots and dashes",
@@ -328,7 +329,7 @@ pub fn make(o: &BundleOptions) -> Result<Bundle> {
         ));
     }
     let name = format!("reflex-{}-{}", o.release, o.target);
-    fs::create_dir_all(&o.out).map_err(|e| AgentError::io(&o.out, e))?;
+    fs::create_dir_all(&o.out).map_err(|e| DeployError::io(&o.out, e))?;
     let stage_root = o.out.join(format!(".{name}.stage"));
     let _ = fs::remove_dir_all(&stage_root);
     let stage = stage_root.join(&name);
@@ -351,10 +352,10 @@ pub fn make(o: &BundleOptions) -> Result<Bundle> {
             file.flush()?;
             file.sync_all()
         };
-        write().map_err(|e| AgentError::io(&tmp, e))?;
-        fs::rename(&tmp, &path).map_err(|e| AgentError::io(&path, e))?;
+        write().map_err(|e| DeployError::io(&tmp, e))?;
+        fs::rename(&tmp, &path).map_err(|e| DeployError::io(&path, e))?;
         let bytes = fs::metadata(&path)
-            .map_err(|e| AgentError::io(&path, e))?
+            .map_err(|e| DeployError::io(&path, e))?
             .len();
         Ok(Bundle {
             path,

@@ -1,9 +1,11 @@
 //! Robots and policies for tests and benchmarks of the loop itself: they do no work and allocate
 //! nothing per step, so what is measured is the runtime.
 
-use crate::msg::{ActionKind, ActionSpec, Observation, PROTOCOL_VERSION, RobotSpec, StateField};
-use crate::policy::{ChunkSpec, Policy, PolicyError};
-use crate::robot::{Robot, RobotError};
+use reflex_contracts::msg::{
+    ActionKind, ActionSpec, Observation, PROTOCOL_VERSION, RobotSpec, StateField,
+};
+use reflex_contracts::policy::{ChunkSpec, Policy, PolicyError};
+use reflex_contracts::robot::{Robot, RobotError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

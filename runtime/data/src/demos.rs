@@ -5,8 +5,8 @@
 //! after each episode, so a crash loses at most the episode in progress. The format is documented
 //! in docs/sim.md; Python reads it with `msgpack` and `json`.
 
+use reflex_contracts::msg::RobotSpec;
 use reflex_runtime::fsio::atomic_write;
-use reflex_runtime::msg::RobotSpec;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

@@ -18,8 +18,11 @@ fn percentiles(mut d: Vec<Duration>) -> serde_json::Value {
 /// Runs `iters` sync reads of the six positions and `iters` sync writes of six goals on `kind`'s
 /// emulated bus; returns the figures (keys `read_p50_us`, `read_p99_us`, `write_p50_us`,
 /// `write_p99_us`, and the distributions) and the port used.
-pub fn run(kind: ArmKind, iters: usize) -> crate::error::Result<(serde_json::Value, String)> {
-    let setup = |e: String| crate::AgentError::setup("bench bus-servo", e);
+pub fn run(
+    kind: ArmKind,
+    iters: usize,
+) -> reflex_agent::error::Result<(serde_json::Value, String)> {
+    let setup = |e: String| reflex_agent::AgentError::setup("bench bus-servo", e);
     let emu = Emulator::start(EmulatorConfig {
         model: kind.servo_model(),
         ..Default::default()

@@ -5,8 +5,8 @@
 //! `reflex/<robot>/cmd` after decoding it. Both ends encode and decode the real messages, so the
 //! figure is what a remote controller sees: serialisation, Zenoh, TCP on loopback, and back.
 
-use crate::error::{Result, ctx};
-use crate::policytools::percentile;
+use reflex_agent::error::{Result, ctx};
+use reflex_agent::policytools::percentile;
 use reflex_bus::BusConfig;
 use reflex_contracts::msg::{self, Command, Image, Observation, PROTOCOL_VERSION};
 use std::process::{Child, Stdio};
@@ -121,7 +121,7 @@ fn measure(
                     .map_err(ctx("the benchmark's bus"))?
             };
             let Some(s) = next else {
-                return Err(crate::error::bail(format!(
+                return Err(reflex_agent::error::bail(format!(
                     "no command back on {} within 5 s (the echo process stopped?)",
                     keys.cmd
                 )));
@@ -215,7 +215,7 @@ fn run_one(
             break;
         }
         if Instant::now() > deadline {
-            return Err(crate::error::bail(format!(
+            return Err(reflex_agent::error::bail(format!(
                 "the echo process did not join the bus on {endpoint} within 20 s"
             )));
         }

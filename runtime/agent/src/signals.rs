@@ -1,0 +1,62 @@
+//! SIGINT and SIGTERM as a person at a robot means them: the first asks the command to finish
+//! the work in hand (the emulator removes its link; `reflex run` ends its episode), the second
+//! stops at the next control tick (the robot still left as `[robot] on_exit` says), the third
+//! quits the process at once, leaving the robot as it is.
+//!
+//! The signals are taken by a thread of signal-hook's (`iterator`), so nothing here runs inside
+//! a signal handler.
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+static STOP_NOW: AtomicBool = AtomicBool::new(false);
+static LISTENING: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Starts listening for SIGINT and SIGTERM (once per process) and returns the flag the first
+/// one sets; [`stop_now_flag`] is set by the second. When the signals cannot be taken, the flag
+/// is still returned (never set) and a warning says so: the default action (the process ends)
+/// stays in force.
+pub fn stop_on_signals() -> &'static AtomicBool {
+    let started = LISTENING.get_or_init(|| {
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+            .map_err(|e| e.to_string())?;
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                for (n, sig) in signals.forever().enumerate() {
+                    let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+                    match n {
+                        0 => {
+                            STOP.store(true, Ordering::SeqCst);
+                            tracing::warn!(
+                                "{name}: stopping when the work in hand is done (signal again to stop now)"
+                            );
+                        }
+                        1 => {
+                            STOP_NOW.store(true, Ordering::SeqCst);
+                            tracing::warn!(
+                                "{name}: stopping now (signal again to quit at once, leaving the robot as it is)"
+                            );
+                        }
+                        _ => {
+                            tracing::error!("{name}: quitting at once");
+                            std::process::exit(130);
+                        }
+                    }
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    if let Err(e) = started {
+        tracing::warn!("cannot take SIGINT/SIGTERM ({e}): a signal ends the process at once");
+    }
+    &STOP
+}
+
+/// Set by a second SIGINT or SIGTERM (after [`stop_on_signals`]): stop at once, cleanly.
+pub fn stop_now_flag() -> &'static AtomicBool {
+    &STOP_NOW
+}

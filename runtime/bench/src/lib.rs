@@ -1,0 +1,21 @@
+//! reflex-bench: what `reflex bench ...` and `reflex soak` measure, and the workloads they
+//! measure with. Each bench returns its figures as JSON whose keys name the figure and its unit.
+//!
+//! Not part of the robot's binary unless asked for: the `reflex` binary's `bench` feature (on by
+//! default for a development build, off in `make bundle`) brings this crate in.
+//!
+//! - [`loop_bench`], [`bus_bench`], [`servo_bench`], [`learner_bench`]: the control loop, the
+//!   bus round trip, a servo bus, the SAC learner (beside Pendulum);
+//! - [`soak`]: the actor and its learner for a long run with faults injected;
+//! - [`workloads`]: a robot and a policy that do no work (what is measured is the runtime);
+//! - [`pendulum`], [`pendulum_run`]: Gymnasium's Pendulum-v1 in Rust and its SAC runs.
+#![warn(missing_docs)]
+
+pub mod bus_bench;
+pub mod learner_bench;
+pub mod loop_bench;
+pub mod pendulum;
+pub mod pendulum_run;
+pub mod servo_bench;
+pub mod soak;
+pub mod workloads;
