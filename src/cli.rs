@@ -138,7 +138,7 @@ pub fn command_line() -> String {
 }
 
 /// Prints a JSON value, pretty.
-pub fn print_json(v: &serde_json::Value) {
+pub fn print_json<T: serde::Serialize + ?Sized>(v: &T) {
     println!(
         "{}",
         serde_json::to_string_pretty(v).expect("JSON of plain values")
@@ -212,15 +212,14 @@ pub fn servo_bench(a: &ServoBenchArgs) -> anyhow::Result<()> {
     if a.json {
         print_json(&out);
     } else {
-        let f = |k: &str| out[k].as_f64().unwrap_or(f64::NAN);
         println!(
             "{} over {port}: sync read of 6 positions p50 {:.0} us / p99 {:.0} us; sync write of 6 goals p50 {:.0} us / p99 {:.0} us; {} retries",
             kind.name(),
-            f("read_p50_us"),
-            f("read_p99_us"),
-            f("write_p50_us"),
-            f("write_p99_us"),
-            out["retries"]
+            out.read_p50_us,
+            out.read_p99_us,
+            out.write_p50_us,
+            out.write_p99_us,
+            out.retries
         );
     }
     Ok(())

@@ -57,25 +57,21 @@ pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "soak: {} steps in {:.0} s ({:.0} steps/s), per-step work p50 {:.1} us / p99 {:.1} us",
-            v["steps"],
-            v["wall_s"].as_f64().unwrap_or(0.0),
-            v["steps_per_s"].as_f64().unwrap_or(0.0),
-            v["step_p50_us"].as_f64().unwrap_or(0.0),
-            v["step_p99_us"].as_f64().unwrap_or(0.0)
+            v.steps, v.wall_s, v.steps_per_s, v.step_p50_us, v.step_p99_us
         );
         println!(
             "  transitions sent {}, persisted {}, lost {}; {} learner restarts, {} NaN chunks, {} hostile messages",
-            v["transitions_sent"],
-            v["transitions_persisted"],
-            v["transitions_lost"],
-            v["learner_restarts"],
-            v["nan_chunks_injected"],
-            v["hostile_messages"]
+            v.transitions_sent,
+            v.transitions_persisted,
+            v.transitions_lost,
+            v.learner_restarts,
+            v.nan_chunks_injected,
+            v.hostile_messages
         );
         println!(
             "  resident memory grew {:.1} MB after warm-up; safety: {}",
-            v["rss_growth_after_warmup_mb"].as_f64().unwrap_or(0.0),
-            v["safety"]
+            v.rss_growth_after_warmup_mb,
+            serde_json::to_string(&v.safety)?
         );
     }
     Ok(())
@@ -155,28 +151,19 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 print_json(&out);
                 return Ok(());
             }
-            let runs: Vec<&serde_json::Value> = if a.tls {
-                vec![&out["tcp"], &out["tls"]]
-            } else {
-                vec![&out]
+            let runs = match &out {
+                bus_bench::BusBenchReport::One(r) => vec![r],
+                bus_bench::BusBenchReport::Both { tcp, tls } => vec![tcp, tls],
             };
-            for out in runs {
+            for run in runs {
                 println!(
                     "bus round trip obs -> cmd between two processes over {}:",
-                    out["transport"].as_str().unwrap_or("")
+                    run.transport
                 );
-                for (key, v) in out.as_object().into_iter().flatten() {
-                    if key == "transport" {
-                        continue;
-                    }
-                    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+                for (key, v) in run.rows() {
                     println!(
                         "  {key:>20} ({:>5} B): p50 {:>4.0} us, p99 {:>4.0} us, max {:>5.0} us over {} round trips",
-                        v["bytes"],
-                        f("p50_us"),
-                        f("p99_us"),
-                        f("max_us"),
-                        v["iters"]
+                        v.bytes, v.p50_us, v.p99_us, v.max_us, v.iters
                     );
                 }
             }
@@ -207,17 +194,13 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             if a.json {
                 print_json(&out);
             } else {
-                for (name, v) in out.as_object().into_iter().flatten() {
-                    if let Some(u) = v["updates_per_s"].as_f64() {
-                        println!("{name:<26} {u:>8.1} updates/s");
-                    }
+                for (name, r) in out.rates() {
+                    println!("{name:<26} {:>8.1} updates/s", r.updates_per_s);
                 }
-                if let Some(p) = out.get("pendulum") {
+                if let Some(p) = &out.pendulum {
                     println!(
                         "pendulum {} steps (64x64, batch 100, 1 update/step): {:.1} s, final return {:.0}",
-                        p["steps"],
-                        p["wall_s"].as_f64().unwrap_or(0.0),
-                        p["final_return"].as_f64().unwrap_or(0.0)
+                        p.steps, p.wall_s, p.final_return
                     );
                 }
             }
@@ -226,36 +209,29 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_loop(out: &serde_json::Value, o: &loop_bench::LoopBenchOptions) {
-    let f = |k: &str| out[k].as_f64().unwrap_or(0.0);
+fn print_loop(out: &loop_bench::LoopBenchReport, o: &loop_bench::LoopBenchOptions) {
     println!(
         "loop at {} Hz for {:.1} s{}: {} ticks ({:.1} Hz achieved)",
         o.hz,
-        f("seconds"),
+        out.seconds,
         if o.load {
-            format!(" with {} busy threads", out["load_threads"])
+            format!(" with {} busy threads", out.load_threads)
         } else {
             String::new()
         },
-        out["ticks"],
-        f("rate_hz")
+        out.ticks,
+        out.rate_hz
     );
     println!(
         "  wake-up lateness: p50 {:.1} us, p99 {:.1} us, max {:.1} us; missed {}, overruns {}",
-        f("lateness_p50_us"),
-        f("lateness_p99_us"),
-        f("lateness_max_us"),
-        out["missed"],
-        out["overruns"]
+        out.lateness_p50_us, out.lateness_p99_us, out.lateness_max_us, out.missed, out.overruns
     );
     println!(
         "  per-step work (observe, chunks, residual, safety, command): p50 {:.2} us, p99 {:.2} us, mean {:.2} us",
-        f("step_p50_us"),
-        f("step_p99_us"),
-        f("step_mean_us")
+        out.step_p50_us, out.step_p99_us, out.step_mean_us
     );
     println!(
         "  chunks received {}, holds for want of a chunk {}",
-        out["chunks"], out["holds_no_chunk"]
+        out.chunks, out.holds_no_chunk
     );
 }

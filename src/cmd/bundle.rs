@@ -64,7 +64,7 @@ pub fn run(a: BundleArgs) -> anyhow::Result<()> {
     };
     let b = make(&o)?;
     if a.json {
-        print_json(&serde_json::to_value(&b)?);
+        print_json(&b);
     } else {
         let name = b.path.file_name().unwrap_or_default().to_string_lossy();
         let dir = name.trim_end_matches(".tar.gz");

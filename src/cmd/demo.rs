@@ -91,55 +91,58 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
 
 fn print_table(o: &DemoOptions, r: &DemoReport) {
     let s = &r.summary;
-    let pct = |k: &str| s[k].as_f64().unwrap_or(f64::NAN) * 100.0;
     println!(
         "reflex demo: pick, {} learner, simulated person {}",
-        s["mode"].as_str().unwrap_or(""),
+        s.mode,
         if o.human { "on" } else { "off" }
     );
     println!("  {:<28} {:>8} {:>8}", "", "first 20", "last 20");
-    for (label, key) in [
-        ("success (robot alone)", "success_rate"),
-        ("success (with takeovers)", "success_with_assistance"),
-        ("episodes with a takeover", "intervention_rate"),
+    for (label, first, last) in [
+        (
+            "success (robot alone)",
+            s.success_rate_first_20,
+            s.success_rate_last_20,
+        ),
+        (
+            "success (with takeovers)",
+            s.success_with_assistance_first_20,
+            s.success_with_assistance_last_20,
+        ),
+        (
+            "episodes with a takeover",
+            s.intervention_rate_first_20,
+            s.intervention_rate_last_20,
+        ),
     ] {
-        let first = if key == "success_rate" {
-            pct("success_rate_first_20")
-        } else {
-            pct(&format!("{key}_first_20"))
-        };
         println!(
-            "  {label:<28} {first:>7.0}% {:>7.0}%",
-            pct(&format!("{key}_last_20"))
+            "  {label:<28} {:>7.0}% {:>7.0}%",
+            first * 100.0,
+            last * 100.0
         );
     }
-    let h = &s["held_out"];
-    if let Some(rate) = h["success_rate"].as_f64() {
-        let ci = &h["success_rate_wilson_95"];
+    if let Some(h) = &s.held_out {
+        let (lo, hi) = h.success_rate_wilson_95;
         println!(
             "  held out, robot alone ({} new seeds, no person): {:.0}% success (95% CI {:.0}-{:.0}%), mean {:.1} steps",
-            h["episodes"],
-            rate * 100.0,
-            ci[0].as_f64().unwrap_or(f64::NAN) * 100.0,
-            ci[1].as_f64().unwrap_or(f64::NAN) * 100.0,
-            h["mean_steps"].as_f64().unwrap_or(f64::NAN)
+            h.episodes,
+            h.success_rate * 100.0,
+            lo * 100.0,
+            hi * 100.0,
+            h.mean_steps
         );
     }
     println!(
         "  learner checkpoint: {}",
-        s["checkpoint"].as_str().unwrap_or("")
+        s.checkpoint.as_deref().unwrap_or("")
     );
-    if let (Some(model), Some(config)) = (s["residual"].as_str(), s["refined_config"].as_str()) {
+    if let (Some(model), Some(config)) = (&s.residual, &s.refined_config) {
         println!("  refined policy: {model} (run it alone: reflex run --config {config})");
     }
     println!(
         "  {} episodes, {} environment steps, {} learner updates, {:.0} s",
-        s["episodes"],
-        s["env_steps"],
-        s["updates"],
-        s["wall_s"].as_f64().unwrap_or(0.0)
+        s.episodes, s.env_steps, s.updates, s.wall_s
     );
-    match s["episode_reaching_90pct_rolling_success"].as_u64() {
+    match s.episode_reaching_90pct_rolling_success {
         Some(e) => println!("  rolling 20-episode success reached 90% at episode {e}"),
         None => println!("  rolling 20-episode success did not reach 90%"),
     }

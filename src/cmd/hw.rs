@@ -119,7 +119,7 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
             let stop = reflex_agent::signals::stop_on_signals();
             let stats = reflex_agent::serve::serve_config(&cfg, &a.bus.config(), stop, a.seconds)?;
             if a.json {
-                crate::cli::print_json(&serde_json::to_value(&stats)?);
+                crate::cli::print_json(&stats);
             } else {
                 println!(
                     "served {} steps, {} resets; {} commands refused (filter or malformed), {} held by the e-stop, {} watchdog trips",

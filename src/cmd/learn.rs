@@ -46,7 +46,7 @@ pub fn run(a: LearnArgs) -> anyhow::Result<()> {
     let r = serve(&session, &lc, &o, &Bars::spinner(a.json))
         .with_context(|| format!("learner for config `{}`", a.config.display()))?;
     if a.json {
-        print_json(&serde_json::to_value(&r)?);
+        print_json(&r);
     } else {
         println!(
             "learner: {} steps received ({} duplicates dropped, {} gaps refused), {} episodes, weights v{}, checkpoint {}",

@@ -4,7 +4,6 @@ use crate::cli::{Bars, BusArgs, print_json};
 use clap::Args;
 use reflex_agent::actor::{RunOptions, RunReport, run_config};
 use reflex_agent::config::RunConfig;
-use reflex_runtime::control::EpisodeSummary;
 use reflex_runtime::safety::SafetyEvent;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,7 +54,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     };
     let report = run_config(&cfg, &o, &Bars::new(a.json))?;
     if a.json {
-        print_json(&report_json(&report));
+        print_json(&report.summary());
     } else {
         print_text(&report);
     }
@@ -97,22 +96,7 @@ pub fn eval(a: EvalArgs) -> anyhow::Result<()> {
     let (h, report, seed) = reflex_agent::heldout::evaluate_config(&cfg, &o, &Bars::new(a.json))?;
     let (lo, hi) = h.success_rate_wilson_95;
     if a.json {
-        let mut v = serde_json::to_value(&h)?;
-        let m = v.as_object_mut().expect("an object");
-        // Nothing here knows training's seeds; the stream is apart from them by construction.
-        m.remove("seeds_seen_in_training");
-        m.insert("seed".into(), seed.into());
-        m.insert("wall_s".into(), report.wall_s.into());
-        m.insert(
-            "seeds".into(),
-            report
-                .episodes
-                .iter()
-                .map(|e| e.seed)
-                .collect::<Vec<_>>()
-                .into(),
-        );
-        print_json(&v);
+        print_json(&reflex_agent::heldout::EvalSummary::new(&h, &report, seed));
     } else {
         println!(
             "{} episodes alone (seed stream {seed}): success {:.1}% (95% Wilson {:.1}-{:.1}%), mean return {:.2}, {:.1} steps per episode, {} takeovers, {:.1} s",
@@ -131,78 +115,6 @@ pub fn eval(a: EvalArgs) -> anyhow::Result<()> {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-fn episode_json(e: &EpisodeSummary) -> serde_json::Value {
-    serde_json::json!({
-        "episode": e.episode,
-        "seed": e.seed,
-        "steps": e.steps,
-        "return": e.ret,
-        "success": e.success,
-        "interventions": e.interventions,
-        "labelled": e.labelled,
-        "truncated": e.truncated,
-        "estop": e.estop,
-        "digest": format!("{:016x}", e.digest),
-    })
-}
-
-/// Success rate, mean return and mean length of `eps`, with every episode.
-fn episodes_json(eps: &[EpisodeSummary]) -> serde_json::Value {
-    let n = eps.len().max(1) as f64;
-    serde_json::json!({
-        "episodes": eps.len(),
-        "success_rate": eps.iter().filter(|e| e.success).count() as f64 / n,
-        "mean_return": eps.iter().map(|e| e.ret as f64).sum::<f64>() / n,
-        "mean_steps": eps.iter().map(|e| e.steps as f64).sum::<f64>() / n,
-        "episodes_detail": eps.iter().map(episode_json).collect::<Vec<_>>(),
-    })
-}
-
-/// The run as JSON: success, returns, loop timing, safety, and every episode with its digest.
-pub fn report_json(r: &RunReport) -> serde_json::Value {
-    let n = r.episodes.len().max(1) as f64;
-    let ok = r.episodes.iter().filter(|e| e.success).count();
-    let steps: u32 = r.episodes.iter().map(|e| e.steps).sum();
-    let ret: f32 = r.episodes.iter().map(|e| e.ret).sum();
-    let safety: serde_json::Map<String, serde_json::Value> = SafetyEvent::ALL
-        .iter()
-        .map(|e| (e.name().to_string(), r.safety.get(*e).into()))
-        .collect();
-    serde_json::json!({
-        "run_id": r.run_id,
-        "episodes": r.episodes.len(),
-        "success_rate": ok as f64 / n,
-        "mean_return": ret as f64 / n,
-        "mean_steps": steps as f64 / n,
-        "wall_s": r.wall_s,
-        "ticks": r.stats.ticks,
-        "lateness_p50_us": us(r.stats.lateness.percentile(50.0)),
-        "lateness_p99_us": us(r.stats.lateness.percentile(99.0)),
-        "lateness_max_us": us(r.stats.lateness.max()),
-        "step_p50_us": us(r.stats.step.percentile(50.0)),
-        "step_p99_us": us(r.stats.step.percentile(99.0)),
-        "overruns": r.stats.overruns,
-        "missed": r.stats.missed,
-        "reset_p50_us": us(r.stats.reset.percentile(50.0)),
-        "reset_max_us": us(r.stats.reset.max()),
-        "holds_no_chunk": r.stats.holds_no_chunk,
-        "teleop_steps": r.stats.teleop_steps,
-        "chunks": r.stats.chunks,
-        "stale_chunks": r.stats.stale_chunks,
-        "safety": safety,
-        "traced_steps": r.traced,
-        "learner_link": r.link,
-        "learner": r.learner,
-        "arm": r.arm,
-        "stop": r.stop,
-        "residual_version": r.stats.residual_version,
-        "recording": r.recording,
-        "seeds": r.episodes.iter().map(|e| e.seed).collect::<Vec<_>>(),
-        "episodes_detail": r.episodes.iter().map(episode_json).collect::<Vec<_>>(),
-        "eval": (!r.eval.is_empty()).then(|| episodes_json(&r.eval)),
-    })
 }
 
 fn print_text(r: &RunReport) {
@@ -271,12 +183,12 @@ fn print_text(r: &RunReport) {
         );
     }
     if !r.eval.is_empty() {
-        let e = episodes_json(&r.eval);
+        let e = reflex_agent::summary::EpisodesSummary::of(&r.eval);
         println!(
             "evaluation (the learner's deterministic action): {} episodes, {:.1}% successful, mean return {:.2}",
-            r.eval.len(),
-            100.0 * e["success_rate"].as_f64().unwrap_or(0.0),
-            e["mean_return"].as_f64().unwrap_or(0.0)
+            e.episodes,
+            100.0 * e.success_rate,
+            e.mean_return
         );
     }
     if let Some(rec) = &r.recording {

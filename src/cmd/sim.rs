@@ -196,7 +196,7 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
             if a.json {
                 print_json(&out);
             } else {
-                print_bench(&out, a.steps);
+                print_bench(&out);
             }
         }
         SimCommand::Demos(a) => {
@@ -235,17 +235,17 @@ fn expert(a: ExpertArgs) -> anyhow::Result<()> {
     let task = cfg.task;
     let out = simtools::expert(cfg, a.episodes, a.noise, a.seed, trace, &Bars::new(a.json))?;
     if a.json {
-        println!("{out}");
+        println!("{}", serde_json::to_string(&out)?);
     } else {
         println!(
             "scripted expert on `{task}`: {}/{} successful ({:.1}%), {:.1} steps per episode, {:.1} s",
-            out["successes"],
-            a.episodes,
-            100.0 * out["success_rate"].as_f64().unwrap_or(0.0),
-            out["mean_steps"].as_f64().unwrap_or(0.0),
-            out["wall_s"].as_f64().unwrap_or(0.0)
+            out.successes,
+            out.episodes,
+            100.0 * out.success_rate,
+            out.mean_steps,
+            out.wall_s
         );
-        let failed = out["failed_seeds"].as_array().cloned().unwrap_or_default();
+        let failed = &out.failed_seeds;
         if !failed.is_empty() {
             println!("failed seeds: {:?}", &failed[..failed.len().min(10)]);
         }
@@ -253,30 +253,27 @@ fn expert(a: ExpertArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_bench(out: &serde_json::Value, steps: u64) {
-    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+fn print_bench(out: &simtools::SimBenchReport) {
     println!(
         "sim bench {} ({} Hz control, {} Hz physics, {} substeps), one thread:",
-        out["task"].as_str().unwrap_or(""),
-        out["control_hz"],
-        out["physics_hz"],
-        out["substeps"]
+        out.task, out.control_hz, out.physics_hz, out.substeps
     );
-    let s = &out["state_only"];
+    let s = &out.state_only;
     println!(
-        "  state only: {:.0} steps/s ({:.1} us/step, {:.0} physics steps/s) over {steps} steps",
-        f(&s["steps_per_s"]),
-        f(&s["us_per_step"]),
-        f(&s["physics_steps_per_s"]),
+        "  state only: {:.0} steps/s ({:.1} us/step, {:.0} physics steps/s) over {} steps",
+        s.steps_per_s,
+        s.us_per_step,
+        s.physics_steps_per_s.unwrap_or(f64::NAN),
+        s.steps
     );
-    if let Some(c) = out.get("cameras") {
+    if let Some(c) = &out.cameras {
         println!(
             "  2 cameras {}x{}: {:.0} steps/s ({:.0} us/step) over {} steps",
-            c["width"],
-            c["height"],
-            f(&c["steps_per_s"]),
-            f(&c["us_per_step"]),
-            c["steps"]
+            c.width.unwrap_or(0),
+            c.height.unwrap_or(0),
+            c.steps_per_s,
+            c.us_per_step,
+            c.steps
         );
     }
 }

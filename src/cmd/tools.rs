@@ -131,18 +131,17 @@ pub fn policy(cmd: PolicyCommand) -> anyhow::Result<()> {
             if a.json {
                 print_json(&v);
             } else {
-                let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
                 println!(
                     "{} on {} ({} thread{}): {} network calls per chunk; per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} chunks",
                     a.model.display(),
                     provider,
                     a.threads,
                     if a.threads == 1 { "" } else { "s" },
-                    v["network_calls_per_chunk"],
-                    f("p50_us"),
-                    f("p99_us"),
-                    f("max_us"),
-                    a.iters
+                    v.network_calls_per_chunk,
+                    v.p50_us,
+                    v.p99_us,
+                    v.max_us,
+                    v.iters
                 );
             }
         }
@@ -198,7 +197,7 @@ pub fn dataset(cmd: DatasetCommand) -> anyhow::Result<()> {
         task: a.task,
     })?;
     if a.json {
-        print_json(&serde_json::to_value(&r)?);
+        print_json(&r);
     } else {
         println!(
             "wrote {} episodes, {} frames ({} data files; features {}) to {} (LeRobotDataset {})",
@@ -320,7 +319,7 @@ pub fn estop(a: EstopArgs) -> anyhow::Result<()> {
         Duration::from_secs_f64(a.wait_s),
     )?;
     if a.json {
-        print_json(&serde_json::to_value(&out)?);
+        print_json(&out);
     } else {
         let next = match act {
             StopAct::Raise => format!(
@@ -523,13 +522,13 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
             f.file_name()
                 .map(|n| n.to_string_lossy().to_string())
                 .unwrap_or_default(),
-            s["steps"],
-            s["return"].as_f64().unwrap_or(0.0),
-            s["success"],
-            s["interventions"],
-            s["intervention_steps"],
-            s["lateness_p99_us"].as_f64().unwrap_or(0.0),
-            s["dropped_steps"]
+            s.steps,
+            s.ret,
+            s.success,
+            s.interventions,
+            s.intervention_steps,
+            s.lateness_p99_us,
+            s.dropped_steps
         );
     }
     Ok(())
@@ -588,11 +587,11 @@ pub fn viz(a: VizArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "watched `{}`: {} steps, {} episodes ended{}",
-            out["robot"].as_str().unwrap_or(""),
-            out["steps"],
-            out["episodes_ended"],
-            out["dir"]
-                .as_str()
+            out.robot,
+            out.steps,
+            out.episodes_ended,
+            out.dir
+                .as_deref()
                 .map(|d| format!(", files in {d}"))
                 .unwrap_or_default()
         );

@@ -133,16 +133,13 @@ fn recorded_episodes_pass_rerun_verify_and_hold_the_expected_entities() {
         }
         // The episode's summary agrees with the run.
         let s = reflex_record::read_summary(f).unwrap();
-        assert!(s["steps"].as_u64().unwrap() > 5);
-        assert_eq!(
-            s["success"], true,
-            "the scripted expert succeeds on these seeds"
-        );
+        assert!(s.steps > 5);
+        assert!(s.success, "the scripted expert succeeds on these seeds");
     }
     // A sample of values, read back through `rerun rrd print -vvv`: the reward series is 0 until
     // the last step, which is 1 with the success event logged at that step.
     let s = reflex_record::read_summary(&files[0]).unwrap();
-    let last = s["steps"].as_u64().unwrap() - 1;
+    let last = u64::from(s.steps) - 1;
     let out = Command::new(rerun_cli())
         .env("CI", "1")
         .args(["rrd", "print", "-vvv"])
@@ -247,8 +244,7 @@ fn a_throttled_recorder_drops_only_counted_telemetry_and_never_the_loop_or_the_l
     );
     let s = reflex_record::read_summary(&runs.path().join("episodes/episode_000001.rrd")).unwrap();
     assert_eq!(
-        s["dropped_steps"].as_u64().unwrap(),
-        dropped,
+        s.dropped_steps, dropped,
         "the recording states what it lost"
     );
 }
@@ -405,7 +401,7 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
         assert!(text.contains(entity), "{}: {entity} missing", f.display());
     }
     let s = reflex_record::read_summary(&f).unwrap();
-    assert_eq!(s["success"], true, "{s}");
+    assert!(s.success, "{s:?}");
 }
 
 #[test]
@@ -433,9 +429,7 @@ fn camera_images_are_recorded_at_every_step_of_an_episode() {
     let (mut steps, mut rows) = (0, [0u64; 2]);
     for id in [1, 2] {
         let f = rec.join(format!("episode_00000{id}.rrd"));
-        steps += reflex_record::read_summary(&f).unwrap()["steps"]
-            .as_u64()
-            .unwrap();
+        steps += u64::from(reflex_record::read_summary(&f).unwrap().steps);
         let out = Command::new(rerun_cli())
             .env("CI", "1")
             .args(["rrd", "print", "-v"])

@@ -121,13 +121,73 @@ pub struct EpisodeRow {
     pub intervention_steps: u32,
 }
 
+/// The figures of a demo run: `summary.json`'s `summary`, and what `reflex demo --json` prints.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DemoSummary {
+    /// Training episodes.
+    pub episodes: usize,
+    /// The run's seed.
+    pub seed: u64,
+    /// The learner's mode (`residual`, `full`, `noise`).
+    pub mode: String,
+    /// The headline: the policy alone on held-out seeds (`null` without a held-out evaluation).
+    pub success_rate: Option<f64>,
+    /// Success without a takeover over the first 20 training episodes.
+    pub success_rate_first_20: f64,
+    /// ... and over the last 20.
+    pub success_rate_last_20: f64,
+    /// Success, takeovers allowed, over the first 20 episodes.
+    pub success_with_assistance_first_20: f64,
+    /// ... and over the last 20.
+    pub success_with_assistance_last_20: f64,
+    /// Episodes with a takeover among the first 20.
+    pub intervention_rate_first_20: f64,
+    /// ... and among the last 20.
+    pub intervention_rate_last_20: f64,
+    /// The first episode at which the rolling 20-episode success reached 90%.
+    pub episode_reaching_90pct_rolling_success: Option<usize>,
+    /// Wall time, s.
+    pub wall_s: f64,
+    /// Environment steps.
+    pub env_steps: u64,
+    /// Learner updates (critic).
+    pub updates: u64,
+    /// Why the simulated person took over.
+    pub takeover_reasons: Option<reflex_sim::human::TakeoverReasons>,
+    /// Demonstration episodes the person gave first.
+    pub demonstrations: usize,
+    /// A simulated person watched.
+    pub human: bool,
+    /// RLIF: a takeover is the reward signal.
+    pub rlif: bool,
+    /// The run's directory.
+    pub run_dir: String,
+    /// The learning curve (PNG).
+    pub learning_curve: String,
+    /// The learning curves as a Rerun recording.
+    pub learning_recording: String,
+    /// Where the episode recordings are (with `--record`).
+    pub episode_recordings: Option<String>,
+    /// The learner's checkpoint.
+    pub checkpoint: Option<String>,
+    /// The kept residual (ONNX), when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub residual: Option<String>,
+    /// A run config that runs the refined policy alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refined_config: Option<String>,
+    /// The held-out evaluation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_out: Option<crate::heldout::HeldOut>,
+}
+
 /// What a demo produced.
 #[derive(Clone, Debug)]
 pub struct DemoReport {
     /// The run's directory.
     pub dir: PathBuf,
     /// The summary written to `summary.json` (what `--json` prints).
-    pub summary: serde_json::Value,
+    pub summary: DemoSummary,
     /// Every training episode.
     pub rows: Vec<EpisodeRow>,
 }
@@ -503,19 +563,15 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     }
     let reasons = human.as_ref().map(|h| h.reasons);
     let mut r = summarize(o, &dir, rows, wall, &rig.sac, reasons, held.as_ref())?;
-    r.summary["checkpoint"] = ckpt.display().to_string().into();
+    r.summary.checkpoint = Some(ckpt.display().to_string());
     if let Some((model, config)) = &kept {
-        r.summary["residual"] = model.display().to_string().into();
-        r.summary["refined_config"] = config.display().to_string().into();
+        r.summary.residual = Some(model.display().to_string());
+        r.summary.refined_config = Some(config.display().to_string());
     }
-    if let Some(h) = held {
-        // The headline is the policy alone on held-out seeds; training's figures keep their
-        // own names (`success_rate_last_20`).
-        r.summary["success_rate"] = h.success_rate.into();
-        r.summary["held_out"] = serde_json::to_value(&h).expect("plain values");
-    } else {
-        r.summary["success_rate"] = serde_json::Value::Null;
-    }
+    // The headline is the policy alone on held-out seeds; training's figures keep their own
+    // names (`success_rate_last_20`).
+    r.summary.success_rate = held.as_ref().map(|h| h.success_rate);
+    r.summary.held_out = held;
     let summary_file = dir.join("summary.json");
     let body =
         serde_json::to_vec_pretty(&serde_json::json!({ "summary": r.summary, "episodes": r.rows }))
@@ -743,29 +799,34 @@ fn summarize(
         window(&succ, n.saturating_sub(20), n),
     );
     let reached = s20.iter().position(|s| *s >= 0.9).map(|i| i + 1);
-    let summary = serde_json::json!({
-        "episodes": n,
-        "seed": o.seed,
-        "mode": mode_name(o.mode),
-        "success_rate_first_20": first,
-        "success_rate_last_20": last,
-        "success_with_assistance_first_20": window(&assisted, 0, n.min(20)),
-        "success_with_assistance_last_20": window(&assisted, n.saturating_sub(20), n),
-        "intervention_rate_first_20": window(&intv, 0, n.min(20)),
-        "intervention_rate_last_20": window(&intv, n.saturating_sub(20), n),
-        "episode_reaching_90pct_rolling_success": reached,
-        "wall_s": wall,
-        "env_steps": sac.counters.env_steps,
-        "updates": sac.counters.critic_updates,
-        "takeover_reasons": reasons,
-        "demonstrations": if o.human { o.demos } else { 0 },
-        "human": o.human,
-        "rlif": o.rlif,
-        "run_dir": dir.display().to_string(),
-        "learning_curve": dir.join("learning_curve.png").display().to_string(),
-        "learning_recording": dir.join("learning.rrd").display().to_string(),
-        "episode_recordings": o.record.then(|| dir.join("episodes").display().to_string()),
-    });
+    let summary = DemoSummary {
+        episodes: n,
+        seed: o.seed,
+        mode: mode_name(o.mode).into(),
+        success_rate: None,
+        success_rate_first_20: first,
+        success_rate_last_20: last,
+        success_with_assistance_first_20: window(&assisted, 0, n.min(20)),
+        success_with_assistance_last_20: window(&assisted, n.saturating_sub(20), n),
+        intervention_rate_first_20: window(&intv, 0, n.min(20)),
+        intervention_rate_last_20: window(&intv, n.saturating_sub(20), n),
+        episode_reaching_90pct_rolling_success: reached,
+        wall_s: wall,
+        env_steps: sac.counters.env_steps,
+        updates: sac.counters.critic_updates,
+        takeover_reasons: reasons,
+        demonstrations: if o.human { o.demos } else { 0 },
+        human: o.human,
+        rlif: o.rlif,
+        run_dir: dir.display().to_string(),
+        learning_curve: dir.join("learning_curve.png").display().to_string(),
+        learning_recording: dir.join("learning.rrd").display().to_string(),
+        episode_recordings: o.record.then(|| dir.join("episodes").display().to_string()),
+        checkpoint: None,
+        residual: None,
+        refined_config: None,
+        held_out: None,
+    };
     Ok(DemoReport {
         dir: dir.to_path_buf(),
         summary,

@@ -94,6 +94,50 @@ pub struct EvalOptions {
     pub run: RunOptions,
 }
 
+/// What `reflex eval --json` prints: the held-out figures of a run on a seed stream apart from
+/// training's (so there are no training seeds to compare against).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EvalSummary {
+    /// Episodes run.
+    pub episodes: u64,
+    /// Episodes that succeeded.
+    pub successes: u64,
+    /// `successes / episodes`.
+    pub success_rate: f64,
+    /// 95% Wilson score interval of the success rate.
+    pub success_rate_wilson_95: (f64, f64),
+    /// Mean return.
+    pub mean_return: f64,
+    /// Mean episode length, steps.
+    pub mean_steps: f64,
+    /// Takeovers (zero: nobody drives).
+    pub takeovers: u64,
+    /// The seed of the evaluation's seed stream.
+    pub seed: u64,
+    /// Wall time, s.
+    pub wall_s: f64,
+    /// Every episode's reset seed.
+    pub seeds: Vec<Option<u64>>,
+}
+
+impl EvalSummary {
+    /// From what [`evaluate_config`] returns.
+    pub fn new(h: &HeldOut, report: &RunReport, seed: u64) -> Self {
+        EvalSummary {
+            episodes: h.episodes,
+            successes: h.successes,
+            success_rate: h.success_rate,
+            success_rate_wilson_95: h.success_rate_wilson_95,
+            mean_return: h.mean_return,
+            mean_steps: h.mean_steps,
+            takeovers: h.takeovers,
+            seed,
+            wall_s: report.wall_s,
+            seeds: report.episodes.iter().map(|e| e.seed).collect(),
+        }
+    }
+}
+
 /// `reflex eval`: the config's robot and policy alone (no learner, nobody driving), the kept
 /// residual's deterministic action when there is one, on a seed stream apart from training's.
 /// A takeover during the evaluation is an error: the figure would not be the policy's.

@@ -33,6 +33,7 @@ pub mod replay;
 pub mod serve;
 pub mod signals;
 pub mod simtools;
+pub mod summary;
 pub mod tap;
 pub mod teleop;
 pub mod viz;

@@ -105,13 +105,34 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// What `reflex policy bench` measured: the latency of one whole chunk (every sampler step).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PolicyBenchReport {
+    /// The model.
+    pub model: String,
+    /// The execution provider.
+    pub provider: String,
+    /// ONNX Runtime's intra-op threads.
+    pub intra_threads: usize,
+    /// Network evaluations per chunk (sampler steps; 1 for a plain chunk policy).
+    pub network_calls_per_chunk: u32,
+    /// Chunks timed.
+    pub iters: usize,
+    /// Median chunk latency, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// Slowest chunk, µs.
+    pub max_us: f64,
+}
+
 /// `reflex policy bench`: per-chunk latency (all sampler steps) on a provider.
 pub fn bench(
     model: &Path,
     provider: &str,
     threads: usize,
     iters: usize,
-) -> Result<serde_json::Value> {
+) -> Result<PolicyBenchReport> {
     let spec = PolicySpec::load_for(model)?;
     let mut robot = robot_for(&spec, needs_cameras(&spec))?.ok_or_else(|| {
         AgentError::setup(
@@ -145,16 +166,16 @@ pub fn bench(
         reflex_policies::spec::PolicyKind::Flow => spec.flow_steps,
         reflex_policies::spec::PolicyKind::Chunk => 1,
     };
-    Ok(serde_json::json!({
-        "model": model.display().to_string(),
-        "provider": opts.provider.name(),
-        "intra_threads": threads,
-        "network_calls_per_chunk": calls,
-        "iters": iters,
-        "p50_us": percentile(&lat, 50.0),
-        "p99_us": percentile(&lat, 99.0),
-        "max_us": lat.last().copied().unwrap_or(f64::NAN),
-    }))
+    Ok(PolicyBenchReport {
+        model: model.display().to_string(),
+        provider: opts.provider.name().into(),
+        intra_threads: threads,
+        network_calls_per_chunk: calls as u32,
+        iters,
+        p50_us: percentile(&lat, 50.0),
+        p99_us: percentile(&lat, 99.0),
+        max_us: lat.last().copied().unwrap_or(f64::NAN),
+    })
 }
 
 /// Writes a model and its spec atomically.

@@ -46,7 +46,7 @@ pub fn episodes_in(path: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Every recording's JSON summary, with its file.
-pub fn summaries(path: &Path) -> Result<Vec<(PathBuf, serde_json::Value)>> {
+pub fn summaries(path: &Path) -> Result<Vec<(PathBuf, reflex_record::EpisodeFileSummary)>> {
     episodes_in(path)?
         .into_iter()
         .map(|f| {

@@ -96,39 +96,89 @@ fn time_steps(env: &mut SimEnv, steps: u64, seed: u64) -> Result<(f64, u64)> {
     Ok((t0.elapsed().as_secs_f64(), env.physics_steps() - physics0))
 }
 
+/// Stepping speed of one configuration.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StepRate {
+    /// Steps timed.
+    pub steps: u64,
+    /// Their wall time, s.
+    pub wall_s: f64,
+    /// Environment steps per second.
+    pub steps_per_s: f64,
+    /// Physics steps per second (state only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub physics_steps_per_s: Option<f64>,
+    /// Wall time per environment step, µs.
+    pub us_per_step: f64,
+    /// Cameras rendering (with cameras).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cameras: Option<u32>,
+    /// Their width, px.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<u32>,
+    /// Their height, px.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub height: Option<u32>,
+}
+
+/// What `reflex sim bench` measured.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SimBenchReport {
+    /// The task.
+    pub task: String,
+    /// The action space.
+    pub action: String,
+    /// Control rate, Hz.
+    pub control_hz: f64,
+    /// Physics rate, Hz.
+    pub physics_hz: f64,
+    /// Physics steps per control step.
+    pub substeps: u32,
+    /// Without cameras.
+    pub state_only: StepRate,
+    /// With both cameras rendering every step (absent with `no_cameras`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cameras: Option<StepRate>,
+}
+
 /// `reflex sim bench`: steps per second on one thread, state only and (unless `no_cameras`)
 /// with both cameras rendering a tenth of the steps.
-pub fn bench(mut cfg: SimConfig, steps: u64, no_cameras: bool) -> Result<serde_json::Value> {
+pub fn bench(mut cfg: SimConfig, steps: u64, no_cameras: bool) -> Result<SimBenchReport> {
     cfg.cameras.enabled = false;
     let mut env = SimEnv::new(cfg.clone())?;
     let (wall, physics) = time_steps(&mut env, steps, 1)?;
-    let mut out = serde_json::json!({
-        "task": cfg.task.as_str(),
-        "action": cfg.action.as_str(),
-        "control_hz": cfg.control_hz,
-        "physics_hz": cfg.physics_hz,
-        "substeps": cfg.substeps(),
-        "state_only": {
-            "steps": steps,
-            "wall_s": wall,
-            "steps_per_s": steps as f64 / wall,
-            "physics_steps_per_s": physics as f64 / wall,
-            "us_per_step": wall * 1e6 / steps as f64,
+    let mut out = SimBenchReport {
+        task: cfg.task.as_str().into(),
+        action: cfg.action.as_str().into(),
+        control_hz: cfg.control_hz,
+        physics_hz: cfg.physics_hz,
+        substeps: cfg.substeps(),
+        state_only: StepRate {
+            steps,
+            wall_s: wall,
+            steps_per_s: steps as f64 / wall,
+            physics_steps_per_s: Some(physics as f64 / wall),
+            us_per_step: wall * 1e6 / steps as f64,
+            cameras: None,
+            width: None,
+            height: None,
         },
-    });
+        cameras: None,
+    };
     if !no_cameras {
         cfg.cameras.enabled = true;
         let mut env = SimEnv::new(cfg.clone())?;
         let n = (steps / 10).max(10);
         let (wall, _) = time_steps(&mut env, n, 1)?;
-        out["cameras"] = serde_json::json!({
-            "steps": n,
-            "wall_s": wall,
-            "steps_per_s": n as f64 / wall,
-            "us_per_step": wall * 1e6 / n as f64,
-            "cameras": 2,
-            "width": cfg.cameras.width,
-            "height": cfg.cameras.height,
+        out.cameras = Some(StepRate {
+            steps: n,
+            wall_s: wall,
+            steps_per_s: n as f64 / wall,
+            physics_steps_per_s: None,
+            us_per_step: wall * 1e6 / n as f64,
+            cameras: Some(2),
+            width: Some(cfg.cameras.width),
+            height: Some(cfg.cameras.height),
         });
     }
     Ok(out)
@@ -223,6 +273,27 @@ pub fn demos(cfg: SimConfig, o: &DemosOptions, progress: &dyn Progress) -> Resul
     Ok(r)
 }
 
+/// How the scripted expert did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ExpertReport {
+    /// The task.
+    pub task: String,
+    /// Episodes run.
+    pub episodes: u64,
+    /// The expert's action noise.
+    pub noise: f64,
+    /// Successes over episodes.
+    pub success_rate: f64,
+    /// Successful episodes.
+    pub successes: u64,
+    /// Mean episode length, steps.
+    pub mean_steps: f64,
+    /// Wall time, s.
+    pub wall_s: f64,
+    /// Reset seeds of the failed episodes.
+    pub failed_seeds: Vec<u64>,
+}
+
 /// Scores the scripted expert over `episodes` seeded episodes; `trace` receives every step of
 /// every episode (named state fields and the action) when given.
 pub fn expert(
@@ -232,7 +303,7 @@ pub fn expert(
     seed: u64,
     mut trace: Option<&mut dyn FnMut(serde_json::Value)>,
     progress: &dyn Progress,
-) -> Result<serde_json::Value> {
+) -> Result<ExpertReport> {
     let task = cfg.task;
     let mut env = SimEnv::new(cfg)?;
     let mut expert = Expert::new(env.spec(), noise, seed ^ 0x5eed)?;
@@ -258,16 +329,16 @@ pub fn expert(
     }
     progress.finish();
     let wall = t0.elapsed().as_secs_f64();
-    Ok(serde_json::json!({
-        "task": task.as_str(),
-        "episodes": episodes,
-        "noise": noise,
-        "success_rate": successes as f64 / episodes as f64,
-        "successes": successes,
-        "mean_steps": steps as f64 / episodes as f64,
-        "wall_s": wall,
-        "failed_seeds": failed,
-    }))
+    Ok(ExpertReport {
+        task: task.as_str().into(),
+        episodes,
+        noise,
+        success_rate: successes as f64 / episodes as f64,
+        successes,
+        mean_steps: steps as f64 / episodes as f64,
+        wall_s: wall,
+        failed_seeds: failed,
+    })
 }
 
 fn trace_episode(

@@ -79,14 +79,41 @@ impl TraceSink for RecorderSink {
     }
 }
 
-/// Watches `robot` until the options say stop; returns what was seen (a JSON summary).
+/// What `reflex viz` saw.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VizReport {
+    /// The robot watched.
+    pub robot: String,
+    /// Steps traced.
+    pub steps: u64,
+    /// Episodes that ended while watching.
+    pub episodes_ended: u64,
+    /// Status messages received.
+    pub statuses: u64,
+    /// Episode events received.
+    pub events: u64,
+    /// Messages that did not decode (rejected).
+    pub undecodable: u64,
+    /// Camera frames received.
+    pub frames: u64,
+    /// Steps the recorder dropped (its queue was full).
+    pub recorder_dropped: u64,
+    /// Episode files written (with `save=DIR`).
+    pub episode_files: u64,
+    /// Where they are.
+    pub dir: Option<String>,
+    /// Wall time watched, s.
+    pub wall_s: f64,
+}
+
+/// Watches `robot` until the options say stop; returns what was seen.
 pub fn watch(
     session: &zenoh::Session,
     robot: &str,
     target: VizTarget,
     o: &VizOptions,
     progress: &dyn Progress,
-) -> Result<serde_json::Value> {
+) -> Result<VizReport> {
     let (live, save) = match target {
         VizTarget::Live(l) => (crate::replay::with_viewer(l), None),
         VizTarget::Save(d) => (Live::Off, Some(d)),
@@ -133,17 +160,21 @@ pub fn watch(
         Ok(r) => r.finish(),
         Err(_) => unreachable!("the watcher's subscriptions are dropped"),
     };
-    Ok(serde_json::json!({
-        "robot": spec.name,
-        "steps": st.traces.load(Relaxed),
-        "episodes_ended": st.episodes_ended.load(Relaxed),
-        "statuses": st.statuses.load(Relaxed),
-        "events": st.events.load(Relaxed),
-        "undecodable": st.bad.load(Relaxed),
-        "frames": st.frames.load(Relaxed),
-        "recorder_dropped": rs.dropped.load(Relaxed),
-        "episode_files": if dir.is_some() { rs.episodes.load(Relaxed) } else { 0 },
-        "dir": dir.map(|d| d.display().to_string()),
-        "wall_s": t0.elapsed().as_secs_f64(),
-    }))
+    Ok(VizReport {
+        robot: spec.name,
+        steps: st.traces.load(Relaxed),
+        episodes_ended: st.episodes_ended.load(Relaxed),
+        statuses: st.statuses.load(Relaxed),
+        events: st.events.load(Relaxed),
+        undecodable: st.bad.load(Relaxed),
+        frames: st.frames.load(Relaxed),
+        recorder_dropped: rs.dropped.load(Relaxed),
+        episode_files: if dir.is_some() {
+            rs.episodes.load(Relaxed)
+        } else {
+            0
+        },
+        dir: dir.map(|d| d.display().to_string()),
+        wall_s: t0.elapsed().as_secs_f64(),
+    })
 }

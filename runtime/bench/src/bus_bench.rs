@@ -139,14 +139,72 @@ fn measure(
     Ok((bytes, lat))
 }
 
+/// Round trips of one payload and one way of waiting.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RoundTrips {
+    /// Size of the encoded observation, bytes.
+    pub bytes: usize,
+    /// Round trips timed.
+    pub iters: usize,
+    /// Median, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// Slowest, µs.
+    pub max_us: f64,
+}
+
+/// Round trips over one transport: a 1 KB state and a 128x128 camera frame, each answered by
+/// polling (as the loop does) and by blocking.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BusRun {
+    /// The endpoint (`tcp/...` or `tls/...`).
+    pub transport: String,
+    /// 200 floats of state, the answer polled for.
+    pub obs_1kb_poll: RoundTrips,
+    /// The same, a thread blocked on the answer.
+    pub obs_1kb_block: RoundTrips,
+    /// A 128x128 RGB frame with 30 floats of state, polled.
+    pub obs_image_128_poll: RoundTrips,
+    /// The same, blocked.
+    pub obs_image_128_block: RoundTrips,
+}
+
+impl BusRun {
+    /// The four measurements with their names.
+    pub fn rows(&self) -> [(&'static str, &RoundTrips); 4] {
+        [
+            ("obs_1kb_poll", &self.obs_1kb_poll),
+            ("obs_1kb_block", &self.obs_1kb_block),
+            ("obs_image_128_poll", &self.obs_image_128_poll),
+            ("obs_image_128_block", &self.obs_image_128_block),
+        ]
+    }
+}
+
+/// What `reflex bench bus` measured: one transport, or plain TCP and TLS side by side.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(untagged)]
+pub enum BusBenchReport {
+    /// One transport.
+    One(BusRun),
+    /// `--tls`: the same over TCP and over TLS with mutual authentication.
+    Both {
+        /// Plain TCP.
+        tcp: BusRun,
+        /// TLS.
+        tls: BusRun,
+    },
+}
+
 /// Observation -> command round trips between this process (the robot) and a child `reflex bench
 /// bus --echo` (the controller) over TCP on loopback, `iters` per payload; `listen` picks the
 /// endpoint (default: a free port). With `tls`, the same again over TLS with mutual
 /// authentication (keys made for the run in a temporary directory), in the same invocation:
 /// `{"tcp": {...}, "tls": {...}}`.
-pub fn run(iters: usize, listen: Option<String>, tls: bool) -> Result<serde_json::Value> {
+pub fn run(iters: usize, listen: Option<String>, tls: bool) -> Result<BusBenchReport> {
     if !tls {
-        return run_one(iters, listen, None);
+        return run_one(iters, listen, None).map(BusBenchReport::One);
     }
     let dir = std::env::temp_dir().join(format!(
         "reflex-bench-keys-{}-{}",
@@ -166,14 +224,13 @@ pub fn run(iters: usize, listen: Option<String>, tls: bool) -> Result<serde_json
         Some(&dir),
     );
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(serde_json::json!({ "tcp": plain?, "tls": secure? }))
+    Ok(BusBenchReport::Both {
+        tcp: plain?,
+        tls: secure?,
+    })
 }
 
-fn run_one(
-    iters: usize,
-    listen: Option<String>,
-    keys: Option<&std::path::Path>,
-) -> Result<serde_json::Value> {
+fn run_one(iters: usize, listen: Option<String>, keys: Option<&std::path::Path>) -> Result<BusRun> {
     let endpoint = match listen {
         Some(e) => e,
         None => format!("tcp/127.0.0.1:{}", free_port()?),
@@ -241,24 +298,23 @@ fn run_one(
         }],
         ..Default::default()
     };
-    let mut rows = Vec::new();
-    for (name, obs, iters) in [
-        ("obs_1kb", &mut small, iters),
-        ("obs_image_128", &mut image, iters / 5),
-    ] {
-        // Two ways to wait for the answer: poll the queue (as the control loop does every tick)
-        // or sleep on it (a thread that blocks); the difference is one thread wake-up.
-        for (wait, spin) in [("poll", true), ("block", false)] {
-            let (bytes, lat) = measure(&session, obs, (iters / 10).max(50), iters, spin)?;
-            rows.push((format!("{name}_{wait}"), bytes, lat));
-        }
-    }
-    let mut out = serde_json::json!({ "transport": endpoint });
-    for (key, bytes, l) in &rows {
-        out[key.as_str()] = serde_json::json!({
-            "bytes": bytes, "iters": l.len(), "p50_us": percentile(l, 50.0), "p99_us": percentile(l, 99.0),
-            "max_us": l.last().copied().unwrap_or(f64::NAN),
-        });
-    }
-    Ok(out)
+    // Two ways to wait for the answer: poll the queue (as the control loop does every tick) or
+    // sleep on it (a thread that blocks); the difference is one thread wake-up.
+    let time = |obs: &mut Observation, iters: usize, spin: bool| -> Result<RoundTrips> {
+        let (bytes, l) = measure(&session, obs, (iters / 10).max(50), iters, spin)?;
+        Ok(RoundTrips {
+            bytes,
+            iters: l.len(),
+            p50_us: percentile(&l, 50.0),
+            p99_us: percentile(&l, 99.0),
+            max_us: l.last().copied().unwrap_or(f64::NAN),
+        })
+    };
+    Ok(BusRun {
+        obs_1kb_poll: time(&mut small, iters, true)?,
+        obs_1kb_block: time(&mut small, iters, false)?,
+        obs_image_128_poll: time(&mut image, iters / 5, true)?,
+        obs_image_128_block: time(&mut image, iters / 5, false)?,
+        transport: endpoint,
+    })
 }

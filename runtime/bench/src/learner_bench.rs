@@ -47,24 +47,81 @@ fn updates_per_s(hidden: usize, batch: usize, critics: usize, updates: usize) ->
     Ok(updates as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// One network configuration's update rate.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct UpdateRate {
+    /// SAC updates per second.
+    pub updates_per_s: f64,
+    /// Hidden width of every layer.
+    pub hidden: usize,
+    /// Batch size.
+    pub batch: usize,
+    /// Critics in the ensemble.
+    pub critics: usize,
+}
+
+/// Pendulum-v1 trained with one update per step.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PendulumRun {
+    /// Environment steps.
+    pub steps: usize,
+    /// Wall time, s.
+    pub wall_s: f64,
+    /// Mean return of the final evaluation.
+    pub final_return: f64,
+    /// Updates made.
+    pub updates: u64,
+}
+
+/// What `reflex bench learner` measured (the JSON keys name the configuration).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LearnerBenchReport {
+    /// Threads of the learner's matrix products in effect.
+    pub threads: usize,
+    /// 64x64, batch 100, 2 critics (SB3's default SAC).
+    pub a_64x64_b100_2critics: UpdateRate,
+    /// 256x256, batch 256, 2 critics (HIL-SERL, LeRobot).
+    pub b_256x256_b256_2critics: UpdateRate,
+    /// 256x256, batch 256, 10 critics (RLPD, REDQ).
+    pub c_256x256_b256_10critics: UpdateRate,
+    /// Pendulum-v1, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pendulum: Option<PendulumRun>,
+}
+
+impl LearnerBenchReport {
+    /// The three configurations with their names.
+    pub fn rates(&self) -> [(&'static str, &UpdateRate); 3] {
+        [
+            ("a_64x64_b100_2critics", &self.a_64x64_b100_2critics),
+            ("b_256x256_b256_2critics", &self.b_256x256_b256_2critics),
+            ("c_256x256_b256_10critics", &self.c_256x256_b256_10critics),
+        ]
+    }
+}
+
 /// SAC update throughput in three network configurations (`updates` timed each), and the wall
 /// time of `pendulum_steps` Pendulum steps with one update per step (0 skips it), with the
 /// learner's matrix products on `threads` threads (capped at the machine's cores; the number in
 /// effect is reported). candle's other kernels read `RAYON_NUM_THREADS`, which the caller sets
 /// before starting any thread.
-pub fn run(updates: usize, pendulum_steps: usize, threads: usize) -> Result<serde_json::Value> {
+pub fn run(updates: usize, pendulum_steps: usize, threads: usize) -> Result<LearnerBenchReport> {
     let threads = reflex_policies::sac::gemm::set_threads(threads);
-    let rows = [
-        ("a_64x64_b100_2critics", 64, 100, 2),
-        ("b_256x256_b256_2critics", 256, 256, 2),
-        ("c_256x256_b256_10critics", 256, 256, 10),
-    ];
-    let mut out = serde_json::json!({ "threads": threads });
-    for (name, h, b, n) in rows {
-        let u = updates_per_s(h, b, n, updates)?;
-        out[name] =
-            serde_json::json!({ "updates_per_s": u, "hidden": h, "batch": b, "critics": n });
-    }
+    let rate = |hidden, batch, critics| -> Result<UpdateRate> {
+        Ok(UpdateRate {
+            updates_per_s: updates_per_s(hidden, batch, critics, updates)?,
+            hidden,
+            batch,
+            critics,
+        })
+    };
+    let mut out = LearnerBenchReport {
+        threads,
+        a_64x64_b100_2critics: rate(64, 100, 2)?,
+        b_256x256_b256_2critics: rate(256, 256, 2)?,
+        c_256x256_b256_10critics: rate(256, 256, 10)?,
+        pendulum: None,
+    };
     if pendulum_steps > 0 {
         let cfg = SacConfig {
             mode: Mode::Full,
@@ -76,7 +133,12 @@ pub fn run(updates: usize, pendulum_steps: usize, threads: usize) -> Result<serd
             ..Default::default()
         };
         let r = train_dense(cfg, pendulum_steps, 1, 5)?;
-        out["pendulum"] = serde_json::json!({ "steps": pendulum_steps, "wall_s": r.wall_s, "final_return": r.final_eval, "updates": r.updates });
+        out.pendulum = Some(PendulumRun {
+            steps: pendulum_steps,
+            wall_s: r.wall_s,
+            final_return: r.final_eval as f64,
+            updates: r.updates as u64,
+        });
     }
     Ok(out)
 }

@@ -47,9 +47,70 @@ fn busy(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<f64> {
         .expect("spawn load thread")
 }
 
+/// What recording cost while the loop ran (`--record`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LoopRecording {
+    /// Steps written.
+    pub steps_recorded: u64,
+    /// Steps the recorder dropped (queue full).
+    pub steps_dropped: u64,
+    /// Episode files written.
+    pub episode_files: u64,
+}
+
+/// One real-time setting and what became of it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RtOutcome {
+    /// What was asked.
+    pub setting: String,
+    /// It took effect.
+    pub ok: bool,
+    /// What happened.
+    pub detail: String,
+}
+
+/// What `reflex bench loop` measured.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LoopBenchReport {
+    /// The rate asked for, Hz.
+    pub hz: f64,
+    /// Wall time measured, s.
+    pub seconds: f64,
+    /// Busy threads beside the loop.
+    pub load_threads: usize,
+    /// Ticks run.
+    pub ticks: u64,
+    /// Ticks per second achieved.
+    pub rate_hz: f64,
+    /// Median wake-up lateness, µs.
+    pub lateness_p50_us: f64,
+    /// 99th percentile, µs.
+    pub lateness_p99_us: f64,
+    /// Latest wake-up, µs.
+    pub lateness_max_us: f64,
+    /// Ticks missed (a whole period late).
+    pub missed: u64,
+    /// Steps whose work took longer than a period.
+    pub overruns: u64,
+    /// Median per-step work, µs.
+    pub step_p50_us: f64,
+    /// 99th percentile, µs.
+    pub step_p99_us: f64,
+    /// Mean per-step work, µs.
+    pub step_mean_us: f64,
+    /// Holds for want of a chunk.
+    pub holds_no_chunk: u64,
+    /// Chunks received from the policy thread.
+    pub chunks: u64,
+    /// Recording, when on.
+    pub recording: Option<LoopRecording>,
+    /// Real-time settings tried.
+    pub rt: Vec<RtOutcome>,
+}
+
 /// The loop's wake-up lateness, misses and per-step work with a trivial robot and a policy
 /// thread delivering 16-action chunks, optionally with busy threads beside it.
-pub fn run(a: &LoopBenchOptions) -> Result<serde_json::Value> {
+pub fn run(a: &LoopBenchOptions) -> Result<LoopBenchReport> {
     let mut cfg = LoopConfig::at(a.hz);
     cfg.spin_us = a.spin_us;
     cfg.rt = a.rt.clone();
@@ -102,24 +163,34 @@ pub fn run(a: &LoopBenchOptions) -> Result<serde_json::Value> {
     let s = lp.stats();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let (lat, step) = (&s.lateness, &s.step);
-    let out = serde_json::json!({
-        "hz": a.hz,
-        "seconds": wall,
-        "load_threads": if a.load { cpus } else { 0 },
-        "ticks": s.ticks - warm.ticks,
-        "rate_hz": (s.ticks - warm.ticks) as f64 / wall,
-        "lateness_p50_us": us(lat.percentile(50.0)),
-        "lateness_p99_us": us(lat.percentile(99.0)),
-        "lateness_max_us": us(lat.max()),
-        "missed": s.missed - warm.missed,
-        "overruns": s.overruns - warm.overruns,
-        "step_p50_us": us(step.percentile(50.0)),
-        "step_p99_us": us(step.percentile(99.0)),
-        "step_mean_us": us(step.mean()),
-        "holds_no_chunk": s.holds_no_chunk - warm.holds_no_chunk,
-        "chunks": s.chunks,
-        "recording": recording.map(|r| serde_json::json!({"steps_recorded": r.recorded, "steps_dropped": r.dropped, "episode_files": r.episodes})),
-        "rt": rt.iter().map(|r| serde_json::json!({"setting": r.setting, "ok": r.ok, "detail": r.detail})).collect::<Vec<_>>(),
-    });
-    Ok(out)
+    Ok(LoopBenchReport {
+        hz: a.hz,
+        seconds: wall,
+        load_threads: if a.load { cpus } else { 0 },
+        ticks: s.ticks - warm.ticks,
+        rate_hz: (s.ticks - warm.ticks) as f64 / wall,
+        lateness_p50_us: us(lat.percentile(50.0)),
+        lateness_p99_us: us(lat.percentile(99.0)),
+        lateness_max_us: us(lat.max()),
+        missed: s.missed - warm.missed,
+        overruns: s.overruns - warm.overruns,
+        step_p50_us: us(step.percentile(50.0)),
+        step_p99_us: us(step.percentile(99.0)),
+        step_mean_us: us(step.mean()),
+        holds_no_chunk: s.holds_no_chunk - warm.holds_no_chunk,
+        chunks: s.chunks,
+        recording: recording.map(|r| LoopRecording {
+            steps_recorded: r.recorded,
+            steps_dropped: r.dropped,
+            episode_files: r.episodes,
+        }),
+        rt: rt
+            .into_iter()
+            .map(|r| RtOutcome {
+                setting: r.setting,
+                ok: r.ok,
+                detail: r.detail,
+            })
+            .collect(),
+    })
 }

@@ -6,22 +6,64 @@ use reflex_hardware::arm::{ArmKind, ServoArm};
 use reflex_hardware::emulate::{Emulator, EmulatorConfig, ServoModel};
 use std::time::{Duration, Instant};
 
-fn percentiles(mut d: Vec<Duration>) -> serde_json::Value {
+/// The distribution of one kind of transaction.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Latency {
+    /// Median, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// Slowest, µs.
+    pub max_us: f64,
+    /// Transactions timed.
+    pub n: usize,
+}
+
+fn percentiles(mut d: Vec<Duration>) -> Latency {
     d.sort();
-    if d.is_empty() {
-        return serde_json::json!({"n": 0});
+    let at = |q: f64| {
+        if d.is_empty() {
+            f64::NAN
+        } else {
+            d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6
+        }
+    };
+    Latency {
+        p50_us: at(0.5),
+        p99_us: at(0.99),
+        max_us: at(1.0),
+        n: d.len(),
     }
-    let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
-    serde_json::json!({"p50_us": at(0.5), "p99_us": at(0.99), "max_us": at(1.0), "n": d.len()})
+}
+
+/// What `reflex bench bus-servo` measured.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ServoBenchReport {
+    /// The arm whose servos were emulated.
+    pub robot: String,
+    /// What carried the bytes.
+    pub transport: String,
+    /// Median sync read of the six positions, µs.
+    pub read_p50_us: f64,
+    /// 99th percentile, µs.
+    pub read_p99_us: f64,
+    /// Median sync write of six goals, µs.
+    pub write_p50_us: f64,
+    /// 99th percentile, µs.
+    pub write_p99_us: f64,
+    /// The reads' distribution.
+    pub sync_read_6_positions: Latency,
+    /// The writes' distribution.
+    pub sync_write_6_goals: Latency,
+    /// Attempts repeated after a timeout or a corrupt answer.
+    pub retries: u64,
+    /// Transactions that failed after every retry.
+    pub failures: u64,
 }
 
 /// Runs `iters` sync reads of the six positions and `iters` sync writes of six goals on `kind`'s
-/// emulated bus; returns the figures (keys `read_p50_us`, `read_p99_us`, `write_p50_us`,
-/// `write_p99_us`, and the distributions) and the port used.
-pub fn run(
-    kind: ArmKind,
-    iters: usize,
-) -> reflex_agent::error::Result<(serde_json::Value, String)> {
+/// emulated bus; returns the figures and the port used.
+pub fn run(kind: ArmKind, iters: usize) -> reflex_agent::error::Result<(ServoBenchReport, String)> {
     let setup = |e: String| reflex_agent::AgentError::setup("bench bus-servo", e);
     let emu = Emulator::start(EmulatorConfig {
         model: kind.servo_model(),
@@ -54,18 +96,20 @@ pub fn run(
         ServoModel::Xl330 => "XL330-M288",
     };
     Ok((
-        serde_json::json!({
-            "robot": kind.name(),
-            "transport": format!("pseudo-terminal to reflex's emulated {servos} servos (no wire: the servos' own 1 Mbps timing is not modelled)"),
-            "read_p50_us": r["p50_us"],
-            "read_p99_us": r["p99_us"],
-            "write_p50_us": w["p50_us"],
-            "write_p99_us": w["p99_us"],
-            "sync_read_6_positions": r,
-            "sync_write_6_goals": w,
-            "retries": st.retries,
-            "failures": st.failures,
-        }),
+        ServoBenchReport {
+            robot: kind.name().into(),
+            transport: format!(
+                "pseudo-terminal to reflex's emulated {servos} servos (no wire: the servos' own 1 Mbps timing is not modelled)"
+            ),
+            read_p50_us: r.p50_us,
+            read_p99_us: r.p99_us,
+            write_p50_us: w.p50_us,
+            write_p99_us: w.p99_us,
+            sync_read_6_positions: r,
+            sync_write_6_goals: w,
+            retries: st.retries,
+            failures: st.failures,
+        },
         emu.path().to_string(),
     ))
 }

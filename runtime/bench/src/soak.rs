@@ -221,18 +221,91 @@ fn soak_actor(
         .build()
 }
 
-/// Growth of resident memory from the end of the first quarter (warm-up) to the end, MB.
-fn rss_growth(rss: &[serde_json::Value]) -> f64 {
-    let after: Vec<f64> = rss
-        .iter()
-        .skip(rss.len() / 4)
-        .filter_map(|r| r["rss_mb"].as_f64())
-        .collect();
-    after.last().unwrap_or(&0.0) - after.first().unwrap_or(&0.0)
+/// Resident memory at one point of the soak.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RssSample {
+    /// Control steps so far.
+    pub step: u64,
+    /// Resident set size, MB.
+    pub rss_mb: f64,
+    /// Wall time so far, s.
+    pub wall_s: f64,
 }
 
-/// Runs the soak; returns its figures as JSON.
-pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value> {
+/// What `reflex soak` measured and counted.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SoakReport {
+    /// Control steps run.
+    pub steps: u64,
+    /// Episodes run.
+    pub episodes: usize,
+    /// Wall time, s.
+    pub wall_s: f64,
+    /// Control steps per second.
+    pub steps_per_s: f64,
+    /// Median per-step work of the loop, µs.
+    pub step_p50_us: f64,
+    /// 99th percentile, µs.
+    pub step_p99_us: f64,
+    /// 99th percentile of the wake-up lateness, µs.
+    pub lateness_p99_us: f64,
+    /// Ticks missed.
+    pub missed: u64,
+    /// Steps whose work took longer than a period.
+    pub overruns: u64,
+    /// Resident memory, sampled twenty times.
+    pub rss_mb: Vec<RssSample>,
+    /// Growth of resident memory from the end of the first quarter (warm-up) to the end, MB.
+    pub rss_growth_after_warmup_mb: f64,
+    /// Transitions the actor sent to the learner.
+    pub transitions_sent: u64,
+    /// Transitions the learners acknowledged as persisted.
+    pub transitions_persisted: u64,
+    /// Transitions the last learner received.
+    pub transitions_received_by_last_learner: Option<u64>,
+    /// Updates the last learner made.
+    pub updates_by_last_learner: Option<u64>,
+    /// Updates the last learner shed to keep up.
+    pub updates_shed_by_last_learner: Option<u64>,
+    /// Transitions lost on the way.
+    pub transitions_lost: u64,
+    /// Transitions not persisted when the actor stopped.
+    pub transitions_unpersisted_at_exit: u64,
+    /// Transitions sent again after a learner lacked them.
+    pub resent: u64,
+    /// Weight messages the actor refused.
+    pub rejected_weights: u64,
+    /// Learner restarts injected.
+    pub learner_restarts: u64,
+    /// Learner instances the actor saw.
+    pub learner_instances_seen: u64,
+    /// Chunks of NaN actions injected.
+    pub nan_chunks_injected: u64,
+    /// Hostile messages published at the robot.
+    pub hostile_messages: u64,
+    /// E-stop drills (raise, release, resume).
+    pub estop_drills: u64,
+    /// Ticks held by those drills.
+    pub estop_held_ticks: u64,
+    /// Safety events by name.
+    pub safety: std::collections::BTreeMap<String, u64>,
+    /// Faults were injected.
+    pub faults: bool,
+    /// Messages from other processes rejected, by key expression.
+    pub rejected: std::collections::BTreeMap<String, u64>,
+}
+
+/// Growth of resident memory from the end of the first quarter (warm-up) to the end, MB.
+fn rss_growth(rss: &[RssSample]) -> f64 {
+    let after = &rss[rss.len() / 4..];
+    match (after.first(), after.last()) {
+        (Some(a), Some(b)) => b.rss_mb - a.rss_mb,
+        _ => 0.0,
+    }
+}
+
+/// Runs the soak; returns its figures.
+pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport> {
     std::fs::create_dir_all(&o.dir).map_err(|e| AgentError::io(&o.dir, e))?;
     let endpoint = format!("unixsock-stream/{}", o.dir.join("soak.sock").display());
     let _ = std::fs::remove_file(o.dir.join("soak.sock"));
@@ -259,7 +332,11 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
         progress.inc(now - ticks);
         ticks = now;
         if ticks >= next_sample {
-            rss.push(serde_json::json!({"step": ticks, "rss_mb": rss_mb(), "wall_s": t0.elapsed().as_secs_f64()}));
+            rss.push(RssSample {
+                step: ticks,
+                rss_mb: rss_mb(),
+                wall_s: t0.elapsed().as_secs_f64(),
+            });
             next_sample += every;
         }
         // About ten learner restarts per soak.
@@ -289,38 +366,38 @@ pub fn run(o: &SoakOptions, progress: &dyn Progress) -> Result<serde_json::Value
     let link = report.link.clone().unwrap_or_default();
     let learner = report.learner.clone();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    Ok(serde_json::json!({
-        "steps": stats.ticks,
-        "episodes": report.episodes.len(),
-        "wall_s": wall,
-        "steps_per_s": stats.ticks as f64 / wall,
-        "step_p50_us": us(stats.step.percentile(50.0)),
-        "step_p99_us": us(stats.step.percentile(99.0)),
-        "lateness_p99_us": us(stats.lateness.percentile(99.0)),
-        "missed": stats.missed,
-        "overruns": stats.overruns,
-        "rss_mb": &rss,
-        "rss_growth_after_warmup_mb": rss_growth(&rss),
-        "transitions_sent": link.steps,
-        "transitions_persisted": link.persisted,
-        "transitions_received_by_last_learner": learner.as_ref().map(|l| l.received),
-        "updates_by_last_learner": learner.as_ref().map(|l| l.updates),
-        "updates_shed_by_last_learner": learner.as_ref().map(|l| l.updates_shed),
-        "transitions_lost": link.lost,
-        "transitions_unpersisted_at_exit": link.unpersisted_at_exit,
-        "resent": link.resent,
-        "rejected_weights": link.rejected_weights,
-        "learner_restarts": restarts,
-        "learner_instances_seen": link.learner_instances,
-        "nan_chunks_injected": nan_chunks.load(Ordering::Relaxed),
-        "hostile_messages": hostile_sent.load(Ordering::Relaxed),
-        "estop_drills": drills,
-        "estop_held_ticks": drill_held,
-        "safety": reflex_runtime::safety::SafetyEvent::ALL
+    Ok(SoakReport {
+        steps: stats.ticks,
+        episodes: report.episodes.len(),
+        wall_s: wall,
+        steps_per_s: stats.ticks as f64 / wall,
+        step_p50_us: us(stats.step.percentile(50.0)),
+        step_p99_us: us(stats.step.percentile(99.0)),
+        lateness_p99_us: us(stats.lateness.percentile(99.0)),
+        missed: stats.missed,
+        overruns: stats.overruns,
+        rss_growth_after_warmup_mb: rss_growth(&rss),
+        rss_mb: rss,
+        transitions_sent: link.steps,
+        transitions_persisted: link.persisted,
+        transitions_received_by_last_learner: learner.as_ref().map(|l| l.received),
+        updates_by_last_learner: learner.as_ref().map(|l| l.updates),
+        updates_shed_by_last_learner: learner.as_ref().map(|l| l.updates_shed),
+        transitions_lost: link.lost,
+        transitions_unpersisted_at_exit: link.unpersisted_at_exit,
+        resent: link.resent,
+        rejected_weights: link.rejected_weights,
+        learner_restarts: restarts,
+        learner_instances_seen: link.learner_instances,
+        nan_chunks_injected: nan_chunks.load(Ordering::Relaxed),
+        hostile_messages: hostile_sent.load(Ordering::Relaxed),
+        estop_drills: drills,
+        estop_held_ticks: drill_held,
+        safety: reflex_runtime::safety::SafetyEvent::ALL
             .iter()
             .map(|e| (e.name().to_string(), safety.get(*e)))
-            .collect::<std::collections::BTreeMap<_, _>>(),
-        "faults": o.faults,
-        "rejected": rejected,
-    }))
+            .collect(),
+        faults: o.faults,
+        rejected: rejected.into_iter().collect(),
+    })
 }

@@ -97,19 +97,20 @@ pub(crate) fn finish_episode(
     if let Some(last) = seen.last_step(ep.id).filter(|_| cfg.count_gaps) {
         ep.dropped += u64::from((last + 1).saturating_sub(ep.next_step));
     }
-    let summary = serde_json::json!({
-        "episode": ep.id,
-        "steps": ep.steps,
-        "return": ep.ret,
-        "success": ep.success,
-        "interventions": ep.interventions,
-        "intervention_steps": ep.intervention_steps,
-        "lateness_p50_us": ep.lateness.percentile(50.0).as_secs_f64() * 1e6,
-        "lateness_p99_us": ep.lateness.percentile(99.0).as_secs_f64() * 1e6,
-        "lateness_max_us": ep.lateness.max().as_secs_f64() * 1e6,
-        "dropped_steps": ep.dropped,
-    });
-    let mut summary = summary;
+    let mut summary = crate::EpisodeFileSummary {
+        episode: ep.id,
+        steps: ep.steps,
+        ret: ep.ret,
+        success: ep.success,
+        interventions: ep.interventions,
+        intervention_steps: ep.intervention_steps,
+        lateness_p50_us: ep.lateness.percentile(50.0).as_secs_f64() * 1e6,
+        lateness_p99_us: ep.lateness.percentile(99.0).as_secs_f64() * 1e6,
+        lateness_max_us: ep.lateness.max().as_secs_f64() * 1e6,
+        dropped_steps: ep.dropped,
+        complete: None,
+        recording: None,
+    };
     let done = format!("episode_{:06}.rrd", ep.id);
     if let Some(rec) = ep.rec.take() {
         let partial = cfg.dir.join(format!("{done}.partial"));
@@ -136,17 +137,17 @@ pub(crate) fn finish_episode(
                 partial.display()
             );
         }
-        summary["complete"] = complete.is_ok().into();
-        summary["recording"] = if complete.is_ok() {
-            done.into()
+        summary.complete = Some(complete.is_ok());
+        summary.recording = Some(if complete.is_ok() {
+            done
         } else {
-            format!("{done}.partial").into()
-        };
+            format!("{done}.partial")
+        });
     }
     if ep.unrecorded {
         stats.incomplete.fetch_add(1, Ordering::Relaxed);
-        summary["complete"] = false.into();
-        summary["recording"] = serde_json::Value::Null;
+        summary.complete = Some(false);
+        summary.recording = None;
     }
     stats.episodes.fetch_add(1, Ordering::Relaxed);
     if !cfg.files {

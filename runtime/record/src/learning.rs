@@ -3,8 +3,40 @@
 use crate::RecorderError;
 use std::path::Path;
 
+/// An episode's summary, written beside its recording as `episode_NNNNNN.json`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EpisodeFileSummary {
+    /// The robot's episode counter.
+    pub episode: u64,
+    /// Steps recorded.
+    pub steps: u32,
+    /// Sum of rewards.
+    #[serde(rename = "return")]
+    pub ret: f32,
+    /// Success (from the task, or a person's label).
+    pub success: bool,
+    /// Times a person took over.
+    pub interventions: u32,
+    /// Steps a person drove.
+    pub intervention_steps: u32,
+    /// Median lateness of the loop's ticks, µs.
+    pub lateness_p50_us: f64,
+    /// 99th percentile, µs.
+    pub lateness_p99_us: f64,
+    /// Latest tick, µs.
+    pub lateness_max_us: f64,
+    /// Steps offered to the recorder and not recorded (queue full, or lost at the episode's end).
+    pub dropped_steps: u64,
+    /// The episode file is whole (absent: no file was written, e.g. live view only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete: Option<bool>,
+    /// The episode file's name (`.partial` when cut short); `null` when none was written.
+    #[serde(default)]
+    pub recording: Option<String>,
+}
+
 /// Reads an episode's JSON summary (what `reflex replay --summary` prints).
-pub fn read_summary(recording: &Path) -> Result<serde_json::Value, RecorderError> {
+pub fn read_summary(recording: &Path) -> Result<EpisodeFileSummary, RecorderError> {
     let p = recording.with_extension("json");
     let text = std::fs::read_to_string(&p).map_err(|e| RecorderError::File {
         path: p.display().to_string(),

@@ -20,7 +20,7 @@ mod learning;
 pub mod scene;
 
 pub use blueprint::blueprint;
-pub use learning::{LearningPoint, read_summary, write_learning_curves};
+pub use learning::{EpisodeFileSummary, LearningPoint, read_summary, write_learning_curves};
 pub use scene::{LinkShape, SceneError, SceneModel, link_shapes};
 
 use crossbeam::channel::{self, Receiver, Sender, TrySendError};
