@@ -177,7 +177,7 @@ fn open_nonblocking(path: &std::path::Path, name: &str) -> Result<std::fs::File,
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
         .open(path)
         .map_err(|e| {
             err(

@@ -24,46 +24,50 @@ use reflex_contracts::teleop::{Teleop, TeleopError};
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-/// The terminal in raw mode (no echo, no line buffering) until dropped.
+/// The terminal in raw mode (no echo, no line buffering, no signals from Ctrl-C, reads that
+/// return at once) until dropped. Not crossterm's raw mode: that one blocks on reads (VMIN 1)
+/// and reads keys from /dev/tty through its own event parser, where the keyboard device reads
+/// stdin byte by byte without waiting (what a pseudo-terminal drives in the tests).
 struct RawTerminal {
-    saved: libc::termios,
+    saved: rustix::termios::Termios,
 }
 
 impl RawTerminal {
     fn new() -> std::result::Result<Self, TeleopError> {
-        let fail = |message: &str| TeleopError {
-            device: "keyboard".into(),
-            message: message.into(),
+        use rustix::termios::{
+            LocalModes, OptionalActions, SpecialCodeIndex, tcgetattr, tcsetattr,
         };
-        // SAFETY: isatty/tcgetattr/tcsetattr on fd 0 with a termios we own.
-        unsafe {
-            if libc::isatty(0) != 1 {
-                return Err(fail(
-                    "reflex teleop --device keyboard reads keys from a terminal; stdin is not one",
-                ));
-            }
-            let mut t: libc::termios = std::mem::zeroed();
-            if libc::tcgetattr(0, &mut t) != 0 {
-                return Err(fail("cannot read the terminal's settings"));
-            }
-            let saved = t;
-            t.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG);
-            t.c_cc[libc::VMIN] = 0;
-            t.c_cc[libc::VTIME] = 0;
-            if libc::tcsetattr(0, libc::TCSANOW, &t) != 0 {
-                return Err(fail("cannot put the terminal in raw mode"));
-            }
-            Ok(RawTerminal { saved })
+        let fail = |message: String| TeleopError {
+            device: "keyboard".into(),
+            message,
+        };
+        let stdin = std::io::stdin();
+        if !rustix::termios::isatty(&stdin) {
+            return Err(fail(
+                "reflex teleop --device keyboard reads keys from a terminal; stdin is not one"
+                    .into(),
+            ));
         }
+        let saved = tcgetattr(&stdin)
+            .map_err(|e| fail(format!("cannot read the terminal's settings: {e}")))?;
+        let mut t = saved.clone();
+        t.local_modes
+            .remove(LocalModes::ICANON | LocalModes::ECHO | LocalModes::ISIG);
+        t.special_codes[SpecialCodeIndex::VMIN] = 0;
+        t.special_codes[SpecialCodeIndex::VTIME] = 0;
+        tcsetattr(&stdin, OptionalActions::Now, &t)
+            .map_err(|e| fail(format!("cannot put the terminal in raw mode: {e}")))?;
+        Ok(RawTerminal { saved })
     }
 }
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
-        // SAFETY: restores the settings read in `new`.
-        unsafe {
-            libc::tcsetattr(0, libc::TCSANOW, &self.saved);
-        }
+        let _ = rustix::termios::tcsetattr(
+            std::io::stdin(),
+            rustix::termios::OptionalActions::Now,
+            &self.saved,
+        );
     }
 }
 
