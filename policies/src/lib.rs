@@ -6,16 +6,14 @@
 //! - [`sampler`]: DDIM and flow-matching samplers with injectable noise.
 //! - [`vla`]: image and language inputs.
 //! - [`onnx_write`]: reflex's own ONNX writer.
-//! - [`bc`]: imitation training of diffusion policies in candle, exported to ONNX.
-//! - [`sac`]: the residual / full / noise-steering SAC learner, replay and checkpoints.
+//!
+//! The learners that make and refine these models (SAC, imitation) are in reflex-learn.
 #![warn(missing_docs)]
 
-pub mod bc;
 pub mod onnx_policy;
 pub mod onnx_read;
 pub mod onnx_write;
 pub mod ort_env;
-pub mod sac;
 pub mod sampler;
 pub mod spec;
 pub mod vla;

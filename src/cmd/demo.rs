@@ -3,7 +3,7 @@
 use crate::cli::{Bars, print_json};
 use clap::{Args, ValueEnum};
 use reflex_agent::demo::{DemoOptions, DemoReport};
-use reflex_policies::sac::Mode;
+use reflex_learn::sac::Mode;
 use std::path::PathBuf;
 
 /// The learner's mode.

@@ -117,7 +117,7 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
         HwCommand::Serve(a) => {
             let cfg = reflex_agent::config::RunConfig::load(&a.config)?;
             let stop = reflex_agent::signals::stop_on_signals();
-            let stats = reflex_agent::serve::serve_config(&cfg, &a.bus.config(), stop, a.seconds)?;
+            let stats = reflex_tools::serve::serve_config(&cfg, &a.bus.config(), stop, a.seconds)?;
             if a.json {
                 crate::cli::print_json(&stats);
             } else {

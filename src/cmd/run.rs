@@ -46,7 +46,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
             a.episodes
         },
         record: a.record,
-        live: reflex_agent::replay::with_viewer(reflex_record::Live::parse(&a.rerun)?),
+        live: reflex_tools::replay::with_viewer(reflex_record::Live::parse(&a.rerun)?),
         trace_hz: a.trace_hz,
         episode_lines: true,
         stop: Some(reflex_agent::signals::stop_on_signals()),

@@ -2,10 +2,10 @@
 
 use crate::cli::{Bars, BusArgs, command_line, print_json};
 use clap::{Args, Subcommand, ValueEnum};
-use reflex_agent::simtools::{self, DemosOptions};
 use reflex_bus::robot::ServeMode;
 use reflex_contracts::msg::ActionKind;
 use reflex_sim::{SimConfig, TaskKind};
+use reflex_tools::simtools::{self, DemosOptions};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 

@@ -2,11 +2,11 @@
 
 use crate::cli::{Bars, BusArgs, command_line, print_json};
 use clap::{Args, Subcommand, ValueEnum};
-use reflex_agent::policytools::{self, TrainOptions};
-use reflex_agent::teleop::TeleopEvent;
-use reflex_agent::viz::{VizOptions, VizTarget};
 use reflex_hardware::teleop::{DeviceKind, DeviceOptions};
-use reflex_policies::bc::TrainConfig;
+use reflex_learn::bc::TrainConfig;
+use reflex_tools::policytools::{self, TrainOptions};
+use reflex_tools::teleop::TeleopEvent;
+use reflex_tools::viz::{VizOptions, VizTarget};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -311,7 +311,7 @@ pub fn estop(a: EstopArgs) -> anyhow::Result<()> {
         format!("{user}@{}", host.trim())
     });
     let session = a.bus.config().open()?;
-    let out = reflex_agent::operator::act(
+    let out = reflex_tools::operator::act(
         &session,
         &a.robot,
         act,
@@ -388,9 +388,9 @@ pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
     use reflex_contracts::msg::EventKind;
     let session = a.bus.config().open()?;
     let spec =
-        reflex_agent::teleop::fetch_spec(&session, &a.robot, Duration::from_secs_f64(a.wait_s))?;
-    let follow = std::sync::Arc::new(reflex_agent::teleop::Follow::default());
-    let _watch = reflex_agent::teleop::follow(&session, &a.robot, follow.clone())?;
+        reflex_tools::teleop::fetch_spec(&session, &a.robot, Duration::from_secs_f64(a.wait_s))?;
+    let follow = std::sync::Arc::new(reflex_tools::teleop::Follow::default());
+    let _watch = reflex_tools::teleop::follow(&session, &a.robot, follow.clone())?;
     let kind = match a.device {
         DeviceArg::Keyboard => DeviceKind::Keyboard,
         DeviceArg::Leader => DeviceKind::Leader,
@@ -437,7 +437,7 @@ pub fn teleop(a: TeleopArgs) -> anyhow::Result<()> {
             dev.name()
         ),
     }
-    reflex_agent::teleop::drive(
+    reflex_tools::teleop::drive(
         dev.as_mut(),
         &session,
         &a.robot,
@@ -497,7 +497,7 @@ pub struct ReplayArgs {
 
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     if !a.summary {
-        return Ok(reflex_agent::replay::open(&a.path)?);
+        return Ok(reflex_tools::replay::open(&a.path)?);
     }
     let head = [
         "episode",
@@ -516,7 +516,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
             row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]
         );
     }
-    for (f, s) in reflex_agent::replay::summaries(&a.path)? {
+    for (f, s) in reflex_tools::replay::summaries(&a.path)? {
         println!(
             "{:<22} {:>6} {:>7.2} {:>8} {:>9} {:>10} {:>12.0} {:>8}",
             f.file_name()
@@ -581,7 +581,7 @@ pub fn viz(a: VizArgs) -> anyhow::Result<()> {
         seconds: a.seconds,
         wait_s: a.wait_s,
     };
-    let out = reflex_agent::viz::watch(&session, &robot, target, &o, &Bars::spinner(a.json))?;
+    let out = reflex_tools::viz::watch(&session, &robot, target, &o, &Bars::spinner(a.json))?;
     if a.json {
         print_json(&out);
     } else {

@@ -177,6 +177,52 @@ fn every_crate_depends_on_what_the_architecture_table_says_and_the_graph_is_curr
 }
 
 #[test]
+fn no_crate_is_over_five_thousand_lines() {
+    // A crate a newcomer can read: one job, and at most ~5,000 lines of Rust under its src/.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--offline",
+            "--no-deps",
+            "--format-version",
+            "1",
+        ])
+        .arg("--manifest-path")
+        .arg(repo().join("Cargo.toml"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut sizes = vec![];
+    for p in v["packages"].as_array().unwrap() {
+        let manifest = std::path::PathBuf::from(p["manifest_path"].as_str().unwrap());
+        let mut lines = 0;
+        let mut stack = vec![manifest.parent().unwrap().join("src")];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let path = e.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|x| x == "rs") {
+                    lines += std::fs::read_to_string(&path).unwrap().lines().count();
+                }
+            }
+        }
+        sizes.push((p["name"].as_str().unwrap().to_string(), lines));
+    }
+    assert!(
+        sizes.len() >= 12 && sizes.iter().all(|(_, n)| *n > 100),
+        "{sizes:?}"
+    );
+    for (name, n) in &sizes {
+        assert!(
+            *n <= 5000,
+            "{name} has {n} lines: split it by job ({sizes:?})"
+        );
+    }
+}
+
+#[test]
 fn the_robots_binary_carries_no_benchmark_and_no_test_double() {
     // What `make bundle` builds: no default features, no dev-dependencies.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

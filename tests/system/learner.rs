@@ -7,8 +7,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use reflex_bench::pendulum::{MAX_TORQUE, Pendulum};
 use reflex_bench::pendulum_run::{base_success, train_dense, train_sparse};
-use reflex_policies::sac::replay::Transition;
-use reflex_policies::sac::{Mode, Sac, SacConfig, draw_subset, subset_min};
+use reflex_learn::sac::replay::Transition;
+use reflex_learn::sac::{Mode, Sac, SacConfig, draw_subset, subset_min};
 
 fn small(mode: Mode, seed: u64) -> SacConfig {
     SacConfig {
@@ -501,7 +501,7 @@ fn residual_lifts_a_weak_base_and_beats_learning_from_scratch() {
 
 #[test]
 fn the_loop_hook_computes_the_learners_action_with_the_state_scaling_folded_in() {
-    use reflex_policies::sac::hook::{ActionNorm, ResidualMlp, export_actor};
+    use reflex_learn::sac::hook::{ActionNorm, ResidualMlp, export_actor};
     use reflex_runtime::residual::ResidualHook;
     // A state far from unit scale, as a robot's is; the learner scales it, the exported weights
     // carry the scaling in their first layer. A fast actor, so that the residual is far from its
@@ -538,7 +538,7 @@ fn the_loop_hook_computes_the_learners_action_with_the_state_scaling_folded_in()
 
 /// A trained actor with LayerNorm and a state scaling folded in, in `mode`.
 fn trained_actor(mode: Mode) -> Sac {
-    use reflex_policies::sac::ObsNorm;
+    use reflex_learn::sac::ObsNorm;
     let cfg = SacConfig {
         action_scale: 0.5,
         actor_layer_norm: true,
@@ -559,8 +559,8 @@ fn trained_actor(mode: Mode) -> Sac {
 
 #[test]
 fn the_exported_residual_file_computes_what_the_loop_hook_computes() {
-    use reflex_policies::sac::export::{ExportInfo, ResidualModel, write_residual};
-    use reflex_policies::sac::hook::{ActionNorm, ResidualMlp};
+    use reflex_learn::sac::export::{ExportInfo, ResidualModel, write_residual};
+    use reflex_learn::sac::hook::{ActionNorm, ResidualMlp};
     use reflex_runtime::residual::ResidualHook;
     let dir = tempfile::tempdir().unwrap();
     for mode in [Mode::Residual, Mode::Full] {

@@ -3,7 +3,7 @@
 
 use crate::common::{python, reflex, repo};
 use reflex_bench::workloads::NullRobot;
-use reflex_policies::bc::{Denoiser, DenoiserShape};
+use reflex_learn::bc::{Denoiser, DenoiserShape};
 use reflex_policies::onnx_policy::{LoadError, OnnxPolicy, Provider, RunOptions};
 use reflex_policies::spec::{
     DiffusionSpec, GraphIo, InputSpec, Normalize, PolicyKind, PolicySpec, spec_path,
@@ -520,8 +520,8 @@ fn shipped_base_policies_succeed_in_their_documented_range() {
 
 #[test]
 fn a_steered_policy_runs_the_base_from_the_noise_its_actor_chose() {
-    use reflex_policies::sac::steer::SteeredPolicy;
-    use reflex_policies::sac::{Mode, Sac, SacConfig};
+    use reflex_learn::sac::steer::SteeredPolicy;
+    use reflex_learn::sac::{Mode, Sac, SacConfig};
     use reflex_runtime::policy::Policy;
     let mut env =
         reflex_sim::SimEnv::new(reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick))

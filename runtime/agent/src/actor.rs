@@ -30,8 +30,8 @@ use reflex_contracts::msg::{Image, Observation, RobotSpec};
 use reflex_contracts::policy::{ChunkSpec, Policy, PolicyError};
 use reflex_contracts::robot::Robot;
 use reflex_contracts::stop::{StopState, StopSwitch};
-use reflex_policies::sac::hook::ResidualMlp;
-use reflex_policies::sac::{Mode, Sac};
+use reflex_learn::sac::hook::ResidualMlp;
+use reflex_learn::sac::{Mode, Sac};
 use reflex_record::Live;
 use reflex_runtime::clock::{Clock, SimClock, WallClock};
 use reflex_runtime::control::{ControlLoop, EpisodeSummary, LoopConfig, LoopStats, PolicyDriver};
@@ -225,7 +225,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
     }
 
     /// Runs a kept residual on the base policy (no learner): the refined policy a learner
-    /// exported ([`reflex_policies::sac::export::ResidualModel::hook`]). A full-mode file
+    /// exported ([`reflex_learn::sac::export::ResidualModel::hook`]). A full-mode file
     /// (trained without a base) runs with no base policy given.
     pub fn residual_model(mut self, hook: ResidualMlp) -> Self {
         self.frozen = Some(hook);
@@ -572,7 +572,7 @@ impl Learning {
             .map_err(|e| AgentError::setup(format!("[{}]", e.key), e.value))?;
         let sac = Sac::new(sac_cfg, spec.state_dim(), spec.action.dim())?;
         let (hook, writer) = ResidualMlp::new(&sac, action_norm(spec, &sac), true, seed ^ 7)?;
-        let (len, arch) = reflex_policies::sac::hook::actor_shape(&sac);
+        let (len, arch) = reflex_learn::sac::hook::actor_shape(&sac);
         let shape = reflex_bus::learnlink::WeightsShape { len, arch };
         let link = ActorLink::new(session, keys, setup.section.link.clone(), writer, shape)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -1126,7 +1126,7 @@ pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn P
 /// The kept residual of `[policy.residual]`, checked against the robot, the base policy and
 /// (with ONNX Runtime) its own graph; `None` without one.
 pub fn load_residual(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<ResidualMlp>> {
-    use reflex_policies::sac::export::{ResidualMode, ResidualModel};
+    use reflex_learn::sac::export::{ResidualMode, ResidualModel};
     let Some(r) = &cfg.policy.residual else {
         return Ok(None);
     };

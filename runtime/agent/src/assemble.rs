@@ -4,10 +4,10 @@
 //! `reflex demo` (one process) and `reflex learn` (the learner on the bus).
 
 use reflex_contracts::msg::{Observation, WireStep};
+use reflex_learn::sac::hook::ActionNorm;
+use reflex_learn::sac::replay::Transition as LTransition;
+use reflex_learn::sac::{Mode, Sac};
 use reflex_policies::onnx_policy::OnnxPolicy;
-use reflex_policies::sac::hook::ActionNorm;
-use reflex_policies::sac::replay::Transition as LTransition;
-use reflex_policies::sac::{Mode, Sac};
 
 /// Turns a stream of steps into stored transitions.
 pub struct Assembler {
@@ -138,7 +138,7 @@ impl Assembler {
     }
 
     fn store(&mut self, sac: &mut Sac, t: &LTransition) {
-        reflex_policies::sac::hil::route(sac, t);
+        reflex_learn::sac::hil::route(sac, t);
         self.stored += 1;
     }
 }
@@ -207,7 +207,7 @@ impl ChunkAssembler {
     }
 
     fn store(&mut self, sac: &mut Sac, t: &LTransition) {
-        reflex_policies::sac::hil::route(sac, t);
+        reflex_learn::sac::hil::route(sac, t);
         self.stored += 1;
     }
 }
@@ -215,7 +215,7 @@ impl ChunkAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reflex_policies::sac::SacConfig;
+    use reflex_learn::sac::SacConfig;
 
     fn step(i: u32, teleop: bool, reward: f32, terminated: bool) -> WireStep {
         WireStep {

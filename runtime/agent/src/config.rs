@@ -4,7 +4,7 @@
 
 use reflex_bus::BusConfig;
 use reflex_contracts::config::{ConfigError, Invalid, Validate, in_range};
-use reflex_policies::sac::{Mode, SacConfig};
+use reflex_learn::sac::{Mode, SacConfig};
 use reflex_runtime::control::LoopConfig;
 use reflex_runtime::safety::SafetyConfig;
 use reflex_sim::SimConfig;
@@ -434,10 +434,10 @@ impl RunConfig {
     }
 
     /// The learner's mode: residual on a base policy, or SAC from scratch without one.
-    pub fn learner_mode(&self) -> reflex_policies::sac::Mode {
+    pub fn learner_mode(&self) -> reflex_learn::sac::Mode {
         match self.policy.kind {
-            PolicyKind::None => reflex_policies::sac::Mode::Full,
-            _ => reflex_policies::sac::Mode::Residual,
+            PolicyKind::None => reflex_learn::sac::Mode::Full,
+            _ => reflex_learn::sac::Mode::Residual,
         }
     }
 }

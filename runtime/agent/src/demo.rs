@@ -13,10 +13,10 @@ use reflex_contracts::config::{Invalid, Validate, in_range};
 use reflex_contracts::msg::{Observation, TeleopMsg, WireStep};
 use reflex_contracts::policy::Policy;
 use reflex_contracts::robot::Robot;
+use reflex_learn::sac::hook::{ActionNorm, ResidualMlp, export_actor};
+use reflex_learn::sac::steer::{NoiseTap, SteeredPolicy};
+use reflex_learn::sac::{Mode, Sac, SacConfig};
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
-use reflex_policies::sac::hook::{ActionNorm, ResidualMlp, export_actor};
-use reflex_policies::sac::steer::{NoiseTap, SteeredPolicy};
-use reflex_policies::sac::{Mode, Sac, SacConfig};
 use reflex_record::Recorder;
 use reflex_runtime::clock::SimClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
@@ -596,7 +596,7 @@ fn keep_refined(
     }
     let model = dir.join("residual.onnx");
     let base = std::fs::canonicalize(&o.model).map_err(|e| AgentError::io(&o.model, e))?;
-    let info = reflex_policies::sac::export::ExportInfo {
+    let info = reflex_learn::sac::export::ExportInfo {
         name: &format!("pick residual, demo seed {}", o.seed),
         action_low: &spec.action.low,
         action_high: &spec.action.high,
@@ -608,7 +608,7 @@ fn keep_refined(
             mode_name(o.mode)
         ),
     };
-    reflex_policies::sac::export::write_residual(sac, &info, &model)?;
+    reflex_learn::sac::export::write_residual(sac, &info, &model)?;
     let policy = match o.mode {
         Mode::Full => "kind = \"none\"".to_string(),
         _ => format!(

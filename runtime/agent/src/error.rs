@@ -46,16 +46,16 @@ pub enum AgentError {
     Ort(#[from] reflex_policies::ort_env::OrtError),
     /// Behaviour cloning.
     #[error(transparent)]
-    Bc(#[from] reflex_policies::bc::BcError),
+    Bc(#[from] reflex_learn::bc::BcError),
     /// A learner checkpoint.
     #[error(transparent)]
-    Checkpoint(#[from] reflex_policies::sac::checkpoint::CheckpointError),
+    Checkpoint(#[from] reflex_learn::sac::checkpoint::CheckpointError),
     /// A kept residual file.
     #[error(transparent)]
-    Residual(#[from] reflex_policies::sac::export::ResidualError),
+    Residual(#[from] reflex_learn::sac::export::ResidualError),
     /// Diffusion steering.
     #[error(transparent)]
-    Steer(#[from] reflex_policies::sac::steer::SteerError),
+    Steer(#[from] reflex_learn::sac::steer::SteerError),
     /// The learner's tensors.
     #[error("learner: {0}")]
     Learner(#[from] candle_core::Error),

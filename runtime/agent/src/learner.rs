@@ -15,9 +15,9 @@ use crate::{AgentError, error::Result};
 use reflex_bus::learnlink::{LearnerLink, LinkPosition};
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::RobotSpec;
+use reflex_learn::sac::hook::{ActionNorm, actor_shape, export_actor};
+use reflex_learn::sac::{Mode, Sac};
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
-use reflex_policies::sac::hook::{ActionNorm, actor_shape, export_actor};
-use reflex_policies::sac::{Mode, Sac};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -118,7 +118,7 @@ fn obs_norm(
     source: ObsNormSource,
     base: Option<&OnnxPolicy>,
     spec: &RobotSpec,
-) -> Result<Option<reflex_policies::sac::ObsNorm>> {
+) -> Result<Option<reflex_learn::sac::ObsNorm>> {
     Ok(match (source, base) {
         (ObsNormSource::Off, _) => None,
         (ObsNormSource::Auto, Some(b)) => crate::presets::state_norm(b, spec.state_dim()),
@@ -327,7 +327,7 @@ impl Session<'_> {
             return Ok(());
         }
         let model = residual_path(&self.ckpt);
-        let info = reflex_policies::sac::export::ExportInfo {
+        let info = reflex_learn::sac::export::ExportInfo {
             name: &format!("{} residual", self.cfg.robot),
             action_low: &self.action_bounds.0,
             action_high: &self.action_bounds.1,
@@ -339,7 +339,7 @@ impl Session<'_> {
                 self.sac.counters.critic_updates
             ),
         };
-        reflex_policies::sac::export::write_residual(&self.sac, &info, &model)?;
+        reflex_learn::sac::export::write_residual(&self.sac, &info, &model)?;
         Ok(())
     }
 
@@ -368,7 +368,7 @@ fn start<'a>(
     o: &ServeOptions,
 ) -> Result<Session<'a>> {
     let keys = Keys::new(&cfg.robot).map_err(reflex_bus::BusError::from)?;
-    let threads = reflex_policies::sac::gemm::set_threads(cfg.section.learner_threads());
+    let threads = reflex_learn::sac::gemm::set_threads(cfg.section.learner_threads());
     tracing::info!(
         "learner for `{}`: waiting for the actor's spec ({threads} thread{} for its matrix products)",
         cfg.robot,

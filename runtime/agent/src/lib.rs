@@ -10,10 +10,11 @@
 //! - [`assemble`], [`presets`]: from the actor's steps to the learner's transitions (relabelling,
 //!   RLIF, HIL-SERL routing) and the SAC settings the demo measured;
 //! - [`demo`]: the whole mission in one process (`reflex demo`);
-//! - [`operator`]: a robot's e-stop raised, released and resumed from any computer on its bus
-//!   (`reflex estop`);
-//! - [`simtools`], [`policytools`], [`teleop`], [`viz`], [`replay`], [`serve`]: what the other
-//!   commands run; [`signals`]: SIGINT and SIGTERM as stops.
+//! - [`heldout`]: a policy judged alone on held-out seeds (`reflex eval`);
+//! - [`signals`]: SIGINT and SIGTERM as stops; [`summary`]: a run's figures as one type.
+//!
+//! The commands around a run (serving, watching, replaying, teleop, the e-stop, policy tools) are
+//! in reflex-tools.
 //!
 //! Long jobs report through [`progress::Progress`]; nothing here prints.
 #![warn(missing_docs)]
@@ -25,18 +26,11 @@ pub mod demo;
 pub mod error;
 pub mod heldout;
 pub mod learner;
-pub mod operator;
-pub mod policytools;
 pub mod presets;
 pub mod progress;
-pub mod replay;
-pub mod serve;
 pub mod signals;
-pub mod simtools;
 pub mod summary;
 pub mod tap;
-pub mod teleop;
-pub mod viz;
 
 pub use error::AgentError;
 

@@ -2,8 +2,8 @@
 //! how a config's partial `[learner]` table is laid over them.
 
 use crate::AgentError;
+use reflex_learn::sac::{Mode, SacConfig};
 use reflex_policies::onnx_policy::OnnxPolicy;
-use reflex_policies::sac::{Mode, SacConfig};
 
 /// The learner's settings for the demo (docs/training.md explains each choice).
 pub fn learner_preset(mode: Mode, seed: u64) -> SacConfig {
@@ -56,10 +56,10 @@ pub fn learner_preset(mode: Mode, seed: u64) -> SacConfig {
 
 /// The learner's state scaling from the base policy's own input normalisation (half widths of
 /// at least 0.05, so a component that hardly varied in the demonstrations is not blown up).
-pub fn state_norm(base: &OnnxPolicy, state_dim: usize) -> Option<reflex_policies::sac::ObsNorm> {
+pub fn state_norm(base: &OnnxPolicy, state_dim: usize) -> Option<reflex_learn::sac::ObsNorm> {
     base.spec()
         .state_bounds(state_dim)
-        .map(|(lo, hi)| reflex_policies::sac::ObsNorm::from_bounds(lo, hi, 0.05))
+        .map(|(lo, hi)| reflex_learn::sac::ObsNorm::from_bounds(lo, hi, 0.05))
 }
 
 /// `base` with the keys of `table` replacing its own (a partial table keeps the other values).
@@ -86,7 +86,7 @@ pub struct OverlayError(pub String);
 /// without them and says what to set.
 pub fn state_norm_from_spec(
     spec: &reflex_contracts::msg::RobotSpec,
-) -> Result<reflex_policies::sac::ObsNorm, AgentError> {
+) -> Result<reflex_learn::sac::ObsNorm, AgentError> {
     let (mut lo, mut hi, mut missing) = (vec![], vec![], vec![]);
     for f in &spec.state {
         match (&f.low, &f.high) {
@@ -106,7 +106,7 @@ pub fn state_norm_from_spec(
             ),
         ));
     }
-    Ok(reflex_policies::sac::ObsNorm::from_bounds(&lo, &hi, 1e-3))
+    Ok(reflex_learn::sac::ObsNorm::from_bounds(&lo, &hi, 1e-3))
 }
 
 /// The table `name` of a TOML file (empty when absent).

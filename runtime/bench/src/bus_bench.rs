@@ -6,9 +6,9 @@
 //! figure is what a remote controller sees: serialisation, Zenoh, TCP on loopback, and back.
 
 use reflex_agent::error::{Result, ctx};
-use reflex_agent::policytools::percentile;
 use reflex_bus::BusConfig;
 use reflex_contracts::msg::{self, Command, Image, Observation, PROTOCOL_VERSION};
+use reflex_tools::policytools::percentile;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use zenoh::Wait;

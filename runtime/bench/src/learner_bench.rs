@@ -4,8 +4,8 @@
 use crate::pendulum::{MAX_TORQUE, Pendulum};
 use crate::pendulum_run::train_dense;
 use reflex_agent::error::Result;
-use reflex_policies::sac::replay::Transition;
-use reflex_policies::sac::{Mode, Sac, SacConfig};
+use reflex_learn::sac::replay::Transition;
+use reflex_learn::sac::{Mode, Sac, SacConfig};
 use std::time::Instant;
 
 /// Updates per second of one configuration: one update = one critic update + one actor and
@@ -106,7 +106,7 @@ impl LearnerBenchReport {
 /// effect is reported). candle's other kernels read `RAYON_NUM_THREADS`, which the caller sets
 /// before starting any thread.
 pub fn run(updates: usize, pendulum_steps: usize, threads: usize) -> Result<LearnerBenchReport> {
-    let threads = reflex_policies::sac::gemm::set_threads(threads);
+    let threads = reflex_learn::sac::gemm::set_threads(threads);
     let rate = |hidden, batch, critics| -> Result<UpdateRate> {
         Ok(UpdateRate {
             updates_per_s: updates_per_s(hidden, batch, critics, updates)?,

@@ -149,7 +149,7 @@ fn estop_drill(
                 return Ok(());
             }
             if i % 250 == 0 {
-                reflex_agent::operator::publish(session, keys, act, sw.raises(), "soak drill")?;
+                reflex_tools::operator::publish(session, keys, act, sw.raises(), "soak drill")?;
             }
             actor.run_ticks(1)?;
         }

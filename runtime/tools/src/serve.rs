@@ -1,7 +1,7 @@
 //! `reflex hw serve`: a real arm served on the bus as a robot for controllers on other
 //! computers.
 
-use crate::AgentError;
+use reflex_agent::AgentError;
 use reflex_hardware::arm::ArmKind;
 use reflex_hardware::robot::ArmRobot;
 use std::time::{Duration, Instant};
@@ -12,16 +12,16 @@ use std::time::{Duration, Instant};
 /// own, and holds the arm when no command comes ([`reflex_bus::robot::RobotServer`]). A bus
 /// without TLS needs `[bus] insecure = true` (then a warning every minute).
 pub fn serve_config(
-    cfg: &crate::config::RunConfig,
+    cfg: &reflex_agent::config::RunConfig,
     bus: &reflex_bus::BusConfig,
     stop: &std::sync::atomic::AtomicBool,
     seconds: Option<f64>,
-) -> crate::error::Result<reflex_bus::robot::ServeStats> {
+) -> reflex_agent::error::Result<reflex_bus::robot::ServeStats> {
     use reflex_bus::robot::{CommandFilter, RobotServer, ServeMode};
     use std::sync::atomic::Ordering;
     let kind = match cfg.robot.source {
-        crate::config::RobotSource::So101 => ArmKind::So101Follower,
-        crate::config::RobotSource::Koch => ArmKind::KochFollower,
+        reflex_agent::config::RobotSource::So101 => ArmKind::So101Follower,
+        reflex_agent::config::RobotSource::Koch => ArmKind::KochFollower,
         other => {
             return Err(AgentError::setup(
                 "[robot] source",
@@ -35,7 +35,7 @@ pub fn serve_config(
         .ok_or_else(|| AgentError::setup("[robot] source", "a real arm needs an [arm] table"))?;
     let mut on_bus = cfg.clone();
     on_bus.bus.enabled = true;
-    let _insecure = crate::actor::check_arm_bus(&on_bus, bus)?;
+    let _insecure = reflex_agent::actor::check_arm_bus(&on_bus, bus)?;
     let mut robot = ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
     robot.set_on_exit(cfg.robot.on_exit);
     let session = cfg.bus_config(bus).open()?;

@@ -13,8 +13,8 @@
 
 use super::hook::{ActionNorm, MlpEval, ResidualMlp, export_actor};
 use super::{Mode, Sac};
-use crate::onnx_write::{Attr, Dim, Elem, Graph, batch};
-use crate::spec::{Normalize, spec_path};
+use reflex_policies::onnx_write::{Attr, Dim, Elem, Graph, batch};
+use reflex_policies::spec::{Normalize, spec_path};
 use reflex_runtime::config::{Invalid, Validate, in_range, key};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -170,7 +170,7 @@ pub enum ResidualError {
     Candle(#[from] candle_core::Error),
     /// ONNX Runtime could not load or run the file.
     #[error(transparent)]
-    Load(#[from] crate::onnx_policy::LoadError),
+    Load(#[from] reflex_policies::onnx_policy::LoadError),
 }
 
 fn invalid(path: &Path, message: impl Into<String>) -> ResidualError {
@@ -386,7 +386,7 @@ impl ResidualModel {
             path: model.display().to_string(),
             source: e,
         })?;
-        let mut inits = crate::onnx_read::float_initializers(&bytes)
+        let mut inits = reflex_policies::onnx_read::float_initializers(&bytes)
             .map_err(|e| invalid(model, e.to_string()))?;
         let d = dims(&spec);
         let last = d.len() - 2;
@@ -474,7 +474,8 @@ impl ResidualModel {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let mut session = crate::onnx_policy::open_session(&self.path, &Default::default())?;
+        let mut session =
+            reflex_policies::onnx_policy::open_session(&self.path, &Default::default())?;
         let err = |e: ort::Error| invalid(&self.path, format!("ONNX Runtime: {e}"));
         let outputs = session
             .run(ort::inputs![

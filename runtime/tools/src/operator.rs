@@ -10,8 +10,8 @@
 //!   until the status says `paused`;
 //! - resume: the same, until the status says `running`.
 
-use crate::AgentError;
-use crate::error::Result;
+use reflex_agent::AgentError;
+use reflex_agent::error::Result;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{
     self, EpisodeEvent, EventKind, OperatorKind, OperatorMsg, PROTOCOL_VERSION, StatusMsg,
@@ -76,7 +76,7 @@ pub fn publish(
     session
         .put(key.clone(), bytes)
         .wait()
-        .map_err(crate::error::ctx(key.clone()))
+        .map_err(reflex_agent::error::ctx(key.clone()))
 }
 
 /// Raises, releases or resumes `robot`'s e-stop and waits up to `wait` for its status to
@@ -106,7 +106,7 @@ pub fn act(
             }
         })
         .wait()
-        .map_err(crate::error::ctx(keys.status.clone()))?;
+        .map_err(reflex_agent::error::ctx(keys.status.clone()))?;
     let t0 = Instant::now();
     let status_since = |t: Instant| -> Option<StatusMsg> {
         latest

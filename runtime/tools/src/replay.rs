@@ -1,6 +1,6 @@
 //! `reflex replay PATH`: open recordings in the Rerun viewer, or read their summaries.
 
-use crate::{AgentError, error::Result};
+use reflex_agent::{AgentError, error::Result};
 use reflex_record::{Live, RERUN_VERSION};
 use std::path::{Path, PathBuf};
 

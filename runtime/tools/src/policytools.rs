@@ -1,9 +1,9 @@
 //! What `reflex policy check|bench` and `reflex bc train` run.
 
-use crate::progress::Progress;
-use crate::{AgentError, error::Result};
+use reflex_agent::progress::Progress;
+use reflex_agent::{AgentError, error::Result};
 use reflex_contracts::robot::Robot;
-use reflex_policies::bc::{TrainConfig, make_samples, train};
+use reflex_learn::bc::{TrainConfig, make_samples, train};
 use reflex_policies::onnx_policy::{
     OnnxPolicy, Provider, RunOptions, check_graph, graph_io, open_session,
 };
@@ -47,7 +47,7 @@ pub struct CheckReport {
 /// Checks a model against its spec (names, shapes, element types) and the robot it is for.
 pub fn check(model: &Path) -> Result<CheckReport> {
     if !model.exists() {
-        return Err(crate::error::bail(format!(
+        return Err(reflex_agent::error::bail(format!(
             "model `{}` does not exist",
             model.display()
         )));
@@ -78,7 +78,7 @@ pub fn check(model: &Path) -> Result<CheckReport> {
     }
     let problems = check_graph(&spec, &session, robot.as_ref().map(|r| r.spec()));
     if !problems.is_empty() {
-        return Err(crate::error::bail(format!(
+        return Err(reflex_agent::error::bail(format!(
             "{}\nmodel `{}` does not match its spec `{}`:\n  - {}",
             lines.join("\n"),
             model.display(),

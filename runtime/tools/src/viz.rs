@@ -4,8 +4,8 @@
 //! events, and streams them into a Rerun viewer (spawned or connected) and/or episode files,
 //! through the same recorder `reflex run --record` uses. The robot's process is not touched.
 
-use crate::progress::Progress;
-use crate::{AgentError, error::Result};
+use reflex_agent::progress::Progress;
+use reflex_agent::{AgentError, error::Result};
 use reflex_bus::trace::TraceSink;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{EpisodeEvent, StatusMsg};
@@ -129,10 +129,15 @@ pub fn watch(
         spec.control_hz
     );
     let dir = save.map(|d| {
-        d.join(crate::run_id(&format!("viz-{}", spec.name)))
+        d.join(reflex_agent::run_id(&format!("viz-{}", spec.name)))
             .join("episodes")
     });
-    let recorder = Arc::new(crate::tap::make_recorder(dir.clone(), live, &spec, false)?);
+    let recorder = Arc::new(reflex_agent::tap::make_recorder(
+        dir.clone(),
+        live,
+        &spec,
+        false,
+    )?);
     let watch = reflex_bus::trace::watch(session, &keys, Arc::new(RecorderSink(recorder.clone())))?;
     let t0 = Instant::now();
     loop {

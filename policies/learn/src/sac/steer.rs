@@ -12,11 +12,11 @@
 
 use super::hook::MlpEval;
 use super::{Mode, Sac};
-use crate::onnx_policy::OnnxPolicy;
 use crossbeam::channel::{Receiver, Sender, bounded};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
+use reflex_policies::onnx_policy::OnnxPolicy;
 use reflex_runtime::msg::Observation;
 use reflex_runtime::policy::{ChunkSpec, Policy, PolicyError};
 use reflex_runtime::residual::{Weights, WeightsWriter};

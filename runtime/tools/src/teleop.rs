@@ -6,7 +6,7 @@
 //! The devices themselves (keyboard, gamepad, SpaceMouse, leader arm) are in reflex-hardware;
 //! this module puts what one produces on the bus and shows what the robot answers.
 
-use crate::error::Result;
+use reflex_agent::error::Result;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{self, Observation, PROTOCOL_VERSION, RobotSpec, TeleopMsg};
 use reflex_contracts::stop::StopAct;
@@ -100,7 +100,7 @@ pub fn follow(
 ) -> Result<reflex_bus::trace::Watch> {
     let keys = Keys::new(robot).map_err(reflex_bus::BusError::from)?;
     reflex_bus::trace::watch(session, &keys, follow).map_err(|e| {
-        crate::AgentError::setup("teleop", format!("cannot follow the robot's trace: {e}"))
+        reflex_agent::AgentError::setup("teleop", format!("cannot follow the robot's trace: {e}"))
     })
 }
 
@@ -120,7 +120,7 @@ pub fn drive(
         .declare_publisher(keys.teleop.clone())
         .express(true)
         .wait()
-        .map_err(crate::error::ctx(keys.teleop.clone()))?;
+        .map_err(reflex_agent::error::ctx(keys.teleop.clone()))?;
     let mut m = TeleopMsg {
         v: PROTOCOL_VERSION,
         ..Default::default()

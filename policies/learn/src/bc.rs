@@ -9,14 +9,14 @@
 //! The same forward pass is written as ONNX operators, and a test checks that ONNX Runtime running
 //! the exported file matches candle within 1e-5.
 
-use crate::onnx_write::{Dim, Elem, Graph, batch};
-use crate::sampler::{BetaSchedule, Ddim, Prediction, betas};
-use crate::spec::{DiffusionSpec, GraphIo, InputSpec, Normalize, PolicyKind, PolicySpec};
 use candle_core::{Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
+use reflex_policies::onnx_write::{Dim, Elem, Graph, batch};
+use reflex_policies::sampler::{BetaSchedule, Ddim, Prediction, betas};
+use reflex_policies::spec::{DiffusionSpec, GraphIo, InputSpec, Normalize, PolicyKind, PolicySpec};
 use serde::Deserialize;
 
 /// Errors of training or export.

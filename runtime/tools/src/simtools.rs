@@ -1,10 +1,10 @@
 //! What `reflex sim ...` runs: serve the simulator as a robot on the bus, time it, record and
 //! score its scripted experts, snapshot its cameras.
 
-use crate::AgentError;
-use crate::error::Result;
-use crate::progress::Progress;
 use rand::{Rng, SeedableRng};
+use reflex_agent::AgentError;
+use reflex_agent::error::Result;
+use reflex_agent::progress::Progress;
 use reflex_bus::BusConfig;
 use reflex_bus::robot::{RobotServer, ServeMode, ServeStats};
 use reflex_contracts::robot::Robot;
@@ -254,7 +254,7 @@ pub fn demos(cfg: SimConfig, o: &DemosOptions, progress: &dyn Progress) -> Resul
     while r.written < o.episodes {
         r.tried += 1;
         if o.successes_only && r.tried > o.episodes * 20 {
-            return Err(crate::error::bail(format!(
+            return Err(reflex_agent::error::bail(format!(
                 "only {} of {} episodes succeeded; lower --noise or drop --successes-only",
                 r.successes, r.tried
             )));

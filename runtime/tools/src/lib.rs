@@ -1,0 +1,21 @@
+//! reflex-tools: the commands around a run, as a library: serving the simulator or a real arm
+//! on the bus, watching a robot and replaying its recordings, driving it by hand, its e-stop
+//! from any computer, and checking, timing and training base policies.
+//!
+//! - [`simtools`]: `reflex sim serve|bench|demos|expert|snapshot`;
+//! - [`serve`]: `reflex hw serve` (a real arm on the bus);
+//! - [`teleop`]: a teleop device's commands onto the bus, and what the robot answers;
+//! - [`operator`]: `reflex estop` (raise, release, resume);
+//! - [`viz`], [`replay`]: `reflex viz` and `reflex replay`;
+//! - [`policytools`]: `reflex policy check|bench` and `reflex bc train`.
+//!
+//! Long jobs report through [`reflex_agent::progress::Progress`]; nothing here prints.
+#![warn(missing_docs)]
+
+pub mod operator;
+pub mod policytools;
+pub mod replay;
+pub mod serve;
+pub mod simtools;
+pub mod teleop;
+pub mod viz;
