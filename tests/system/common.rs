@@ -90,6 +90,16 @@ pub fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `session` knows of a subscriber on `key` (its declaration has reached this
+/// session): from then on a message put here on `key` is delivered. Bounded at 20 s.
+pub fn wait_for_subscriber(session: &zenoh::Session, key: &str) {
+    use zenoh::Wait;
+    let probe = session.declare_publisher(key.to_string()).wait().unwrap();
+    wait_until(&format!("a subscriber on {key}"), 20, || {
+        probe.matching_status().wait().is_ok_and(|m| m.matching())
+    });
+}
+
 /// The newest status of a robot seen on the bus at `ep`.
 pub struct StatusWatch {
     latest: std::sync::Arc<std::sync::Mutex<Option<reflex_contracts::msg::StatusMsg>>>,

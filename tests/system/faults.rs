@@ -201,8 +201,8 @@ fn weights_of_another_architecture_or_diverged_are_rejected_and_the_loop_keeps_i
     // corrupted the count), and the hook sliced a vector of any length.
     let dir = tempfile::tempdir().unwrap();
     let shape = WeightsShape { len: 10, arch: 77 };
-    let (_s, actor, mut learner, mut reader) = link_pair(&dir, shape);
-    std::thread::sleep(Duration::from_millis(300));
+    let (s, actor, mut learner, mut reader) = link_pair(&dir, shape);
+    crate::common::wait_for_subscriber(&s.1, &Keys::new("w").unwrap().learn_weights);
     learner.publish_weights(1, &[0.5; 10], 77);
     wait_for("version 1", || actor.stats().weights_version == 1);
     learner.publish_weights(2, &[0.5; 3_000_000], 77); // another size: 3 M floats, not 10
@@ -257,7 +257,7 @@ fn the_learner_leaves_out_steps_that_do_not_fit_the_robot() {
         ],
         flush: false,
     };
-    std::thread::sleep(Duration::from_millis(300));
+    crate::common::wait_for_subscriber(&a, &keys.learn_transitions);
     publisher.put(msg::encode(&batch)).wait().unwrap();
     let got = learner
         .next_batch(Duration::from_secs(10))
@@ -281,7 +281,7 @@ fn a_flood_of_commands_never_blocks_the_robot_servers_callbacks() {
     let mut server = RobotServer::new(&a, spec_robot, ServeMode::Lockstep).unwrap();
     let keys = Keys::new("flood").unwrap();
     let p = b.declare_publisher(keys.cmd.clone()).wait().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    crate::common::wait_for_subscriber(&b, &keys.cmd);
     // The server is not running: nothing drains its queue of 256.
     for seq in 1..=600u64 {
         let c = Command {

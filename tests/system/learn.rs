@@ -210,10 +210,11 @@ fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Paces the scenario: learner A takes 1.5 s more of the run after its first checkpoint.
     std::thread::sleep(Duration::from_millis(1500));
     a.0.kill().unwrap();
     a.0.wait().unwrap();
-    // The actor keeps running without a learner.
+    // The actor keeps running without a learner (paces the scenario: 1.5 s without one).
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
         actor.0.try_wait().unwrap().is_none(),
@@ -360,6 +361,8 @@ fn keyboard_teleop_takes_over_moves_labels_and_hands_back() {
         std::thread::sleep(Duration::from_millis(20));
     }
     keyboard.write_all(b" ").unwrap();
+    // The sleeps below pace the person's keys (auto-repeat at 25 Hz, then a pause per key) so
+    // the device, publishing at 50 Hz, sends each state more than once.
     for _ in 0..10 {
         keyboard.write_all(b"w").unwrap();
         std::thread::sleep(Duration::from_millis(40));
@@ -371,7 +374,13 @@ fn keyboard_teleop_takes_over_moves_labels_and_hands_back() {
     keyboard.write_all(b"q").unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "{}", child_stderr(&dir, "teleop"));
-    std::thread::sleep(Duration::from_millis(200));
+    // Quitting hands back: the last message says nobody drives and commands nothing.
+    crate::common::wait_until("the hand-back message", 20, || {
+        got.lock()
+            .unwrap()
+            .last()
+            .is_some_and(|m| !m.intervene && m.action.iter().all(|v| *v == 0.0))
+    });
     let msgs = got.lock().unwrap().clone();
     assert!(
         !msgs[0].intervene,

@@ -110,8 +110,11 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
         .callback(move |_| *s2.lock().unwrap() += 1)
         .wait()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    for _ in 0..10 {
+    // Every peer puts on every key, round after round, until everything the rules allow has
+    // arrived and the viewer has seen a status (the links are up and the rules in force); then
+    // one more round, closed when its teleop message arrives, so the refused peers had as long as
+    // the allowed ones to get through.
+    let round = || {
         for (s, who) in [
             (&learner, "learner"),
             (&teleop, "teleop"),
@@ -124,9 +127,36 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
             }
         }
         robot.put("reflex/arm/status", "ok").wait().unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    };
+    let allowed = [
+        ("teleop", "teleop"),
+        ("learn/weights", "learner"),
+        ("events", "learner"),
+        ("events", "teleop"),
+        ("events", "viewer"),
+        ("operator", "teleop"),
+    ];
+    let has = |k: &str, who: &str| got.lock().unwrap().iter().any(|(a, b)| a == k && b == who);
+    crate::common::wait_until(
+        "every allowed message and a status at the viewer",
+        60,
+        || {
+            round();
+            allowed.iter().all(|(k, w)| has(k, w)) && *seen.lock().unwrap() > 0
+        },
+    );
+    let teleops = |g: &Mutex<Vec<(String, String)>>| {
+        g.lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, w)| k == "teleop" && w == "teleop")
+            .count()
+    };
+    let before = teleops(&got);
+    round();
+    crate::common::wait_until("the last round's teleop message", 20, || {
+        teleops(&got) > before
+    });
     let got = got.lock().unwrap().clone();
     let from = |k: &str| {
         let mut v: Vec<String> = got
@@ -500,16 +530,23 @@ fn keys_add_signs_a_new_operator_the_robot_accepts_and_a_stranger_authority_is_r
     let stranger = bus(&[], std::slice::from_ref(&ep), Some(stranger))
         .open()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    for _ in 0..10 {
+    // Both put until the added operator's messages arrive, then one more round, closed when its
+    // message arrives: the stranger had as long to get through.
+    let round = || {
         alice.put("reflex/arm/teleop", "added").wait().unwrap();
         stranger
             .put("reflex/arm/teleop", "stranger")
             .wait()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    };
+    let added = || got.lock().unwrap().iter().filter(|w| *w == "added").count();
+    crate::common::wait_until("the added operator's message", 60, || {
+        round();
+        added() > 0
+    });
+    let before = added();
+    round();
+    crate::common::wait_until("the last round's message", 20, || added() > before);
     let mut from = got.lock().unwrap().clone();
     from.sort();
     from.dedup();
