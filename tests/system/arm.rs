@@ -230,6 +230,7 @@ fn a_leader_arm_takeover_30_degrees_away_never_moves_the_follower_more_than_the_
         }
         last_cmd = Some(action.clone());
         follower.command(&action).unwrap();
+        // Paces this hand-written control loop at the follower's rate.
         std::thread::sleep(period);
     }
     let end = follower.observe().unwrap().state[..6].to_vec();
@@ -350,7 +351,16 @@ fn reflex_calibrate_joints_homes_the_middle_sweeps_the_ranges_and_writes_lerobot
     for (k, m) in middle.iter().enumerate() {
         emu.move_by_hand(k as u8 + 1, *m);
     }
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    // The emulator applies hand moves on its own thread: wait until the servos report them.
+    {
+        let mut bus = reflex_hardware::bus::FeetechBus::open(emu.path(), 1_000_000).unwrap();
+        crate::common::wait_until("the servos at the middle pose", 20, || {
+            middle.iter().enumerate().all(|(k, m)| {
+                bus.read(k as u8 + 1, sts3215::PRESENT_POSITION, "Present_Position")
+                    .is_ok_and(|p| p == *m as u32)
+            })
+        });
+    }
     let out = dir.path().join("cal/so101_follower/arm.json");
     let mut child = ChildGuard(
         reflex()
@@ -387,6 +397,8 @@ fn reflex_calibrate_joints_homes_the_middle_sweeps_the_ranges_and_writes_lerobot
                 emu.move_by_hand(k as u8 + 1, (m + side + 4096.0) % 4096.0);
             }
         }
+        // Paces the person's sweep: `reflex calibrate` samples the positions continuously and
+        // reports only at the end, so each end of the sweep is held for 200 ms.
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     stdin.write_all(b"\n").unwrap();

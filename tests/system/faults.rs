@@ -615,6 +615,7 @@ impl Relay {
         std::thread::spawn(move || {
             while !stop.load(Relaxed) {
                 let Ok((client, _)) = listener.accept() else {
+                    // Paces the non-blocking accept loop of this relay.
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 };

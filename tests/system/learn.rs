@@ -38,6 +38,7 @@ fn swap_under_load(steps: u64, at_episode: bool) -> (Vec<(u32, u64)>, u64, u64) 
                 *b = 0.001 * v as f32;
             }
             writer.publish(v, &w);
+            // Paces the swaps: a learner publishing weights about 1,400 times a second.
             std::thread::sleep(Duration::from_micros(700));
         }
         v

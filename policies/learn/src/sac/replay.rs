@@ -34,66 +34,45 @@ pub struct Transition {
     pub intervention: bool,
 }
 
+/// The columns of a replay buffer, one type for all three uses: owned vectors of the whole
+/// capacity in memory, borrowed slices of the held rows when written, owned vectors of the held
+/// rows when read back (so the field list exists once).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Columns<F, B, U> {
+    cap: usize,
+    obs_dim: usize,
+    base_dim: usize,
+    act_dim: usize,
+    obs: F,
+    next_obs: F,
+    base: F,
+    next_base: F,
+    action: F,
+    reward: F,
+    term: B,
+    trunc: B,
+    episode: U,
+    total: u64,
+    current_episode: u64,
+}
+
 /// A ring buffer of transitions. It serialises only the rows it holds (a checkpoint grows with
 /// the data, not with the preallocated capacity), and a deserialised buffer is checked for
 /// consistent sizes.
 #[derive(Clone, Debug)]
-pub struct Replay {
-    cap: usize,
-    obs_dim: usize,
-    base_dim: usize,
-    act_dim: usize,
-    obs: Vec<f32>,
-    next_obs: Vec<f32>,
-    base: Vec<f32>,
-    next_base: Vec<f32>,
-    action: Vec<f32>,
-    reward: Vec<f32>,
-    term: Vec<bool>,
-    trunc: Vec<bool>,
-    episode: Vec<u64>,
-    total: u64,
-    current_episode: u64,
+pub struct Replay(Columns<Vec<f32>, Vec<bool>, Vec<u64>>);
+
+impl std::ops::Deref for Replay {
+    type Target = Columns<Vec<f32>, Vec<bool>, Vec<u64>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
-/// The held rows of a [`Replay`], borrowed for writing.
-#[derive(Serialize)]
-struct ReplayOut<'a> {
-    cap: usize,
-    obs_dim: usize,
-    base_dim: usize,
-    act_dim: usize,
-    obs: &'a [f32],
-    next_obs: &'a [f32],
-    base: &'a [f32],
-    next_base: &'a [f32],
-    action: &'a [f32],
-    reward: &'a [f32],
-    term: &'a [bool],
-    trunc: &'a [bool],
-    episode: &'a [u64],
-    total: u64,
-    current_episode: u64,
-}
-
-/// The held rows of a [`Replay`], as read back.
-#[derive(Deserialize)]
-struct ReplayIn {
-    cap: usize,
-    obs_dim: usize,
-    base_dim: usize,
-    act_dim: usize,
-    obs: Vec<f32>,
-    next_obs: Vec<f32>,
-    base: Vec<f32>,
-    next_base: Vec<f32>,
-    action: Vec<f32>,
-    reward: Vec<f32>,
-    term: Vec<bool>,
-    trunc: Vec<bool>,
-    episode: Vec<u64>,
-    total: u64,
-    current_episode: u64,
+impl std::ops::DerefMut for Replay {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
 }
 
 /// Most rows a replay buffer read from a file may hold (a hostile or corrupt file must not make
@@ -105,7 +84,7 @@ impl Serialize for Replay {
         // Slots 0..len are the filled ones (the ring fills from 0 and, once full, all are).
         let n = self.len();
         let (o, b, a) = (self.obs_dim, self.base_dim, self.act_dim);
-        ReplayOut {
+        Columns {
             cap: self.cap,
             obs_dim: o,
             base_dim: b,
@@ -129,7 +108,7 @@ impl Serialize for Replay {
 impl<'de> Deserialize<'de> for Replay {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        let r = ReplayIn::deserialize(d)?;
+        let r = Columns::<Vec<f32>, Vec<bool>, Vec<u64>>::deserialize(d)?;
         if r.cap == 0 || r.cap > MAX_CAPACITY {
             return Err(D::Error::custom(format!(
                 "replay capacity {} (allowed 1 ..= {MAX_CAPACITY})",
@@ -222,7 +201,7 @@ pub struct NStep {
 impl Replay {
     /// An empty buffer for `cap` transitions.
     pub fn new(cap: usize, obs_dim: usize, base_dim: usize, act_dim: usize) -> Self {
-        Replay {
+        Replay(Columns {
             cap,
             obs_dim,
             base_dim,
@@ -238,7 +217,7 @@ impl Replay {
             episode: vec![u64::MAX; cap],
             total: 0,
             current_episode: 0,
-        }
+        })
     }
 
     /// The transition at logical index `l` (0 = oldest held), copied out (for inspection and
