@@ -35,9 +35,8 @@ fn dependency_tree(package: &str) -> Vec<String> {
         .collect()
 }
 
-/// Each workspace crate and the reflex crates it depends on (normal dependencies, optional ones
-/// included), from `cargo metadata`.
-fn workspace_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+/// `cargo metadata` of the workspace's own packages.
+fn workspace_metadata() -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
         .args([
@@ -56,7 +55,13 @@ fn workspace_graph() -> std::collections::BTreeMap<String, std::collections::BTr
         "cargo metadata: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each workspace crate and the reflex crates it depends on (normal dependencies, optional ones
+/// included), from `cargo metadata`.
+fn workspace_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let v = workspace_metadata();
     let mut graph = std::collections::BTreeMap::new();
     for p in v["packages"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap().to_string();
@@ -179,20 +184,7 @@ fn every_crate_depends_on_what_the_architecture_table_says_and_the_graph_is_curr
 #[test]
 fn no_crate_is_over_five_thousand_lines() {
     // A crate a newcomer can read: one job, and at most ~5,000 lines of Rust under its src/.
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args([
-            "metadata",
-            "--offline",
-            "--no-deps",
-            "--format-version",
-            "1",
-        ])
-        .arg("--manifest-path")
-        .arg(repo().join("Cargo.toml"))
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = workspace_metadata();
     let mut sizes = vec![];
     for p in v["packages"].as_array().unwrap() {
         let manifest = std::path::PathBuf::from(p["manifest_path"].as_str().unwrap());
