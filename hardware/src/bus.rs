@@ -192,13 +192,31 @@ pub type DynamixelBus = ServoBus<Dynamixel>;
 impl<P: Protocol> ServoBus<P> {
     /// Opens `port` at `baud` (1,000,000 for the SO-101's STS3215 and the Koch's X series).
     pub fn open(port: &str, baud: u32) -> Result<Self, BusError> {
-        let p = serialport::new(port, baud)
-            .timeout(Duration::from_millis(1))
-            .open()
-            .map_err(|e| BusError::Open {
-                port: port.into(),
-                message: e.to_string(),
-            })?;
+        // The port is opened with an exclusive lock (TIOCEXCL and flock). A lock still held
+        // a moment after its owner closed the port is a child process forked in between and not
+        // yet exec'd (its copy of the descriptor shares the lock until exec closes it): worth a
+        // few short retries. A lock held for longer is another program using the adapter.
+        let deadline = std::time::Instant::now() + Duration::from_millis(500);
+        let p = loop {
+            match serialport::new(port, baud)
+                .timeout(Duration::from_millis(1))
+                .open()
+            {
+                Ok(p) => break p,
+                Err(e)
+                    if e.to_string().contains("exclusive lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => {
+                    return Err(BusError::Open {
+                        port: port.into(),
+                        message: e.to_string(),
+                    });
+                }
+            }
+        };
         Ok(ServoBus {
             port: p,
             name: port.into(),

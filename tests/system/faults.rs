@@ -1156,8 +1156,12 @@ fn the_learners_queue_is_bounded_and_the_actor_sends_no_further_ahead_than_its_w
     let (a, b) = pair(&dir);
     let keys = Keys::new("q").unwrap();
     let learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    // Blocking on a full transport queue, as the actor's link publishes: every batch of the
+    // flood reaches the learner (Zenoh's default, Drop, loses some on a loaded machine, and the
+    // count below would never reach 3000).
     let flood = a
         .declare_publisher(keys.learn_transitions.clone())
+        .congestion_control(zenoh::qos::CongestionControl::Block)
         .wait()
         .unwrap();
     wait_for("the learner's subscription", || matching(&flood));
