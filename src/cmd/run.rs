@@ -6,7 +6,6 @@ use reflex_agent::actor::{RunOptions, RunReport, run_config};
 use reflex_agent::config::RunConfig;
 use reflex_runtime::safety::SafetyEvent;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -113,37 +112,31 @@ pub fn eval(a: EvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
 fn print_text(r: &RunReport) {
-    let n = r.episodes.len().max(1) as f64;
-    let ok = r.episodes.iter().filter(|e| e.success).count();
-    let steps: u32 = r.episodes.iter().map(|e| e.steps).sum();
-    let ret: f32 = r.episodes.iter().map(|e| e.ret).sum();
+    let s = r.summary();
     println!(
-        "{} episodes: {ok} successful ({:.1}%), mean return {:.2}, {:.1} steps per episode, {:.1} s",
-        r.episodes.len(),
-        100.0 * ok as f64 / n,
-        ret as f64 / n,
-        steps as f64 / n,
-        r.wall_s
+        "{} episodes: {} successful ({:.1}%), mean return {:.2}, {:.1} steps per episode, {:.1} s",
+        s.episodes,
+        r.episodes.iter().filter(|e| e.success).count(),
+        100.0 * s.success_rate,
+        s.mean_return,
+        s.mean_steps,
+        s.wall_s
     );
     println!(
         "loop: {} ticks, lateness p50 {:.0} us / p99 {:.0} us / max {:.0} us, step p99 {:.0} us, {} overruns, {} missed, {} holds (no chunk)",
-        r.stats.ticks,
-        us(r.stats.lateness.percentile(50.0)),
-        us(r.stats.lateness.percentile(99.0)),
-        us(r.stats.lateness.max()),
-        us(r.stats.step.percentile(99.0)),
-        r.stats.overruns,
-        r.stats.missed,
-        r.stats.holds_no_chunk
+        s.ticks,
+        s.lateness_p50_us,
+        s.lateness_p99_us,
+        s.lateness_max_us,
+        s.step_p99_us,
+        s.overruns,
+        s.missed,
+        s.holds_no_chunk
     );
     println!(
         "policy: {} chunks used, {} discarded as stale (from before a reset or hand-back)",
-        r.stats.chunks, r.stats.stale_chunks
+        s.chunks, s.stale_chunks
     );
     let acted: Vec<String> = SafetyEvent::ALL
         .iter()
@@ -182,8 +175,7 @@ fn print_text(r: &RunReport) {
             }
         );
     }
-    if !r.eval.is_empty() {
-        let e = reflex_agent::summary::EpisodesSummary::of(&r.eval);
+    if let Some(e) = &s.eval {
         println!(
             "evaluation (the learner's deterministic action): {} episodes, {:.1}% successful, mean return {:.2}",
             e.episodes,

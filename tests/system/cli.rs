@@ -185,6 +185,56 @@ fn doctor_finds_onnxruntime_in_the_project_environment() {
 }
 
 #[test]
+fn doctor_json_is_the_report_as_data_with_the_same_checks_as_the_text() {
+    let run = |json: bool| {
+        let mut c = reflex();
+        c.arg("doctor").current_dir(crate::common::repo());
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    let checks = v["checks"].as_array().unwrap();
+    let levels = ["ok", "info", "warning", "problem"];
+    for c in checks {
+        assert!(c["area"].as_str().is_some_and(|a| !a.is_empty()), "{c}");
+        assert!(levels.contains(&c["level"].as_str().unwrap()), "{c}");
+    }
+    for area in [
+        "onnxruntime",
+        "serial",
+        "cameras",
+        "realtime",
+        "clock",
+        "disk",
+        "build",
+    ] {
+        assert!(
+            checks.iter().any(|c| c["area"] == area),
+            "no `{area}` check: {v}"
+        );
+    }
+    // The text is the same report, line by line.
+    let text = run(false);
+    for c in checks {
+        let line = c["text"].as_str().unwrap();
+        if c["area"] != "disk" {
+            assert!(
+                text.contains(line),
+                "`{line}` not in the text report:\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
 fn doctor_without_onnxruntime_says_how_to_install_it() {
     let dir = tempfile::tempdir().unwrap();
     // No project environment above a temp dir, no python3 on PATH, a bad ORT_DYLIB_PATH unset.

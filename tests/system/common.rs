@@ -95,9 +95,13 @@ pub fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
 pub fn wait_for_subscriber(session: &zenoh::Session, key: &str) {
     use zenoh::Wait;
     let probe = session.declare_publisher(key.to_string()).wait().unwrap();
-    wait_until(&format!("a subscriber on {key}"), 20, || {
-        probe.matching_status().wait().is_ok_and(|m| m.matching())
-    });
+    wait_until(&format!("a subscriber on {key}"), 20, || matching(&probe));
+}
+
+/// Whether Zenoh knows of a subscriber matching `p`'s key expression.
+pub fn matching(p: &zenoh::pubsub::Publisher<'_>) -> bool {
+    use zenoh::Wait;
+    p.matching_status().wait().is_ok_and(|m| m.matching())
 }
 
 /// The newest status of a robot seen on the bus at `ep`.

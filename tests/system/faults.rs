@@ -1,7 +1,7 @@
 //! Nothing from the network can hurt the robot: each test pins one defect found by reading the
 //! code as a peer would attack it (docs/reliability.md lists them with what reflex guarantees).
 
-use crate::common::{json_output, reflex, repo};
+use crate::common::{json_output, matching, reflex, repo};
 use reflex_bench::workloads::NullRobot;
 use reflex_bus::learnlink::{
     ActorLink, LearnerLink, LinkConfig, LinkPosition, StepShape, WeightsShape,
@@ -826,10 +826,6 @@ fn a_full_disk_while_recording_marks_the_episodes_incomplete_and_the_run_goes_on
 }
 
 /// Whether a subscriber matches `p` (its declaration has reached this session).
-fn matching(p: &zenoh::pubsub::Publisher<'_>) -> bool {
-    p.matching_status().wait().is_ok_and(|m| m.matching())
-}
-
 /// Every command a robot executes, for the server's side of a link.
 struct Logged<R: Robot> {
     inner: R,

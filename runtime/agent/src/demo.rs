@@ -547,11 +547,14 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
             progress.message("the refined policy alone, from the kept files");
             let cfg = crate::config::RunConfig::load(config)?;
             let report = crate::actor::run_config(&cfg, &Default::default(), progress)?;
-            Some(crate::heldout::HeldOut::of(&report.episodes, &trained))
+            Some(crate::heldout::HeldOut::of(
+                &report.episodes,
+                Some(&trained),
+            ))
         }
         (None, _) => Some(crate::heldout::HeldOut::of(
             &rig.evaluate_alone(o, progress)?,
-            &trained,
+            Some(&trained),
         )),
     };
     if let Some(r) = recorder {

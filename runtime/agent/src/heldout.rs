@@ -52,16 +52,17 @@ pub struct HeldOut {
     pub mean_steps: f64,
     /// Takeovers during the evaluation (zero: nobody drives).
     pub takeovers: u64,
-    /// Evaluation seeds that training also used (zero: the seeds are held out).
-    pub seeds_seen_in_training: u64,
+    /// Evaluation seeds that training also used (zero: the seeds are held out); absent when
+    /// training's seeds are not known here (`reflex eval`: a seed stream apart by construction).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seeds_seen_in_training: Option<u64>,
 }
 
 impl HeldOut {
-    /// Summarises `eval`, checking its seeds against those of `train`.
-    pub fn of(eval: &[EpisodeSummary], train: &[EpisodeSummary]) -> HeldOut {
+    /// Summarises `eval`, checking its seeds against those of `train` when they are known.
+    pub fn of(eval: &[EpisodeSummary], train: Option<&[EpisodeSummary]>) -> HeldOut {
         let n = eval.len() as u64;
         let k = eval.iter().filter(|e| e.success).count() as u64;
-        let trained: std::collections::HashSet<u64> = train.iter().filter_map(|e| e.seed).collect();
         let mean = |f: &dyn Fn(&EpisodeSummary) -> f64| {
             eval.iter().map(f).sum::<f64>() / (n.max(1) as f64)
         };
@@ -73,10 +74,13 @@ impl HeldOut {
             mean_return: mean(&|e| e.ret as f64),
             mean_steps: mean(&|e| e.steps as f64),
             takeovers: eval.iter().map(|e| e.interventions as u64).sum(),
-            seeds_seen_in_training: eval
-                .iter()
-                .filter(|e| e.seed.is_some_and(|s| trained.contains(&s)))
-                .count() as u64,
+            seeds_seen_in_training: train.map(|train| {
+                let trained: std::collections::HashSet<u64> =
+                    train.iter().filter_map(|e| e.seed).collect();
+                eval.iter()
+                    .filter(|e| e.seed.is_some_and(|s| trained.contains(&s)))
+                    .count() as u64
+            }),
         }
     }
 }
@@ -94,24 +98,13 @@ pub struct EvalOptions {
     pub run: RunOptions,
 }
 
-/// What `reflex eval --json` prints: the held-out figures of a run on a seed stream apart from
-/// training's (so there are no training seeds to compare against).
+/// What `reflex eval --json` prints: the held-out figures (without training's seeds, which
+/// are not known here), the seed stream, the wall time and every episode's seed.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct EvalSummary {
-    /// Episodes run.
-    pub episodes: u64,
-    /// Episodes that succeeded.
-    pub successes: u64,
-    /// `successes / episodes`.
-    pub success_rate: f64,
-    /// 95% Wilson score interval of the success rate.
-    pub success_rate_wilson_95: (f64, f64),
-    /// Mean return.
-    pub mean_return: f64,
-    /// Mean episode length, steps.
-    pub mean_steps: f64,
-    /// Takeovers (zero: nobody drives).
-    pub takeovers: u64,
+    /// The held-out figures.
+    #[serde(flatten)]
+    pub held_out: HeldOut,
     /// The seed of the evaluation's seed stream.
     pub seed: u64,
     /// Wall time, s.
@@ -124,13 +117,7 @@ impl EvalSummary {
     /// From what [`evaluate_config`] returns.
     pub fn new(h: &HeldOut, report: &RunReport, seed: u64) -> Self {
         EvalSummary {
-            episodes: h.episodes,
-            successes: h.successes,
-            success_rate: h.success_rate,
-            success_rate_wilson_95: h.success_rate_wilson_95,
-            mean_return: h.mean_return,
-            mean_steps: h.mean_steps,
-            takeovers: h.takeovers,
+            held_out: h.clone(),
             seed,
             wall_s: report.wall_s,
             seeds: report.episodes.iter().map(|e| e.seed).collect(),
@@ -165,7 +152,7 @@ pub fn evaluate_config(
         },
         progress,
     )?;
-    let h = HeldOut::of(&report.episodes, &[]);
+    let h = HeldOut::of(&report.episodes, None);
     if h.takeovers > 0 {
         return Err(AgentError::setup(
             "reflex eval",
