@@ -5,12 +5,13 @@
 //! - [`onnx_policy`]: running a model (chunk, diffusion or flow) as a loop [`reflex_runtime::policy::Policy`].
 //! - [`sampler`]: DDIM and flow-matching samplers with injectable noise.
 //! - [`vla`]: image and language inputs.
-//! - [`onnx_write`]: reflex's own ONNX writer.
+//! - [`onnx_write`], [`onnx_read`]: reflex's own ONNX files, as [`onnx_proto`]'s messages (prost).
 //!
 //! The learners that make and refine these models (SAC, imitation) are in reflex-learn.
 #![warn(missing_docs)]
 
 pub mod onnx_policy;
+pub mod onnx_proto;
 pub mod onnx_read;
 pub mod onnx_write;
 pub mod ort_env;

@@ -1,10 +1,16 @@
-//! Writing ONNX models: a small protobuf encoder for the parts of `onnx.proto` reflex needs
-//! (ModelProto, GraphProto, NodeProto, TensorProto, ValueInfoProto, AttributeProto), and a graph
-//! builder on top of it.
+//! Writing ONNX models: a graph builder whose `to_bytes` encodes `onnx.proto`'s ModelProto with
+//! `prost` ([`crate::onnx_proto`]).
 //!
-//! reflex writes its own ONNX files (imitation-trained policies, the tiny VLA used in tests) so
-//! that exporting needs no Python. Field numbers follow onnx/onnx `onnx/onnx.proto` (IR version 8,
-//! opset 17); every file written here is loaded back by ONNX Runtime in the tests.
+//! reflex writes its own ONNX files (imitation-trained policies, residual exports, the tiny VLA used
+//! in tests) so that exporting needs no Python. Every file written here is loaded back by ONNX
+//! Runtime in the tests.
+
+use crate::onnx_proto as pb;
+
+/// The ONNX file format version written (IR 8: ONNX 1.10 and later read it).
+pub const IR_VERSION: i64 = 8;
+/// The default-domain operator set the graphs are written against.
+pub const OPSET: i64 = 17;
 
 /// ONNX element types used here (`TensorProto.DataType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,41 +35,6 @@ pub enum Dim {
 /// Shorthand for a dynamic batch dimension.
 pub fn batch() -> Dim {
     Dim::Param("batch".into())
-}
-
-#[derive(Default)]
-struct Buf(Vec<u8>);
-
-impl Buf {
-    fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.0.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
-    }
-    fn tag(&mut self, field: u32, wire: u32) {
-        self.varint(((field << 3) | wire) as u64);
-    }
-    fn int(&mut self, field: u32, v: i64) {
-        self.tag(field, 0);
-        self.varint(v as u64);
-    }
-    fn bytes(&mut self, field: u32, b: &[u8]) {
-        self.tag(field, 2);
-        self.varint(b.len() as u64);
-        self.0.extend_from_slice(b);
-    }
-    fn string(&mut self, field: u32, s: &str) {
-        self.bytes(field, s.as_bytes());
-    }
-    fn float(&mut self, field: u32, f: f32) {
-        self.tag(field, 5);
-        self.0.extend_from_slice(&f.to_le_bytes());
-    }
-    fn msg(&mut self, field: u32, m: &Buf) {
-        self.bytes(field, &m.0);
-    }
 }
 
 /// An attribute of a node.
@@ -224,113 +195,103 @@ impl Graph {
         self.op("Concat", xs, vec![("axis", Attr::Int(axis))])
     }
 
-    fn value_info(io: &Io) -> Buf {
-        let mut shape = Buf::default();
-        for d in &io.dims {
-            let mut dim = Buf::default();
-            match d {
-                Dim::Fixed(v) => dim.int(1, *v),
-                Dim::Param(p) => dim.string(2, p),
-            }
-            shape.msg(1, &dim);
+    fn value_info(io: &Io) -> pb::ValueInfoProto {
+        let dim = io
+            .dims
+            .iter()
+            .map(|d| pb::Dimension {
+                value: Some(match d {
+                    Dim::Fixed(v) => pb::DimensionValue::DimValue(*v),
+                    Dim::Param(p) => pb::DimensionValue::DimParam(p.clone()),
+                }),
+            })
+            .collect();
+        pb::ValueInfoProto {
+            name: Some(io.name.clone()),
+            r#type: Some(pb::TypeProto {
+                tensor_type: Some(pb::TensorTypeProto {
+                    elem_type: Some(io.elem as i32),
+                    shape: Some(pb::TensorShapeProto { dim }),
+                }),
+            }),
         }
-        let mut tensor = Buf::default();
-        tensor.int(1, io.elem as i64);
-        tensor.msg(2, &shape);
-        let mut ty = Buf::default();
-        ty.msg(1, &tensor);
-        let mut vi = Buf::default();
-        vi.string(1, &io.name);
-        vi.msg(2, &ty);
-        vi
+    }
+
+    fn attribute(name: &str, v: &Attr) -> pb::AttributeProto {
+        let mut a = pb::AttributeProto {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let ty = match v {
+            Attr::Float(f) => {
+                a.f = Some(*f);
+                pb::AttributeType::Float
+            }
+            Attr::Int(i) => {
+                a.i = Some(*i);
+                pb::AttributeType::Int
+            }
+            Attr::Ints(is) => {
+                a.ints = is.clone();
+                pb::AttributeType::Ints
+            }
+        };
+        a.r#type = Some(ty as i32);
+        a
+    }
+
+    /// The model as its protobuf message (IR 8, opset 17).
+    pub fn to_proto(&self, graph_name: &str, producer: &str) -> pb::ModelProto {
+        let node = self
+            .nodes
+            .iter()
+            .map(|n| pb::NodeProto {
+                input: n.inputs.clone(),
+                output: n.outputs.clone(),
+                name: Some(n.outputs[0].clone()),
+                op_type: Some(n.op.clone()),
+                attribute: n.attrs.iter().map(|(k, v)| Self::attribute(k, v)).collect(),
+            })
+            .collect();
+        let initializer = self
+            .inits
+            .iter()
+            .map(|t| pb::TensorProto {
+                dims: t.dims.clone(),
+                data_type: Some(t.elem as i32),
+                name: Some(t.name.clone()),
+                raw_data: Some(t.raw.clone()),
+                ..Default::default()
+            })
+            .collect();
+        pb::ModelProto {
+            ir_version: Some(IR_VERSION),
+            producer_name: Some(producer.into()),
+            producer_version: Some(env!("CARGO_PKG_VERSION").into()),
+            graph: Some(pb::GraphProto {
+                node,
+                name: Some(graph_name.into()),
+                initializer,
+                input: self.inputs.iter().map(Self::value_info).collect(),
+                output: self.outputs.iter().map(Self::value_info).collect(),
+            }),
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(OPSET),
+            }],
+            metadata_props: self
+                .metadata
+                .iter()
+                .map(|(k, v)| pb::StringStringEntryProto {
+                    key: Some(k.clone()),
+                    value: Some(v.clone()),
+                })
+                .collect(),
+        }
     }
 
     /// Serialises the model (IR 8, opset 17).
     pub fn to_bytes(&self, graph_name: &str, producer: &str) -> Vec<u8> {
-        let mut g = Buf::default();
-        for n in &self.nodes {
-            let mut nb = Buf::default();
-            for i in &n.inputs {
-                nb.string(1, i);
-            }
-            for o in &n.outputs {
-                nb.string(2, o);
-            }
-            nb.string(3, &n.outputs[0]);
-            nb.string(4, &n.op);
-            for (k, v) in &n.attrs {
-                let mut a = Buf::default();
-                a.string(1, k);
-                match v {
-                    Attr::Float(f) => {
-                        a.float(2, *f);
-                        a.int(20, 1);
-                    }
-                    Attr::Int(i) => {
-                        a.int(3, *i);
-                        a.int(20, 2);
-                    }
-                    Attr::Ints(is) => {
-                        for i in is {
-                            a.int(8, *i);
-                        }
-                        a.int(20, 7);
-                    }
-                }
-                nb.msg(5, &a);
-            }
-            g.msg(1, &nb);
-        }
-        g.string(2, graph_name);
-        for t in &self.inits {
-            let mut tb = Buf::default();
-            for d in &t.dims {
-                tb.int(1, *d);
-            }
-            tb.int(2, t.elem as i64);
-            tb.string(8, &t.name);
-            tb.bytes(9, &t.raw);
-            g.msg(5, &tb);
-        }
-        for i in &self.inputs {
-            g.msg(11, &Self::value_info(i));
-        }
-        for o in &self.outputs {
-            g.msg(12, &Self::value_info(o));
-        }
-        let mut m = Buf::default();
-        m.int(1, 8);
-        m.string(2, producer);
-        m.string(3, env!("CARGO_PKG_VERSION"));
-        m.msg(7, &g);
-        let mut opset = Buf::default();
-        opset.string(1, "");
-        opset.int(2, 17);
-        m.msg(8, &opset);
-        for (k, v) in &self.metadata {
-            let mut kv = Buf::default();
-            kv.string(1, k);
-            kv.string(2, v);
-            m.msg(14, &kv);
-        }
-        m.0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn varints_match_protobuf() {
-        let mut b = Buf::default();
-        b.varint(1);
-        b.varint(300);
-        b.varint(u64::MAX);
-        assert_eq!(&b.0[..3], &[0x01, 0xAC, 0x02]);
-        assert_eq!(b.0.len(), 3 + 10);
-        let mut b = Buf::default();
-        b.int(1, -1); // negative int64: ten bytes, as protobuf encodes it
-        assert_eq!(b.0.len(), 11);
+        prost::Message::encode_to_vec(&self.to_proto(graph_name, producer))
     }
 }
