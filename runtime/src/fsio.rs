@@ -1,12 +1,14 @@
 //! Crash-safe file writes.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory is written and
-/// fsynced, then renamed over `path`, then the directory is fsynced. A crash at any point leaves
-/// either the old file or the new one, never a torn mix.
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory (`tempfile`) is
+/// written and fsynced, then renamed over `path`, then the directory is fsynced. A crash at any
+/// point leaves either the old file or the new one, never a torn mix. The new file gets the mode
+/// `File::create` would give it (0666 less the umask).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path
         .parent()
@@ -15,17 +17,14 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other(format!("`{}` has no file name", path.display())))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", name.to_string_lossy()))
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
     // The rename is durable once the directory entry is.
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
@@ -36,6 +35,7 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn replaces_content_and_leaves_no_temporary() {
@@ -49,5 +49,15 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn the_file_is_readable_by_others_as_a_plain_create_makes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        atomic_write(&a, b"x").unwrap();
+        fs::write(&b, b"x").unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&a), mode(&b));
     }
 }
