@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::config::{Invalid, Validate, in_range, key};
 use crate::hist::Histogram;
 use crate::kinematics::Chain;
-use crate::msg::{Observation, RobotSpec};
+use crate::msg::{LoopFigures, Observation, RobotSpec};
 use crate::outbox::{Frames, OutboxSender, Source};
 use crate::policy::{ChunkSpec, Policy, PolicyThread};
 use crate::residual::ResidualHook;
@@ -182,42 +182,12 @@ pub struct LoopStats {
 /// A low-rate snapshot for the status publisher.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoopStatus {
-    /// Loop time, s.
-    pub t_s: f64,
-    /// Steps run.
-    pub ticks: u64,
-    /// Rate achieved over the last status period, Hz.
-    pub rate_hz: f64,
-    /// Lateness percentiles over the run, us.
-    pub lateness_p50_us: f64,
-    /// 99th percentile.
-    pub lateness_p99_us: f64,
-    /// Maximum.
-    pub lateness_max_us: f64,
-    /// Step duration 99th percentile, us.
-    pub step_p99_us: f64,
-    /// Overruns.
-    pub overruns: u64,
-    /// Missed ticks.
-    pub missed: u64,
-    /// Holds for want of a chunk.
-    pub holds_no_chunk: u64,
+    /// The loop's figures, as [`crate::msg::StatusMsg`] carries them.
+    pub figures: LoopFigures,
     /// Safety counters.
     pub safety: SafetyCounters,
-    /// Age of the chunk used in the last step, ms.
-    pub chunk_age_ms: f64,
-    /// A person is driving.
-    pub intervening: bool,
-    /// Episode counter.
-    pub episode: u64,
-    /// Transitions dropped by the outbox.
-    pub outbox_dropped: u64,
-    /// Residual weight version.
-    pub residual_version: u64,
     /// The e-stop as the loop last saw it.
     pub stop: StopState,
-    /// E-stops raised so far.
-    pub estops: u64,
 }
 
 /// How an episode went.
@@ -1224,24 +1194,26 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         self.last_status = (now, self.stats.ticks);
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         let s = w.slot();
-        s.t_s = now.as_secs_f64();
-        s.ticks = self.stats.ticks;
-        s.rate_hz = dticks as f64 / dt;
-        s.lateness_p50_us = us(self.stats.lateness.percentile(50.0));
-        s.lateness_p99_us = us(self.stats.lateness.percentile(99.0));
-        s.lateness_max_us = us(self.stats.lateness.max());
-        s.step_p99_us = us(self.stats.step.percentile(99.0));
-        s.overruns = self.stats.overruns;
-        s.missed = self.stats.missed;
-        s.holds_no_chunk = self.stats.holds_no_chunk;
+        s.figures = LoopFigures {
+            t_s: now.as_secs_f64(),
+            ticks: self.stats.ticks,
+            rate_hz: dticks as f64 / dt,
+            lateness_p50_us: us(self.stats.lateness.percentile(50.0)),
+            lateness_p99_us: us(self.stats.lateness.percentile(99.0)),
+            lateness_max_us: us(self.stats.lateness.max()),
+            step_p99_us: us(self.stats.step.percentile(99.0)),
+            overruns: self.stats.overruns,
+            missed: self.stats.missed,
+            holds_no_chunk: self.stats.holds_no_chunk,
+            chunk_age_ms: self.chunk_age.as_secs_f64() * 1e3,
+            intervening: self.intervening,
+            episode: self.obs.episode,
+            outbox_dropped: self.outbox.as_ref().map_or(0, |o| o.dropped()),
+            residual_version: self.stats.residual_version,
+            estops: self.seen_raises,
+        };
         s.safety = self.safety.counters();
-        s.chunk_age_ms = self.chunk_age.as_secs_f64() * 1e3;
-        s.intervening = self.intervening;
-        s.episode = self.obs.episode;
-        s.outbox_dropped = self.outbox.as_ref().map_or(0, |o| o.dropped());
-        s.residual_version = self.stats.residual_version;
         s.stop = self.stop.state();
-        s.estops = self.seen_raises;
         w.publish();
     }
 

@@ -11,29 +11,14 @@ pub fn to_msg(robot: &str, s: &LoopStatus) -> StatusMsg {
     StatusMsg {
         v: PROTOCOL_VERSION,
         robot: robot.to_string(),
-        t_s: s.t_s,
-        ticks: s.ticks,
-        rate_hz: s.rate_hz,
-        lateness_p50_us: s.lateness_p50_us,
-        lateness_p99_us: s.lateness_p99_us,
-        lateness_max_us: s.lateness_max_us,
-        step_p99_us: s.step_p99_us,
-        overruns: s.overruns,
-        missed: s.missed,
-        holds_no_chunk: s.holds_no_chunk,
+        figures: s.figures,
         safety: SafetyEvent::ALL
             .iter()
             .map(|e| (e.name().to_string(), s.safety.get(*e)))
             .collect(),
-        chunk_age_ms: s.chunk_age_ms,
-        intervening: s.intervening,
-        episode: s.episode,
-        outbox_dropped: s.outbox_dropped,
         recorder_dropped: 0,
-        residual_version: s.residual_version,
         rejected: Vec::new(),
         stop: s.stop.as_str().to_string(),
-        estops: s.estops,
         stop_by: String::new(),
         estop_raised_unix_ns: 0,
     }

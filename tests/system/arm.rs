@@ -600,22 +600,24 @@ fn an_estop_holds_the_emulated_arm_for_the_rest_of_the_run_and_only_release_then
     let mut actor = spawn(run, &dir, "actor");
     let watch = StatusWatch::new(&ep, "so101");
     // Mid-episode 1: 40 ticks into its 150.
-    watch.wait("the first episode under way", |m| m.ticks >= 40);
+    watch.wait("the first episode under way", |m| m.figures.ticks >= 40);
     let said = estop_cli("raise", &ep);
     assert!(said.contains("latched"), "{said}");
     let latched = watch.wait("the loop held", |m| m.stop == "latched");
     let raised_at = latched.estop_raised_unix_ns as u128;
-    assert_eq!(latched.estops, 1);
+    assert_eq!(latched.figures.estops, 1);
     assert_eq!(latched.stop_by, "the test");
     // Held for as long as three more episodes would have taken (450 ticks), and then some.
-    let t0 = latched.ticks;
+    let t0 = latched.figures.ticks;
     watch.wait("three episodes' worth of held ticks", |m| {
-        m.ticks >= t0 + 3 * 150 + 20
+        m.figures.ticks >= t0 + 3 * 150 + 20
     });
     let said = estop_cli("release", &ep);
     assert!(said.contains("paused"), "{said}");
-    let t1 = watch.get().unwrap().ticks;
-    watch.wait("paused ticks", |m| m.ticks >= t1 + 50 && m.stop == "paused");
+    let t1 = watch.get().unwrap().figures.ticks;
+    watch.wait("paused ticks", |m| {
+        m.figures.ticks >= t1 + 50 && m.stop == "paused"
+    });
     // On the servos: after the e-stop at most the packets already on their way (one tick's,
     // and one written while the stop was being noticed) changed a goal; then nothing, through
     // the whole latch and the release. The torque stayed on.
@@ -628,7 +630,7 @@ fn an_estop_holds_the_emulated_arm_for_the_rest_of_the_run_and_only_release_then
     let after = goal_writes_after(&seen, raised_at);
     eprintln!(
         "goal writes before the e-stop {moving_before}, after it (latched {} ticks, then paused) {}",
-        watch.get().unwrap().ticks - t0,
+        watch.get().unwrap().figures.ticks - t0,
         after.len()
     );
     assert!(
@@ -705,7 +707,9 @@ fn an_estop_during_the_move_to_the_start_pose_stops_that_move_within_one_period(
         .wait("the stop latched", |m| m.stop == "latched")
         .estop_raised_unix_ns as u128;
     // The loop is back from the cut-short move and holding.
-    watch.wait("held ticks", |m| m.stop == "latched" && m.ticks >= 50);
+    watch.wait("held ticks", |m| {
+        m.stop == "latched" && m.figures.ticks >= 50
+    });
     let seen = goal_log(&log);
     let after = goal_writes_after(&seen, raised_at);
     eprintln!(
@@ -879,12 +883,14 @@ fn reflex_hw_serve_offers_the_emulated_arm_to_an_actor_in_another_process_and_ob
         .arg(&remote);
     let mut actor = spawn(run, &dir, "actor");
     let watch = StatusWatch::new(&actor_ep, "so101");
-    watch.wait("two episodes on the served arm", |m| m.episode >= 3);
+    watch.wait("two episodes on the served arm", |m| m.figures.episode >= 3);
     let said = estop_cli_at("raise", &[&actor_ep, &arm_ep]);
     assert!(said.contains("latched"), "{said}");
     let latched = watch.wait("the actor held", |m| m.stop == "latched");
     let raised_at = latched.estop_raised_unix_ns as u128;
-    watch.wait("held ticks", |m| m.ticks >= latched.ticks + 100);
+    watch.wait("held ticks", |m| {
+        m.figures.ticks >= latched.figures.ticks + 100
+    });
     let after = goal_writes_after(&goal_log(&log), raised_at);
     assert!(
         after.len() <= 2,

@@ -431,13 +431,13 @@ fn status_is_published_on_the_bus() {
                 .unwrap(),
             );
         }
-        last.as_ref().is_some_and(|m| m.ticks >= 80)
+        last.as_ref().is_some_and(|m| m.figures.ticks >= 80)
     });
     let m = last.expect("no status message arrived");
-    assert!(m.ticks >= 80, "{m:?}");
+    assert!(m.figures.ticks >= 80, "{m:?}");
     assert_eq!(m.robot, "w");
     assert_eq!(m.safety.len(), 8);
-    assert!(m.rate_hz > 50.0, "{m:?}");
+    assert!(m.figures.rate_hz > 50.0, "{m:?}");
 }
 
 #[test]

@@ -441,7 +441,7 @@ fn the_keyboards_e_u_and_g_keys_raise_release_and_resume_a_running_actors_estop(
         .arg(&cfg);
     let mut actor = spawn(run, &dir, "actor");
     let watch = StatusWatch::new(&ep, "sim");
-    watch.wait("the actor running", |m| m.ticks > 20);
+    watch.wait("the actor running", |m| m.figures.ticks > 20);
     let (mut keyboard, terminal) = pty();
     let mut teleop = crate::common::ChildGuard(
         reflex()
@@ -472,7 +472,7 @@ fn the_keyboards_e_u_and_g_keys_raise_release_and_resume_a_running_actors_estop(
         (b"g", "running", "running again"),
     ] {
         keyboard.write_all(key).unwrap();
-        watch.wait(state, |m| m.stop == state && m.estops == 1);
+        watch.wait(state, |m| m.stop == state && m.figures.estops == 1);
         wait_until(shown, 60, || child_stderr(&dir, "teleop").contains(shown));
     }
     keyboard.write_all(b"q").unwrap();

@@ -114,7 +114,7 @@ pub fn spawn_publisher(
                     // tool kept inside its limit) is summarised per episode by the actor and
                     // warned here only when it goes on and on.
                     let now = reader.get().safety;
-                    let ticks = reader.get().ticks;
+                    let ticks = reader.get().figures.ticks;
                     for (i, e) in SafetyEvent::ALL.iter().enumerate() {
                         let d = now.0[i].saturating_sub(last_safety.0[i]);
                         if d > 0 && !e.is_clip() {
@@ -160,7 +160,7 @@ pub fn spawn_publisher(
 pub fn fill_stop(m: &mut msg::StatusMsg, sw: &StopSwitch) {
     let state = sw.state();
     m.stop = state.as_str().to_string();
-    m.estops = sw.raises();
+    m.figures.estops = sw.raises();
     m.estop_raised_unix_ns = sw.last_raised_unix_ns();
     m.stop_by = match state {
         StopState::Latched => sw.raised_by(),

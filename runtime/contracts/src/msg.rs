@@ -470,13 +470,10 @@ pub struct TeleopMsg {
     pub reset: bool,
 }
 
-/// The actor's status. Published on `reflex/<robot>/status` at a low rate (default 5 Hz).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StatusMsg {
-    /// Protocol version.
-    pub v: u16,
-    /// Robot name.
-    pub robot: String,
+/// The control loop's own figures: what the loop writes into its status snapshot
+/// (`reflex_runtime::control::LoopStatus`) and what [`StatusMsg`] carries of them, one list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoopFigures {
     /// Loop time, s.
     pub t_s: f64,
     /// Control steps run.
@@ -497,9 +494,6 @@ pub struct StatusMsg {
     pub missed: u64,
     /// Steps held for want of a policy action.
     pub holds_no_chunk: u64,
-    /// Safety interventions by kind: estop, obs_stale, policy_stale, teleop_stale, non_finite,
-    /// position_limit, step_limit, workspace.
-    pub safety: Vec<(String, u64)>,
     /// Age of the action chunk used in the last step, ms.
     pub chunk_age_ms: f64,
     /// A person is driving.
@@ -508,11 +502,31 @@ pub struct StatusMsg {
     pub episode: u64,
     /// Transitions the outbox dropped (consumers behind).
     pub outbox_dropped: u64,
+    /// Residual weight version in use.
+    pub residual_version: u64,
+    /// E-stops raised so far (an operator's release names this count).
+    #[serde(default)]
+    pub estops: u64,
+}
+
+/// The actor's status. Published on `reflex/<robot>/status` at a low rate (default 5 Hz). On the
+/// wire the loop's figures are fields of the message itself (one MessagePack map), not a nested
+/// map.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusMsg {
+    /// Protocol version.
+    pub v: u16,
+    /// Robot name.
+    pub robot: String,
+    /// The control loop's figures.
+    #[serde(flatten)]
+    pub figures: LoopFigures,
+    /// Safety interventions by kind: estop, obs_stale, policy_stale, teleop_stale, non_finite,
+    /// position_limit, step_limit, workspace.
+    pub safety: Vec<(String, u64)>,
     /// Steps the episode recorder dropped (it fell behind); 0 when not recording.
     #[serde(default)]
     pub recorder_dropped: u64,
-    /// Residual weight version in use.
-    pub residual_version: u64,
     /// Messages rejected so far, per key expression the actor reads (malformed, another protocol
     /// version, or not fitting the robot's spec); keys with none are left out.
     #[serde(default)]
@@ -520,9 +534,6 @@ pub struct StatusMsg {
     /// The e-stop: `running`, `latched` or `paused` (docs/runtime.md, "Stopping").
     #[serde(default)]
     pub stop: String,
-    /// E-stops raised so far (an operator's release names this count).
-    #[serde(default)]
-    pub estops: u64,
     /// Who raised the e-stop (latched), released it (paused) or resumed (running after a stop).
     #[serde(default)]
     pub stop_by: String,

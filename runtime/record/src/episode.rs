@@ -294,13 +294,13 @@ pub(crate) fn log_frames(rec: &rerun::RecordingStream, f: &Frames) {
 /// The actor's status as `status/...` series, at the time of the last step logged.
 pub(crate) fn log_status(rec: &rerun::RecordingStream, m: &StatusMsg) {
     for (name, v) in [
-        ("rate_hz", m.rate_hz),
-        ("lateness_p99_us", m.lateness_p99_us),
-        ("step_p99_us", m.step_p99_us),
-        ("missed", m.missed as f64),
-        ("outbox_dropped", m.outbox_dropped as f64),
+        ("rate_hz", m.figures.rate_hz),
+        ("lateness_p99_us", m.figures.lateness_p99_us),
+        ("step_p99_us", m.figures.step_p99_us),
+        ("missed", m.figures.missed as f64),
+        ("outbox_dropped", m.figures.outbox_dropped as f64),
         ("recorder_dropped", m.recorder_dropped as f64),
-        ("residual_version", m.residual_version as f64),
+        ("residual_version", m.figures.residual_version as f64),
     ] {
         let _ = rec.log(format!("status/{name}"), &rerun::Scalars::single(v));
     }

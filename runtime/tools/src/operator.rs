@@ -137,7 +137,7 @@ pub fn act(
                         need.as_str()
                     )));
                 }
-                break m.estops;
+                break m.figures.estops;
             }
             if t0.elapsed() > wait {
                 return Err(fail(format!(
@@ -161,22 +161,22 @@ pub fn act(
         if let Some(m) = status_since(t0) {
             let done = match act {
                 StopAct::Raise => m.stop == want.as_str(),
-                _ => m.stop == want.as_str() && m.estops == estops,
+                _ => m.stop == want.as_str() && m.figures.estops == estops,
             };
             if done {
                 return Ok(StopOutcome {
                     robot: robot.to_string(),
                     act: act.as_str(),
                     state: m.stop,
-                    estops: m.estops,
+                    estops: m.figures.estops,
                     by: m.stop_by,
                     sends,
                 });
             }
-            if act != StopAct::Raise && m.estops != estops {
+            if act != StopAct::Raise && m.figures.estops != estops {
                 return Err(fail(format!(
                     "e-stop {} was raised (by {}) after the one this {} answered ({estops}): look at the robot, then release that one",
-                    m.estops,
+                    m.figures.estops,
                     m.stop_by,
                     act.as_str()
                 )));

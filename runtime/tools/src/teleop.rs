@@ -78,10 +78,10 @@ impl reflex_bus::trace::TraceSink for Follow {
     }
     fn status(&self, m: &msg::StatusMsg) {
         if let Ok(mut g) = self.status.lock() {
-            *g = Some((m.episode, m.intervening));
+            *g = Some((m.figures.episode, m.figures.intervening));
         }
         if let Ok(mut g) = self.stop.lock() {
-            *g = Some((m.stop.clone(), m.estops, m.stop_by.clone()));
+            *g = Some((m.stop.clone(), m.figures.estops, m.stop_by.clone()));
         }
     }
     fn event(&self, e: &msg::EpisodeEvent) {
