@@ -77,8 +77,9 @@ fn simulator_served_in_another_process_gives_identical_trajectories() {
 }
 
 #[test]
-fn robot_server_in_process_over_tcp_matches_and_reports_episode_end() {
-    let ep = crate::common::free_tcp_endpoint();
+fn robot_server_in_process_over_a_socket_matches_and_reports_episode_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = crate::common::unix_endpoint(&dir, "bus");
     let server_session = BusConfig::hermetic(vec![ep.clone()], vec![])
         .open()
         .unwrap();
@@ -150,7 +151,8 @@ fn missing_robot_is_a_timeout_that_names_the_key_and_the_fix() {
 
 #[test]
 fn robot_that_stops_answering_times_out_naming_the_observation_key() {
-    let ep = crate::common::free_tcp_endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let ep = crate::common::unix_endpoint(&dir, "bus");
     let server_session = BusConfig::hermetic(vec![ep.clone()], vec![])
         .open()
         .unwrap();

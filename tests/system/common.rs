@@ -35,12 +35,6 @@ pub fn unix_endpoint(dir: &tempfile::TempDir, name: &str) -> String {
     )
 }
 
-/// A TCP port on 127.0.0.1 that the OS reported free a moment ago.
-pub fn free_tcp_endpoint() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("tcp/127.0.0.1:{}", l.local_addr().unwrap().port())
-}
-
 /// A child process killed when dropped, so a failing test never leaves it behind.
 pub struct ChildGuard(pub Child);
 

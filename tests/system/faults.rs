@@ -12,6 +12,7 @@ use reflex_contracts::msg::{
     self, Command, Observation, PROTOCOL_VERSION, RobotSpec, TransitionBatch, WireStep,
 };
 use reflex_contracts::robot::{Robot, RobotError};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 use zenoh::Wait;
 
@@ -601,12 +602,14 @@ fn a_short_soak_with_faults_loses_no_transition_and_rejects_every_hostile_messag
 struct Relay {
     port: u16,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<(std::net::TcpStream, UnixStream)>>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Relay {
-    fn to(target: std::net::SocketAddr) -> Relay {
+    /// A TCP listener on an OS-chosen loopback port (held for the relay's life) whose connections
+    /// are forwarded to the unix socket `target`.
+    fn to(target: std::path::PathBuf) -> Relay {
         use std::sync::atomic::Ordering::Relaxed;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
@@ -628,20 +631,23 @@ impl Relay {
                     continue; // refused: dropped at once
                 }
                 client.set_nonblocking(false).unwrap();
-                let Ok(server) = std::net::TcpStream::connect(target) else {
+                let Ok(server) = UnixStream::connect(&target) else {
                     continue;
                 };
-                let mut g = open.lock().unwrap();
-                g.extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
-                for (mut from, mut to) in [
-                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                    (server, client),
-                ] {
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
-                }
+                open.lock()
+                    .unwrap()
+                    .push((client.try_clone().unwrap(), server.try_clone().unwrap()));
+                let (mut c_in, mut s_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_in, &mut s_out);
+                    let _ = s_out.shutdown(std::net::Shutdown::Both);
+                });
+                let (mut s_in, mut c_out) = (server, client);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s_in, &mut c_out);
+                    let _ = c_out.shutdown(std::net::Shutdown::Both);
+                });
             }
         });
         relay
@@ -649,7 +655,8 @@ impl Relay {
 
     fn cut(&self) {
         self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
-        for s in self.open.lock().unwrap().drain(..) {
+        for (c, s) in self.open.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -672,7 +679,8 @@ fn a_dropped_link_to_a_remote_robot_holds_it_on_its_own_side_and_work_resumes_af
     use reflex_runtime::safety::SafetyEvent;
     use std::sync::atomic::Ordering::Relaxed;
     // The robot side: a free-running robot at 100 Hz behind a TCP relay.
-    let server_ep = crate::common::free_tcp_endpoint();
+    let socket_dir = tempfile::tempdir().unwrap();
+    let server_ep = crate::common::unix_endpoint(&socket_dir, "robot");
     let robot_bus = BusConfig::hermetic(vec![server_ep.clone()], vec![])
         .open()
         .unwrap();
@@ -684,7 +692,7 @@ fn a_dropped_link_to_a_remote_robot_holds_it_on_its_own_side_and_work_resumes_af
     .unwrap();
     let counters = server.counters();
     let _serving = server.spawn();
-    let target = server_ep.trim_start_matches("tcp/").parse().unwrap();
+    let target = socket_dir.path().join("robot.sock");
     let relay = Relay::to(target);
     // The controller: the actor on the wall clock, through the relay.
     let bus = BusConfig::hermetic(vec![], vec![format!("tcp/127.0.0.1:{}", relay.port)])
@@ -909,14 +917,15 @@ fn a_remote_absolute_joint_robot_held_on_stale_observations_never_steps_past_the
         inner: reflex_sim::SimEnv::new(cfg).unwrap(),
         log: log.clone(),
     };
-    let server_ep = crate::common::free_tcp_endpoint();
+    let socket_dir = tempfile::tempdir().unwrap();
+    let server_ep = crate::common::unix_endpoint(&socket_dir, "robot");
     let robot_bus = BusConfig::hermetic(vec![server_ep.clone()], vec![])
         .open()
         .unwrap();
     let _serving = RobotServer::new(&robot_bus, robot, ServeMode::Realtime { hz: 50.0 })
         .unwrap()
         .spawn();
-    let relay = Relay::to(server_ep.trim_start_matches("tcp/").parse().unwrap());
+    let relay = Relay::to(socket_dir.path().join("robot.sock"));
     let bus = BusConfig::hermetic(vec![], vec![format!("tcp/127.0.0.1:{}", relay.port)])
         .open()
         .unwrap();

@@ -1,8 +1,9 @@
 //! `reflex run` driving robots on the bus, run the way a user runs it: the robot in one process
 //! (`reflex sim serve`, the Gymnasium bridge), the actor in another, the shipped config files
-//! from docs/sim.md with only the endpoint changed to a free loopback port.
+//! from docs/sim.md with only the endpoint changed to a unix socket in the test's temporary
+//! directory (nothing to collide with).
 
-use crate::common::{child_stderr, free_tcp_endpoint, json_output, python, reflex, repo, spawn};
+use crate::common::{child_stderr, json_output, python, reflex, repo, spawn, unix_endpoint};
 use std::path::{Path, PathBuf};
 
 /// The shipped config `configs/run/<name>` with its endpoint replaced by `ep` and its model path
@@ -79,7 +80,7 @@ fn details(v: &serde_json::Value) -> Vec<(u64, u64, u64, String)> {
 #[test]
 fn reflex_run_against_a_served_simulator_in_lockstep_gives_the_in_process_episodes_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
-    let ep = free_tcp_endpoint();
+    let ep = unix_endpoint(&dir, "bus");
     let _server = serve_pick(&dir, &ep, &[]);
     let remote = shipped_config("remote-pick.toml", dir.path(), &ep, "");
     let served = run_json(&remote, 3, &dir);
@@ -109,7 +110,7 @@ fn reflex_run_against_a_served_simulator_in_lockstep_gives_the_in_process_episod
 #[test]
 fn reflex_run_drives_a_free_running_served_simulator_on_the_wall_clock() {
     let dir = tempfile::tempdir().unwrap();
-    let ep = free_tcp_endpoint();
+    let ep = unix_endpoint(&dir, "bus");
     let _server = serve_pick(&dir, &ep, &["--realtime", "20"]);
     let cfg = shipped_config("remote-pick-realtime.toml", dir.path(), &ep, "");
     let v = run_json(&cfg, 2, &dir);
@@ -142,7 +143,7 @@ fn reflex_run_drives_a_free_running_served_simulator_on_the_wall_clock() {
 #[test]
 fn reflex_run_drives_a_gymnasium_environment_served_by_the_bridge() {
     let dir = tempfile::tempdir().unwrap();
-    let ep = free_tcp_endpoint();
+    let ep = unix_endpoint(&dir, "bus");
     let mut cmd = std::process::Command::new(python());
     cmd.arg(repo().join("sim/python/reflex_gym_bridge.py"))
         .args([
@@ -231,7 +232,7 @@ fn serve_dict_env(dir: &tempfile::TempDir, ep: &str) -> crate::common::ChildGuar
 fn a_dict_observation_with_a_camera_arrives_as_named_fields_and_a_camera_and_its_persons_takeovers_reach_the_actor()
  {
     let dir = tempfile::tempdir().unwrap();
-    let ep = free_tcp_endpoint();
+    let ep = unix_endpoint(&dir, "bus");
     let _bridge = serve_dict_env(&dir, &ep);
     // The spec a controller sees.
     let session = reflex_bus::BusConfig::hermetic(vec![], vec![ep.clone()])
@@ -321,7 +322,7 @@ fn a_dict_observation_with_a_camera_arrives_as_named_fields_and_a_camera_and_its
 #[test]
 fn reflex_run_learns_gymnasium_pendulum_served_by_the_bridge_from_scratch_within_20k_steps() {
     let dir = tempfile::tempdir().unwrap();
-    let ep = free_tcp_endpoint();
+    let ep = unix_endpoint(&dir, "bus");
     let mut cmd = std::process::Command::new(python());
     cmd.arg(repo().join("sim/python/reflex_gym_bridge.py"))
         .args([

@@ -2,16 +2,74 @@
 //! onto a robot"): certificates from `reflex keys init`, a robot that listens only on TLS, and
 //! peers that may each do only what their role allows.
 
-use crate::common::{free_tcp_endpoint, reflex};
+use crate::common::reflex;
 use reflex_bus::BusConfig;
 use reflex_bus::secure::{Access, TlsFiles, init_keys, valid_for_days};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zenoh::Wait;
 
-fn tls_endpoint() -> String {
-    free_tcp_endpoint().replacen("tcp/", "tls/", 1)
+/// Opens `cfg` listening on a TLS port on 127.0.0.1 and returns the session and the endpoint.
+/// Zenoh does not report a port it chose itself (that API is unstable), so a port the OS reports
+/// free is bound; if another process takes it in between, the bind fails and another port is
+/// tried, so two tests never share a listener.
+fn open_listening_on_a_fresh_tls_port(mut cfg: BusConfig) -> (zenoh::Session, String) {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let ep = format!("tls/127.0.0.1:{port}");
+        cfg.listen = vec![ep.clone()];
+        match cfg.open() {
+            Ok(s) => return (s, ep),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    panic!("no TLS port could be bound in five tries: {last}");
 }
+
+/// The endpoint a child process's Zenoh session listens on (it was given port 0), read from the
+/// line Zenoh logs once its listeners are bound (`Zenoh can be reached at: <locator>`; the child
+/// runs with [`LOG_BOUND_ENDPOINTS`]). Waits for the line; fails with the child's stderr if the
+/// child exits first.
+fn bound_endpoint(
+    child: &mut crate::common::ChildGuard,
+    dir: &tempfile::TempDir,
+    name: &str,
+    protocol: &str,
+) -> String {
+    let marker = "Zenoh can be reached at: ";
+    let t0 = std::time::Instant::now();
+    loop {
+        let err = crate::common::child_stderr(dir, name);
+        let found = err.lines().find_map(|l| {
+            let at = l.find(marker)?;
+            let ep = l[at + marker.len()..].split_whitespace().next()?;
+            ep.starts_with(&format!("{protocol}/"))
+                .then(|| ep.to_string())
+        });
+        if let Some(ep) = found {
+            return ep;
+        }
+        assert!(
+            child.0.try_wait().unwrap().is_none(),
+            "{name} exited before listening:\n{err}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{name} never reported a bound endpoint:\n{err}"
+        );
+        // Paces the polling of the child's log file.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A log filter for a child: reflex's default, plus the Zenoh line naming its bound endpoints.
+const LOG_BOUND_ENDPOINTS: &str =
+    "info,zenoh=warn,zenoh_transport=warn,ort=warn,zenoh::net::runtime::orchestrator=info";
 
 fn bus(listen: &[String], connect: &[String], tls: Option<TlsFiles>) -> BusConfig {
     BusConfig {
@@ -41,12 +99,7 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
         }
     })
     .unwrap();
-    let ep = tls_endpoint();
-    let mut robot_cfg = bus(
-        std::slice::from_ref(&ep),
-        &[],
-        Some(TlsFiles::in_dir(dir.path(), "robot")),
-    );
+    let mut robot_cfg = bus(&[], &[], Some(TlsFiles::in_dir(dir.path(), "robot")));
     robot_cfg.access = Some((
         "arm".into(),
         Access {
@@ -55,7 +108,7 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
             viewers: vec!["viewer".into()],
         },
     ));
-    let robot = robot_cfg.open().unwrap();
+    let (robot, ep) = open_listening_on_a_fresh_tls_port(robot_cfg);
     // What reached the robot: (key, sender named in the payload).
     let got: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let keys = ["teleop", "learn/weights", "events", "operator", "cmd"];
@@ -217,7 +270,7 @@ fn a_key_readable_by_others_and_plain_endpoints_beside_tls_are_refused_with_the_
     );
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
     let e = bus(
-        &[tls_endpoint()],
+        &["tls/127.0.0.1:0".into()],
         &[],
         Some(TlsFiles::in_dir(dir.path(), "robot")),
     )
@@ -228,7 +281,7 @@ fn a_key_readable_by_others_and_plain_endpoints_beside_tls_are_refused_with_the_
     assert!(e.contains("chmod 600") && e.contains("robot.key"), "{e}");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let e = bus(
-        &[tls_endpoint(), free_tcp_endpoint()],
+        &["tls/127.0.0.1:0".into(), "tcp/127.0.0.1:0".into()],
         &[],
         Some(TlsFiles::in_dir(dir.path(), "robot")),
     )
@@ -268,22 +321,23 @@ fn teleop_steps_with_certificate(name: &str) -> u64 {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ep = tls_endpoint();
     let mut text =
         std::fs::read_to_string(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
             .unwrap();
     text = text
         .replace("kind = \"expert\"", "kind = \"none\"")
         .replace("clock = \"sim\"", "clock = \"wall\"");
-    text.push_str(&format!(
-        "\n[bus]\nenabled = true\nno_multicast = true\nlisten = [\"{ep}\"]\ntls = {{ dir = \"keys\", name = \"robot\" }}\n\n[bus.access]\nteleops = [\"teleop\"]\nviewers = [\"viewer\"]\n"
-    ));
+    text.push_str(
+        "\n[bus]\nenabled = true\nno_multicast = true\nlisten = [\"tls/127.0.0.1:0\"]\ntls = { dir = \"keys\", name = \"robot\" }\n\n[bus.access]\nteleops = [\"teleop\"]\nviewers = [\"viewer\"]\n",
+    );
     let cfg = dir.path().join("run.toml");
     std::fs::write(&cfg, text).unwrap();
     let mut run = reflex();
     run.args(["run", "--json", "--episodes", "1", "--config"])
         .arg(&cfg);
+    run.env("RUST_LOG", LOG_BOUND_ENDPOINTS);
     let mut actor = spawn(run, &dir, "actor");
+    let ep = bound_endpoint(&mut actor, &dir, "actor", "tls");
     let fifo = dir.path().join("event0");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: mkfifo with a valid path.
@@ -403,7 +457,7 @@ learners = ["learner"]
     );
     let cfg = dir.path().join("hil.toml");
     std::fs::write(&cfg, text).unwrap();
-    let ep = tls_endpoint();
+    // The learner listens on a port the OS chooses; the actor connects to the one it reports.
     let mut l = reflex();
     l.args([
         "learn",
@@ -413,13 +467,21 @@ learners = ["learner"]
         "--wait-s",
         "60",
     ])
-    .args(["--connect", &ep, "--tls-name", "learner", "--tls-dir"])
+    .args([
+        "--listen",
+        "tls/127.0.0.1:0",
+        "--tls-name",
+        "learner",
+        "--tls-dir",
+    ])
     .arg(&keys)
     .arg("--config")
-    .arg(&cfg);
+    .arg(&cfg)
+    .env("RUST_LOG", LOG_BOUND_ENDPOINTS);
     let mut learner = spawn(l, &dir, "learner");
+    let ep = bound_endpoint(&mut learner, &dir, "learner", "tls");
     let mut a = reflex();
-    a.args(["run", "--json", "--listen", &ep, "--config"])
+    a.args(["run", "--json", "--connect", &ep, "--config"])
         .arg(&cfg);
     let mut actor = spawn(a, &dir, "actor");
     for (g, name) in [(&mut actor, "actor"), (&mut learner, "learner")] {
@@ -491,12 +553,7 @@ fn keys_add_signs_a_new_operator_the_robot_accepts_and_a_stranger_authority_is_r
     ]);
     assert!(ok, "{out}");
 
-    let ep = tls_endpoint();
-    let mut robot_cfg = bus(
-        std::slice::from_ref(&ep),
-        &[],
-        Some(TlsFiles::in_dir(&keys, "robot")),
-    );
+    let mut robot_cfg = bus(&[], &[], Some(TlsFiles::in_dir(&keys, "robot")));
     robot_cfg.access = Some((
         "arm".into(),
         Access {
@@ -505,7 +562,7 @@ fn keys_add_signs_a_new_operator_the_robot_accepts_and_a_stranger_authority_is_r
             viewers: vec![],
         },
     ));
-    let robot = robot_cfg.open().unwrap();
+    let (robot, ep) = open_listening_on_a_fresh_tls_port(robot_cfg);
     let got: Arc<Mutex<Vec<String>>> = Arc::default();
     let g = got.clone();
     let _sub = robot
