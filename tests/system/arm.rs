@@ -176,6 +176,7 @@ fn pose_servo(port: &str, id: u8, steps: u32) {
             t0.elapsed().as_secs() < 5,
             "servo {id} never reached {steps}"
         );
+        // Paces the polling.
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
@@ -328,6 +329,7 @@ fn reflex_teleop_with_a_leader_arm_drives_the_emulated_follower_through_reflex_r
             "the run did not end: {}",
             child_stderr(&dir, "actor")
         );
+        // Paces the polling.
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     assert!(status.success(), "{}", child_stderr(&dir, "actor"));

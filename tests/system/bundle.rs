@@ -460,6 +460,7 @@ fn run_until_stopped_ends_after_its_episode_on_sigterm() {
             "exited early: {}",
             crate::common::child_stderr(&dir, "run")
         );
+        // Paces the polling.
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };

@@ -355,6 +355,7 @@ fn reflex_teleop_from_a_gamepad_event_stream_takes_over_reflex_run() {
             "the run did not end: {}",
             child_stderr(&dir, "actor")
         );
+        // Paces the gamepad driver resending its records (20 Hz) while polling for the end.
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "{}", child_stderr(&dir, "actor"));

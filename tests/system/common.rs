@@ -80,6 +80,7 @@ pub fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
     let t0 = std::time::Instant::now();
     while !ok() {
         assert!(t0.elapsed().as_secs() < secs, "never happened: {what}");
+        // Paces the polling.
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

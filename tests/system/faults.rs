@@ -191,6 +191,7 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
             t0.elapsed() < Duration::from_secs(20),
             "{what} never happened"
         );
+        // Paces the polling.
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -535,6 +536,7 @@ fn real_time_settings_reach_the_loop_thread_only() {
             t0.elapsed() < Duration::from_secs(20),
             "the helper threads never named themselves: {seen:?}"
         );
+        // Paces the polling.
         std::thread::sleep(Duration::from_millis(20));
         seen = threads();
     }

@@ -171,6 +171,7 @@ fn wait_exit(g: &mut crate::common::ChildGuard, what: &str, dir: &tempfile::Temp
             "{what} did not finish: {}",
             child_stderr(dir, what)
         );
+        // Paces the polling.
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -192,13 +193,30 @@ fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_
             "--no-multicast",
             "--connect",
             &ep,
-            "--config",
+            "--record",
         ])
+        .arg(dir.path().join("runs"))
+        .arg("--config")
         .arg(&cfg);
     let mut actor = spawn(actor_cmd, &dir, "actor");
-    // Let A take and checkpoint some of the run, then kill it hard.
+    // Episodes the actor has finished: a summary is written beside each recording as it ends.
+    let finished = || {
+        let runs = dir.path().join("runs");
+        std::fs::read_dir(&runs)
+            .into_iter()
+            .flatten()
+            .flat_map(|run| std::fs::read_dir(run.unwrap().path().join("episodes")))
+            .flatten()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("episode_") && name.ends_with(".json")
+            })
+            .count()
+    };
+    // Let A checkpoint and take a whole episode of the run, then kill it hard.
     let t0 = std::time::Instant::now();
-    while !ckpt.exists() {
+    while !ckpt.exists() || finished() < 1 {
         assert!(
             t0.elapsed().as_secs() < 60,
             "learner A never checkpointed: {}",
@@ -209,19 +227,21 @@ fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_
             "the actor ended early: {}",
             child_stderr(&dir, "actor")
         );
+        // Paces the polling.
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Paces the scenario: learner A takes 1.5 s more of the run after its first checkpoint.
-    std::thread::sleep(Duration::from_millis(1500));
     a.0.kill().unwrap();
     a.0.wait().unwrap();
-    // The actor keeps running without a learner (paces the scenario: 1.5 s without one).
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        actor.0.try_wait().unwrap().is_none(),
-        "the actor must outlive its learner: {}",
-        child_stderr(&dir, "actor")
-    );
+    // The actor keeps running without a learner: it finishes another episode.
+    let before = finished();
+    crate::common::wait_until("an episode finished without a learner", 60, || {
+        assert!(
+            actor.0.try_wait().unwrap().is_none(),
+            "the actor must outlive its learner: {}",
+            child_stderr(&dir, "actor")
+        );
+        finished() > before
+    });
     // Learner B resumes from A's checkpoint on the same endpoint; the actor reconnects.
     let mut b = spawn(learner(&cfg, &ep), &dir, "learner-b");
     wait_exit(&mut actor, "actor", &dir, 180);
@@ -359,19 +379,23 @@ fn keyboard_teleop_takes_over_moves_labels_and_hands_back() {
             "no teleop message: {}",
             child_stderr(&dir, "teleop")
         );
+        // Paces the polling.
         std::thread::sleep(Duration::from_millis(20));
     }
     keyboard.write_all(b" ").unwrap();
-    // The sleeps below pace the person's keys (auto-repeat at 25 Hz, then a pause per key) so
-    // the device, publishing at 50 Hz, sends each state more than once.
     for _ in 0..10 {
         keyboard.write_all(b"w").unwrap();
+        // Paces the person's key: auto-repeat at 25 Hz.
         std::thread::sleep(Duration::from_millis(40));
     }
+    // Each further key is typed once the previous one has reached the bus.
+    let seen = |f: &dyn Fn(&TeleopMsg) -> bool| got.lock().unwrap().iter().any(f);
     keyboard.write_all(b"c").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    crate::common::wait_until("c: the gripper closed", 20, || {
+        seen(&|m| m.intervene && m.action[3] == 0.0)
+    });
     keyboard.write_all(b"y").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    crate::common::wait_until("y: the success label", 20, || seen(&|m| m.success));
     keyboard.write_all(b"q").unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "{}", child_stderr(&dir, "teleop"));

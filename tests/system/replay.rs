@@ -350,6 +350,7 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
             "viz did not stop: {}",
             crate::common::child_stderr(&dir, "viz")
         );
+        // Paces the polling.
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     assert!(

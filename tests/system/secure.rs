@@ -370,6 +370,7 @@ fn teleop_steps_with_certificate(name: &str) -> u64 {
             "the run did not end: {}",
             child_stderr(&dir, "actor")
         );
+        // Paces the gamepad driver resending its records (20 Hz) while polling for the end.
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{}", child_stderr(&dir, "actor"));
@@ -496,6 +497,7 @@ learners = ["learner"]
                 "{name} did not end: {}",
                 child_stderr(&dir, name)
             );
+            // Paces the polling.
             std::thread::sleep(Duration::from_millis(100));
         }
     }
