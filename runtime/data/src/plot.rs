@@ -1,7 +1,9 @@
-//! Learning curves as PNG with no plotting dependency: lines on a grid, axis labels with units, tick
-//! values, a legend and a title, in the public-domain 8x8 bitmap font of the `font8x8` crate.
+//! Learning curves as PNG: plotters draws the lines, grid, labelled axes, legend and title into an
+//! RGB buffer, with DejaVu Sans (embedded from the `dejavu` crate, so no system font is needed);
+//! [`write_png`] encodes it.
 
-use font8x8::UnicodeFonts;
+use plotters::prelude::*;
+use std::sync::OnceLock;
 
 /// A held-out figure to mark across the plot: the rate and its interval, in [0, 1].
 #[derive(Clone, Debug)]
@@ -40,184 +42,105 @@ pub struct Chart<'a> {
     pub band: Option<Band>,
 }
 
-const INK: [u8; 3] = [40, 40, 40];
-const GRID: [u8; 3] = [225, 225, 225];
+const INK: RGBColor = RGBColor(40, 40, 40);
+const GRID: RGBColor = RGBColor(225, 225, 225);
+const BAND: RGBColor = RGBColor(40, 90, 200);
+const SHADE: RGBColor = RGBColor(215, 230, 250);
+/// The font family the chart's text is drawn in (DejaVu Sans, registered once per process).
+const FONT: &str = "sans-serif";
 
-struct Canvas {
-    w: usize,
-    h: usize,
-    rgb: Vec<u8>,
-}
-
-impl Canvas {
-    fn put(&mut self, x: usize, y: usize, c: [u8; 3]) {
-        if x < self.w && y < self.h {
-            let i = (y * self.w + x) * 3;
-            self.rgb[i..i + 3].copy_from_slice(&c);
-        }
-    }
-
-    fn is_white(&self, x: usize, y: usize) -> bool {
-        x < self.w && y < self.h && self.rgb[(y * self.w + x) * 3] == 255
-    }
-
-    /// `s` with its top-left corner at (x, y), each font pixel `scale` pixels wide.
-    fn text(&mut self, x: usize, y: usize, s: &str, c: [u8; 3], scale: usize) {
-        for (k, ch) in s.chars().enumerate() {
-            let glyph = font8x8::BASIC_FONTS.get(ch).unwrap_or([0; 8]);
-            for (row, bits) in glyph.iter().enumerate() {
-                for col in 0..8 {
-                    if bits & (1 << col) != 0 {
-                        for dy in 0..scale {
-                            for dx in 0..scale {
-                                let px = x + (k * 8 + col) * scale + dx;
-                                self.put(px, y + row * scale + dy, c);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn hline(&mut self, x0: usize, x1: usize, y: usize, c: [u8; 3]) {
-        for x in x0..=x1 {
-            self.put(x, y, c);
-        }
-    }
-
-    fn vline(&mut self, x: usize, y0: usize, y1: usize, c: [u8; 3]) {
-        for y in y0..=y1 {
-            self.put(x, y, c);
-        }
-    }
-}
-
-/// Pixel width of `s` in the 8x8 font at scale 1.
-fn width(s: &str) -> usize {
-    8 * s.chars().count()
-}
-
-/// Grid spacing in episodes for `n` episodes: about ten lines, on 1, 2 or 5 times a power of ten.
-fn episode_step(n: usize) -> usize {
-    let raw = (n as f64 / 10.0).max(1.0);
-    let p = 10f64.powf(raw.log10().floor());
-    let m = [1.0, 2.0, 5.0, 10.0]
-        .into_iter()
-        .find(|m| m * p >= raw)
-        .unwrap_or(10.0);
-    (m * p) as usize
+fn register_font() -> crate::Result<()> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular())
+            .map_err(|_| "DejaVu Sans is not a font ab_glyph can read".to_string())
+    })
+    .clone()
+    .map_err(|e| crate::DataError::invalid("the plot font (DejaVu Sans)", e))
 }
 
 /// Draws `chart` into a PNG at `path` (written atomically).
 pub fn curves_png(path: &std::path::Path, chart: &Chart) -> crate::Result<()> {
-    let (w, h) = (760usize, 440usize);
-    let (left, right, top, bottom) = (64usize, w - 24, 56usize, h - 56);
-    let mut cv = Canvas {
-        w,
-        h,
-        rgb: vec![255u8; w * h * 3],
-    };
+    let (w, h) = (760u32, 440u32);
+    let mut rgb = vec![255u8; (w * h * 3) as usize];
+    draw(&mut rgb, (w, h), chart)
+        .map_err(|e| crate::DataError::invalid(format!("plot `{}`", path.display()), e))?;
+    write_png(path, w, h, &rgb)
+}
+
+fn draw(rgb: &mut [u8], size: (u32, u32), chart: &Chart) -> Result<(), String> {
+    register_font().map_err(|e| e.to_string())?;
+    let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let root = BitMapBackend::with_buffer(rgb, size).into_drawing_area();
+    root.fill(&WHITE).map_err(e)?;
+    // Episodes are 1-based; a single episode still gets an axis one episode wide.
     let n = chart
         .series
         .iter()
         .map(|s| s.values.len())
         .max()
         .unwrap_or(0)
-        .max(2);
-    let px = |i: f64| left as f64 + i / (n - 1) as f64 * (right - left) as f64;
-    let py = |v: f64| bottom as f64 - v.clamp(0.0, 1.0) * (bottom - top) as f64;
-    // Grid every 10% (labelled every 20%) and every few episodes (labelled), axes in ink.
-    for k in 0..=10 {
-        let y = py(k as f64 / 10.0) as usize;
-        cv.hline(left, right, y, if k == 0 { INK } else { GRID });
-        if k % 2 == 0 {
-            let t = format!("{}%", k * 10);
-            cv.text(left - 6 - width(&t), y.saturating_sub(4), &t, INK, 1);
-        }
-    }
-    let step = episode_step(n);
-    cv.vline(left, top, bottom, INK);
-    for e in (step..=n).step_by(step) {
-        let x = px((e - 1) as f64) as usize;
-        cv.vline(x, top, bottom - 1, GRID);
-        let t = e.to_string();
-        cv.text(x.saturating_sub(width(&t) / 2), bottom + 6, &t, INK, 1);
-    }
-    cv.text(left, 10, chart.title, INK, 2);
-    cv.text(left, top - 16, chart.y_label, INK, 1);
-    cv.text(
-        (left + right) / 2 - width(chart.x_label) / 2,
-        bottom + 24,
-        chart.x_label,
-        INK,
-        1,
-    );
+        .max(2) as f64;
+    let mut c = ChartBuilder::on(&root)
+        .caption(chart.title, (FONT, 22).into_font().color(&INK))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(1f64..n, 0f64..1f64)
+        .map_err(e)?;
+    c.configure_mesh()
+        .x_desc(chart.x_label)
+        .y_desc(chart.y_label)
+        .x_labels(10)
+        .y_labels(6)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{:.0}%", v * 100.0))
+        .label_style((FONT, 13).into_font().color(&INK))
+        .axis_style(INK)
+        .bold_line_style(GRID)
+        .light_line_style(WHITE)
+        .draw()
+        .map_err(e)?;
     if let Some(b) = &chart.band {
-        // The interval shaded light blue behind the curves, the rate dashed in blue.
-        let (t, u) = (py(b.high) as usize, py(b.low) as usize);
-        for y in t..=u {
-            for x in (left + 1..right).filter(|x| x % 2 == 0) {
-                if cv.is_white(x, y) {
-                    cv.put(x, y, [215, 230, 250]);
-                }
-            }
-        }
-        let y = py(b.rate) as usize;
-        for x in (left..right).filter(|x| x % 12 < 8) {
-            cv.put(x, y, [40, 90, 200]);
-            cv.put(x, y + 1, [40, 90, 200]);
-        }
+        // The interval shaded behind the curves, the rate dashed across.
+        let (lo, hi) = (b.low.clamp(0.0, 1.0), b.high.clamp(0.0, 1.0));
+        c.draw_series(std::iter::once(Rectangle::new(
+            [(1.0, lo), (n, hi)],
+            SHADE.filled(),
+        )))
+        .map_err(e)?;
+        c.draw_series(DashedLineSeries::new(
+            [(1.0, b.rate), (n, b.rate)],
+            8,
+            4,
+            BAND.stroke_width(2),
+        ))
+        .map_err(e)?
+        .label(b.label.as_str())
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BAND.stroke_width(2)));
     }
     for s in chart.series {
-        let v = s.values;
-        for i in 1..v.len() {
-            let (x0, y0, x1, y1) = (px((i - 1) as f64), py(v[i - 1]), px(i as f64), py(v[i]));
-            let steps = ((x1 - x0).abs().max((y1 - y0).abs()) as usize).max(1) * 2;
-            for k in 0..=steps {
-                let t = k as f64 / steps as f64;
-                let (x, y) = ((x0 + t * (x1 - x0)) as usize, (y0 + t * (y1 - y0)) as usize);
-                cv.put(x, y, s.rgb);
-                cv.put(x, y + 1, s.rgb);
-            }
-        }
+        let colour = RGBColor(s.rgb[0], s.rgb[1], s.rgb[2]);
+        let points = s
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| ((i + 1) as f64, v.clamp(0.0, 1.0)));
+        c.draw_series(LineSeries::new(points, colour.stroke_width(2)))
+            .map_err(e)?
+            .label(s.label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+            });
     }
-    legend(&mut cv, chart, right, py(0.7) as usize);
-    write_png(path, w as u32, h as u32, &cv.rgb)
-}
-
-/// The legend, a framed box whose top-right corner is at (right - 8, top).
-fn legend(cv: &mut Canvas, chart: &Chart, right: usize, top: usize) {
-    let mut rows: Vec<(&str, [u8; 3], bool)> = chart
-        .series
-        .iter()
-        .map(|s| (s.label, s.rgb, false))
-        .collect();
-    if let Some(b) = &chart.band {
-        rows.push((b.label.as_str(), [40, 90, 200], true));
-    }
-    let inner = rows.iter().map(|r| width(r.0)).max().unwrap_or(0) + 34;
-    let (x0, x1) = (right - 8 - inner, right - 8);
-    let y1 = top + 8 + 14 * rows.len();
-    for y in top..=y1 {
-        for x in x0..=x1 {
-            cv.put(x, y, [255, 255, 255]);
-        }
-    }
-    cv.hline(x0, x1, top, INK);
-    cv.hline(x0, x1, y1, INK);
-    cv.vline(x0, top, y1, INK);
-    cv.vline(x1, top, y1, INK);
-    for (k, (label, c, dashed)) in rows.iter().enumerate() {
-        let y = top + 8 + 14 * k;
-        for x in x0 + 6..x0 + 26 {
-            if !dashed || (x - x0) % 12 < 8 {
-                cv.put(x, y + 3, *c);
-                cv.put(x, y + 4, *c);
-            }
-        }
-        cv.text(x0 + 30, y, label, INK, 1);
-    }
+    c.configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font((FONT, 13).into_font().color(&INK))
+        .background_style(WHITE)
+        .border_style(INK)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)
 }
 
 /// Writes an rgb8 image as PNG, atomically.
@@ -239,25 +162,53 @@ pub fn write_png(path: &std::path::Path, width: u32, height: u32, rgb: &[u8]) ->
 mod tests {
     use super::*;
 
-    #[test]
-    fn grid_steps_are_round_numbers() {
-        assert_eq!(episode_step(100), 10);
-        assert_eq!(episode_step(6), 1);
-        assert_eq!(episode_step(30), 5);
-        assert_eq!(episode_step(250), 50);
-        assert_eq!(episode_step(1000), 100);
+    fn pixels(p: &std::path::Path) -> (u32, u32, Vec<u8>) {
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(p).unwrap()));
+        let mut r = dec.read_info().unwrap();
+        let mut buf = vec![0; r.output_buffer_size().unwrap()];
+        let info = r.next_frame(&mut buf).unwrap();
+        (info.width, info.height, buf[..info.buffer_size()].to_vec())
     }
 
     #[test]
-    fn text_is_drawn_where_asked() {
-        let mut cv = Canvas {
-            w: 40,
-            h: 12,
-            rgb: vec![255; 40 * 12 * 3],
-        };
-        cv.text(2, 2, "1", INK, 1);
-        let inked = |x0: usize, x1: usize| (x0..x1).any(|x| (0..12).any(|y| !cv.is_white(x, y)));
-        assert!(inked(2, 10), "the glyph is inside its cell");
-        assert!(!inked(10, 40), "nothing outside it");
+    fn the_curves_the_band_and_the_text_are_drawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("curve.png");
+        let values: Vec<f64> = (0..40).map(|i| i as f64 / 40.0).collect();
+        curves_png(
+            &p,
+            &Chart {
+                title: "learning",
+                x_label: "episode",
+                y_label: "success rate",
+                series: &[Series {
+                    label: "robot",
+                    values: &values,
+                    rgb: [30, 160, 60],
+                }],
+                band: Some(Band {
+                    rate: 0.9,
+                    low: 0.8,
+                    high: 0.95,
+                    label: "held out".into(),
+                }),
+            },
+        )
+        .unwrap();
+        let (w, h, rgb) = pixels(&p);
+        assert_eq!((w, h), (760, 440));
+        let count = |c: [u8; 3]| rgb.chunks(3).filter(|px| *px == c).count();
+        assert!(count([30, 160, 60]) > 200, "the curve");
+        assert!(count([40, 90, 200]) > 100, "the dashed rate");
+        assert!(count([215, 230, 250]) > 1000, "the shaded interval");
+        // The title is text: dark pixels in the band above the plot, which nothing else draws.
+        let title_ink = (0..40u32)
+            .flat_map(|y| (0..w).map(move |x| ((y * w + x) * 3) as usize))
+            .filter(|&i| rgb[i] < 128 && rgb[i + 1] < 128 && rgb[i + 2] < 128)
+            .count();
+        assert!(
+            title_ink > 30,
+            "the title was drawn: {title_ink} dark pixels"
+        );
     }
 }
