@@ -17,11 +17,14 @@
 //! end the run with the error naming the servo, the servos holding their last goal.
 
 use crate::arm::{ArmKind, ArmTiming, ServoArm};
+use crate::camera::{CameraConfig, CameraStats, Capture};
 use nalgebra::{Isometry3, Translation3, Vector3};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use reflex_contracts::config::{Invalid, Validate, in_range};
-use reflex_contracts::msg::{ActionKind, Observation, PROTOCOL_VERSION, RobotSpec, StateField};
+use reflex_contracts::msg::{
+    ActionKind, Image, Observation, PROTOCOL_VERSION, RobotSpec, StateField,
+};
 use reflex_contracts::robot::{Robot, RobotError, check_action};
 use reflex_contracts::stop::StopSwitch;
 use reflex_runtime::kinematics::{IkOptions, top_down};
@@ -116,6 +119,10 @@ pub struct ArmSection {
     /// Seed of the targets when the run gives none.
     #[serde(default)]
     pub seed: u64,
+    /// The arm's cameras (`[[arm.cameras]]`): their frames are the observation's images, in this
+    /// order, as the simulator's cameras are.
+    #[serde(default)]
+    pub cameras: Vec<CameraConfig>,
 }
 
 impl Validate for ArmSection {
@@ -125,6 +132,7 @@ impl Validate for ArmSection {
         in_range(p, "start_speed_rad_s", self.start_speed_rad_s, 0.01, 3.0)?;
         in_range(p, "ee_step_m", self.ee_step_m, 1e-4, 0.05)?;
         in_range(p, "joint_step_rad", self.joint_step_rad, 1e-4, 0.5)?;
+        crate::camera::validate_cameras(&self.cameras, &format!("{p}.cameras"))?;
         if self.retries > 10 {
             return Err(Invalid {
                 key: format!("{p}.retries"),
@@ -206,6 +214,11 @@ pub struct ArmReport {
     /// Whether that last act reached every servo (false: the bus failed; the servos keep what
     /// they last received).
     pub on_exit_ok: bool,
+    /// Each camera's frames, drops and age at use.
+    pub cameras: Vec<CameraStats>,
+    /// Observations held back because a camera's newest frame was older than its timeout (the
+    /// loop then holds the arm, as for any stale observation).
+    pub camera_stale_reads: u64,
 }
 
 /// Shared with the caller, so the report survives the robot being moved into the loop.
@@ -237,7 +250,16 @@ pub struct ArmRobot {
     stop: Option<Arc<StopSwitch>>,
     on_exit: OnExit,
     exit: Option<(OnExit, bool)>,
+    cameras: Vec<Capture>,
+    /// Time origin of the cameras' frame stamps.
+    epoch: Instant,
+    camera_stale_reads: u64,
+    /// The camera that was stale at the last read (warned once per spell).
+    stale_camera: Option<usize>,
 }
+
+/// How long a reset waits for a fresh frame from every camera.
+const CAMERA_START: Duration = Duration::from_secs(5);
 
 /// Changes smaller than this (joint units) are no change: a hold that goes through the action's
 /// f32 units comes back within rounding and must not move a servo by a step.
@@ -292,7 +314,28 @@ impl ArmRobot {
             ));
         }
         let ranges = arm.ranges();
-        let spec = Self::make_spec(kind, name, cfg, model.as_ref(), &ranges)?;
+        let mut spec = Self::make_spec(kind, name, cfg, model.as_ref(), &ranges)?;
+        let epoch = Instant::now();
+        let mut cameras = Vec::with_capacity(cfg.cameras.len());
+        for c in &cfg.cameras {
+            let source = c.open().map_err(|e| device(name, e))?;
+            cameras.push(Capture::spawn(c, source, epoch).map_err(|e| device(name, e))?);
+            spec.cameras.push(c.spec());
+        }
+        let images = cfg
+            .cameras
+            .iter()
+            .map(|c| {
+                let (w, h) = c.output_size();
+                Image {
+                    camera: c.name.clone(),
+                    width: w,
+                    height: h,
+                    encoding: "rgb8".into(),
+                    data: vec![0; (w * h * 3) as usize],
+                }
+            })
+            .collect();
         Ok(ArmRobot {
             arm,
             cfg: cfg.clone(),
@@ -313,7 +356,7 @@ impl ArmRobot {
                 terminated: false,
                 truncated: false,
                 success: false,
-                images: vec![],
+                images,
             },
             spec,
             model,
@@ -332,6 +375,10 @@ impl ArmRobot {
             stop: None,
             on_exit: OnExit::Hold,
             exit: None,
+            cameras,
+            epoch,
+            camera_stale_reads: 0,
+            stale_camera: None,
         })
     }
 
@@ -503,10 +550,48 @@ impl ArmRobot {
                 .exit
                 .map_or(String::new(), |(e, _)| e.as_str().to_string()),
             on_exit_ok: self.exit.is_some_and(|(_, ok)| ok),
+            cameras: self.cameras.iter().map(Capture::stats).collect(),
+            camera_stale_reads: self.camera_stale_reads,
         };
         if let Ok(mut g) = self.shared.lock() {
             *g = Some(r);
         }
+    }
+
+    /// Copies each camera's newest frame into the observation (no allocation: the buffers are
+    /// sized at open). False when a camera's newest frame is older than its timeout: the
+    /// observation is then not renewed, so the loop's stale-observation hold applies.
+    fn take_frames(&mut self) -> bool {
+        let now = self.epoch.elapsed();
+        let mut stale = None;
+        for (i, (cap, img)) in self
+            .cameras
+            .iter_mut()
+            .zip(&mut self.obs.images)
+            .enumerate()
+        {
+            if let Some(f) = cap.latest(now) {
+                img.data.copy_from_slice(&f.image.data);
+            }
+            if stale.is_none() && cap.is_stale(now) {
+                stale = Some(i);
+            }
+        }
+        if stale.is_some() {
+            self.camera_stale_reads += 1;
+        }
+        if stale != self.stale_camera {
+            match stale {
+                Some(i) => tracing::warn!(
+                    "{}: camera `{}` has delivered no frame for over its timeout; holding the last observation",
+                    self.spec.name,
+                    self.cameras[i].name()
+                ),
+                None => tracing::info!("{}: cameras delivering again", self.spec.name),
+            }
+            self.stale_camera = stale;
+        }
+        stale.is_none()
     }
 
     fn tcp(&self) -> Option<Isometry3<f64>> {
@@ -721,6 +806,23 @@ impl Robot for ArmRobot {
             self.ee_goal = tcp.translation.vector;
         }
         self.q_cmd.copy_from_slice(&start);
+        // An episode starts with a fresh frame from every camera (waited for here, in the reset,
+        // never in a control step).
+        let t0 = Instant::now();
+        while !self.take_frames() {
+            if t0.elapsed() > CAMERA_START {
+                let name = self.stale_camera.map_or("?", |i| self.cameras[i].name());
+                return Err(device(
+                    &self.spec.name,
+                    format!(
+                        "camera `{name}` delivered no fresh frame within {} s of the episode's start; check its device, cable and rate",
+                        CAMERA_START.as_secs()
+                    ),
+                ));
+            }
+            // Paces the wait for the cameras' first frames of the episode.
+            std::thread::sleep(Duration::from_millis(5));
+        }
         self.obs.episode += 1;
         self.obs.step = 0;
         self.t_episode = Instant::now();
@@ -794,7 +896,7 @@ impl Robot for ArmRobot {
     }
 
     fn observe(&mut self) -> Result<&Observation, RobotError> {
-        if self.read()? {
+        if self.read()? && self.take_frames() {
             let now = Instant::now();
             let dt = self
                 .t_read

@@ -1,0 +1,165 @@
+//! A camera made of image files: a folder of PNG or JPEG frames played in name order at the
+//! configured rate, round and round. For tests and for people without a camera; JPEG frames go
+//! through the same MJPEG decoder a USB camera's frames do.
+
+use super::pixels::{PixelFormat, jpeg_size};
+use super::{CameraError, FrameSource};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Frames from a folder of `*.png` (decoded to RGB once, at open) or `*.jpg`/`*.jpeg` files
+/// (kept as JPEG and decoded per frame like a camera's MJPEG).
+pub struct FileCamera {
+    dir: PathBuf,
+    format: PixelFormat,
+    size: (u32, u32),
+    frames: Vec<Vec<u8>>,
+    period: Duration,
+    next: usize,
+    due: Option<Instant>,
+}
+
+fn png_rgb(path: &Path) -> Result<(u32, u32, Vec<u8>), CameraError> {
+    let bad = |m: String| CameraError::Open {
+        device: path.display().to_string(),
+        message: m,
+    };
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut dec = png::Decoder::new(std::io::BufReader::new(file));
+    dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut r = dec.read_info().map_err(|e| bad(e.to_string()))?;
+    let mut buf = vec![
+        0;
+        r.output_buffer_size()
+            .ok_or_else(|| bad("too large".into()))?
+    ];
+    let info = r.next_frame(&mut buf).map_err(|e| bad(e.to_string()))?;
+    let px = (info.width * info.height) as usize;
+    let rgb = match info.color_type {
+        png::ColorType::Rgb => buf[..px * 3].to_vec(),
+        png::ColorType::Rgba => buf[..px * 4]
+            .chunks_exact(4)
+            .flat_map(|p| [p[0], p[1], p[2]])
+            .collect(),
+        png::ColorType::Grayscale => buf[..px].iter().flat_map(|g| [*g; 3]).collect(),
+        png::ColorType::GrayscaleAlpha => buf[..px * 2]
+            .chunks_exact(2)
+            .flat_map(|p| [p[0]; 3])
+            .collect(),
+        other => return Err(bad(format!("PNG colour type {other:?} is not supported"))),
+    };
+    Ok((info.width, info.height, rgb))
+}
+
+impl FileCamera {
+    /// Opens the folder `dir` as a camera delivering `fps` frames a second.
+    pub fn open(dir: &Path, fps: f64) -> Result<Self, CameraError> {
+        let device = dir.display().to_string();
+        let open_err = |m: String| CameraError::Open {
+            device: device.clone(),
+            message: m,
+        };
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| {
+                open_err(format!(
+                    "{e} (a file camera is a folder of PNG or JPEG images)"
+                ))
+            })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().and_then(|x| x.to_str()).is_some_and(|x| {
+                    matches!(x.to_ascii_lowercase().as_str(), "png" | "jpg" | "jpeg")
+                })
+            })
+            .collect();
+        paths.sort();
+        if paths.is_empty() {
+            return Err(open_err("no .png, .jpg or .jpeg files in it".into()));
+        }
+        let is_png = |p: &Path| p.extension().is_some_and(|x| x.eq_ignore_ascii_case("png"));
+        let format = if is_png(&paths[0]) {
+            PixelFormat::Rgb8
+        } else {
+            PixelFormat::Mjpeg
+        };
+        let mut frames = Vec::with_capacity(paths.len());
+        let mut size = None;
+        for p in &paths {
+            if is_png(p) != (format == PixelFormat::Rgb8) {
+                return Err(open_err(format!(
+                    "`{}` mixes PNG and JPEG frames; keep one kind per folder",
+                    p.display()
+                )));
+            }
+            let (w, h, bytes) = if format == PixelFormat::Rgb8 {
+                png_rgb(p)?
+            } else {
+                let bytes =
+                    std::fs::read(p).map_err(|e| open_err(format!("{}: {e}", p.display())))?;
+                let (w, h) =
+                    jpeg_size(&bytes).map_err(|e| open_err(format!("{}: {e}", p.display())))?;
+                (w, h, bytes)
+            };
+            if *size.get_or_insert((w, h)) != (w, h) {
+                return Err(open_err(format!(
+                    "`{}` is {w}x{h}, the frames before it {}x{}; a camera's frames share one size",
+                    p.display(),
+                    size.unwrap().0,
+                    size.unwrap().1
+                )));
+            }
+            frames.push(bytes);
+        }
+        if !(fps > 0.0 && fps.is_finite()) {
+            return Err(open_err(format!(
+                "frame rate {fps} is not a positive number"
+            )));
+        }
+        Ok(FileCamera {
+            dir: dir.to_path_buf(),
+            format,
+            size: size.expect("at least one frame"),
+            frames,
+            period: Duration::from_secs_f64(1.0 / fps),
+            next: 0,
+            due: None,
+        })
+    }
+
+    /// Frames in the folder.
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Whether the folder has no frames (never true of an opened camera).
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+}
+
+impl FrameSource for FileCamera {
+    fn describe(&self) -> String {
+        format!("file camera {}", self.dir.display())
+    }
+
+    fn format(&self) -> (PixelFormat, u32, u32) {
+        (self.format, self.size.0, self.size.1)
+    }
+
+    fn next_frame(&mut self, buf: &mut Vec<u8>) -> Result<(), CameraError> {
+        // Paces the frames as a camera would: one every period, on a fixed schedule.
+        let due = *self.due.get_or_insert_with(Instant::now);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        // A late frame moves the schedule on instead of bursting to catch up, as a camera
+        // drops frames rather than queueing them.
+        let next = due + self.period;
+        self.due = Some(next.max(now));
+        buf.clear();
+        buf.extend_from_slice(&self.frames[self.next]);
+        self.next = (self.next + 1) % self.frames.len();
+        Ok(())
+    }
+}

@@ -1,0 +1,443 @@
+//! Cameras on the robot: a capture thread per camera hands the newest frame to whoever drives the
+//! robot without ever making it wait.
+//!
+//! - [`CameraConfig`]: a `[[cameras]]` table (name, device, size, rate, format, crop, resize,
+//!   timeout), validated with errors that name the key;
+//! - [`FrameSource`]: where frames come from. [`FileCamera`] plays a folder of images; V4L2
+//!   capture of a USB camera is not built yet ([`CameraConfig::open`] says so);
+//! - [`Capture`]: the thread that decodes ([`pixels`]: MJPEG, YUYV, RGB), crops and resizes each
+//!   frame into one of three preallocated frames (a triple buffer) and stamps it with its arrival
+//!   time on the loop's clock; [`Capture::latest`] takes the newest without blocking, and
+//!   [`Capture::is_stale`] says when the camera has stopped delivering (the robot then holds).
+
+pub mod file;
+pub mod pixels;
+
+pub use file::FileCamera;
+pub use pixels::{PixelFormat, Roi};
+
+use reflex_contracts::config::{Invalid, Validate, in_range};
+use reflex_contracts::msg::{CameraSpec, Image};
+use reflex_runtime::triple::{Reader, Writer, triple};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Why a camera cannot be used, or a frame not read.
+#[derive(Debug, thiserror::Error)]
+pub enum CameraError {
+    /// The device could not be opened or configured.
+    #[error("camera `{device}`: {message}")]
+    Open {
+        /// The device as configured.
+        device: String,
+        /// What went wrong and what to do.
+        message: String,
+    },
+    /// One frame could not be read or decoded (the camera goes on).
+    #[error("{0}")]
+    Frame(String),
+}
+
+/// Where frames come from.
+pub trait FrameSource: Send {
+    /// What the source is, for messages (`file camera /data/frames`, `/dev/video0`).
+    fn describe(&self) -> String;
+    /// The encoding and size of the frames [`FrameSource::next_frame`] returns.
+    fn format(&self) -> (PixelFormat, u32, u32);
+    /// Waits for the next frame and puts its bytes in `buf` (cleared first; its capacity is
+    /// kept from frame to frame). Returns at least every second or so, with a frame or an
+    /// error, so that the capture thread can be stopped.
+    fn next_frame(&mut self, buf: &mut Vec<u8>) -> Result<(), CameraError>;
+}
+
+/// Prefix of a [`CameraConfig::device`] that names a folder of images.
+pub const FILES_PREFIX: &str = "files:";
+
+/// A camera of the robot: `[[cameras]]` in the robot's config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CameraConfig {
+    /// Name, as policies and recordings know it (`front`, `wrist`).
+    pub name: String,
+    /// `/dev/video0` or `/dev/v4l/by-id/...` (V4L2), or `files:DIR` for a folder of images.
+    pub device: String,
+    /// Width the camera captures at, pixels.
+    pub width: u32,
+    /// Height the camera captures at, pixels.
+    pub height: u32,
+    /// Frames per second.
+    pub fps: f64,
+    /// What the camera sends (V4L2); a file camera's frames say it themselves.
+    #[serde(default)]
+    pub format: PixelFormat,
+    /// The region of each frame the policy sees, in captured pixels (`{ x, y, w, h }`).
+    #[serde(default)]
+    pub crop: Option<Roi>,
+    /// The size the (cropped) frame is scaled to, `[width, height]`.
+    #[serde(default)]
+    pub resize: Option<[u32; 2]>,
+    /// A camera whose newest frame is older than this is stale: the robot holds, ms.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: f64,
+}
+
+fn default_timeout_ms() -> f64 {
+    500.0
+}
+
+impl CameraConfig {
+    /// The size of the frames handed on: the resize, else the crop, else the capture size.
+    pub fn output_size(&self) -> (u32, u32) {
+        match (self.resize, self.crop) {
+            (Some([w, h]), _) => (w, h),
+            (None, Some(r)) => (r.w, r.h),
+            (None, None) => (self.width, self.height),
+        }
+    }
+
+    /// The camera as a robot spec lists it (its output size).
+    pub fn spec(&self) -> CameraSpec {
+        let (width, height) = self.output_size();
+        CameraSpec {
+            name: self.name.clone(),
+            width,
+            height,
+        }
+    }
+
+    /// Opens the device.
+    pub fn open(&self) -> Result<Box<dyn FrameSource>, CameraError> {
+        let source: Box<dyn FrameSource> = match self.device.strip_prefix(FILES_PREFIX) {
+            Some(dir) => Box::new(FileCamera::open(std::path::Path::new(dir), self.fps)?),
+            None => {
+                return Err(CameraError::Open {
+                    device: self.device.clone(),
+                    message: format!(
+                        "V4L2 capture is not built into this reflex yet; use `device = \"{FILES_PREFIX}DIR\"` (a folder of PNG or JPEG frames)"
+                    ),
+                });
+            }
+        };
+        let (_, w, h) = source.format();
+        if (w, h) != (self.width, self.height) {
+            return Err(CameraError::Open {
+                device: self.device.clone(),
+                message: format!(
+                    "it delivers {w}x{h} frames, the config says width = {}, height = {}",
+                    self.width, self.height
+                ),
+            });
+        }
+        Ok(source)
+    }
+}
+
+impl Validate for CameraConfig {
+    fn validate(&self, p: &str) -> Result<(), Invalid> {
+        let bad = |field: &str, value: String, allowed: &str| Invalid {
+            key: format!("{p}.{field}"),
+            value,
+            allowed: allowed.into(),
+        };
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(bad(
+                "name",
+                format!("{:?}", self.name),
+                "letters, digits, `_` and `-`, not empty",
+            ));
+        }
+        in_range(p, "width", self.width, 1, 8192)?;
+        in_range(p, "height", self.height, 1, 8192)?;
+        in_range(p, "fps", self.fps, 0.1, 1000.0)?;
+        in_range(p, "timeout_ms", self.timeout_ms, 1.0, 60_000.0)?;
+        if let Some(r) = self.crop
+            && !r.fits(self.width, self.height)
+        {
+            return Err(bad(
+                "crop",
+                format!("{{ x = {}, y = {}, w = {}, h = {} }}", r.x, r.y, r.w, r.h),
+                &format!(
+                    "a non-empty region inside the {}x{} frame",
+                    self.width, self.height
+                ),
+            ));
+        }
+        if let Some([w, h]) = self.resize
+            && (!(1..=4096).contains(&w) || !(1..=4096).contains(&h))
+        {
+            return Err(bad(
+                "resize",
+                format!("[{w}, {h}]"),
+                "[width, height], each 1 to 4096",
+            ));
+        }
+        if self.format == PixelFormat::Yuyv && !self.width.is_multiple_of(2) {
+            return Err(bad(
+                "width",
+                self.width.to_string(),
+                "an even width for YUYV",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Validates `[[cameras]]`: each table, and names that differ.
+pub fn validate_cameras(cameras: &[CameraConfig], prefix: &str) -> Result<(), Invalid> {
+    for (i, c) in cameras.iter().enumerate() {
+        let p = format!("{prefix}[{i}]");
+        c.validate(&p)?;
+        if cameras[..i].iter().any(|o| o.name == c.name) {
+            return Err(Invalid {
+                key: format!("{p}.name"),
+                value: format!("{:?}", c.name),
+                allowed: "a name no other camera has".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One frame as handed on: RGB at the camera's output size.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// Frames captured before and including this one (1 for the first; 0: none yet).
+    pub seq: u64,
+    /// When it arrived, on the clock that started at the capture's `epoch` (the loop's clock).
+    pub captured: Duration,
+    /// The pixels (`rgb8`).
+    pub image: Image,
+}
+
+#[derive(Default)]
+struct Counters {
+    frames: AtomicU64,
+    errors: AtomicU64,
+    last_error: Mutex<String>,
+}
+
+/// How a camera has done, for the status message and the run's report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CameraStats {
+    /// Camera name.
+    pub name: String,
+    /// Frames captured.
+    pub frames: u64,
+    /// Frames taken by the reader.
+    pub used: u64,
+    /// Frames captured that no reader took (a newer one replaced them first).
+    pub skipped: u64,
+    /// Frames that could not be read or decoded.
+    pub errors: u64,
+    /// Frames captured per second since the capture started.
+    pub fps: f64,
+    /// Age of the newest frame when it was last taken, ms.
+    pub age_at_use_ms: f64,
+    /// The last error, if any.
+    pub last_error: String,
+}
+
+/// A camera's capture thread and the reader's end of its newest frame.
+pub struct Capture {
+    name: String,
+    timeout: Duration,
+    reader: Reader<Frame>,
+    counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    started: Instant,
+    seen: u64,
+    used: u64,
+    skipped: u64,
+    age_at_use: Duration,
+}
+
+struct Worker {
+    source: Box<dyn FrameSource>,
+    format: PixelFormat,
+    size: (u32, u32),
+    roi: Roi,
+    out: (u32, u32),
+    epoch: Instant,
+    writer: Writer<Frame>,
+    counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let (w, h) = self.size;
+        let mut raw = Vec::with_capacity((w * h * 3) as usize);
+        let mut rgb = vec![0u8; (w * h * 3) as usize];
+        let mut jpeg = Vec::new();
+        let mut seq = 0;
+        while !self.stop.load(Ordering::Relaxed) {
+            let got = self.source.next_frame(&mut raw);
+            let captured = self.epoch.elapsed();
+            let decoded = got.and_then(|()| match self.format {
+                PixelFormat::Rgb8 if raw.len() == rgb.len() => {
+                    rgb.copy_from_slice(&raw);
+                    Ok(())
+                }
+                PixelFormat::Rgb8 => Err(CameraError::Frame(format!(
+                    "an RGB frame of {} bytes where {w}x{h} needs {}",
+                    raw.len(),
+                    rgb.len()
+                ))),
+                PixelFormat::Yuyv => pixels::yuyv_to_rgb(&raw, w, h, &mut rgb),
+                PixelFormat::Mjpeg => pixels::mjpeg_to_rgb(&raw, w, h, &mut rgb, &mut jpeg),
+            });
+            if let Err(e) = decoded {
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                *self.counters.last_error.lock().expect("camera error") = e.to_string();
+                continue;
+            }
+            seq += 1;
+            let slot = self.writer.slot();
+            pixels::crop_resize(
+                &rgb,
+                w,
+                h,
+                self.roi,
+                &mut slot.image.data,
+                self.out.0,
+                self.out.1,
+            );
+            slot.seq = seq;
+            slot.captured = captured;
+            self.writer.publish();
+            self.counters.frames.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Capture {
+    /// Starts capturing from `source` as `cfg` says; frame times count from `epoch`.
+    pub fn spawn(
+        cfg: &CameraConfig,
+        source: Box<dyn FrameSource>,
+        epoch: Instant,
+    ) -> Result<Capture, CameraError> {
+        let (format, w, h) = source.format();
+        let roi = cfg.crop.unwrap_or(Roi::full(w, h));
+        if !roi.fits(w, h) {
+            return Err(CameraError::Open {
+                device: cfg.device.clone(),
+                message: format!("crop {roi:?} does not fit its {w}x{h} frames"),
+            });
+        }
+        let out = cfg.output_size();
+        let (writer, reader) = triple(Frame {
+            seq: 0,
+            captured: Duration::ZERO,
+            image: Image {
+                camera: cfg.name.clone(),
+                width: out.0,
+                height: out.1,
+                encoding: "rgb8".into(),
+                data: vec![0; (out.0 * out.1 * 3) as usize],
+            },
+        });
+        let counters = Arc::new(Counters::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            source,
+            format,
+            size: (w, h),
+            roi,
+            out,
+            epoch,
+            writer,
+            counters: counters.clone(),
+            stop: stop.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("camera-{}", cfg.name))
+            .spawn(move || worker.run())
+            .map_err(|e| CameraError::Open {
+                device: cfg.device.clone(),
+                message: format!("cannot start its capture thread: {e}"),
+            })?;
+        Ok(Capture {
+            name: cfg.name.clone(),
+            timeout: Duration::from_secs_f64(cfg.timeout_ms / 1e3),
+            reader,
+            counters,
+            stop,
+            thread: Some(thread),
+            started: Instant::now(),
+            seen: 0,
+            used: 0,
+            skipped: 0,
+            age_at_use: Duration::ZERO,
+        })
+    }
+
+    /// The camera's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Takes the newest frame without waiting; `None` until the first frame. `now` is the
+    /// loop's time, for the frame's age at use. Allocates nothing.
+    pub fn latest(&mut self, now: Duration) -> Option<&Frame> {
+        if self.reader.update() {
+            let seq = self.reader.get().seq;
+            self.skipped += seq.saturating_sub(self.seen + 1);
+            self.seen = seq;
+            self.used += 1;
+        }
+        if self.seen == 0 {
+            return None;
+        }
+        let f = self.reader.get();
+        self.age_at_use = now.saturating_sub(f.captured);
+        Some(f)
+    }
+
+    /// Whether the newest frame taken is older than the camera's timeout at `now` (or none has
+    /// come): the robot should hold. Call after [`Capture::latest`].
+    pub fn is_stale(&self, now: Duration) -> bool {
+        self.seen == 0 || now.saturating_sub(self.reader.get().captured) > self.timeout
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> CameraStats {
+        let frames = self.counters.frames.load(Ordering::Relaxed);
+        CameraStats {
+            name: self.name.clone(),
+            frames,
+            used: self.used,
+            skipped: self.skipped,
+            errors: self.counters.errors.load(Ordering::Relaxed),
+            fps: frames as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
+            age_at_use_ms: self.age_at_use.as_secs_f64() * 1e3,
+            last_error: self
+                .counters
+                .last_error
+                .lock()
+                .expect("camera error")
+                .clone(),
+        }
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,303 @@
+use super::*;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/camera")
+        .join(name)
+}
+
+fn write_png(path: &Path, w: u32, h: u32, rgb: &[u8]) {
+    let f = std::fs::File::create(path).unwrap();
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(f), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    enc.write_header().unwrap().write_image_data(rgb).unwrap();
+}
+
+fn png_rgb(path: &Path) -> Vec<u8> {
+    let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut r = dec.read_info().unwrap();
+    let mut buf = vec![0; r.output_buffer_size().unwrap()];
+    let info = r.next_frame(&mut buf).unwrap();
+    buf.truncate(info.buffer_size());
+    buf
+}
+
+fn config(name: &str, device: String, w: u32, h: u32) -> CameraConfig {
+    CameraConfig {
+        name: name.into(),
+        device,
+        width: w,
+        height: h,
+        fps: 200.0,
+        format: PixelFormat::Mjpeg,
+        crop: None,
+        resize: None,
+        timeout_ms: 500.0,
+    }
+}
+
+/// Waits (bounded) until `ok`, taking frames as a loop would.
+fn wait_for(cap: &mut Capture, epoch: Instant, what: &str, ok: impl Fn(&Capture) -> bool) {
+    let t0 = Instant::now();
+    loop {
+        let _ = cap.latest(epoch.elapsed());
+        if ok(cap) {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "never: {what}");
+        // Paces the polling, as a 1 kHz loop would take frames.
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn mjpeg_frames_decode_as_libjpeg_decodes_them_with_or_without_their_huffman_tables() {
+    let reference = png_rgb(&fixture("frame_decoded_by_pillow.png"));
+    for name in ["frame.jpg", "frame_no_dht.jpg"] {
+        let jpg = std::fs::read(fixture(name)).unwrap();
+        assert_eq!(pixels::jpeg_size(&jpg).unwrap(), (64, 48));
+        let mut rgb = vec![0; 64 * 48 * 3];
+        pixels::mjpeg_to_rgb(&jpg, 64, 48, &mut rgb, &mut Vec::new()).unwrap();
+        // Two correct IDCTs differ by rounding only.
+        let worst = rgb
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (*a as i32 - *b as i32).abs())
+            .max()
+            .unwrap();
+        assert!(
+            worst <= 4,
+            "{name}: off by up to {worst} from Pillow's decode"
+        );
+    }
+    let jpg = std::fs::read(fixture("frame.jpg")).unwrap();
+    let mut rgb = vec![0; 32 * 24 * 3];
+    let e = pixels::mjpeg_to_rgb(&jpg, 32, 24, &mut rgb, &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("64x48"), "{e}");
+    assert!(
+        pixels::mjpeg_to_rgb(
+            &jpg[..jpg.len() / 3],
+            64,
+            48,
+            &mut vec![0; 64 * 48 * 3],
+            &mut Vec::new()
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn the_tables_added_to_a_motion_jpeg_frame_are_the_ones_libjpeg_writes_by_default() {
+    // Pillow wrote frame.jpg with libjpeg's default tables (T.81 Annex K); frame_no_dht.jpg is
+    // the same file without them: the standard tables added back, it decodes to identical
+    // pixels.
+    let with = std::fs::read(fixture("frame.jpg")).unwrap();
+    let without = std::fs::read(fixture("frame_no_dht.jpg")).unwrap();
+    let mut scratch = Vec::new();
+    assert_eq!(
+        pixels::with_standard_huffman_tables(&with, &mut scratch),
+        &with[..],
+        "a frame with tables is left alone"
+    );
+    let fixed = pixels::with_standard_huffman_tables(&without, &mut scratch).to_vec();
+    // Pillow writes each table in a segment of its own (4 bytes of marker and length each),
+    // reflex all four in one.
+    assert_eq!(fixed.len() + 3 * 4, with.len());
+    let (mut a, mut b) = (vec![0; 64 * 48 * 3], vec![0; 64 * 48 * 3]);
+    pixels::mjpeg_to_rgb(&with, 64, 48, &mut a, &mut Vec::new()).unwrap();
+    pixels::mjpeg_to_rgb(&fixed, 64, 48, &mut b, &mut Vec::new()).unwrap();
+    assert!(a == b, "identical pixels");
+}
+
+#[test]
+fn a_folder_of_pngs_plays_as_a_camera_cropped_and_resized_newest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three 8x6 frames, each a solid colour with a distinct top-left 4x3 quadrant.
+    let colours = [[200u8, 0, 0], [0, 200, 0], [0, 0, 200]];
+    for (k, c) in colours.iter().enumerate() {
+        let rgb: Vec<u8> = (0..6)
+            .flat_map(|y| (0..8).flat_map(move |x| if x < 4 && y < 3 { *c } else { [9, 9, 9] }))
+            .collect();
+        write_png(&dir.path().join(format!("{k:03}.png")), 8, 6, &rgb);
+    }
+    let mut cfg = config("front", format!("files:{}", dir.path().display()), 8, 6);
+    cfg.crop = Some(Roi {
+        x: 0,
+        y: 0,
+        w: 4,
+        h: 3,
+    });
+    cfg.resize = Some([2, 2]);
+    cfg.validate("cameras[0]").unwrap();
+    assert_eq!(
+        cfg.spec(),
+        CameraSpec {
+            name: "front".into(),
+            width: 2,
+            height: 2
+        }
+    );
+    let epoch = Instant::now();
+    let mut cap = Capture::spawn(&cfg, cfg.open().unwrap(), epoch).unwrap();
+    wait_for(&mut cap, epoch, "nine frames", |c| c.stats().frames >= 9);
+    let f = cap.latest(epoch.elapsed()).unwrap();
+    assert_eq!(
+        (f.image.width, f.image.height, f.image.camera.as_str()),
+        (2, 2, "front")
+    );
+    let first = [f.image.data[0], f.image.data[1], f.image.data[2]];
+    assert!(colours.contains(&first), "{first:?}");
+    assert!(
+        f.image.data.chunks(3).all(|p| p == first),
+        "the crop is one colour"
+    );
+    assert!(f.captured <= epoch.elapsed());
+    let s = cap.stats();
+    assert_eq!(s.errors, 0, "{s:?}");
+    assert!(s.used >= 1 && s.used + s.skipped <= s.frames, "{s:?}");
+    assert!(!cap.is_stale(epoch.elapsed()));
+}
+
+/// A camera that delivers `good` RGB frames, then stops (each further call waits 10 ms and
+/// reports nothing new).
+struct Stops {
+    good: u32,
+    sent: u32,
+}
+
+impl FrameSource for Stops {
+    fn describe(&self) -> String {
+        "a camera that stops".into()
+    }
+    fn format(&self) -> (PixelFormat, u32, u32) {
+        (PixelFormat::Rgb8, 2, 2)
+    }
+    fn next_frame(&mut self, buf: &mut Vec<u8>) -> Result<(), CameraError> {
+        if self.sent == self.good {
+            std::thread::sleep(Duration::from_millis(10));
+            return Err(CameraError::Frame("no frame within 10 ms".into()));
+        }
+        self.sent += 1;
+        buf.clear();
+        buf.extend_from_slice(&[self.sent as u8; 12]);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_camera_that_stops_goes_stale_after_its_timeout_and_counts_the_failures() {
+    let mut cfg = config("wrist", "test".into(), 2, 2);
+    cfg.timeout_ms = 50.0;
+    let epoch = Instant::now();
+    let mut cap = Capture::spawn(&cfg, Box::new(Stops { good: 3, sent: 0 }), epoch).unwrap();
+    assert!(cap.is_stale(epoch.elapsed()), "no frame yet: stale");
+    wait_for(&mut cap, epoch, "the three frames", |c| {
+        c.stats().frames == 3
+    });
+    let last = cap.latest(epoch.elapsed()).unwrap().captured;
+    wait_for(&mut cap, epoch, "a failure", |c| c.stats().errors > 0);
+    let now = last + Duration::from_millis(51);
+    assert!(cap.is_stale(now));
+    assert!(!cap.is_stale(last + Duration::from_millis(49)));
+    let s = cap.stats();
+    assert_eq!(s.frames, 3);
+    assert!(s.last_error.contains("no frame"), "{s:?}");
+}
+
+#[test]
+fn bad_camera_tables_are_refused_naming_the_key() {
+    let ok = config("front", "/dev/video0".into(), 640, 480);
+    ok.validate("cameras[0]").unwrap();
+    let mut c = ok.clone();
+    c.crop = Some(Roi {
+        x: 600,
+        y: 0,
+        w: 100,
+        h: 100,
+    });
+    let e = c.validate("cameras[0]").unwrap_err();
+    assert_eq!(e.key, "cameras[0].crop");
+    let mut c = ok.clone();
+    c.fps = 0.0;
+    assert_eq!(c.validate("cameras[0]").unwrap_err().key, "cameras[0].fps");
+    let mut c = ok.clone();
+    c.name = "front camera".into();
+    assert_eq!(c.validate("cameras[0]").unwrap_err().key, "cameras[0].name");
+    let e = validate_cameras(&[ok.clone(), ok.clone()], "cameras").unwrap_err();
+    assert_eq!(e.key, "cameras[1].name");
+    let e = toml::from_str::<CameraConfig>(
+        "name = \"a\"\ndevice = \"/dev/video0\"\nwidth = 640\nheight = 480\nfps = 30\nexposure = 3\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("exposure"), "{e}");
+}
+
+#[test]
+fn a_file_camera_that_cannot_be_used_says_which_folder_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config("front", format!("files:{}", dir.path().display()), 8, 6);
+    let e = cfg.open().err().unwrap().to_string();
+    assert!(
+        e.contains(&dir.path().display().to_string()) && e.contains("no .png"),
+        "{e}"
+    );
+    write_png(&dir.path().join("a.png"), 4, 4, &[0; 48]);
+    let e = cfg.open().err().unwrap().to_string();
+    assert!(e.contains("4x4") && e.contains("width = 8"), "{e}");
+    write_png(&dir.path().join("b.png"), 8, 6, &[0; 144]);
+    let e = cfg.open().err().unwrap().to_string();
+    assert!(e.contains("b.png") && e.contains("share one size"), "{e}");
+    let v4l2 = config("front", "/dev/video0".into(), 8, 6);
+    let e = v4l2.open().err().unwrap().to_string();
+    assert!(e.contains("/dev/video0") && e.contains("not built"), "{e}");
+}
+
+#[test]
+fn jpeg_frames_from_a_folder_go_through_the_mjpeg_decoder() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture("frame.jpg"), dir.path().join("0001.jpg")).unwrap();
+    std::fs::copy(fixture("frame_no_dht.jpg"), dir.path().join("0002.jpg")).unwrap();
+    let cfg = config("front", format!("files:{}", dir.path().display()), 64, 48);
+    let src = cfg.open().unwrap();
+    assert_eq!(src.format(), (PixelFormat::Mjpeg, 64, 48));
+    let epoch = Instant::now();
+    let mut cap = Capture::spawn(&cfg, src, epoch).unwrap();
+    wait_for(&mut cap, epoch, "four frames", |c| c.stats().frames >= 4);
+    let reference = png_rgb(&fixture("frame_decoded_by_pillow.png"));
+    let f = cap.latest(epoch.elapsed()).unwrap();
+    let worst = f
+        .image
+        .data
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (*a as i32 - *b as i32).abs())
+        .max()
+        .unwrap();
+    assert!(worst <= 4, "{worst}");
+    assert_eq!(cap.stats().errors, 0);
+}
+
+#[test]
+fn the_camera_table_in_docs_hardware_md_loads_and_validates() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/hardware.md"))
+            .unwrap();
+    let at = doc
+        .find("## Cameras on the arm")
+        .expect("the cameras section");
+    let block = doc[at..].split("```toml\n").nth(1).unwrap();
+    let block = &block[..block.find("```").unwrap()];
+    #[derive(serde::Deserialize)]
+    struct Arm {
+        cameras: Vec<CameraConfig>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        arm: Arm,
+    }
+    let d: Doc = toml::from_str(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+    validate_cameras(&d.arm.cameras, "arm.cameras").unwrap();
+    assert_eq!(d.arm.cameras[0].output_size(), (128, 128));
+}
