@@ -1,11 +1,10 @@
 //! reflex-hardware: the arms people use for robot learning and the devices a person drives them
 //! with.
 //!
-//! - [`robot`]: an SO-101 or Koch follower as a [`reflex_contracts::robot::Robot`];
+//! - [`robot`]: an SO-101 or Koch follower as a [`reflex_contracts::robot::Robot`], with its
+//!   cameras (reflex-cameras);
 //! - [`leader`], [`devices`], [`keyboard`]: the leader arm, a gamepad, a SpaceMouse and this
 //!   terminal's keys as [`reflex_contracts::teleop::Teleop`] devices;
-//! - [`camera`]: cameras on the robot, a capture thread each, the newest frame handed on without
-//!   waiting;
 //! - [`arm`], [`calibrate`]: whole arms in joint units through LeRobot's calibration, and the
 //!   guided calibration procedure.
 //!
@@ -22,7 +21,6 @@
 pub mod arm;
 pub mod bus;
 pub mod calibrate;
-pub mod camera;
 pub mod devices;
 pub mod dynamixel;
 pub mod emulate;

@@ -17,10 +17,10 @@
 //! end the run with the error naming the servo, the servos holding their last goal.
 
 use crate::arm::{ArmKind, ArmTiming, ServoArm};
-use crate::camera::{CameraConfig, CameraStats, Capture};
 use nalgebra::{Isometry3, Translation3, Vector3};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use reflex_cameras::{CameraConfig, CameraStats, Capture};
 use reflex_contracts::config::{Invalid, Validate, in_range};
 use reflex_contracts::msg::{
     ActionKind, Image, Observation, PROTOCOL_VERSION, RobotSpec, StateField,
@@ -132,7 +132,7 @@ impl Validate for ArmSection {
         in_range(p, "start_speed_rad_s", self.start_speed_rad_s, 0.01, 3.0)?;
         in_range(p, "ee_step_m", self.ee_step_m, 1e-4, 0.05)?;
         in_range(p, "joint_step_rad", self.joint_step_rad, 1e-4, 0.5)?;
-        crate::camera::validate_cameras(&self.cameras, &format!("{p}.cameras"))?;
+        reflex_cameras::validate_cameras(&self.cameras, &format!("{p}.cameras"))?;
         if self.retries > 10 {
             return Err(Invalid {
                 key: format!("{p}.retries"),

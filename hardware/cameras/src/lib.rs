@@ -1,7 +1,7 @@
-//! Cameras on the robot: a capture thread per camera hands the newest frame to whoever drives the
-//! robot without ever making it wait.
+//! reflex-cameras: cameras on the robot. A capture thread per camera hands the newest frame to
+//! whoever drives the robot without ever making it wait.
 //!
-//! - [`CameraConfig`]: a `[[cameras]]` table (name, device, size, rate, format, crop, resize,
+//! - [`CameraConfig`]: a `[[arm.cameras]]` table (name, device, size, rate, format, crop, resize,
 //!   timeout), validated with errors that name the key;
 //! - [`FrameSource`]: where frames come from. [`FileCamera`] plays a folder of images; V4L2
 //!   capture of a USB camera is not built yet ([`CameraConfig::open`] says so);
@@ -9,6 +9,8 @@
 //!   frame into one of three preallocated frames (a triple buffer) and stamps it with its arrival
 //!   time on the loop's clock; [`Capture::latest`] takes the newest without blocking, and
 //!   [`Capture::is_stale`] says when the camera has stopped delivering (the robot then holds).
+
+#![warn(missing_docs)]
 
 pub mod file;
 pub mod pixels;

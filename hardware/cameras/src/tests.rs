@@ -281,9 +281,10 @@ fn jpeg_frames_from_a_folder_go_through_the_mjpeg_decoder() {
 
 #[test]
 fn the_camera_table_in_docs_hardware_md_loads_and_validates() {
-    let doc =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/hardware.md"))
-            .unwrap();
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/hardware.md"),
+    )
+    .unwrap();
     let at = doc
         .find("## Cameras on the arm")
         .expect("the cameras section");
