@@ -203,8 +203,9 @@ fn a_leader_arm_takeover_30_degrees_away_never_moves_the_follower_more_than_the_
     pose_servo(leader_bus.path(), 1, 2048 + 341);
     pose_servo(leader_bus.path(), 3, 2048 - 341);
     let cfg: ArmSection = toml::from_str(&format!(
-        "port = \"{}\"\ntask = \"joints\"\naction = \"joint_abs\"\nstart_speed_rad_s = 3.0",
-        follower_bus.path()
+        "port = \"{}\"\ntask = \"joints\"\naction = \"joint_abs\"\nstart_speed_rad_s = 3.0\n{}",
+        follower_bus.path(),
+        crate::common::EMULATED_BUS
     ))
     .unwrap();
     let mut follower = ArmRobot::open(ArmKind::So101Follower, "so101", &cfg).unwrap();

@@ -35,6 +35,11 @@ pub fn unix_endpoint(dir: &tempfile::TempDir, name: &str) -> String {
     )
 }
 
+/// `[arm]` keys for servos emulated by a thread of the test's own process: the tests check
+/// protocols and safety, not bus timing, so one exchange may take 250 ms (a real bus's 20 ms was
+/// missed three times in a row with a busy thread per core).
+pub const EMULATED_BUS: &str = "timeout_ms = 250.0";
+
 /// A child process killed when dropped, so a failing test never leaves it behind.
 pub struct ChildGuard(pub Child);
 

@@ -1011,8 +1011,9 @@ fn a_served_arm_refuses_and_counts_out_of_range_and_over_limit_commands_and_its_
     })
     .unwrap();
     let cfg: ArmSection = toml::from_str(&format!(
-        "port = \"{}\"\ntask = \"joints\"\naction = \"joint_abs\"\nstart_speed_rad_s = 3.0",
-        emu.path()
+        "port = \"{}\"\ntask = \"joints\"\naction = \"joint_abs\"\nstart_speed_rad_s = 3.0\n{}",
+        emu.path(),
+        crate::common::EMULATED_BUS
     ))
     .unwrap();
     let arm = ArmRobot::open(ArmKind::So101Follower, "so101", &cfg).unwrap();
