@@ -961,19 +961,13 @@ fn reflex_run_on_the_emulated_so101_with_a_file_camera_records_its_frames_and_re
         ],
     );
     let runs = dir.path().join("runs");
-    let out = reflex()
-        .args(["run", "--json", "--episodes", "2", "--record"])
-        .arg(&runs)
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = crate::common::json_output(
+        reflex()
+            .args(["run", "--json", "--episodes", "2", "--record"])
+            .arg(&runs)
+            .arg("--config")
+            .arg(&cfg),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let cam = &v["arm"]["cameras"][0];
     assert_eq!(cam["name"], "front", "{v}");
     assert!(cam["frames"].as_u64().unwrap() > 0, "{cam}");
@@ -982,13 +976,7 @@ fn reflex_run_on_the_emulated_so101_with_a_file_camera_records_its_frames_and_re
     // The frames are in the recording, under the camera's name.
     let rec =
         std::path::Path::new(v["recording"]["dir"].as_str().unwrap()).join("episode_000001.rrd");
-    let out = std::process::Command::new(crate::replay::rerun_cli())
-        .env("CI", "1")
-        .args(["rrd", "print", "-v"])
-        .arg(&rec)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = crate::replay::rrd_print(&rec);
     assert!(
         text.contains("/camera/front"),
         "no camera entity in {rec:?}:\n{text}"

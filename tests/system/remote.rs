@@ -306,13 +306,7 @@ fn a_dict_observation_with_a_camera_arrives_as_named_fields_and_a_camera_and_its
     // The camera is recorded under its own name.
     let rec_dir = v["recording"]["dir"].as_str().unwrap();
     let first = std::path::Path::new(rec_dir).join("episode_000001.rrd");
-    let out = std::process::Command::new(crate::replay::rerun_cli())
-        .env("CI", "1")
-        .args(["rrd", "print", "-v"])
-        .arg(&first)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = crate::replay::rrd_print(&first);
     assert!(
         text.contains("/camera/camera"),
         "no camera entity in {first:?}:\n{text}"

@@ -21,6 +21,23 @@ pub(crate) fn rerun_cli() -> PathBuf {
     p
 }
 
+/// `rerun rrd print -v FILE`'s output: the entities and their components in a recording.
+pub(crate) fn rrd_print(f: &Path) -> String {
+    let out = Command::new(rerun_cli())
+        .env("CI", "1")
+        .args(["rrd", "print", "-v"])
+        .arg(f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rerun rrd print {}: {}",
+        f.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn record_pick(runs: &Path, episodes: u32) -> (serde_json::Value, PathBuf) {
     let v = crate::common::json_output(
         reflex()
@@ -384,13 +401,7 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = Command::new(rerun_cli())
-        .env("CI", "1")
-        .args(["rrd", "print", "-v"])
-        .arg(&f)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = rrd_print(&f);
     for entity in [
         "/world/arm/gripper",
         "/world/object",
@@ -431,13 +442,7 @@ fn camera_images_are_recorded_at_every_step_of_an_episode() {
     for id in [1, 2] {
         let f = rec.join(format!("episode_00000{id}.rrd"));
         steps += u64::from(reflex_record::read_summary(&f).unwrap().steps);
-        let out = Command::new(rerun_cli())
-            .env("CI", "1")
-            .args(["rrd", "print", "-v"])
-            .arg(&f)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = rrd_print(&f);
         for (k, cam) in ["front", "wrist"].iter().enumerate() {
             for line in text
                 .lines()
