@@ -99,18 +99,7 @@ fn recorded_episodes_pass_rerun_verify_and_hold_the_expected_entities() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let out = Command::new(rerun_cli())
-            .env("CI", "1")
-            .args(["rrd", "print", "-v"])
-            .arg(f)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = rrd_print(f);
         for entity in [
             "/world/arm/gripper",
             "/world/arm/shoulder/shape",
