@@ -22,9 +22,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use reflex_cameras::{CameraConfig, CameraStats, Capture};
 use reflex_contracts::config::{Invalid, Validate, in_range};
-use reflex_contracts::msg::{
-    ActionKind, Image, Observation, PROTOCOL_VERSION, RobotSpec, StateField,
-};
+use reflex_contracts::msg::{ActionKind, Observation, PROTOCOL_VERSION, RobotSpec, StateField};
 use reflex_contracts::robot::{Robot, RobotError, check_action};
 use reflex_contracts::stop::StopSwitch;
 use reflex_runtime::kinematics::{IkOptions, top_down};
@@ -322,20 +320,7 @@ impl ArmRobot {
             cameras.push(Capture::spawn(c, source, epoch).map_err(|e| device(name, e))?);
             spec.cameras.push(c.spec());
         }
-        let images = cfg
-            .cameras
-            .iter()
-            .map(|c| {
-                let (w, h) = c.output_size();
-                Image {
-                    camera: c.name.clone(),
-                    width: w,
-                    height: h,
-                    encoding: "rgb8".into(),
-                    data: vec![0; (w * h * 3) as usize],
-                }
-            })
-            .collect();
+        let images = cfg.cameras.iter().map(CameraConfig::blank_image).collect();
         Ok(ArmRobot {
             arm,
             cfg: cfg.clone(),
@@ -558,8 +543,8 @@ impl ArmRobot {
         }
     }
 
-    /// Copies each camera's newest frame into the observation (no allocation: the buffers are
-    /// sized at open). False when a camera's newest frame is older than its timeout: the
+    /// Copies each camera's frame into the observation when a new one has come (no allocation:
+    /// the buffers are sized at open). False when a camera's newest frame is older than its timeout: the
     /// observation is then not renewed, so the loop's stale-observation hold applies.
     fn take_frames(&mut self) -> bool {
         let now = self.epoch.elapsed();
@@ -570,7 +555,7 @@ impl ArmRobot {
             .zip(&mut self.obs.images)
             .enumerate()
         {
-            if let Some(f) = cap.latest(now) {
+            if let Some(f) = cap.newer(now) {
                 img.data.copy_from_slice(&f.image.data);
             }
             if stale.is_none() && cap.is_stale(now) {

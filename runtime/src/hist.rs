@@ -8,10 +8,21 @@ use std::time::Duration;
 const HIGHEST_NS: u64 = 3_600_000_000_000;
 
 /// Histogram of non-negative durations in nanoseconds; the largest value is also kept exactly.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Histogram {
     hdr: hdrhistogram::Histogram<u64>,
     max_ns: u64,
+}
+
+impl std::fmt::Debug for Histogram {
+    // The count and extremes, not the thousands of buckets a derived Debug would print.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Histogram")
+            .field("count", &self.count())
+            .field("p50", &self.percentile(50.0))
+            .field("max", &self.max())
+            .finish()
+    }
 }
 
 impl Default for Histogram {

@@ -42,29 +42,22 @@ fn bound_endpoint(
     protocol: &str,
 ) -> String {
     let marker = "Zenoh can be reached at: ";
-    let t0 = std::time::Instant::now();
-    loop {
+    let mut found = None;
+    crate::common::wait_until(&format!("{name} reporting its bound endpoint"), 60, || {
         let err = crate::common::child_stderr(dir, name);
-        let found = err.lines().find_map(|l| {
+        found = err.lines().find_map(|l| {
             let at = l.find(marker)?;
             let ep = l[at + marker.len()..].split_whitespace().next()?;
             ep.starts_with(&format!("{protocol}/"))
                 .then(|| ep.to_string())
         });
-        if let Some(ep) = found {
-            return ep;
-        }
         assert!(
-            child.0.try_wait().unwrap().is_none(),
+            found.is_some() || child.0.try_wait().unwrap().is_none(),
             "{name} exited before listening:\n{err}"
         );
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "{name} never reported a bound endpoint:\n{err}"
-        );
-        // Paces the polling of the child's log file.
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        found.is_some()
+    });
+    found.unwrap()
 }
 
 /// A log filter for a child: reflex's default, plus the Zenoh line naming its bound endpoints.

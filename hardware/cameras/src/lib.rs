@@ -100,6 +100,19 @@ impl CameraConfig {
         }
     }
 
+    /// A black frame of this camera's output size, as observations and the capture's buffers
+    /// start.
+    pub fn blank_image(&self) -> Image {
+        let (width, height) = self.output_size();
+        Image {
+            camera: self.name.clone(),
+            width,
+            height,
+            encoding: "rgb8".into(),
+            data: vec![0; (width * height * 3) as usize],
+        }
+    }
+
     /// The camera as a robot spec lists it (its output size).
     pub fn spec(&self) -> CameraSpec {
         let (width, height) = self.output_size();
@@ -340,13 +353,7 @@ impl Capture {
         let (writer, reader) = triple(Frame {
             seq: 0,
             captured: Duration::ZERO,
-            image: Image {
-                camera: cfg.name.clone(),
-                width: out.0,
-                height: out.1,
-                encoding: "rgb8".into(),
-                data: vec![0; (out.0 * out.1 * 3) as usize],
-            },
+            image: cfg.blank_image(),
         });
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
@@ -386,6 +393,16 @@ impl Capture {
     /// The camera's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The newest frame if it arrived since the last call (else `None`), without waiting; what
+    /// a caller that keeps its own copy needs, so that an unchanged frame is not copied again.
+    pub fn newer(&mut self, now: Duration) -> Option<&Frame> {
+        let before = self.seen;
+        match self.latest(now) {
+            Some(f) if f.seq != before => Some(f),
+            _ => None,
+        }
     }
 
     /// Takes the newest frame without waiting; `None` until the first frame. `now` is the
