@@ -6,6 +6,16 @@
 //!
 //! [`Calibration::to_json`] writes that layout byte for byte, motor order kept, so a file goes
 //! back and forth between reflex and LeRobot unchanged.
+//!
+//! Cameras: the lens model and its files ([`camera`]), boards and their detection ([`board`]),
+//! intrinsics ([`intrinsics`]) and hand-eye ([`hand_eye`]), on nalgebra with a small
+//! Levenberg-Marquardt ([`lm`]).
+
+pub mod board;
+pub mod camera;
+pub mod hand_eye;
+pub mod intrinsics;
+pub mod lm;
 
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
