@@ -74,10 +74,10 @@ enum Command {
         #[command(subcommand)]
         command: cmd::tools::KeysCommand,
     },
-    /// Joint calibration of an arm, written in LeRobot's calibration format.
+    /// Calibration: an arm's joints (LeRobot's format), a camera's intrinsics, hand-eye.
     Calibrate {
         #[command(subcommand)]
-        command: cmd::hw::CalibrateCommand,
+        command: cmd::calibrate::CalibrateCommand,
     },
     /// The tarball that installs reflex on a robot's computer as a service (binary, ONNX
     /// Runtime, models, configs, systemd unit, install script with upgrade and rollback).
@@ -137,7 +137,7 @@ fn main() {
         #[cfg(feature = "bench")]
         Command::Soak(a) => cmd::bench::soak(a),
         Command::Hw { command } => cmd::hw::run(command),
-        Command::Calibrate { command } => cmd::hw::calibrate(command),
+        Command::Calibrate { command } => cmd::calibrate::calibrate(command),
         Command::Keys { command } => cmd::tools::keys(command),
     };
     if let Err(e) = result {

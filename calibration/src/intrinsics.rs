@@ -169,7 +169,7 @@ fn refine(
             pose,
         });
     }
-    if !(model.fx > 0.0 && model.fy > 0.0) || !total.is_finite() {
+    if !(model.fx > 0.0 && model.fy > 0.0 && total.is_finite()) {
         return Err(CalibrateError::Degenerate(format!(
             "the refinement ended at fx {:.1}, fy {:.1}",
             model.fx, model.fy

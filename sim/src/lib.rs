@@ -6,10 +6,12 @@
 //! - [`env`]: [`SimEnv`], the simulator as a [`reflex_runtime::robot::Robot`].
 //! - [`expert`]: scripted experts with a noise knob.
 //! - [`camera`]: CPU-rendered front and wrist cameras.
+//! - [`calib`]: calibration boards seen by those cameras, with their truth.
 //!
 //! docs/sim.md describes the model, the tasks and their numbers.
 #![warn(missing_docs)]
 
+pub mod calib;
 pub mod camera;
 pub mod config;
 pub mod env;

@@ -3,6 +3,7 @@
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod bundle;
+pub mod calibrate;
 pub mod demo;
 pub mod hw;
 pub mod learn;

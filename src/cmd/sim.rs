@@ -21,6 +21,9 @@ pub enum SimCommand {
     Expert(ExpertArgs),
     /// Write the camera images (PNG) after N expert steps of a seeded episode.
     Snapshot(SnapshotArgs),
+    /// Render a chessboard through a simulated camera from seeded poses (PNG), with the truth
+    /// (truth.json): try `reflex calibrate camera|hand-eye` without a camera.
+    BoardViews(BoardViewsArgs),
 }
 
 /// A task of the simulator.
@@ -178,6 +181,58 @@ pub struct SnapshotArgs {
     out: PathBuf,
 }
 
+#[derive(Args)]
+pub struct BoardViewsArgs {
+    /// The simulator's camera: front or wrist.
+    #[arg(long, default_value = "front")]
+    camera: String,
+    /// Image size, WIDTHxHEIGHT.
+    #[arg(long, default_value = "640x480", value_parser = parse_size)]
+    size: (u32, u32),
+    /// The board.
+    #[arg(long, default_value = "chessboard:9x6:0.025")]
+    board: reflex_calibration::board::Board,
+    /// Views.
+    #[arg(long, default_value_t = 20)]
+    views: usize,
+    /// Seed of the poses.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Lens distortion added to the camera's pinhole: k1,k2,p1,p2,k3 (OpenCV's order).
+    #[arg(long, default_value = "0,0,0,0,0", value_parser = parse_distortion, allow_hyphen_values = true)]
+    distortion: Distortion,
+    /// Hand-eye views: the camera on the arm (wrist) over a board on the table; writes
+    /// poses.json with the arm's joints for each view.
+    #[arg(long)]
+    hand_eye: bool,
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Clone, Copy)]
+struct Distortion([f64; 5]);
+
+fn parse_distortion(s: &str) -> Result<Distortion, String> {
+    let v: Result<Vec<f64>, _> = s.split(',').map(|x| x.trim().parse::<f64>()).collect();
+    match v {
+        Ok(v) if v.len() == 5 && v.iter().all(|x| x.is_finite()) => {
+            Ok(Distortion([v[0], v[1], v[2], v[3], v[4]]))
+        }
+        _ => Err(format!("`{s}` is not five numbers k1,k2,p1,p2,k3")),
+    }
+}
+
+fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s
+        .split_once('x')
+        .ok_or_else(|| format!("`{s}` is not WIDTHxHEIGHT (e.g. 640x480)"))?;
+    match (w.parse::<u32>(), h.parse::<u32>()) {
+        (Ok(w), Ok(h)) if (16..=4096).contains(&w) && (16..=4096).contains(&h) => Ok((w, h)),
+        _ => Err(format!("`{s}`: width and height between 16 and 4096 px")),
+    }
+}
+
 pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
     match cmd {
         SimCommand::Serve(a) => {
@@ -218,6 +273,33 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
             );
         }
         SimCommand::Expert(a) => expert(a)?,
+        SimCommand::BoardViews(a) => {
+            let o = reflex_tools::calibrate::BoardViewsOptions {
+                camera: a.camera.clone(),
+                width: a.size.0,
+                height: a.size.1,
+                board: a.board,
+                views: a.views,
+                seed: a.seed,
+                distortion: a.distortion.0,
+                hand_eye: a.hand_eye,
+                out: a.out.clone(),
+            };
+            let t = reflex_tools::calibrate::board_views(&o, &Bars::new(false))?;
+            let k = &t.camera.camera_matrix;
+            println!(
+                "wrote {} views of {} seen by `{}` to {} (fx {:.2} fy {:.2} cx {:.2} cy {:.2} px; truth.json{})",
+                t.views.len(),
+                t.board,
+                t.camera_name,
+                a.out.display(),
+                k[0][0],
+                k[1][1],
+                k[0][2],
+                k[1][2],
+                if a.hand_eye { ", poses.json" } else { "" }
+            );
+        }
         SimCommand::Snapshot(a) => {
             for p in simtools::snapshot(a.sim.load()?, a.seed, a.steps, &a.out)? {
                 println!("{}", p.display());

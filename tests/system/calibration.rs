@@ -81,3 +81,281 @@ fn a_lerobot_calibration_file_reads_in_reflex_and_writes_back_byte_for_byte() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The commands of docs/hardware.md's "Without a camera" block, exactly as written.
+fn documented_camera_commands() -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(crate::common::repo().join("docs/hardware.md")).unwrap();
+    let start = doc
+        .find("**Without a camera.**")
+        .expect("docs/hardware.md has its \"Without a camera\" part");
+    let block = &doc[start..];
+    let open = block.find("```sh\n").expect("a sh block") + 6;
+    let close = open + block[open..].find("```").unwrap();
+    block[open..close]
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+fn run_documented(dir: &std::path::Path, line: &[String]) -> String {
+    assert_eq!(line[0], "reflex", "docs run reflex: {line:?}");
+    let out = crate::common::reflex()
+        .args(&line[1..])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "`{}` failed: {}",
+        line.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn peer(args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let out = std::process::Command::new(python())
+        .arg(crate::common::repo().join("tests/system/opencv_calibration.py"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "OpenCV peer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The calibration chain as docs/hardware.md runs it, on boards the simulator's cameras render
+/// from known poses: intrinsics and distortion against the lens they were rendered with, the
+/// wrist camera's mount against the rig's, and both against OpenCV on the same corners
+/// (`calibrateCamera`, the camera file read by `cv2.FileStorage`; `solvePnP` then
+/// `calibrateHandEye`).
+#[test]
+fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agree_with_opencv() {
+    use reflex_calibration::camera::CameraModel;
+    use reflex_tools::calibrate::{HandEyeFile, TruthFile};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let commands = documented_camera_commands();
+    assert_eq!(commands.len(), 7, "{commands:?}");
+    let mut printed = Vec::new();
+    for line in &commands {
+        printed.push(run_documented(d, line));
+    }
+    let read_truth = |p: &str| -> TruthFile {
+        serde_json::from_str(&std::fs::read_to_string(d.join(p)).unwrap()).unwrap()
+    };
+
+    // Intrinsics: within 0.2 % of the rendered lens, distortion recovered.
+    let truth = read_truth("front_views/truth.json").camera.model();
+    let got = CameraModel::load(&d.join("front.yaml")).unwrap();
+    let rel = |a: f64, b: f64| ((a - b) / b).abs();
+    assert!(
+        rel(got.fx, truth.fx) < 0.002 && rel(got.fy, truth.fy) < 0.002,
+        "{got:?} vs {truth:?}"
+    );
+    assert!(
+        (got.cx - truth.cx).abs() < 0.002 * truth.cx
+            && (got.cy - truth.cy).abs() < 0.002 * truth.cy
+    );
+    // The distortion as a whole: each corner seen, taken back to its ray through the true lens
+    // and projected through the recovered one, lands where it was seen (k3 trades against k1
+    // and k2, so coefficients alone are not the measure; and a lens is only known where the
+    // views put corners). The leading coefficients close too.
+    let corners: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("front_corners.json")).unwrap())
+            .unwrap();
+    let mut worst: f64 = 0.0;
+    for view in corners["views"].as_array().unwrap() {
+        for c in view["corners"].as_array().unwrap() {
+            let (u, v) = (c[0].as_f64().unwrap(), c[1].as_f64().unwrap());
+            let ray = truth.undistort(u, v);
+            let back = got
+                .project(&nalgebra::Point3::new(ray.x, ray.y, 1.0))
+                .unwrap();
+            worst = worst.max((back - nalgebra::Vector2::new(u, v)).norm());
+        }
+    }
+    assert!(
+        worst < 0.3,
+        "the recovered lens puts a corner {worst} px from the true lens"
+    );
+    assert!(
+        (got.dist[0] - truth.dist[0]).abs() < 0.01
+            && (got.dist[2] - truth.dist[2]).abs() < 3e-4
+            && (got.dist[3] - truth.dist[3]).abs() < 3e-4,
+        "{:?} vs {:?}",
+        got.dist,
+        truth.dist
+    );
+    assert!(
+        printed[1].contains("images used") && printed[1].contains("wrote front.yaml"),
+        "{}",
+        printed[1]
+    );
+
+    // OpenCV on the same corners, and reading reflex's file.
+    let cv = peer(&[
+        "intrinsics".as_ref(),
+        d.join("front_corners.json").as_os_str(),
+        d.join("front.yaml").as_os_str(),
+    ]);
+    let f = |k: &str| cv[k].as_f64().unwrap();
+    assert!(
+        rel(f("fx"), got.fx) < 0.001 && rel(f("fy"), got.fy) < 0.001,
+        "{cv}"
+    );
+    assert!(
+        (f("cx") - got.cx).abs() < 0.5 && (f("cy") - got.cy).abs() < 0.5,
+        "{cv}"
+    );
+    assert_eq!(
+        (f("file_fx"), f("file_cx")),
+        (got.fx, got.cx),
+        "cv2.FileStorage reads the file as written"
+    );
+
+    // Hand-eye: the wrist camera's mount on the gripper link within 1 mm and 0.1 degree.
+    let he_truth = read_truth("hand_eye_views/truth.json");
+    let mount = he_truth.gripper_camera.unwrap().iso();
+    let fit: HandEyeFile =
+        serde_json::from_str(&std::fs::read_to_string(d.join("wrist_hand_eye.json")).unwrap())
+            .unwrap();
+    assert_eq!(fit.parent, "gripper");
+    let (mm, deg) = reflex_calibration::hand_eye::pose_error(&fit.camera.iso(), &mount);
+    assert!(
+        mm < 1.0 && deg < 0.1,
+        "mount off by {mm} mm and {deg} degrees"
+    );
+
+    // OpenCV's calibrateHandEye on reflex's corners (its own solvePnP) and gripper poses.
+    let report = crate::common::json_output(crate::common::reflex().current_dir(d).args([
+        "calibrate",
+        "hand-eye",
+        "--images",
+        "hand_eye_views",
+        "--camera",
+        "wrist.yaml",
+        "--board",
+        "chessboard:9x6:0.015",
+        "--out",
+        "again.json",
+        "--json",
+    ]));
+    let report_path = d.join("hand_eye_report.json");
+    std::fs::write(&report_path, report.to_string()).unwrap();
+    let cv = peer(&[
+        "hand-eye".as_ref(),
+        d.join("hand_eye_corners.json").as_os_str(),
+        d.join("wrist.yaml").as_os_str(),
+        report_path.as_os_str(),
+    ]);
+    let t: Vec<f64> = cv["park"]["translation_m"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let ours = fit.camera.translation_m;
+    let gap_mm = ((t[0] - ours[0]).powi(2) + (t[1] - ours[1]).powi(2) + (t[2] - ours[2]).powi(2))
+        .sqrt()
+        * 1e3;
+    assert!(
+        gap_mm < 1.0,
+        "OpenCV's Park-Martin is {gap_mm} mm from reflex's: {cv}"
+    );
+    eprintln!(
+        "calibration: fx {:.3} vs {:.3} ({:.3} %), lens gap at the corners seen {worst:.3} px, distortion {:?}; mount {mm:.3} mm, {deg:.4} deg; OpenCV fx {:.3}, hand-eye gap {gap_mm:.3} mm",
+        got.fx,
+        truth.fx,
+        100.0 * rel(got.fx, truth.fx),
+        got.dist,
+        f("fx")
+    );
+
+    // The printed board is one the detector reads, at the scale asked for.
+    let (w, h, rgb) = reflex_cameras::file::read_image(&d.join("board.png")).unwrap();
+    let board: reflex_calibration::board::Board = "chessboard:9x6:0.025".parse().unwrap();
+    let corners = reflex_calibration::board::detect(
+        &board,
+        &reflex_calibration::board::gray_from_rgb(&rgb),
+        w as usize,
+        h as usize,
+    )
+    .unwrap();
+    let square_px = 0.025 / 0.0254 * 300.0;
+    assert!(((corners[1] - corners[0]).norm() - square_px).abs() < 0.5);
+    assert!(((corners[9] - corners[0]).norm() - square_px).abs() < 0.5);
+    assert_eq!(
+        (w, h),
+        (
+            (11.0 * square_px).round() as u32,
+            (8.0 * square_px).round() as u32
+        )
+    );
+}
+
+/// Bad input names what is wrong and what to do.
+#[test]
+fn calibration_commands_refuse_bad_input_and_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fail = |args: &[&str]| -> String {
+        let out = crate::common::reflex()
+            .current_dir(d)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = fail(&[
+        "calibrate",
+        "camera",
+        "--images",
+        ".",
+        "--board",
+        "chessboard:9x6",
+    ]);
+    assert!(e.contains("chessboard:COLSxROWS:SQUARE_M"), "{e}");
+    std::fs::create_dir(d.join("empty")).unwrap();
+    let e = fail(&[
+        "calibrate",
+        "camera",
+        "--images",
+        "empty",
+        "--board",
+        "chessboard:9x6:0.025",
+    ]);
+    assert!(e.contains("empty") && e.contains("no .png"), "{e}");
+    // Two views only: too few, with how many to take.
+    let out = crate::common::reflex()
+        .current_dir(d)
+        .args(["sim", "board-views", "--views", "2", "--out", "two"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let e = fail(&[
+        "calibrate",
+        "camera",
+        "--images",
+        "two",
+        "--board",
+        "chessboard:9x6:0.025",
+    ]);
+    assert!(e.contains("at least 3") && e.contains("15-25"), "{e}");
+    let e = fail(&[
+        "calibrate",
+        "hand-eye",
+        "--images",
+        "two",
+        "--camera",
+        "nope.yaml",
+        "--board",
+        "chessboard:9x6:0.025",
+    ]);
+    assert!(e.contains("nope.yaml"), "{e}");
+}

@@ -51,6 +51,26 @@ fn png_rgb(path: &Path) -> Result<(u32, u32, Vec<u8>), CameraError> {
     Ok((info.width, info.height, rgb))
 }
 
+/// Reads one PNG or JPEG file as RGB8: `(width, height, pixels)` (calibration images, snapshots).
+pub fn read_image(path: &Path) -> Result<(u32, u32, Vec<u8>), CameraError> {
+    let is_png = path
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("png"));
+    if is_png {
+        return png_rgb(path);
+    }
+    let bad = |m: String| CameraError::Open {
+        device: path.display().to_string(),
+        message: m,
+    };
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let (w, h) = jpeg_size(&bytes).map_err(|e| bad(e.to_string()))?;
+    let mut rgb = vec![0; (w * h * 3) as usize];
+    super::pixels::mjpeg_to_rgb(&bytes, w, h, &mut rgb, &mut Vec::new())
+        .map_err(|e| bad(e.to_string()))?;
+    Ok((w, h, rgb))
+}
+
 impl FileCamera {
     /// Opens the folder `dir` as a camera delivering `fps` frames a second.
     pub fn open(dir: &Path, fps: f64) -> Result<Self, CameraError> {

@@ -7,11 +7,13 @@
 //! - [`teleop`]: a teleop device's commands onto the bus, and what the robot answers;
 //! - [`operator`]: `reflex estop` (raise, release, resume);
 //! - [`viz`], [`replay`]: `reflex viz` and `reflex replay`;
-//! - [`policytools`]: `reflex policy check|bench` and `reflex bc train`.
+//! - [`policytools`]: `reflex policy check|bench` and `reflex bc train`;
+//! - [`calibrate`]: `reflex calibrate camera|hand-eye` and `reflex sim board-views`.
 //!
 //! Long jobs report through [`reflex_agent::progress::Progress`]; nothing here prints.
 #![warn(missing_docs)]
 
+pub mod calibrate;
 pub mod operator;
 pub mod policytools;
 pub mod replay;

@@ -1,0 +1,652 @@
+//! What `reflex calibrate camera|hand-eye` and `reflex sim board-views` run: a folder of board
+//! images to a camera file (OpenCV's layout), a folder of images with the arm's poses to the
+//! camera's place on the robot, and the simulator's board views with their truth for trying
+//! both without a camera.
+//!
+//! Files in a views folder:
+//! - `view_000.png` ... (PNG or JPEG), the board's pictures;
+//! - `poses.json` (hand-eye): `{"setup": "eye-in-hand" | "eye-to-hand", "views": [{"image":
+//!   "view_000.png", "joints": [rad, ...]} | {"image": ..., "gripper": Pose}]}`: the arm's joint
+//!   positions (forward kinematics of its URDF gives the gripper) or the gripper's pose itself;
+//! - `truth.json` (simulated views only): the lens and every pose they were rendered with.
+
+use nalgebra::{Isometry3, Quaternion, Translation3, UnitQuaternion};
+use reflex_agent::AgentError;
+use reflex_agent::error::{Result, bail, ctx};
+use reflex_agent::progress::Progress;
+use reflex_calibration::board::{Board, Corners, detect, gray_from_rgb};
+use reflex_calibration::camera::{CameraFile, CameraModel};
+use reflex_calibration::hand_eye::{HandEyeView, Setup, calibrate_hand_eye};
+use reflex_calibration::intrinsics::calibrate;
+use reflex_runtime::kinematics::Chain;
+use reflex_sim::calib::{board_on_table, hand_eye_views, intrinsics_views};
+use reflex_sim::camera::CameraRig;
+use reflex_sim::world::{ARM_URDF, ArmModel};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A pose in files: translation, m, and rotation as a unit quaternion `[x, y, z, w]` (ROS's
+/// order).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pose {
+    /// m.
+    pub translation_m: [f64; 3],
+    /// `[x, y, z, w]`.
+    pub rotation_xyzw: [f64; 4],
+}
+
+impl From<&Isometry3<f64>> for Pose {
+    fn from(p: &Isometry3<f64>) -> Self {
+        let q = p.rotation.coords;
+        Pose {
+            translation_m: p.translation.vector.into(),
+            rotation_xyzw: [q[0], q[1], q[2], q[3]],
+        }
+    }
+}
+
+impl Pose {
+    /// The isometry; the quaternion is normalised.
+    pub fn iso(&self) -> Isometry3<f64> {
+        let [x, y, z, w] = self.rotation_xyzw;
+        let [tx, ty, tz] = self.translation_m;
+        Isometry3::from_parts(
+            Translation3::new(tx, ty, tz),
+            UnitQuaternion::from_quaternion(Quaternion::new(w, x, y, z)),
+        )
+    }
+}
+
+/// One image and why it was or was not used.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageOutcome {
+    /// File name in the folder.
+    pub image: String,
+    /// Reprojection RMS, px, when used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rms_px: Option<f64>,
+    /// Why not, when not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// The gripper's pose in the base frame (hand-eye views).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gripper: Option<Pose>,
+}
+
+/// What `reflex calibrate camera` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct CameraCalibrationReport {
+    /// The board.
+    pub board: String,
+    /// Images read.
+    pub images: usize,
+    /// Images whose board was used.
+    pub used: usize,
+    /// The camera, in OpenCV's names.
+    pub camera: CameraFile,
+    /// Reprojection RMS over every corner used, px.
+    pub rms_px: f64,
+    /// Each image.
+    pub views: Vec<ImageOutcome>,
+    /// The camera file written.
+    pub out: PathBuf,
+    /// The detected corners written (for other tools to check against).
+    pub corners: Option<PathBuf>,
+}
+
+/// The corners of every image where the whole board was found: what `--corners` writes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CornersFile {
+    /// The board, as named on the command line.
+    pub board: String,
+    /// px.
+    pub image_width: u32,
+    /// px.
+    pub image_height: u32,
+    /// Per image, its corners in the board's order, `[u, v]` px with pixel centres at integers.
+    pub views: Vec<CornerView>,
+}
+
+/// One image's corners.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CornerView {
+    /// File name.
+    pub image: String,
+    /// `[u, v]`, px.
+    pub corners: Vec<[f64; 2]>,
+}
+
+fn image_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| AgentError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| {
+                matches!(
+                    x.to_ascii_lowercase().to_str(),
+                    Some("png" | "jpg" | "jpeg")
+                )
+            })
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(bail(format!(
+            "`{}` holds no .png, .jpg or .jpeg images of the board",
+            dir.display()
+        )));
+    }
+    Ok(files)
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Per image of a folder: its name and the board's corners, or why they were not found.
+type Found = Vec<(String, std::result::Result<Corners, String>)>;
+
+/// Finds the board in every image of a folder, and the images' size (all must share it).
+fn detect_folder(
+    dir: &Path,
+    board: &Board,
+    progress: &dyn Progress,
+) -> Result<(Found, (u32, u32))> {
+    let files = image_files(dir)?;
+    progress.start(files.len() as u64, "images");
+    let mut size = None;
+    let mut out = Vec::with_capacity(files.len());
+    for f in &files {
+        let (w, h, rgb) =
+            reflex_cameras::file::read_image(f).map_err(ctx(f.display().to_string()))?;
+        if *size.get_or_insert((w, h)) != (w, h) {
+            let (w0, h0) = size.unwrap();
+            return Err(bail(format!(
+                "`{}` is {w}x{h}, the images before it {w0}x{h0}; calibrate one camera at one size per folder",
+                f.display()
+            )));
+        }
+        let found =
+            detect(board, &gray_from_rgb(&rgb), w as usize, h as usize).map_err(|e| e.to_string());
+        out.push((file_name(f), found));
+        progress.inc(1);
+    }
+    progress.finish();
+    Ok((out, size.expect("at least one image")))
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(ctx(path.display().to_string()))?;
+    reflex_runtime::fsio::atomic_write(path, text.as_bytes()).map_err(|e| AgentError::io(path, e))
+}
+
+/// Writes a camera file: OpenCV's YAML, or JSON when the name ends in `.json`.
+pub fn write_camera(path: &Path, model: &CameraModel, rms_px: Option<f64>) -> Result<()> {
+    if path.extension().is_some_and(|e| e == "json") {
+        write_json(path, &CameraFile::new(model, rms_px))
+    } else {
+        reflex_runtime::fsio::atomic_write(path, model.to_opencv_yaml(rms_px).as_bytes())
+            .map_err(|e| AgentError::io(path, e))
+    }
+}
+
+/// `reflex calibrate camera`: the intrinsics from a folder of board images, written to `out`;
+/// the detected corners to `corners` when given.
+pub fn calibrate_camera(
+    images: &Path,
+    board: &Board,
+    out: &Path,
+    corners: Option<&Path>,
+    progress: &dyn Progress,
+) -> Result<CameraCalibrationReport> {
+    let (found, (w, h)) = detect_folder(images, board, progress)?;
+    let usable: Vec<(usize, &Corners)> = found
+        .iter()
+        .enumerate()
+        .filter_map(|(k, (_, c))| c.as_ref().ok().map(|c| (k, c)))
+        .collect();
+    let views: Vec<Corners> = usable.iter().map(|(_, c)| (*c).clone()).collect();
+    progress.message("refining the camera over every view");
+    let fit = calibrate(board, w, h, &views).map_err(ctx(images.display().to_string()))?;
+    let mut outcomes: Vec<ImageOutcome> = found
+        .iter()
+        .map(|(name, c)| ImageOutcome {
+            image: name.clone(),
+            rms_px: None,
+            skipped: c.as_ref().err().cloned(),
+            gripper: None,
+        })
+        .collect();
+    for v in &fit.views {
+        outcomes[usable[v.index].0].rms_px = Some(v.rms_px);
+    }
+    for (k, why) in &fit.rejected {
+        outcomes[usable[*k].0].skipped = Some(why.clone());
+    }
+    write_camera(out, &fit.model, Some(fit.rms_px))?;
+    if let Some(path) = corners {
+        let file = CornersFile {
+            board: board.to_string(),
+            image_width: w,
+            image_height: h,
+            views: fit
+                .views
+                .iter()
+                .map(|v| CornerView {
+                    image: found[usable[v.index].0].0.clone(),
+                    corners: views[v.index].iter().map(|c| [c.x, c.y]).collect(),
+                })
+                .collect(),
+        };
+        write_json(path, &file)?;
+    }
+    Ok(CameraCalibrationReport {
+        board: board.to_string(),
+        images: found.len(),
+        used: fit.views.len(),
+        camera: CameraFile::new(&fit.model, Some(fit.rms_px)),
+        rms_px: fit.rms_px,
+        views: outcomes,
+        out: out.to_path_buf(),
+        corners: corners.map(Path::to_path_buf),
+    })
+}
+
+/// `poses.json`: the arm's pose for each image.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PosesFile {
+    /// Where the camera is.
+    pub setup: Setup,
+    /// One per image.
+    pub views: Vec<PoseView>,
+}
+
+/// The arm's pose when an image was taken.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoseView {
+    /// File name in the folder.
+    pub image: String,
+    /// Joint positions, rad, in the URDF chain's order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joints: Option<Vec<f64>>,
+    /// Or the gripper's pose in the base frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gripper: Option<Pose>,
+}
+
+/// Where the arm's kinematics come from for hand-eye.
+#[derive(Clone, Debug)]
+pub struct ArmKinematics {
+    /// A URDF file; `None`: the SO-101 reflex ships.
+    pub urdf: Option<PathBuf>,
+    /// The chain's base link.
+    pub base: String,
+    /// The link the camera (eye in hand) or the board (eye to hand) is fixed to.
+    pub link: String,
+}
+
+/// What `reflex calibrate hand-eye` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct HandEyeReport {
+    /// The setup solved.
+    pub setup: Setup,
+    /// The frame the camera's pose is in: the link (eye in hand) or the base (eye to hand).
+    pub parent: String,
+    /// `T_parent_camera`.
+    pub camera: Pose,
+    /// Park-Martin's closed form, before refinement.
+    pub closed_form: Pose,
+    /// The board: `T_base_board` (eye in hand) or `T_link_board` (eye to hand).
+    pub board: Pose,
+    /// Reprojection RMS over every corner, px.
+    pub rms_px: f64,
+    /// Largest distance between a view's own board pose and the fitted one, mm.
+    pub worst_view_mm: f64,
+    /// Largest angle between them, degrees.
+    pub worst_view_deg: f64,
+    /// Each image.
+    pub views: Vec<ImageOutcome>,
+    /// The result written.
+    pub out: PathBuf,
+}
+
+/// The result file of `reflex calibrate hand-eye`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandEyeFile {
+    /// Where the camera is.
+    pub setup: Setup,
+    /// The frame `camera` is given in.
+    pub parent: String,
+    /// `T_parent_camera`.
+    pub camera: Pose,
+    /// Reprojection RMS, px.
+    pub rms_px: f64,
+}
+
+/// Where `reflex calibrate hand-eye` reads and writes.
+#[derive(Clone, Debug)]
+pub struct HandEyeFiles {
+    /// Folder of the board's images.
+    pub images: PathBuf,
+    /// The arm's poses (`poses.json` in the folder when `None`).
+    pub poses: Option<PathBuf>,
+    /// The camera's intrinsics.
+    pub camera: PathBuf,
+    /// The result written.
+    pub out: PathBuf,
+    /// The detected corners written, when given.
+    pub corners: Option<PathBuf>,
+}
+
+/// `reflex calibrate hand-eye`: the camera's place from board images, the arm's poses and the
+/// camera's intrinsics.
+pub fn calibrate_hand_eye_folder(
+    files: &HandEyeFiles,
+    board: &Board,
+    arm: &ArmKinematics,
+    progress: &dyn Progress,
+) -> Result<HandEyeReport> {
+    let (images, camera, out) = (
+        files.images.as_path(),
+        files.camera.as_path(),
+        files.out.as_path(),
+    );
+    let poses = files.poses.as_deref();
+    let model = CameraModel::load(camera).map_err(ctx(camera.display().to_string()))?;
+    let poses_path = poses
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| images.join("poses.json"));
+    let shown = poses_path.display().to_string();
+    let text = std::fs::read_to_string(&poses_path).map_err(|e| AgentError::io(&poses_path, e))?;
+    let poses: PosesFile = serde_json::from_str(&text).map_err(ctx(shown.clone()))?;
+    let chain = match &arm.urdf {
+        Some(p) => Chain::from_urdf_file(p, &arm.base, &arm.link)?,
+        None => Chain::from_urdf_str(ARM_URDF, "the shipped SO-101 URDF", &arm.base, &arm.link)?,
+    };
+    let (found, (w, h)) = detect_folder(images, board, progress)?;
+    if (w, h) != (model.width, model.height) {
+        return Err(bail(format!(
+            "the images in `{}` are {w}x{h}, the camera in `{}` was calibrated at {}x{}",
+            images.display(),
+            camera.display(),
+            model.width,
+            model.height
+        )));
+    }
+    let mut views = Vec::new();
+    let mut used = Vec::new();
+    let mut outcomes = Vec::new();
+    for (k, pv) in poses.views.iter().enumerate() {
+        let gripper = match (&pv.joints, &pv.gripper) {
+            (Some(q), None) if q.len() == chain.dof() => chain.fk(q),
+            (Some(q), None) => {
+                return Err(bail(format!(
+                    "`{shown}`: views[{k}] has {} joints, the chain {} -> {} has {}",
+                    q.len(),
+                    arm.base,
+                    arm.link,
+                    chain.dof()
+                )));
+            }
+            (None, Some(p)) => p.iso(),
+            _ => {
+                return Err(bail(format!(
+                    "`{shown}`: views[{k}] needs either `joints` or `gripper`"
+                )));
+            }
+        };
+        let Some((_, corners)) = found.iter().find(|(name, _)| *name == pv.image) else {
+            return Err(bail(format!(
+                "`{shown}`: views[{k}] names `{}`, which is not an image in `{}`",
+                pv.image,
+                images.display()
+            )));
+        };
+        match corners {
+            Ok(c) => {
+                views.push(HandEyeView {
+                    gripper,
+                    corners: c.clone(),
+                });
+                used.push(outcomes.len());
+                outcomes.push(ImageOutcome {
+                    image: pv.image.clone(),
+                    rms_px: None,
+                    skipped: None,
+                    gripper: Some(Pose::from(&gripper)),
+                });
+            }
+            Err(why) => outcomes.push(ImageOutcome {
+                image: pv.image.clone(),
+                rms_px: None,
+                skipped: Some(why.clone()),
+                gripper: Some(Pose::from(&gripper)),
+            }),
+        }
+    }
+    if let Some(path) = &files.corners {
+        let used_views = outcomes.iter().filter(|o| o.skipped.is_none());
+        let file = CornersFile {
+            board: board.to_string(),
+            image_width: w,
+            image_height: h,
+            views: used_views
+                .zip(&views)
+                .map(|(o, v)| CornerView {
+                    image: o.image.clone(),
+                    corners: v.corners.iter().map(|c| [c.x, c.y]).collect(),
+                })
+                .collect(),
+        };
+        write_json(path, &file)?;
+    }
+    progress.message("solving AX = XB, then refining on the corners");
+    let fit = calibrate_hand_eye(poses.setup, &model, board, &views)
+        .map_err(ctx(images.display().to_string()))?;
+    for (i, rms) in used.iter().zip(&fit.view_rms_px) {
+        outcomes[*i].rms_px = Some(*rms);
+    }
+    let parent = match poses.setup {
+        Setup::EyeInHand => arm.link.clone(),
+        Setup::EyeToHand => arm.base.clone(),
+    };
+    write_json(
+        out,
+        &HandEyeFile {
+            setup: poses.setup,
+            parent: parent.clone(),
+            camera: Pose::from(&fit.camera),
+            rms_px: fit.rms_px,
+        },
+    )?;
+    Ok(HandEyeReport {
+        setup: poses.setup,
+        parent,
+        camera: Pose::from(&fit.camera),
+        closed_form: Pose::from(&fit.closed_form),
+        board: Pose::from(&fit.board),
+        rms_px: fit.rms_px,
+        worst_view_mm: fit.view_board_error.iter().map(|e| e.0).fold(0.0, f64::max),
+        worst_view_deg: fit.view_board_error.iter().map(|e| e.1).fold(0.0, f64::max),
+        views: outcomes,
+        out: out.to_path_buf(),
+    })
+}
+
+/// `reflex calibrate board`: the board as a PNG to print at `dpi` (100 % scale, no "fit to
+/// page"): the squares and a white margin of half a square around them (a 9x6 board of 25 mm
+/// squares is 27.5 x 20 cm: A4 or US letter in landscape). Returns the image's size in pixels.
+pub fn write_board_png(board: &Board, dpi: f64, out: &Path) -> Result<(u32, u32)> {
+    if !(50.0..=2400.0).contains(&dpi) {
+        return Err(bail(format!(
+            "--dpi {dpi}: between 50 and 2400 dots per inch"
+        )));
+    }
+    let px_per_m = dpi / 0.0254;
+    let s = board.square_m;
+    // From 1.5 squares before the first corner to 1.5 after the last (corner (0, 0) sits one
+    // square into the squares).
+    let (x0, y0) = (-1.5 * s, -1.5 * s);
+    let w = ((board.cols as f64 + 2.0) * s * px_per_m).round() as u32;
+    let h = ((board.rows as f64 + 2.0) * s * px_per_m).round() as u32;
+    let mut rgb = vec![255u8; (w * h * 3) as usize];
+    for v in 0..h {
+        for u in 0..w {
+            let x = x0 + (u as f64 + 0.5) / px_per_m;
+            let y = y0 + (v as f64 + 0.5) / px_per_m;
+            if board.paint(x, y) == Some(true) {
+                let p = ((v * w + u) * 3) as usize;
+                rgb[p..p + 3].fill(0);
+            }
+        }
+    }
+    reflex_data::plot::write_png(out, w, h, &rgb)?;
+    Ok((w, h))
+}
+
+/// What `reflex sim board-views` renders.
+#[derive(Clone, Debug)]
+pub struct BoardViewsOptions {
+    /// A camera of the simulator's rig (`front`, `wrist`).
+    pub camera: String,
+    /// Image width, px.
+    pub width: u32,
+    /// Image height, px.
+    pub height: u32,
+    /// The board.
+    pub board: Board,
+    /// Views.
+    pub views: usize,
+    /// Seed of the poses.
+    pub seed: u64,
+    /// Lens distortion added to the camera's pinhole, `[k1, k2, p1, p2, k3]`.
+    pub distortion: [f64; 5],
+    /// Views for hand-eye (the wrist camera over a board on the table, `poses.json` written)
+    /// instead of intrinsics.
+    pub hand_eye: bool,
+    /// Folder written.
+    pub out: PathBuf,
+}
+
+/// `truth.json` of simulated views.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TruthFile {
+    /// The rig camera.
+    pub camera_name: String,
+    /// Its lens, as rendered.
+    pub camera: CameraFile,
+    /// The board.
+    pub board: String,
+    /// `T_gripper_camera` (hand-eye views).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gripper_camera: Option<Pose>,
+    /// `T_base_board` (hand-eye views).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_board: Option<Pose>,
+    /// Per image, `T_camera_board`.
+    pub views: Vec<TruthView>,
+}
+
+/// One rendered view's truth.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TruthView {
+    /// File name.
+    pub image: String,
+    /// `T_camera_board`.
+    pub camera_board: Pose,
+}
+
+/// `reflex sim board-views`: renders the views and writes them with `truth.json` (and
+/// `poses.json` for hand-eye); returns the truth.
+pub fn board_views(o: &BoardViewsOptions, progress: &dyn Progress) -> Result<TruthFile> {
+    let rig = CameraRig::default_rig();
+    let cam = rig
+        .cameras
+        .iter()
+        .find(|c| c.name == o.camera)
+        .ok_or_else(|| {
+            bail(format!(
+                "--camera {}: the simulator's cameras are {}",
+                o.camera,
+                rig.cameras
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+    let lens = CameraModel {
+        dist: o.distortion,
+        ..cam.lens(o.width, o.height)
+    };
+    std::fs::create_dir_all(&o.out).map_err(|e| AgentError::io(&o.out, e))?;
+    progress.start(o.views as u64, "views");
+    let (views, gripper_camera, base_board) = if o.hand_eye {
+        let base_board = board_on_table(0.2, -0.04);
+        let (views, x) = hand_eye_views(
+            &ArmModel::so101(),
+            cam,
+            &lens,
+            &o.board,
+            &base_board,
+            o.views,
+            o.seed,
+        )
+        .map_err(|e| bail(format!("--camera {}: {e}", o.camera)))?;
+        (views, Some(Pose::from(&x)), Some(Pose::from(&base_board)))
+    } else {
+        (
+            intrinsics_views(&lens, &o.board, o.views, o.seed),
+            None,
+            None,
+        )
+    };
+    let mut truth = Vec::with_capacity(views.len());
+    let mut poses = Vec::new();
+    for (k, v) in views.iter().enumerate() {
+        let name = format!("view_{k:03}.png");
+        reflex_data::plot::write_png(&o.out.join(&name), o.width, o.height, &v.image)?;
+        truth.push(TruthView {
+            image: name.clone(),
+            camera_board: Pose::from(&v.camera_board),
+        });
+        if let Some(q) = v.joints {
+            poses.push(PoseView {
+                image: name,
+                joints: Some(q.to_vec()),
+                gripper: None,
+            });
+        }
+        progress.inc(1);
+    }
+    progress.finish();
+    let file = TruthFile {
+        camera_name: o.camera.clone(),
+        camera: CameraFile::new(&lens, None),
+        board: o.board.to_string(),
+        gripper_camera,
+        base_board,
+        views: truth,
+    };
+    write_json(&o.out.join("truth.json"), &file)?;
+    if o.hand_eye {
+        write_json(
+            &o.out.join("poses.json"),
+            &PosesFile {
+                setup: Setup::EyeInHand,
+                views: poses,
+            },
+        )?;
+    }
+    Ok(file)
+}

@@ -1,0 +1,121 @@
+"""OpenCV as the reference for reflex's camera calibration, on the corners reflex detected.
+
+    opencv_calibration.py intrinsics CORNERS.json CAMERA.yaml
+        cv2.calibrateCamera on the corners (OpenCV's default model: k1, k2, p1, p2, k3); reflex's
+        camera file read back with cv2.FileStorage (the file must be OpenCV's layout).
+    opencv_calibration.py hand-eye CORNERS.json CAMERA.yaml REPORT.json
+        each view's board pose by cv2.solvePnP with the camera file's intrinsics, the gripper's
+        pose from reflex's report (forward kinematics), then cv2.calibrateHandEye (Park-Martin
+        and Tsai-Lenz).
+
+Prints one JSON object.
+"""
+
+import json
+import sys
+
+import cv2
+import numpy as np
+
+
+def object_points(board):
+    kind, size, square = board.split(":")
+    assert kind == "chessboard", board
+    cols, rows = (int(v) for v in size.split("x"))
+    grid = np.zeros((rows * cols, 3), np.float64)
+    for j in range(rows):
+        for i in range(cols):
+            grid[j * cols + i] = (i * float(square), j * float(square), 0.0)
+    return grid
+
+
+def read_camera(path):
+    fs = cv2.FileStorage(path, cv2.FILE_STORAGE_READ)
+    assert fs.isOpened(), path
+    k = fs.getNode("camera_matrix").mat()
+    d = fs.getNode("distortion_coefficients").mat()
+    size = (int(fs.getNode("image_width").real()), int(fs.getNode("image_height").real()))
+    fs.release()
+    assert k is not None and d is not None, f"{path}: no camera_matrix or distortion_coefficients"
+    return k, d.reshape(-1), size
+
+
+def quaternion_xyzw(r):
+    q = np.empty(4)
+    t = np.trace(r)
+    if t > 0:
+        s = np.sqrt(t + 1.0) * 2
+        q[:] = [(r[2, 1] - r[1, 2]) / s, (r[0, 2] - r[2, 0]) / s, (r[1, 0] - r[0, 1]) / s, 0.25 * s]
+    else:
+        i = int(np.argmax(np.diag(r)))
+        j, k = (i + 1) % 3, (i + 2) % 3
+        s = np.sqrt(1.0 + r[i, i] - r[j, j] - r[k, k]) * 2
+        q[i] = 0.25 * s
+        q[j] = (r[j, i] + r[i, j]) / s
+        q[k] = (r[k, i] + r[i, k]) / s
+        q[3] = (r[k, j] - r[j, k]) / s
+    return list(q / np.linalg.norm(q))
+
+
+def rotation_from_xyzw(q):
+    x, y, z, w = q
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+def main():
+    mode, corners_path, camera_path = sys.argv[1:4]
+    corners = json.load(open(corners_path))
+    obj = object_points(corners["board"])
+    views = corners["views"]
+    img = [np.array(v["corners"], np.float64).reshape(-1, 1, 2).astype(np.float32) for v in views]
+    k_reflex, d_reflex, size = read_camera(camera_path)
+    assert size == (corners["image_width"], corners["image_height"]), (size, corners["image_width"])
+    if mode == "intrinsics":
+        criteria = (cv2.TERM_CRITERIA_COUNT + cv2.TERM_CRITERIA_EPS, 200, 1e-12)
+        rms, k, d, _, _ = cv2.calibrateCamera(
+            [obj.astype(np.float32)] * len(img), img, size, None, None, criteria=criteria
+        )
+        d = d.reshape(-1)
+        print(
+            json.dumps(
+                {
+                    "opencv": cv2.__version__,
+                    "views": len(img),
+                    "rms_px": rms,
+                    "fx": k[0, 0], "fy": k[1, 1], "cx": k[0, 2], "cy": k[1, 2],
+                    "dist": list(d[:5]),
+                    "file_fx": k_reflex[0, 0], "file_fy": k_reflex[1, 1],
+                    "file_cx": k_reflex[0, 2], "file_cy": k_reflex[1, 2],
+                    "file_dist": list(d_reflex[:5]),
+                }
+            )
+        )
+    elif mode == "hand-eye":
+        report = json.load(open(sys.argv[4]))
+        gripper = {v["image"]: v["gripper"] for v in report["views"] if v.get("gripper")}
+        r_g2b, t_g2b, r_t2c, t_t2c = [], [], [], []
+        for v, pts in zip(views, img):
+            ok, rvec, tvec = cv2.solvePnP(obj, pts.astype(np.float64), k_reflex, d_reflex)
+            assert ok, v["image"]
+            g = gripper[v["image"]]
+            r_g2b.append(rotation_from_xyzw(g["rotation_xyzw"]))
+            t_g2b.append(np.array(g["translation_m"]).reshape(3, 1))
+            r_t2c.append(cv2.Rodrigues(rvec)[0])
+            t_t2c.append(tvec.reshape(3, 1))
+        out = {"opencv": cv2.__version__, "views": len(img)}
+        for name, method in [("park", cv2.CALIB_HAND_EYE_PARK), ("tsai", cv2.CALIB_HAND_EYE_TSAI)]:
+            r, t = cv2.calibrateHandEye(r_g2b, t_g2b, r_t2c, t_t2c, method=method)
+            out[name] = {"translation_m": list(t.reshape(-1)), "rotation_xyzw": quaternion_xyzw(r)}
+        print(json.dumps(out))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
