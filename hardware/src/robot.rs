@@ -254,6 +254,9 @@ pub struct ArmRobot {
     camera_stale_reads: u64,
     /// The camera that was stale at the last read (warned once per spell).
     stale_camera: Option<usize>,
+    /// Commands written this episode: the step number of the next fresh observation (a held,
+    /// stale observation keeps its step, so the loop sees it unchanged and holds).
+    commands: u32,
 }
 
 /// How long a reset waits for a fresh frame from every camera.
@@ -364,6 +367,7 @@ impl ArmRobot {
             epoch,
             camera_stale_reads: 0,
             stale_camera: None,
+            commands: 0,
         })
     }
 
@@ -641,6 +645,7 @@ impl ArmRobot {
     fn update_obs(&mut self, dt: f64) {
         let o = &mut self.obs;
         o.seq += 1;
+        o.step = self.commands;
         o.time_ns = self.t_episode.elapsed().as_nanos() as u64;
         let s = &mut o.state;
         s.clear();
@@ -810,6 +815,17 @@ impl Robot for ArmRobot {
         }
         self.obs.episode += 1;
         self.obs.step = 0;
+        self.commands = 0;
+        tracing::info!(
+            "{}: episode {} under way (start pose reached{})",
+            self.spec.name,
+            self.obs.episode,
+            if self.cameras.is_empty() {
+                ""
+            } else {
+                ", every camera delivering"
+            }
+        );
         self.t_episode = Instant::now();
         self.t_read = Some(Instant::now());
         self.update_obs(0.0);
@@ -876,7 +892,7 @@ impl Robot for ArmRobot {
         self.arm
             .write(&self.q_cmd)
             .map_err(|e| device(&self.spec.name, e))?;
-        self.obs.step += 1;
+        self.commands += 1;
         Ok(())
     }
 

@@ -982,3 +982,120 @@ fn reflex_run_on_the_emulated_so101_with_a_file_camera_records_its_frames_and_re
         "no camera entity in {rec:?}:\n{text}"
     );
 }
+
+/// A camera that stops delivering mid-episode makes the loop hold (the observation is stale) and
+/// the log names the camera; when frames come again the episode goes on, and the report counts
+/// the held reads. The camera is a folder another program (this test) writes frames into: it
+/// stops writing once the episode is being recorded, and starts again once the log has named
+/// the camera.
+#[test]
+fn a_camera_that_stops_mid_episode_holds_the_arm_and_names_the_camera() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_emu, link) = emulator(&dir, &[]);
+    let frames = dir.path().join("frames");
+    std::fs::create_dir(&frames).unwrap();
+    let write_frame = |k: u32| {
+        let rgb = vec![(k % 200) as u8; 16 * 12 * 3];
+        let tmp = frames.join(format!("{k:06}.png.tmp"));
+        let f = std::fs::File::create(&tmp).unwrap();
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), 16, 12);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.write_header().unwrap().write_image_data(&rgb).unwrap();
+        std::fs::rename(&tmp, frames.join(format!("{k:06}.png"))).unwrap();
+    };
+    write_frame(0);
+    // The safety filter lets the tool move 0.2 mm a step, so the episode runs to its time limit
+    // (3 s) and outlasts the camera.
+    let camera = format!(
+        "\nee_step_m = 0.008\n\n[[arm.cameras]]\nname = \"wrist\"\ndevice = \"files:{}\"\nwidth = 16\nheight = 12\nfps = 30\nrepeat = false\ntimeout_ms = 150\n",
+        frames.display()
+    );
+    let cfg = config(
+        &dir,
+        &link,
+        &[
+            ("start_speed_rad_s = 0.5", "start_speed_rad_s = 3.0"),
+            ("max_missed_reads = 3 ", "max_missed_reads = 25 "),
+            ("\nee_step_m = 0.008\n", &camera),
+            ("max_ee_step_m = 0.008", "max_ee_step_m = 0.0002"),
+        ],
+    );
+    let runs = dir.path().join("runs");
+    let mut cmd = reflex();
+    // The robot's own messages at info: "cameras delivering again" too.
+    cmd.env("RUST_LOG", "warn,reflex_hardware=info");
+    cmd.args(["run", "--json", "--episodes", "1", "--record"])
+        .arg(&runs)
+        .arg("--config")
+        .arg(&cfg);
+    let mut run = crate::common::spawn(cmd, &dir, "run");
+    // The camera: a frame every 20 ms until the robot says the episode is under way.
+    let mut k = 1;
+    let t0 = std::time::Instant::now();
+    while !crate::common::child_stderr(&dir, "run").contains("episode 1 under way") {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "the episode never started: {}",
+            crate::common::child_stderr(&dir, "run")
+        );
+        assert!(
+            run.0.try_wait().unwrap().is_none(),
+            "the run ended: {}",
+            crate::common::child_stderr(&dir, "run")
+        );
+        write_frame(k);
+        k += 1;
+        // Paces the camera's frames.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // No more frames: the loop holds and the log says which camera (after this point: the
+    // episode's start may have waited for a first frame too).
+    let said_before = crate::common::child_stderr(&dir, "run").len();
+    crate::common::wait_until("the stale camera named in the log", 60, || {
+        crate::common::child_stderr(&dir, "run")[said_before..]
+            .contains("camera `wrist` has delivered no frame")
+    });
+    // The fault lasts a second more, ten times the loop's obs_timeout_ms: the loop holds through
+    // it whatever the machine's load (it only has to tick once).
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // Frames again: the episode goes on to its end.
+    let t0 = std::time::Instant::now();
+    while run.0.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed().as_secs() < 120,
+            "the run never ended: {}",
+            crate::common::child_stderr(&dir, "run")
+        );
+        write_frame(k);
+        k += 1;
+        // Paces the camera's frames.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = std::fs::read_to_string(dir.path().join("run.out")).unwrap();
+    let err = crate::common::child_stderr(&dir, "run");
+    assert!(run.0.wait().unwrap().success(), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(
+        v["arm"]["camera_stale_reads"].as_u64().unwrap() > 0,
+        "{}",
+        v["arm"]
+    );
+    assert!(
+        v["safety"]["obs_stale"].as_u64().unwrap() > 0,
+        "the loop held: {}\n{}",
+        v["safety"],
+        err
+    );
+    assert!(err.contains("cameras delivering again"), "{err}");
+    eprintln!(
+        "camera stall: {} stale reads, {} held ticks, episode {}",
+        v["arm"]["camera_stale_reads"], v["safety"]["obs_stale"], v["episodes_detail"][0]
+    );
+    let cam = &v["arm"]["cameras"][0];
+    assert!(
+        cam["last_error"].as_str().unwrap().contains("no new image"),
+        "{cam}"
+    );
+}

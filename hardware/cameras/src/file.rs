@@ -1,6 +1,9 @@
 //! A camera made of image files: a folder of PNG or JPEG frames played in name order at the
-//! configured rate, round and round. For tests and for people without a camera; JPEG frames go
-//! through the same MJPEG decoder a USB camera's frames do.
+//! configured rate, round and round; or, with `repeat = false`, played once while the folder is
+//! watched for newer files (a folder another program writes frames into: each frame written
+//! under another name and renamed, so that no half-written file is read). For tests and for
+//! people without a camera; JPEG frames go through the same MJPEG decoder a USB camera's frames
+//! do.
 
 use super::pixels::{PixelFormat, jpeg_size};
 use super::{CameraError, FrameSource};
@@ -17,6 +20,24 @@ pub struct FileCamera {
     period: Duration,
     next: usize,
     due: Option<Instant>,
+    /// Round and round (true), or once, then newer files as they appear.
+    repeat: bool,
+    /// The last file loaded (the watch reads only files whose names sort after it).
+    last: PathBuf,
+}
+
+/// Image files of a folder in name order.
+fn image_paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension()
+                .and_then(|x| x.to_str())
+                .is_some_and(|x| matches!(x.to_ascii_lowercase().as_str(), "png" | "jpg" | "jpeg"))
+        })
+        .collect();
+    paths.sort();
+    Ok(paths)
 }
 
 fn png_rgb(path: &Path) -> Result<(u32, u32, Vec<u8>), CameraError> {
@@ -72,27 +93,19 @@ pub fn read_image(path: &Path) -> Result<(u32, u32, Vec<u8>), CameraError> {
 }
 
 impl FileCamera {
-    /// Opens the folder `dir` as a camera delivering `fps` frames a second.
-    pub fn open(dir: &Path, fps: f64) -> Result<Self, CameraError> {
+    /// Opens the folder `dir` as a camera delivering `fps` frames a second, round and round
+    /// (`repeat`) or once and then newer files as they appear.
+    pub fn open(dir: &Path, fps: f64, repeat: bool) -> Result<Self, CameraError> {
         let device = dir.display().to_string();
         let open_err = |m: String| CameraError::Open {
             device: device.clone(),
             message: m,
         };
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| {
-                open_err(format!(
-                    "{e} (a file camera is a folder of PNG or JPEG images)"
-                ))
-            })?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.extension().and_then(|x| x.to_str()).is_some_and(|x| {
-                    matches!(x.to_ascii_lowercase().as_str(), "png" | "jpg" | "jpeg")
-                })
-            })
-            .collect();
-        paths.sort();
+        let paths = image_paths(dir).map_err(|e| {
+            open_err(format!(
+                "{e} (a file camera is a folder of PNG or JPEG images)"
+            ))
+        })?;
         if paths.is_empty() {
             return Err(open_err("no .png, .jpg or .jpeg files in it".into()));
         }
@@ -143,7 +156,38 @@ impl FileCamera {
             period: Duration::from_secs_f64(1.0 / fps),
             next: 0,
             due: None,
+            repeat,
+            last: paths.last().cloned().expect("at least one frame"),
         })
+    }
+
+    /// Loads the files newer than the last one loaded (watch mode); their size and kind must
+    /// match the camera's.
+    fn load_newer(&mut self) -> Result<(), CameraError> {
+        let bad = |m: String| CameraError::Frame(format!("{}: {m}", self.dir.display()));
+        let mut paths = image_paths(&self.dir).map_err(|e| bad(e.to_string()))?;
+        paths.retain(|p| *p > self.last);
+        for p in paths {
+            let (w, h, bytes) = match self.format {
+                PixelFormat::Rgb8 => png_rgb(&p).map_err(|e| bad(e.to_string()))?,
+                _ => {
+                    let bytes = std::fs::read(&p).map_err(|e| bad(e.to_string()))?;
+                    let (w, h) = jpeg_size(&bytes).map_err(|e| bad(e.to_string()))?;
+                    (w, h, bytes)
+                }
+            };
+            self.last = p.clone();
+            if (w, h) != self.size {
+                return Err(bad(format!(
+                    "`{}` is {w}x{h}, the camera's frames {}x{}",
+                    p.display(),
+                    self.size.0,
+                    self.size.1
+                )));
+            }
+            self.frames.push(bytes);
+        }
+        Ok(())
     }
 
     /// Frames in the folder.
@@ -177,9 +221,33 @@ impl FrameSource for FileCamera {
         // drops frames rather than queueing them.
         let next = due + self.period;
         self.due = Some(next.max(now));
+        if !self.repeat && self.next == self.frames.len() {
+            // Played out: wait for newer files, looking once a period, for up to a second.
+            self.frames.clear();
+            self.next = 0;
+            let t0 = Instant::now();
+            loop {
+                self.load_newer()?;
+                if !self.frames.is_empty() {
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(1) {
+                    self.due = None;
+                    return Err(CameraError::Frame(format!(
+                        "no new image in {} for a second",
+                        self.dir.display()
+                    )));
+                }
+                // Paces the folder watch.
+                std::thread::sleep(self.period);
+            }
+        }
         buf.clear();
         buf.extend_from_slice(&self.frames[self.next]);
-        self.next = (self.next + 1) % self.frames.len();
+        self.next += 1;
+        if self.repeat {
+            self.next %= self.frames.len();
+        }
         Ok(())
     }
 }

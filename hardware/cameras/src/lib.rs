@@ -84,6 +84,14 @@ pub struct CameraConfig {
     /// A camera whose newest frame is older than this is stale: the robot holds, ms.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: f64,
+    /// A file camera's frames round and round (true), or once and then newer files as another
+    /// program writes them into the folder (false).
+    #[serde(default = "default_repeat")]
+    pub repeat: bool,
+}
+
+fn default_repeat() -> bool {
+    true
 }
 
 fn default_timeout_ms() -> f64 {
@@ -126,7 +134,11 @@ impl CameraConfig {
     /// Opens the device.
     pub fn open(&self) -> Result<Box<dyn FrameSource>, CameraError> {
         let source: Box<dyn FrameSource> = match self.device.strip_prefix(FILES_PREFIX) {
-            Some(dir) => Box::new(FileCamera::open(std::path::Path::new(dir), self.fps)?),
+            Some(dir) => Box::new(FileCamera::open(
+                std::path::Path::new(dir),
+                self.fps,
+                self.repeat,
+            )?),
             None => {
                 return Err(CameraError::Open {
                     device: self.device.clone(),

@@ -35,6 +35,7 @@ fn config(name: &str, device: String, w: u32, h: u32) -> CameraConfig {
         crop: None,
         resize: None,
         timeout_ms: 500.0,
+        repeat: true,
     }
 }
 
@@ -301,4 +302,37 @@ fn the_camera_table_in_docs_hardware_md_loads_and_validates() {
     let d: Doc = toml::from_str(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
     validate_cameras(&d.arm.cameras, "arm.cameras").unwrap();
     assert_eq!(d.arm.cameras[0].output_size(), (128, 128));
+}
+
+#[test]
+fn a_watched_folder_plays_its_frames_once_then_new_ones_and_goes_stale_without_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let frame = |k: u8| -> Vec<u8> { vec![k * 40; 4 * 2 * 3] };
+    for k in 0..2u8 {
+        write_png(&dir.path().join(format!("{k:03}.png")), 4, 2, &frame(k));
+    }
+    let mut cfg = config("front", format!("files:{}", dir.path().display()), 4, 2);
+    cfg.repeat = false;
+    cfg.timeout_ms = 50.0;
+    let epoch = Instant::now();
+    let mut cap = Capture::spawn(&cfg, cfg.open().unwrap(), epoch).unwrap();
+    wait_for(&mut cap, epoch, "both frames", |c| c.stats().frames == 2);
+    // Played once: it stops, and after a second without a new file it says so.
+    wait_for(&mut cap, epoch, "the watch's complaint", |c| {
+        c.stats().errors > 0
+    });
+    assert_eq!(cap.stats().frames, 2);
+    assert!(
+        cap.stats().last_error.contains("no new image"),
+        "{:?}",
+        cap.stats()
+    );
+    assert!(cap.is_stale(epoch.elapsed()));
+    // A frame written under another name and renamed in is played.
+    let tmp = dir.path().join("002.png.tmp");
+    write_png(&tmp, 4, 2, &frame(5));
+    std::fs::rename(&tmp, dir.path().join("002.png")).unwrap();
+    wait_for(&mut cap, epoch, "the new frame", |c| c.stats().frames == 3);
+    let f = cap.latest(epoch.elapsed()).unwrap();
+    assert_eq!(f.image.data[0], 200);
 }
