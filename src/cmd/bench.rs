@@ -124,6 +124,13 @@ pub struct LoopBenchArgs {
     /// Record every step to RUNS/<id>/episodes (to measure the recording's cost on the loop).
     #[arg(long, value_name = "RUNS")]
     record: Option<std::path::PathBuf>,
+    /// A file camera beside the loop: a folder of PNG or JPEG frames, decoded and scaled to
+    /// 128x128 by its capture thread, the newest handed to every observation.
+    #[arg(long, value_name = "DIR")]
+    camera: Option<std::path::PathBuf>,
+    /// The camera's frame rate.
+    #[arg(long, default_value_t = 30.0)]
+    camera_fps: f64,
 }
 
 #[derive(Args)]
@@ -181,6 +188,11 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 },
                 spin_us: a.spin_us,
                 record: a.record,
+                camera: a.camera.map(|dir| loop_bench::CameraBeside {
+                    dir,
+                    fps: a.camera_fps,
+                    resize: [128, 128],
+                }),
             };
             let out = loop_bench::run(&o)?;
             if a.json {
@@ -234,4 +246,10 @@ fn print_loop(out: &loop_bench::LoopBenchReport, o: &loop_bench::LoopBenchOption
         "  chunks received {}, holds for want of a chunk {}",
         out.chunks, out.holds_no_chunk
     );
+    if let Some(c) = &out.camera {
+        println!(
+            "  camera beside: {} frames at {:.1} fps, {} handed on, {} replaced unseen, {} errors",
+            c.frames, c.fps, c.used, c.skipped, c.errors
+        );
+    }
 }

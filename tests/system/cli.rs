@@ -453,3 +453,46 @@ fn reflex_run_keeps_the_records_directory_within_its_size_limit() {
         .count();
     assert_eq!(others, 1, "this run's recordings are kept");
 }
+
+/// `reflex bench loop --camera DIR`: the camera's frames reach the loop's observations and the
+/// report carries the camera's counters beside the loop's figures (the figures themselves are
+/// docs/benchmarks.md's, measured on an idle machine, not asserted here).
+#[test]
+fn bench_loop_with_a_file_camera_beside_reports_the_camera_and_the_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    for k in 0..3u8 {
+        let rgb = vec![k * 50; 32 * 24 * 3];
+        let f = std::fs::File::create(dir.path().join(format!("{k:02}.png"))).unwrap();
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), 32, 24);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.write_header().unwrap().write_image_data(&rgb).unwrap();
+    }
+    let v = crate::common::json_output(
+        crate::common::reflex()
+            .args([
+                "bench",
+                "loop",
+                "--hz",
+                "200",
+                "--seconds",
+                "1",
+                "--json",
+                "--camera",
+            ])
+            .arg(dir.path()),
+    );
+    assert_eq!(v["ticks"], 200, "{v}");
+    for key in [
+        "lateness_p50_us",
+        "lateness_p99_us",
+        "missed",
+        "step_p99_us",
+    ] {
+        assert!(v[key].is_number(), "{key} in {v}");
+    }
+    let cam = &v["camera"];
+    assert!(cam["frames"].as_u64().unwrap() > 0, "{cam}");
+    assert!(cam["used"].as_u64().unwrap() > 0, "{cam}");
+    assert_eq!(cam["errors"], 0, "{cam}");
+}

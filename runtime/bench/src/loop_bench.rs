@@ -3,7 +3,6 @@
 
 use crate::workloads::{NullRobot, SweepPolicy};
 use reflex_agent::error::Result;
-use reflex_contracts::msg::Observation;
 use reflex_runtime::clock::WallClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
 use reflex_runtime::policy::PolicyThread;
@@ -27,6 +26,20 @@ pub struct LoopBenchOptions {
     pub spin_us: f64,
     /// Record every step under this directory (the recording's cost on the loop).
     pub record: Option<std::path::PathBuf>,
+    /// A file camera beside the loop: its capture thread decodes and scales every frame, and
+    /// the robot hands the newest one to each observation.
+    pub camera: Option<CameraBeside>,
+}
+
+/// A camera beside the benchmarked loop.
+#[derive(Clone, Debug)]
+pub struct CameraBeside {
+    /// A folder of PNG or JPEG frames (`files:` camera).
+    pub dir: std::path::PathBuf,
+    /// Frames per second.
+    pub fps: f64,
+    /// The size frames are scaled to, `[width, height]` (HIL-SERL's and LeRobot's 128x128).
+    pub resize: [u32; 2],
 }
 
 /// A thread that keeps a core busy with floating-point work until stopped.
@@ -104,6 +117,8 @@ pub struct LoopBenchReport {
     pub chunks: u64,
     /// Recording, when on.
     pub recording: Option<LoopRecording>,
+    /// The camera beside the loop, when on: frames captured, used, its rate.
+    pub camera: Option<reflex_cameras::CameraStats>,
     /// Real-time settings tried.
     pub rt: Vec<RtOutcome>,
 }
@@ -115,11 +130,29 @@ pub fn run(a: &LoopBenchOptions) -> Result<LoopBenchReport> {
     cfg.spin_us = a.spin_us;
     cfg.rt = a.rt.clone();
     cfg.chunks = reflex_runtime::chunk::ChunkMode::Ensemble { m: 0.01 };
-    let robot = NullRobot::new("bench", 32, 0);
-    let template = Observation {
-        state: vec![0.0; 32],
-        ..Default::default()
-    };
+    let mut robot = NullRobot::new("bench", 32, 0);
+    if let Some(c) = &a.camera {
+        let probe = reflex_cameras::FileCamera::open(&c.dir, c.fps, true)
+            .map_err(reflex_agent::error::ctx("--camera"))?;
+        let (format, width, height) = reflex_cameras::FrameSource::format(&probe);
+        let cfg = reflex_cameras::CameraConfig {
+            name: "bench".into(),
+            device: format!("{}{}", reflex_cameras::FILES_PREFIX, c.dir.display()),
+            width,
+            height,
+            fps: c.fps,
+            format,
+            crop: None,
+            resize: Some(c.resize),
+            timeout_ms: 500.0,
+            repeat: true,
+        };
+        let epoch = Instant::now();
+        let cap = reflex_cameras::Capture::spawn(&cfg, Box::new(probe), epoch)
+            .map_err(reflex_agent::error::ctx("--camera"))?;
+        robot = robot.with_cameras(vec![(cfg, cap)], epoch);
+    }
+    let template = reflex_contracts::robot::Robot::observe(&mut robot)?.clone();
     // A 16-action chunk, 8 executed per request, like the shipped diffusion policies.
     let policy = PolicyThread::spawn(Box::new(SweepPolicy::new(16, 8)), &template);
     let clock = WallClock::new(Duration::from_secs_f64(a.spin_us / 1e6));
@@ -160,6 +193,7 @@ pub fn run(a: &LoopBenchOptions) -> Result<LoopBenchReport> {
         let _ = t.join();
     }
     let recording = tap.map(|t| t.finish());
+    let camera = lp.robot().camera_stats().into_iter().next();
     let s = lp.stats();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let (lat, step) = (&s.lateness, &s.step);
@@ -179,6 +213,7 @@ pub fn run(a: &LoopBenchOptions) -> Result<LoopBenchReport> {
         step_mean_us: us(step.mean()),
         holds_no_chunk: s.holds_no_chunk - warm.holds_no_chunk,
         chunks: s.chunks,
+        camera,
         recording: recording.map(|r| LoopRecording {
             steps_recorded: r.recorded,
             steps_dropped: r.dropped,

@@ -21,6 +21,9 @@ pub struct NullRobot {
     pub freeze: Arc<AtomicBool>,
     last: Vec<f32>,
     episode_steps: u32,
+    /// Cameras whose newest frames go into each observation, as a real arm's do.
+    cameras: Vec<reflex_cameras::Capture>,
+    epoch: std::time::Instant,
 }
 
 impl NullRobot {
@@ -69,7 +72,30 @@ impl NullRobot {
             freeze: Arc::new(AtomicBool::new(false)),
             last: vec![0.0; 4],
             episode_steps,
+            cameras: Vec::new(),
+            epoch: std::time::Instant::now(),
         }
+    }
+
+    /// Adds cameras: their specs to the robot's, their newest frames to every observation
+    /// (copied only when a new one came, as the arm does; nothing allocated per step).
+    pub fn with_cameras(
+        mut self,
+        cameras: Vec<(reflex_cameras::CameraConfig, reflex_cameras::Capture)>,
+        epoch: std::time::Instant,
+    ) -> Self {
+        for (cfg, cap) in cameras {
+            self.spec.cameras.push(cfg.spec());
+            self.obs.images.push(cfg.blank_image());
+            self.cameras.push(cap);
+        }
+        self.epoch = epoch;
+        self
+    }
+
+    /// The cameras' counters.
+    pub fn camera_stats(&self) -> Vec<reflex_cameras::CameraStats> {
+        self.cameras.iter().map(|c| c.stats()).collect()
     }
 
     /// The last command received.
@@ -106,6 +132,12 @@ impl Robot for NullRobot {
     }
 
     fn observe(&mut self) -> Result<&Observation, RobotError> {
+        let now = self.epoch.elapsed();
+        for (cap, img) in self.cameras.iter_mut().zip(&mut self.obs.images) {
+            if let Some(f) = cap.newer(now) {
+                img.data.copy_from_slice(&f.image.data);
+            }
+        }
         Ok(&self.obs)
     }
 
