@@ -21,7 +21,8 @@ use crate::board::{Board, Corners};
 use crate::camera::CameraModel;
 use crate::lm;
 use nalgebra::{
-    DMatrix, DVector, Isometry3, Matrix3, Rotation3, Translation3, UnitQuaternion, Vector3,
+    DMatrix, DVector, Isometry3, Matrix3, Quaternion, Rotation3, Translation3, UnitQuaternion,
+    Vector3,
 };
 use serde::{Deserialize, Serialize};
 
@@ -85,6 +86,87 @@ pub enum HandEyeError {
         "board {0} looks the same after a half turn, so its frame can flip between views; use one with an odd and an even count of inner corners (e.g. 9x6)"
     )]
     SymmetricBoard(String),
+}
+
+/// A pose in files: translation, m, and rotation as a unit quaternion `[x, y, z, w]` (ROS's
+/// order).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pose {
+    /// m.
+    pub translation_m: [f64; 3],
+    /// `[x, y, z, w]`.
+    pub rotation_xyzw: [f64; 4],
+}
+
+impl From<&Isometry3<f64>> for Pose {
+    fn from(p: &Isometry3<f64>) -> Self {
+        let q = p.rotation.coords;
+        Pose {
+            translation_m: p.translation.vector.into(),
+            rotation_xyzw: [q[0], q[1], q[2], q[3]],
+        }
+    }
+}
+
+impl Pose {
+    /// The isometry; the quaternion is normalised.
+    pub fn iso(&self) -> Isometry3<f64> {
+        let [x, y, z, w] = self.rotation_xyzw;
+        let [tx, ty, tz] = self.translation_m;
+        Isometry3::from_parts(
+            Translation3::new(tx, ty, tz),
+            UnitQuaternion::from_quaternion(Quaternion::new(w, x, y, z)),
+        )
+    }
+}
+
+/// The result file of `reflex calibrate hand-eye`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandEyeFile {
+    /// Where the camera is.
+    pub setup: Setup,
+    /// The frame `camera` is given in.
+    pub parent: String,
+    /// `T_parent_camera`.
+    pub camera: Pose,
+    /// Reprojection RMS, px.
+    pub rms_px: f64,
+}
+
+impl HandEyeFile {
+    /// Reads a result file.
+    pub fn load(path: &std::path::Path) -> Result<HandEyeFile, crate::camera::CameraFileError> {
+        let shown = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| crate::camera::CameraFileError::Io {
+                path: shown.clone(),
+                source,
+            })?;
+        let f: HandEyeFile =
+            serde_json::from_str(&text).map_err(|e| crate::camera::CameraFileError::Format {
+                path: shown.clone(),
+                message: format!("not a `reflex calibrate hand-eye` result: {e}"),
+            })?;
+        let norm = f
+            .camera
+            .rotation_xyzw
+            .iter()
+            .map(|q| q * q)
+            .sum::<f64>()
+            .sqrt();
+        if f.parent.is_empty()
+            || !f.camera.translation_m.iter().all(|v| v.is_finite())
+            || !(0.99..=1.01).contains(&norm)
+        {
+            return Err(crate::camera::CameraFileError::Format {
+                path: shown,
+                message: "needs a parent frame, a finite translation and a unit quaternion".into(),
+            });
+        }
+        Ok(f)
+    }
 }
 
 /// Solves hand-eye from views with the camera's intrinsics.

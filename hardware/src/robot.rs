@@ -319,9 +319,10 @@ impl ArmRobot {
         let epoch = Instant::now();
         let mut cameras = Vec::with_capacity(cfg.cameras.len());
         for c in &cfg.cameras {
+            let calibration = c.load_calibration().map_err(|e| device(name, e))?;
             let source = c.open().map_err(|e| device(name, e))?;
             cameras.push(Capture::spawn(c, source, epoch).map_err(|e| device(name, e))?);
-            spec.cameras.push(c.spec());
+            spec.cameras.push(c.spec_calibrated(&calibration));
         }
         let images = cfg.cameras.iter().map(CameraConfig::blank_image).collect();
         Ok(ArmRobot {

@@ -39,6 +39,30 @@ impl RigCamera {
     }
 }
 
+impl RigCamera {
+    /// The camera as the robot spec lists it: its size, its pinhole and its mount (the
+    /// simulator knows both exactly).
+    pub fn spec(&self, width: u32, height: u32) -> reflex_runtime::msg::CameraSpec {
+        let lens = self.lens(width, height);
+        let (parent, pose) = match &self.mount {
+            Mount::Fixed(p) => ("base".to_string(), *p),
+            Mount::Link { link, offset } => (link.clone(), *offset),
+        };
+        let q = pose.rotation.coords;
+        reflex_runtime::msg::CameraSpec {
+            name: self.name.clone(),
+            width,
+            height,
+            intrinsics: Some([lens.fx, lens.fy, lens.cx, lens.cy]),
+            mount: Some(reflex_runtime::msg::CameraMount {
+                parent,
+                translation_m: pose.translation.vector.into(),
+                rotation_xyzw: [q[0], q[1], q[2], q[3]],
+            }),
+        }
+    }
+}
+
 /// Draws a board seen through a lens; the rays are computed once per lens.
 pub struct BoardRenderer {
     lens: CameraModel,

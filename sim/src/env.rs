@@ -10,8 +10,8 @@ use rand_chacha::ChaCha8Rng;
 use reflex_runtime::config::Validate;
 use reflex_runtime::kinematics::{IkOptions, top_down, yaw_of};
 use reflex_runtime::msg::{
-    ActionKind, ActionSpec, ArmScene, CameraSpec, GripperScene, Observation, PROTOCOL_VERSION,
-    RobotSpec, Scene as SceneSpec, SceneMarker, SceneObject, StateField, StaticBox,
+    ActionKind, ActionSpec, ArmScene, GripperScene, Observation, PROTOCOL_VERSION, RobotSpec,
+    Scene as SceneSpec, SceneMarker, SceneObject, StateField, StaticBox,
 };
 use reflex_runtime::robot::{Robot, RobotError, check_action};
 use std::sync::Arc;
@@ -255,11 +255,7 @@ impl SimEnv {
             cameras: if cfg.cameras.enabled {
                 rig.cameras
                     .iter()
-                    .map(|c| CameraSpec {
-                        name: c.name.clone(),
-                        width: cfg.cameras.width,
-                        height: cfg.cameras.height,
-                    })
+                    .map(|c| c.spec(cfg.cameras.width, cfg.cameras.height))
                     .collect()
             } else {
                 vec![]

@@ -947,8 +947,20 @@ fn reflex_run_on_the_emulated_so101_with_a_file_camera_records_its_frames_and_re
         enc.set_depth(png::BitDepth::Eight);
         enc.write_header().unwrap().write_image_data(&rgb).unwrap();
     }
+    // Its calibration as `reflex calibrate camera` and `hand-eye` write it: a lens at the
+    // capture size and a mount in the base frame.
+    let lens = reflex_calibration::camera::CameraModel {
+        dist: [-0.1, 0.0, 0.0, 0.0, 0.0],
+        ..reflex_calibration::camera::CameraModel::pinhole(32, 24, 30.0, 30.0, 15.5, 11.5)
+    };
+    std::fs::write(dir.path().join("front.yaml"), lens.to_opencv_yaml(None)).unwrap();
+    std::fs::write(
+        dir.path().join("front_hand_eye.json"),
+        r#"{"setup": "eye-to-hand", "parent": "base", "camera": {"translation_m": [0.55, 0.0, 0.32], "rotation_xyzw": [0.0, 0.0, 0.0, 1.0]}, "rms_px": 0.1}"#,
+    )
+    .unwrap();
     let camera = format!(
-        "\nee_step_m = 0.008\n\n[[arm.cameras]]\nname = \"front\"\ndevice = \"files:{}\"\nwidth = 32\nheight = 24\nfps = 30\ncrop = {{ x = 8, y = 4, w = 16, h = 16 }}\n",
+        "\nee_step_m = 0.008\n\n[[arm.cameras]]\nname = \"front\"\ndevice = \"files:{}\"\nwidth = 32\nheight = 24\nfps = 30\ncrop = {{ x = 8, y = 4, w = 16, h = 16 }}\nintrinsics = \"front.yaml\"\nundistort = true\nhand_eye = \"front_hand_eye.json\"\n",
         frames.display()
     );
     let cfg = config(
@@ -977,9 +989,15 @@ fn reflex_run_on_the_emulated_so101_with_a_file_camera_records_its_frames_and_re
     let rec =
         std::path::Path::new(v["recording"]["dir"].as_str().unwrap()).join("episode_000001.rrd");
     let text = crate::replay::rrd_print(&rec);
+    // Calibrated (files relative to the config): a pinhole in the base frame, images under it.
     assert!(
-        text.contains("/camera/front"),
+        text.contains("/world/cameras/front/image"),
         "no camera entity in {rec:?}:\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("- /world/cameras/front - ") && l.contains("Pinhole")),
+        "no pinhole in {rec:?}:\n{text}"
     );
 }
 

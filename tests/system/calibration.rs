@@ -136,7 +136,8 @@ fn peer(args: &[&std::ffi::OsStr]) -> serde_json::Value {
 #[test]
 fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agree_with_opencv() {
     use reflex_calibration::camera::CameraModel;
-    use reflex_tools::calibrate::{HandEyeFile, TruthFile};
+    use reflex_calibration::hand_eye::HandEyeFile;
+    use reflex_tools::calibrate::TruthFile;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let commands = documented_camera_commands();

@@ -397,7 +397,10 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
         "/action/dx_m/executed",
         "/episode/reward",
         "/status/rate_hz",
-        "/camera/front",
+        // The simulator's cameras are calibrated (their pinholes and mounts are in the spec):
+        // images under their pinholes, the wrist's moving with the gripper.
+        "/world/cameras/front/image",
+        "/world/arm/gripper/cameras/wrist/image",
     ] {
         assert!(text.contains(entity), "{}: {entity} missing", f.display());
     }
@@ -432,11 +435,22 @@ fn camera_images_are_recorded_at_every_step_of_an_episode() {
         let f = rec.join(format!("episode_00000{id}.rrd"));
         steps += u64::from(reflex_record::read_summary(&f).unwrap().steps);
         let text = rrd_print(&f);
-        for (k, cam) in ["front", "wrist"].iter().enumerate() {
-            for line in text
-                .lines()
-                .filter(|l| l.contains(&format!("- /camera/{cam} - ")))
-            {
+        // Each camera is a pinhole where the spec mounts it (static: the mount and the lens).
+        for origin in ["/world/cameras/front", "/world/arm/gripper/cameras/wrist"] {
+            assert!(
+                text.lines()
+                    .any(|l| l.contains(&format!("- {origin} - ")) && l.contains("Pinhole")),
+                "no pinhole at {origin}:\n{text}"
+            );
+        }
+        for (k, cam) in [
+            "/world/cameras/front/image",
+            "/world/arm/gripper/cameras/wrist/image",
+        ]
+        .iter()
+        .enumerate()
+        {
+            for line in text.lines().filter(|l| l.contains(&format!("- {cam} - "))) {
                 assert!(line.contains("Image:buffer"), "{line}");
                 let n: u64 = line
                     .split(" with ")

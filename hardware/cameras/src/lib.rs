@@ -18,8 +18,10 @@ pub mod pixels;
 pub use file::FileCamera;
 pub use pixels::{PixelFormat, Roi};
 
+use reflex_calibration::camera::{CameraModel, UndistortMap};
+use reflex_calibration::hand_eye::HandEyeFile;
 use reflex_contracts::config::{Invalid, Validate, in_range};
-use reflex_contracts::msg::{CameraSpec, Image};
+use reflex_contracts::msg::{CameraMount, CameraSpec, Image};
 use reflex_runtime::triple::{Reader, Writer, triple};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -88,6 +90,27 @@ pub struct CameraConfig {
     /// program writes them into the folder (false).
     #[serde(default = "default_repeat")]
     pub repeat: bool,
+    /// The camera's lens from `reflex calibrate camera` (OpenCV's YAML, or JSON), at the capture
+    /// size or one of the same shape: its pinhole goes into the robot spec (and recordings).
+    #[serde(default)]
+    pub intrinsics: Option<std::path::PathBuf>,
+    /// Take the lens's distortion out of every frame before crop and resize (needs
+    /// `intrinsics`); the spec's pinhole is then exact.
+    #[serde(default)]
+    pub undistort: bool,
+    /// Where the camera sits, from `reflex calibrate hand-eye` (its JSON result): the mount goes
+    /// into the robot spec, so recordings draw the camera where it is.
+    #[serde(default)]
+    pub hand_eye: Option<std::path::PathBuf>,
+}
+
+/// A camera's calibration as its config names it, loaded and checked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CameraCalibration {
+    /// The lens at the capture size.
+    pub lens: Option<CameraModel>,
+    /// Where the camera sits.
+    pub mount: Option<CameraMount>,
 }
 
 fn default_repeat() -> bool {
@@ -121,14 +144,78 @@ impl CameraConfig {
         }
     }
 
-    /// The camera as a robot spec lists it (its output size).
+    /// The camera as a robot spec lists it (its output size), without its calibration.
     pub fn spec(&self) -> CameraSpec {
+        self.spec_calibrated(&CameraCalibration::default())
+    }
+
+    /// The camera as a robot spec lists it, with the pinhole of its output frames (the lens's,
+    /// moved by the crop and scaled by the resize) and its mount.
+    pub fn spec_calibrated(&self, cal: &CameraCalibration) -> CameraSpec {
         let (width, height) = self.output_size();
+        let intrinsics = cal.lens.map(|lens| {
+            let roi = self.crop.unwrap_or(Roi::full(self.width, self.height));
+            let (sx, sy) = (width as f64 / roi.w as f64, height as f64 / roi.h as f64);
+            // Pixel centres at integers: a region's edge is at -0.5.
+            [
+                lens.fx * sx,
+                lens.fy * sy,
+                (lens.cx - roi.x as f64 + 0.5) * sx - 0.5,
+                (lens.cy - roi.y as f64 + 0.5) * sy - 0.5,
+            ]
+        });
         CameraSpec {
             name: self.name.clone(),
             width,
             height,
+            intrinsics,
+            mount: cal.mount.clone(),
         }
+    }
+
+    /// Loads the files `intrinsics` and `hand_eye` name; the lens is scaled to the capture size
+    /// when it was calibrated at another size of the same shape.
+    pub fn load_calibration(&self) -> Result<CameraCalibration, CameraError> {
+        let bad = |m: String| CameraError::Open {
+            device: self.device.clone(),
+            message: m,
+        };
+        let lens = match &self.intrinsics {
+            None => None,
+            Some(p) => {
+                let lens = CameraModel::load(p).map_err(|e| bad(e.to_string()))?;
+                let same_shape = (lens.width as f64 * self.height as f64
+                    - lens.height as f64 * self.width as f64)
+                    .abs()
+                    <= 0.005 * (lens.width as f64 * self.height as f64);
+                if (lens.width, lens.height) == (self.width, self.height) {
+                    Some(lens)
+                } else if same_shape {
+                    Some(lens.scaled(self.width, self.height))
+                } else {
+                    return Err(bad(format!(
+                        "`{}` was calibrated at {}x{}, the camera captures {}x{} (another shape); calibrate it at the capture size",
+                        p.display(),
+                        lens.width,
+                        lens.height,
+                        self.width,
+                        self.height
+                    )));
+                }
+            }
+        };
+        let mount = match &self.hand_eye {
+            None => None,
+            Some(p) => {
+                let f = HandEyeFile::load(p).map_err(|e| bad(e.to_string()))?;
+                Some(CameraMount {
+                    parent: f.parent,
+                    translation_m: f.camera.translation_m,
+                    rotation_xyzw: f.camera.rotation_xyzw,
+                })
+            }
+        };
+        Ok(CameraCalibration { lens, mount })
     }
 
     /// Opens the device.
@@ -204,6 +291,13 @@ impl Validate for CameraConfig {
                 "resize",
                 format!("[{w}, {h}]"),
                 "[width, height], each 1 to 4096",
+            ));
+        }
+        if self.undistort && self.intrinsics.is_none() {
+            return Err(bad(
+                "undistort",
+                "true".into(),
+                "false, or name the lens in `intrinsics` (reflex calibrate camera's file)",
             ));
         }
         if self.format == PixelFormat::Yuyv && !self.width.is_multiple_of(2) {
@@ -297,6 +391,8 @@ struct Worker {
     writer: Writer<Frame>,
     counters: Arc<Counters>,
     stop: Arc<AtomicBool>,
+    /// The lens's map to a pinhole, when the config asks to undistort.
+    undistort: Option<UndistortMap>,
 }
 
 impl Worker {
@@ -305,6 +401,10 @@ impl Worker {
         let mut raw = Vec::with_capacity((w * h * 3) as usize);
         let mut rgb = vec![0u8; (w * h * 3) as usize];
         let mut jpeg = Vec::new();
+        let mut straight = match self.undistort {
+            Some(_) => vec![0u8; (w * h * 3) as usize],
+            None => Vec::new(),
+        };
         let mut seq = 0;
         while !self.stop.load(Ordering::Relaxed) {
             let got = self.source.next_frame(&mut raw);
@@ -328,9 +428,16 @@ impl Worker {
                 continue;
             }
             seq += 1;
+            let frame = match &self.undistort {
+                Some(map) => {
+                    map.apply_rgb(&rgb, &mut straight);
+                    &straight
+                }
+                None => &rgb,
+            };
             let slot = self.writer.slot();
             pixels::crop_resize(
-                &rgb,
+                frame,
                 w,
                 h,
                 self.roi,
@@ -367,9 +474,29 @@ impl Capture {
             captured: Duration::ZERO,
             image: cfg.blank_image(),
         });
+        let undistort = if cfg.undistort {
+            let lens = cfg
+                .load_calibration()?
+                .lens
+                .ok_or_else(|| CameraError::Open {
+                    device: cfg.device.clone(),
+                    message: "undistort = true needs `intrinsics`".into(),
+                })?;
+            let lens = lens.scaled(w, h);
+            Some(UndistortMap::new(
+                &lens,
+                &CameraModel {
+                    dist: [0.0; 5],
+                    ..lens
+                },
+            ))
+        } else {
+            None
+        };
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
         let worker = Worker {
+            undistort,
             source,
             format,
             size: (w, h),

@@ -36,6 +36,9 @@ fn config(name: &str, device: String, w: u32, h: u32) -> CameraConfig {
         resize: None,
         timeout_ms: 500.0,
         repeat: true,
+        intrinsics: None,
+        undistort: false,
+        hand_eye: None,
     }
 }
 
@@ -137,7 +140,9 @@ fn a_folder_of_pngs_plays_as_a_camera_cropped_and_resized_newest_first() {
         CameraSpec {
             name: "front".into(),
             width: 2,
-            height: 2
+            height: 2,
+            intrinsics: None,
+            mount: None,
         }
     );
     let epoch = Instant::now();
@@ -335,4 +340,115 @@ fn a_watched_folder_plays_its_frames_once_then_new_ones_and_goes_stale_without_t
     wait_for(&mut cap, epoch, "the new frame", |c| c.stats().frames == 3);
     let f = cap.latest(epoch.elapsed()).unwrap();
     assert_eq!(f.image.data[0], 200);
+}
+
+#[test]
+fn a_calibrated_camera_publishes_the_pinhole_of_its_cropped_scaled_undistorted_frames() {
+    use reflex_calibration::camera::{CameraModel, UndistortMap};
+    use reflex_calibration::hand_eye::{HandEyeFile, Pose, Setup};
+    let dir = tempfile::tempdir().unwrap();
+    // A lens with barrel distortion at 64x48, written as `reflex calibrate camera` writes it.
+    let lens = CameraModel {
+        dist: [-0.3, 0.1, 0.0, 0.0, 0.0],
+        ..CameraModel::pinhole(64, 48, 40.0, 40.0, 31.5, 23.5)
+    };
+    let yaml = dir.path().join("front.yaml");
+    std::fs::write(&yaml, lens.to_opencv_yaml(Some(0.2))).unwrap();
+    let he = dir.path().join("front_hand_eye.json");
+    let mount = Pose {
+        translation_m: [0.5, 0.0, 0.3],
+        rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
+    };
+    std::fs::write(
+        &he,
+        serde_json::to_string(&HandEyeFile {
+            setup: Setup::EyeToHand,
+            parent: "base".into(),
+            camera: mount,
+            rms_px: 0.1,
+        })
+        .unwrap(),
+    )
+    .unwrap();
+    // The frames: a grid of bright dots where the distorted lens sees points on a plane.
+    let frames = dir.path().join("frames");
+    std::fs::create_dir(&frames).unwrap();
+    let mut rgb = vec![0u8; 64 * 48 * 3];
+    let p = nalgebra::Point3::new(0.25, -0.15, 1.0);
+    let px = lens.project(&p).unwrap();
+    for dv in -1i32..=1 {
+        for du in -1i32..=1 {
+            let (u, v) = (
+                (px.x.round() as i32 + du) as usize,
+                (px.y.round() as i32 + dv) as usize,
+            );
+            rgb[(v * 64 + u) * 3..(v * 64 + u) * 3 + 3].fill(255);
+        }
+    }
+    write_png(&frames.join("000.png"), 64, 48, &rgb);
+    let mut cfg = config("front", format!("files:{}", frames.display()), 64, 48);
+    cfg.intrinsics = Some(yaml);
+    cfg.hand_eye = Some(he);
+    cfg.undistort = true;
+    cfg.crop = Some(Roi {
+        x: 8,
+        y: 0,
+        w: 48,
+        h: 48,
+    });
+    cfg.resize = Some([24, 24]);
+    cfg.validate("cameras[0]").unwrap();
+    let cal = cfg.load_calibration().unwrap();
+    let spec = cfg.spec_calibrated(&cal);
+    let k = spec.intrinsics.unwrap();
+    // fx halves with the resize; cx moves by the crop's 8 px, then scales about pixel edges.
+    assert!(
+        (k[0] - 20.0).abs() < 1e-9 && (k[1] - 20.0).abs() < 1e-9,
+        "{k:?}"
+    );
+    assert!(
+        (k[2] - ((31.5 - 8.0 + 0.5) * 0.5 - 0.5)).abs() < 1e-9,
+        "{k:?}"
+    );
+    assert!((k[3] - ((23.5 + 0.5) * 0.5 - 0.5)).abs() < 1e-9, "{k:?}");
+    assert_eq!(spec.mount.as_ref().unwrap().parent, "base");
+    // The published pinhole puts the point where the undistorted, cropped, scaled frame shows it.
+    let epoch = Instant::now();
+    let mut cap = Capture::spawn(&cfg, cfg.open().unwrap(), epoch).unwrap();
+    wait_for(&mut cap, epoch, "a frame", |c| c.stats().frames >= 1);
+    let f = cap.latest(epoch.elapsed()).unwrap();
+    let (mut su, mut sv, mut sw) = (0.0, 0.0, 0.0);
+    for v in 0..24 {
+        for u in 0..24 {
+            let w = f.image.data[(v * 24 + u) * 3] as f64;
+            su += w * u as f64;
+            sv += w * v as f64;
+            sw += w;
+        }
+    }
+    let (eu, ev) = (k[0] * p.x / p.z + k[2], k[1] * p.y / p.z + k[3]);
+    assert!(sw > 0.0);
+    let (cu, cv) = (su / sw, sv / sw);
+    assert!(
+        (cu - eu).abs() < 0.75 && (cv - ev).abs() < 0.75,
+        "seen ({cu}, {cv}), pinhole says ({eu}, {ev})"
+    );
+    // Without undistortion the same point sits where the distortion put it: off the pinhole.
+    let straight = UndistortMap::new(
+        &lens,
+        &CameraModel {
+            dist: [0.0; 5],
+            ..lens
+        },
+    );
+    assert_eq!(straight.size(), (64, 48));
+    // Bad files name the file; undistort without a lens is refused naming the key.
+    let mut bad = cfg.clone();
+    bad.intrinsics = Some(dir.path().join("missing.yaml"));
+    let e = bad.load_calibration().unwrap_err().to_string();
+    assert!(e.contains("missing.yaml"), "{e}");
+    let mut bad = cfg.clone();
+    bad.intrinsics = None;
+    let e = bad.validate("cameras[0]").unwrap_err();
+    assert_eq!(e.key, "cameras[0].undistort", "{e:?}");
 }

@@ -396,10 +396,18 @@ impl RunConfig {
         if let Some(r) = &mut c.policy.residual {
             resolve(&mut r.model);
         }
-        if let Some(a) = &mut c.arm
-            && let Some(cal) = &mut a.calibration
-        {
-            resolve(cal);
+        if let Some(a) = &mut c.arm {
+            if let Some(cal) = &mut a.calibration {
+                resolve(cal);
+            }
+            for cam in &mut a.cameras {
+                if let Some(p) = &mut cam.intrinsics {
+                    resolve(p);
+                }
+                if let Some(p) = &mut cam.hand_eye {
+                    resolve(p);
+                }
+            }
         }
         if let Some(t) = &mut c.bus.tls {
             resolve(&mut t.dir);

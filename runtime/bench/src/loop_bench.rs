@@ -146,6 +146,9 @@ pub fn run(a: &LoopBenchOptions) -> Result<LoopBenchReport> {
             resize: Some(c.resize),
             timeout_ms: 500.0,
             repeat: true,
+            intrinsics: None,
+            undistort: false,
+            hand_eye: None,
         };
         let epoch = Instant::now();
         let cap = reflex_cameras::Capture::spawn(&cfg, Box::new(probe), epoch)

@@ -189,6 +189,25 @@ pub struct CameraSpec {
     pub width: u32,
     /// Image height in pixels.
     pub height: u32,
+    /// The pinhole of the images as published (after any undistortion, crop and resize):
+    /// `[fx, fy, cx, cy]`, px, pixel centres at integers (OpenCV's convention). Absent: unknown
+    /// (an uncalibrated camera).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intrinsics: Option<[f64; 4]>,
+    /// Where the camera sits (OpenCV camera axes: x right, y down, z forward). Absent: unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount: Option<CameraMount>,
+}
+
+/// A camera's pose on the robot: `T_parent_camera`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CameraMount {
+    /// The frame it is fixed to: `base`, or a link of the robot's URDF (`gripper`).
+    pub parent: String,
+    /// Translation, m.
+    pub translation_m: [f64; 3],
+    /// Rotation as a unit quaternion `[x, y, z, w]`.
+    pub rotation_xyzw: [f64; 4],
 }
 
 /// Everything a controller must know about a robot before it drives it. Served on

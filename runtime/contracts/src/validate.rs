@@ -95,6 +95,24 @@ impl RobotSpec {
                     c.name, c.width, c.height
                 )));
             }
+            if let Some(k) = c.intrinsics
+                && !(k.iter().all(|v| v.is_finite()) && k[0] > 0.0 && k[1] > 0.0)
+            {
+                return Err(Problem(format!(
+                    "camera `{}` has intrinsics {k:?} (fx, fy > 0, all finite)",
+                    c.name
+                )));
+            }
+            if let Some(m) = &c.mount {
+                let norm = m.rotation_xyzw.iter().map(|q| q * q).sum::<f64>().sqrt();
+                let finite = m.translation_m.iter().all(|v| v.is_finite());
+                if m.parent.is_empty() || !finite || !(0.99..=1.01).contains(&norm) {
+                    return Err(Problem(format!(
+                        "camera `{}` has mount {m:?} (a parent frame, a finite translation, a unit quaternion)",
+                        c.name
+                    )));
+                }
+            }
         }
         self.check_scene()
     }
@@ -283,6 +301,12 @@ mod tests {
                 name: "front".into(),
                 width: 2,
                 height: 1,
+                intrinsics: Some([2.0, 2.0, 0.5, 0.0]),
+                mount: Some(crate::msg::CameraMount {
+                    parent: "base".into(),
+                    translation_m: [0.5, 0.0, 0.3],
+                    rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
+                }),
             }],
             joints: vec![],
             max_episode_steps: 10,
@@ -306,6 +330,18 @@ mod tests {
             ("control_hz", Box::new(|s| s.control_hz = f64::NAN)),
             ("key expression", Box::new(|s| s.name = "a/b".into())),
             ("1 ..= 8192", Box::new(|s| s.cameras[0].height = 0)),
+            (
+                "intrinsics",
+                Box::new(|s| s.cameras[0].intrinsics = Some([0.0, 2.0, 0.5, 0.0])),
+            ),
+            (
+                "unit quaternion",
+                Box::new(|s| {
+                    if let Some(m) = &mut s.cameras[0].mount {
+                        m.rotation_xyzw = [0.0, 0.0, 0.0, 2.0];
+                    }
+                }),
+            ),
             (
                 "`low` bounds",
                 Box::new(|s| s.state[0].low = Some(vec![0.0])),

@@ -19,7 +19,7 @@ pub fn blueprint(spec: &RobotSpec) -> rerun::blueprint::Blueprint {
             .iter()
             .map(|c| {
                 Spatial2DView::new(c.name.clone())
-                    .with_origin(format!("camera/{}", c.name))
+                    .with_origin(crate::scene::camera_paths(c).0)
                     .into()
             })
             .collect();

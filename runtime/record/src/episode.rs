@@ -277,14 +277,18 @@ pub(crate) fn account(scene: &SceneModel, ep: &mut Episode, t: &Transition) {
     }
 }
 
-/// Camera images at their step, under `camera/<name>`.
-pub(crate) fn log_frames(rec: &rerun::RecordingStream, f: &Frames) {
+/// Camera images at their step, each at its path ([`crate::scene::camera_paths`]).
+pub(crate) fn log_frames(rec: &rerun::RecordingStream, f: &Frames, paths: &[String]) {
     rec.set_time_sequence("step", f.step as i64);
     rec.set_duration_secs("time", f.t.as_secs_f64());
-    for img in &f.images {
+    for (i, img) in f.images.iter().enumerate() {
         if img.encoding == "rgb8" && img.data.len() == (img.width * img.height * 3) as usize {
+            let path = paths
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| format!("camera/{}", img.camera));
             let _ = rec.log(
-                format!("camera/{}", img.camera),
+                path,
                 &rerun::Image::from_rgb24(img.data.clone(), [img.width, img.height]),
             );
         }

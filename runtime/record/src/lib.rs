@@ -479,7 +479,7 @@ impl Worker {
     fn frames(&mut self, f: &Frames) {
         self.enter(f.episode);
         for r in self.streams() {
-            episode::log_frames(r, f);
+            episode::log_frames(r, f, self.scene.image_paths());
         }
     }
 

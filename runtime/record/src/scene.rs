@@ -3,7 +3,7 @@
 //! markers placed by state fields, the tool path. A robot without a scene gets plots only.
 
 use nalgebra::{Isometry3, Translation3, UnitQuaternion};
-use reflex_contracts::msg::{RobotSpec, Scene};
+use reflex_contracts::msg::{CameraSpec, RobotSpec, Scene};
 use reflex_runtime::kinematics::Chain;
 use reflex_runtime::outbox::Transition;
 use std::ops::Range;
@@ -76,8 +76,31 @@ pub struct SceneModel {
     markers: Vec<(Placed, f32)>,
     path: Option<Range<usize>>,
     static_boxes: Vec<reflex_contracts::msg::StaticBox>,
+    cameras: Vec<CameraSpec>,
+    /// Where each camera's images go, in the spec's order.
+    image_paths: Vec<String>,
     q: Vec<f64>,
     poses: Vec<Isometry3<f64>>,
+}
+
+/// Where a camera lives in a recording: `(origin, images)`. A camera whose spec gives both its
+/// intrinsics and its mount is a pinhole in the 3-D scene, at `world/cameras/<name>` (fixed in
+/// the base frame) or `world/arm/<link>/cameras/<name>` (on a link, moving with it), its images
+/// under it (`.../image`) so that 3-D points project into them; any other camera's images are at
+/// `camera/<name>`.
+pub fn camera_paths(c: &CameraSpec) -> (String, String) {
+    match (&c.intrinsics, &c.mount) {
+        (Some(_), Some(m)) => {
+            let origin = if m.parent == "base" || m.parent == "world" {
+                format!("world/cameras/{}", c.name)
+            } else {
+                format!("world/arm/{}/cameras/{}", m.parent, c.name)
+            };
+            let image = format!("{origin}/image");
+            (origin, image)
+        }
+        _ => (format!("camera/{}", c.name), format!("camera/{}", c.name)),
+    }
 }
 
 impl SceneModel {
@@ -160,6 +183,8 @@ impl SceneModel {
             markers,
             path,
             static_boxes: scene.static_boxes.clone(),
+            cameras: spec.cameras.clone(),
+            image_paths: spec.cameras.iter().map(|c| camera_paths(c).1).collect(),
             q: Vec::with_capacity(dof),
             poses: vec![Isometry3::identity(); dof],
         })
@@ -172,9 +197,39 @@ impl SceneModel {
         Some([p[0], p[1], p[2]])
     }
 
-    /// What never moves: the coordinate convention, fixed boxes and the arm's link shapes.
+    /// Where each camera's images go, in the spec's order.
+    pub fn image_paths(&self) -> &[String] {
+        &self.image_paths
+    }
+
+    /// What never moves: the coordinate convention, fixed boxes, the arm's link shapes and the
+    /// calibrated cameras (their mounts and pinholes).
     pub fn log_static(&self, rec: &rerun::RecordingStream) {
         let _ = rec.log_static("world", &rerun::ViewCoordinates::RIGHT_HAND_Z_UP());
+        for c in &self.cameras {
+            let (Some(k), Some(m)) = (&c.intrinsics, &c.mount) else {
+                continue;
+            };
+            let (origin, _) = camera_paths(c);
+            let [x, y, z, w] = m.rotation_xyzw.map(|v| v as f32);
+            let t = m.translation_m.map(|v| v as f32);
+            let _ = rec.log_static(
+                origin.clone(),
+                &rerun::Transform3D::from_translation(t)
+                    .with_quaternion(rerun::Quaternion::from_xyzw([x, y, z, w])),
+            );
+            // Rerun puts pixel centres at +0.5, OpenCV at integers.
+            let _ = rec.log_static(
+                origin,
+                &rerun::Pinhole::from_focal_length_and_resolution(
+                    [k[0] as f32, k[1] as f32],
+                    [c.width as f32, c.height as f32],
+                )
+                .with_principal_point([k[2] as f32 + 0.5, k[3] as f32 + 0.5])
+                .with_camera_xyz(rerun::components::ViewCoordinates::RDF)
+                .with_image_plane_distance(0.05),
+            );
+        }
         for b in &self.static_boxes {
             let _ = rec.log_static(
                 format!("world/{}", b.name),

@@ -10,13 +10,12 @@
 //!   positions (forward kinematics of its URDF gives the gripper) or the gripper's pose itself;
 //! - `truth.json` (simulated views only): the lens and every pose they were rendered with.
 
-use nalgebra::{Isometry3, Quaternion, Translation3, UnitQuaternion};
 use reflex_agent::AgentError;
 use reflex_agent::error::{Result, bail, ctx};
 use reflex_agent::progress::Progress;
 use reflex_calibration::board::{Board, Corners, detect, gray_from_rgb};
 use reflex_calibration::camera::{CameraFile, CameraModel};
-use reflex_calibration::hand_eye::{HandEyeView, Setup, calibrate_hand_eye};
+use reflex_calibration::hand_eye::{HandEyeFile, HandEyeView, Pose, Setup, calibrate_hand_eye};
 use reflex_calibration::intrinsics::calibrate;
 use reflex_runtime::kinematics::Chain;
 use reflex_sim::calib::{board_on_table, hand_eye_views, intrinsics_views};
@@ -24,39 +23,6 @@ use reflex_sim::camera::CameraRig;
 use reflex_sim::world::{ARM_URDF, ArmModel};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-
-/// A pose in files: translation, m, and rotation as a unit quaternion `[x, y, z, w]` (ROS's
-/// order).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Pose {
-    /// m.
-    pub translation_m: [f64; 3],
-    /// `[x, y, z, w]`.
-    pub rotation_xyzw: [f64; 4],
-}
-
-impl From<&Isometry3<f64>> for Pose {
-    fn from(p: &Isometry3<f64>) -> Self {
-        let q = p.rotation.coords;
-        Pose {
-            translation_m: p.translation.vector.into(),
-            rotation_xyzw: [q[0], q[1], q[2], q[3]],
-        }
-    }
-}
-
-impl Pose {
-    /// The isometry; the quaternion is normalised.
-    pub fn iso(&self) -> Isometry3<f64> {
-        let [x, y, z, w] = self.rotation_xyzw;
-        let [tx, ty, tz] = self.translation_m;
-        Isometry3::from_parts(
-            Translation3::new(tx, ty, tz),
-            UnitQuaternion::from_quaternion(Quaternion::new(w, x, y, z)),
-        )
-    }
-}
 
 /// One image and why it was or was not used.
 #[derive(Clone, Debug, Serialize)]
@@ -315,20 +281,6 @@ pub struct HandEyeReport {
     pub views: Vec<ImageOutcome>,
     /// The result written.
     pub out: PathBuf,
-}
-
-/// The result file of `reflex calibrate hand-eye`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HandEyeFile {
-    /// Where the camera is.
-    pub setup: Setup,
-    /// The frame `camera` is given in.
-    pub parent: String,
-    /// `T_parent_camera`.
-    pub camera: Pose,
-    /// Reprojection RMS, px.
-    pub rms_px: f64,
 }
 
 /// Where `reflex calibrate hand-eye` reads and writes.
