@@ -16,6 +16,63 @@ pub enum HwCommand {
     /// Sync-read and sync-write latency over an emulated bus.
     #[cfg(feature = "bench")]
     Bench(crate::cli::ServoBenchArgs),
+    /// The cameras of this computer (V4L2): formats reflex decodes, sizes, frame rates, and
+    /// whether this user may open them.
+    Cameras(CamerasArgs),
+}
+
+#[derive(Args)]
+pub struct CamerasArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn cameras(a: CamerasArgs) -> anyhow::Result<()> {
+    let list = reflex_cameras::v4l2::list_cameras();
+    if a.json {
+        crate::cli::print_json(&list);
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!(
+            "no cameras (/dev/video*); without one, a folder of images is a camera: device = \"files:DIR\" (docs/hardware.md)"
+        );
+    }
+    for c in &list {
+        match &c.error {
+            Some(e) => println!("{}: {e}", c.path),
+            None if !c.captures => println!(
+                "{}: {} ({}): not a video capture node",
+                c.path, c.card, c.driver
+            ),
+            None => {
+                println!("{}: {} ({}, {})", c.path, c.card, c.driver, c.bus_info);
+                for f in &c.formats {
+                    let sizes: Vec<String> = f
+                        .sizes
+                        .iter()
+                        .map(|s| {
+                            let fps: Vec<String> =
+                                s.fps.iter().map(|r| format!("{r:.0}")).collect();
+                            format!("{}x{} @ {} fps", s.width, s.height, fps.join("/"))
+                        })
+                        .collect();
+                    println!(
+                        "  {} ({}{}): {}",
+                        f.fourcc,
+                        f.description,
+                        f.reflex_format
+                            .as_deref()
+                            .map(|r| format!(", format = \"{r}\""))
+                            .unwrap_or_else(|| ", not decoded by reflex".into()),
+                        sizes.join(", ")
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -78,6 +135,7 @@ fn config(a: &EmulateArgs) -> EmulatorConfig {
 
 pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
     match cmd {
+        HwCommand::Cameras(a) => return cameras(a),
         HwCommand::Emulate(a) => {
             let cfg = config(&a);
             let model = match cfg.model {

@@ -496,3 +496,23 @@ fn bench_loop_with_a_file_camera_beside_reports_the_camera_and_the_loop() {
     assert!(cam["used"].as_u64().unwrap() > 0, "{cam}");
     assert_eq!(cam["errors"], 0, "{cam}");
 }
+
+/// `reflex hw cameras` lists this computer's V4L2 cameras (none on the CI machine: it says so
+/// and how to do without); `--json` is the same list as data.
+#[test]
+fn hw_cameras_lists_the_v4l2_devices_or_says_there_are_none() {
+    let (ok, out, err) = run(&["hw", "cameras"]);
+    assert!(ok, "{err}");
+    let v = crate::common::json_output(reflex().args(["hw", "cameras", "--json"]));
+    let list = v.as_array().expect("a JSON list");
+    if list.is_empty() {
+        assert!(
+            out.contains("no cameras") && out.contains("files:DIR"),
+            "{out}"
+        );
+    }
+    for c in list {
+        assert!(c["path"].as_str().unwrap().starts_with("/dev/video"), "{c}");
+        assert!(out.contains(c["path"].as_str().unwrap()), "{out}");
+    }
+}

@@ -14,6 +14,7 @@
 
 pub mod file;
 pub mod pixels;
+pub mod v4l2;
 
 pub use file::FileCamera;
 pub use pixels::{PixelFormat, Roi};
@@ -218,7 +219,7 @@ impl CameraConfig {
         Ok(CameraCalibration { lens, mount })
     }
 
-    /// Opens the device.
+    /// Opens the device: a folder of images (`files:DIR`) or a V4L2 camera.
     pub fn open(&self) -> Result<Box<dyn FrameSource>, CameraError> {
         let source: Box<dyn FrameSource> = match self.device.strip_prefix(FILES_PREFIX) {
             Some(dir) => Box::new(FileCamera::open(
@@ -226,14 +227,7 @@ impl CameraConfig {
                 self.fps,
                 self.repeat,
             )?),
-            None => {
-                return Err(CameraError::Open {
-                    device: self.device.clone(),
-                    message: format!(
-                        "V4L2 capture is not built into this reflex yet; use `device = \"{FILES_PREFIX}DIR\"` (a folder of PNG or JPEG frames)"
-                    ),
-                });
-            }
+            None => Box::new(v4l2::V4l2Camera::open(self)?),
         };
         let (_, w, h) = source.format();
         if (w, h) != (self.width, self.height) {

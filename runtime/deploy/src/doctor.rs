@@ -272,25 +272,71 @@ fn serial_ports(r: &mut DoctorReport, m: &Machine) {
     }
 }
 
-/// Video devices (cameras) present.
+/// Video devices (cameras): whether this user may open each, and on this machine's /dev what
+/// each offers (card, formats reflex decodes, sizes).
 fn cameras(r: &mut DoctorReport, dev: &Path) {
-    let mut v: Vec<String> = std::fs::read_dir(dev)
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dev)
         .into_iter()
         .flatten()
         .flatten()
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.starts_with("video"))
-        .map(|n| dev.join(n).display().to_string())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("video"))
+        .map(|e| dev.join(e.file_name()))
         .collect();
     v.sort();
     if v.is_empty() {
         r.push(
             "cameras",
             Level::Info,
-            format!("cameras: none ({}/video*)", dev.display()),
+            format!(
+                "cameras: none ({}/video*); without a camera, a folder of images is one (device = \"files:DIR\")",
+                dev.display()
+            ),
         );
+        return;
+    }
+    let found = if dev == Path::new("/dev") {
+        reflex_cameras::v4l2::list_cameras()
     } else {
-        r.push("cameras", Level::Info, format!("cameras: {}", v.join(", ")));
+        Vec::new()
+    };
+    for p in v {
+        if !may_open(&p) {
+            r.push(
+                "cameras",
+                Level::Problem,
+                format!(
+                    "camera {}: this user cannot open it: sudo usermod -aG video $USER, then log in again",
+                    p.display()
+                ),
+            );
+            continue;
+        }
+        let shown = p.display().to_string();
+        let what = match found.iter().find(|c| c.path == shown) {
+            Some(c) if c.captures => {
+                let formats: Vec<String> = c
+                    .formats
+                    .iter()
+                    .filter_map(|f| {
+                        let best = f.sizes.iter().max_by_key(|s| s.width * s.height)?;
+                        Some(format!(
+                            "{} up to {}x{}",
+                            f.reflex_format.as_deref().unwrap_or(&f.fourcc),
+                            best.width,
+                            best.height
+                        ))
+                    })
+                    .collect();
+                format!("{} ({}): {}", c.card, c.bus_info, formats.join(", "))
+            }
+            Some(c) => format!(
+                "{} ({}): not a video capture node (cameras also expose metadata nodes)",
+                c.card,
+                c.error.as_deref().unwrap_or(&c.driver)
+            ),
+            None => "can open".to_string(),
+        };
+        r.push("cameras", Level::Ok, format!("camera {shown}: {what}"));
     }
 }
 
@@ -615,12 +661,23 @@ mod tests {
             std::fs::write(m.dev.join(n), b"").unwrap();
         }
         let r = check(&m, &DoctorOptions::default());
-        let said = &lines(&r, "cameras")[0].1;
+        let said = lines(&r, "cameras");
         let (v0, v2) = (m.dev.join("video0"), m.dev.join("video2"));
+        assert_eq!(said.len(), 2, "{said:?}");
         assert_eq!(
-            said,
-            &format!("cameras: {}, {}", v0.display(), v2.display())
+            said[0],
+            (Level::Ok, format!("camera {}: can open", v0.display()))
         );
+        assert_eq!(said[1].1, format!("camera {}: can open", v2.display()));
+        // One this user may not open is a problem with what to do (root may open anything).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&v2, std::fs::Permissions::from_mode(0o000)).unwrap();
+        if !rustix::process::geteuid().is_root() {
+            let r = check(&m, &DoctorOptions::default());
+            let said = lines(&r, "cameras");
+            assert_eq!(said[1].0, Level::Problem, "{said:?}");
+            assert!(said[1].1.contains("usermod -aG video"), "{said:?}");
+        }
     }
 
     #[test]
