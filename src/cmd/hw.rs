@@ -135,7 +135,7 @@ fn config(a: &EmulateArgs) -> EmulatorConfig {
 
 pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
     match cmd {
-        HwCommand::Cameras(a) => return cameras(a),
+        HwCommand::Cameras(a) => cameras(a),
         HwCommand::Emulate(a) => {
             let cfg = config(&a);
             let model = match cfg.model {
