@@ -1117,3 +1117,93 @@ fn a_camera_that_stops_mid_episode_holds_the_arm_and_names_the_camera() {
         "{cam}"
     );
 }
+
+/// A camera on a served arm reaches the actor on the bus: `reflex hw serve` with a file camera
+/// (calibrated), `reflex run` on the other side of the bus records its frames under the camera's
+/// pinhole, and the spec the actor received carries the lens and the mount.
+#[test]
+fn a_served_arms_camera_reaches_the_remote_actor_with_its_calibration() {
+    use crate::common::{spawn, unix_endpoint};
+    let dir = tempfile::tempdir().unwrap();
+    let (_emu, link) = emulator(&dir, &[]);
+    let arm_ep = unix_endpoint(&dir, "arm");
+    let frames = dir.path().join("frames");
+    std::fs::create_dir(&frames).unwrap();
+    for k in 0..3u8 {
+        let rgb = vec![40 * k; 16 * 12 * 3];
+        let f = std::fs::File::create(frames.join(format!("{k:02}.png"))).unwrap();
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), 16, 12);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.write_header().unwrap().write_image_data(&rgb).unwrap();
+    }
+    let lens = reflex_calibration::camera::CameraModel::pinhole(16, 12, 14.0, 14.0, 7.5, 5.5);
+    std::fs::write(dir.path().join("wrist.yaml"), lens.to_opencv_yaml(None)).unwrap();
+    std::fs::write(
+        dir.path().join("wrist_hand_eye.json"),
+        r#"{"setup": "eye-in-hand", "parent": "gripper", "camera": {"translation_m": [0.035, 0.0, 0.02], "rotation_xyzw": [0.0, 0.0, 0.0, 1.0]}, "rms_px": 0.1}"#,
+    )
+    .unwrap();
+    let edit = |file: &str, edits: &[(&str, &str)], append: &str| {
+        let mut text = std::fs::read_to_string(repo().join("configs/run").join(file)).unwrap();
+        for (from, to) in edits {
+            assert!(text.contains(from), "{file} has no `{from}`");
+            text = text.replace(from, to);
+        }
+        text.push_str(append);
+        let p = dir.path().join(file);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let served = edit(
+        "so101-served.toml",
+        &[
+            ("/tmp/reflex-so101", link.to_str().unwrap()),
+            ("tcp/127.0.0.1:7448", &arm_ep),
+            ("start_speed_rad_s = 0.5", "start_speed_rad_s = 3.0"),
+        ],
+        &format!(
+            "\n[[arm.cameras]]\nname = \"wrist\"\ndevice = \"files:{}\"\nwidth = 16\nheight = 12\nfps = 30\nintrinsics = \"wrist.yaml\"\nhand_eye = \"wrist_hand_eye.json\"\n",
+            frames.display()
+        ),
+    );
+    let model = repo().join("models/so101-reach.onnx");
+    let remote = edit(
+        "so101-remote.toml",
+        &[
+            ("../../models/so101-reach.onnx", model.to_str().unwrap()),
+            ("timeout_ms = 5000.0", "timeout_ms = 20000.0"),
+            (
+                "connect = [\"tcp/127.0.0.1:7448\"]",
+                &format!("connect = [\"{arm_ep}\"]"),
+            ),
+        ],
+        "",
+    );
+    let mut serve = reflex();
+    serve.args(["hw", "serve", "--config"]).arg(&served);
+    let _server = spawn(serve, &dir, "server");
+    let runs = dir.path().join("runs");
+    let v = crate::common::json_output(
+        reflex()
+            .args(["run", "--json", "--episodes", "2", "--record"])
+            .arg(&runs)
+            .arg("--config")
+            .arg(&remote),
+    );
+    assert_eq!(v["episodes"], 2, "{v}");
+    let rec =
+        std::path::Path::new(v["recording"]["dir"].as_str().unwrap()).join("episode_000001.rrd");
+    let text = crate::replay::rrd_print(&rec);
+    let image = "/world/arm/gripper/cameras/wrist/image";
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&format!("- {image} - ")) && l.contains("Image")),
+        "no frames of the served camera in {rec:?}:\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("- /world/arm/gripper/cameras/wrist - ") && l.contains("Pinhole")),
+        "no pinhole:\n{text}"
+    );
+}
