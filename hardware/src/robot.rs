@@ -506,6 +506,11 @@ impl ArmRobot {
         self.shared.clone()
     }
 
+    /// The cameras' counters, readable from another thread (the status message's).
+    pub fn camera_monitors(&self) -> Vec<reflex_cameras::CameraMonitor> {
+        self.cameras.iter().map(Capture::monitor).collect()
+    }
+
     /// The bus timing so far.
     pub fn timing(&self) -> &ArmTiming {
         self.arm.timing()

@@ -21,6 +21,7 @@ pub fn to_msg(robot: &str, s: &LoopStatus) -> StatusMsg {
         stop: s.stop.as_str().to_string(),
         stop_by: String::new(),
         estop_raised_unix_ns: 0,
+        cameras: Vec::new(),
     }
 }
 

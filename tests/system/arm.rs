@@ -1029,9 +1029,12 @@ fn a_camera_that_stops_mid_episode_holds_the_arm_and_names_the_camera() {
         "\nee_step_m = 0.008\n\n[[arm.cameras]]\nname = \"wrist\"\ndevice = \"files:{}\"\nwidth = 16\nheight = 12\nfps = 30\nrepeat = false\ntimeout_ms = 150\n",
         frames.display()
     );
-    let cfg = config(
+    // On the bus too, so that its status (with the camera's figures) can be watched.
+    let ep = crate::common::unix_endpoint(&dir, "actor");
+    let cfg = bus_config(
         &dir,
         &link,
+        &ep,
         &[
             ("start_speed_rad_s = 0.5", "start_speed_rad_s = 3.0"),
             ("max_missed_reads = 3 ", "max_missed_reads = 25 "),
@@ -1048,6 +1051,7 @@ fn a_camera_that_stops_mid_episode_holds_the_arm_and_names_the_camera() {
         .arg("--config")
         .arg(&cfg);
     let mut run = crate::common::spawn(cmd, &dir, "run");
+    let watch = StatusWatch::new(&ep, "so101");
     // The camera: a frame every 20 ms until the robot says the episode is under way.
     let mut k = 1;
     let t0 = std::time::Instant::now();
@@ -1067,6 +1071,26 @@ fn a_camera_that_stops_mid_episode_holds_the_arm_and_names_the_camera() {
         // Paces the camera's frames.
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // The status on the bus carries the camera's figures while it runs (frames keep coming
+    // meanwhile).
+    let has_figures = |m: &reflex_contracts::msg::StatusMsg| {
+        m.cameras
+            .first()
+            .is_some_and(|c| c.name == "wrist" && c.used > 0)
+    };
+    let t0 = std::time::Instant::now();
+    while !watch.get().is_some_and(|m| has_figures(&m)) {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "no camera figures in the status: {:?}",
+            watch.get()
+        );
+        write_frame(k);
+        k += 1;
+        // Paces the camera's frames.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(watch.get().unwrap().cameras.len(), 1);
     // No more frames: the loop holds and the log says which camera (after this point: the
     // episode's start may have waited for a first frame too).
     let said_before = crate::common::child_stderr(&dir, "run").len();

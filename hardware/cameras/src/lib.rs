@@ -337,6 +337,38 @@ struct Counters {
     frames: AtomicU64,
     errors: AtomicU64,
     last_error: Mutex<String>,
+    /// Reader side (written by the robot's thread, read by anyone): frames taken, frames
+    /// replaced unseen, the age of the frame last taken in microseconds.
+    used: AtomicU64,
+    skipped: AtomicU64,
+    age_at_use_us: AtomicU64,
+}
+
+/// A camera's counters, readable from any thread while the robot's thread captures (for the
+/// status message).
+#[derive(Clone)]
+pub struct CameraMonitor {
+    name: String,
+    counters: Arc<Counters>,
+    started: Instant,
+}
+
+impl CameraMonitor {
+    /// Counters so far.
+    pub fn stats(&self) -> CameraStats {
+        let c = &self.counters;
+        let frames = c.frames.load(Ordering::Relaxed);
+        CameraStats {
+            name: self.name.clone(),
+            frames,
+            used: c.used.load(Ordering::Relaxed),
+            skipped: c.skipped.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            fps: frames as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
+            age_at_use_ms: c.age_at_use_us.load(Ordering::Relaxed) as f64 / 1e3,
+            last_error: c.last_error.lock().expect("camera error").clone(),
+        }
+    }
 }
 
 /// How a camera has done, for the status message and the run's report.
@@ -370,9 +402,6 @@ pub struct Capture {
     thread: Option<JoinHandle<()>>,
     started: Instant,
     seen: u64,
-    used: u64,
-    skipped: u64,
-    age_at_use: Duration,
 }
 
 struct Worker {
@@ -517,9 +546,6 @@ impl Capture {
             thread: Some(thread),
             started: Instant::now(),
             seen: 0,
-            used: 0,
-            skipped: 0,
-            age_at_use: Duration::ZERO,
         })
     }
 
@@ -541,17 +567,20 @@ impl Capture {
     /// Takes the newest frame without waiting; `None` until the first frame. `now` is the
     /// loop's time, for the frame's age at use. Allocates nothing.
     pub fn latest(&mut self, now: Duration) -> Option<&Frame> {
+        let c = &self.counters;
         if self.reader.update() {
             let seq = self.reader.get().seq;
-            self.skipped += seq.saturating_sub(self.seen + 1);
+            c.skipped
+                .fetch_add(seq.saturating_sub(self.seen + 1), Ordering::Relaxed);
             self.seen = seq;
-            self.used += 1;
+            c.used.fetch_add(1, Ordering::Relaxed);
         }
         if self.seen == 0 {
             return None;
         }
         let f = self.reader.get();
-        self.age_at_use = now.saturating_sub(f.captured);
+        let age = now.saturating_sub(f.captured).as_micros() as u64;
+        c.age_at_use_us.store(age, Ordering::Relaxed);
         Some(f)
     }
 
@@ -563,21 +592,15 @@ impl Capture {
 
     /// Counters so far.
     pub fn stats(&self) -> CameraStats {
-        let frames = self.counters.frames.load(Ordering::Relaxed);
-        CameraStats {
+        self.monitor().stats()
+    }
+
+    /// A handle on the counters for another thread.
+    pub fn monitor(&self) -> CameraMonitor {
+        CameraMonitor {
             name: self.name.clone(),
-            frames,
-            used: self.used,
-            skipped: self.skipped,
-            errors: self.counters.errors.load(Ordering::Relaxed),
-            fps: frames as f64 / self.started.elapsed().as_secs_f64().max(1e-9),
-            age_at_use_ms: self.age_at_use.as_secs_f64() * 1e3,
-            last_error: self
-                .counters
-                .last_error
-                .lock()
-                .expect("camera error")
-                .clone(),
+            counters: self.counters.clone(),
+            started: self.started,
         }
     }
 }

@@ -109,7 +109,11 @@ pub struct ActorBuilder<R: Robot> {
     run_id: Option<String>,
     rejects: Vec<Arc<reflex_bus::Rejects>>,
     stop: Arc<StopSwitch>,
+    camera_figures: Option<CameraFiguresFn>,
 }
+
+/// Reads the robot's cameras' figures from the status thread.
+pub type CameraFiguresFn = Box<dyn Fn() -> Vec<reflex_contracts::msg::CameraFigures> + Send>;
 
 impl<R: Robot + 'static> ActorBuilder<R> {
     /// An actor for `robot`: no policy (it holds), simulated time, no bus, no recording.
@@ -131,6 +135,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             frozen: None,
             run_id: None,
             rejects: Vec::new(),
+            camera_figures: None,
             stop: StopSwitch::new(),
         }
     }
@@ -146,6 +151,13 @@ impl<R: Robot + 'static> ActorBuilder<R> {
     /// observations, [`RemoteRobot::rejects`]).
     pub fn count_rejects(mut self, r: Arc<reflex_bus::Rejects>) -> Self {
         self.rejects.push(r);
+        self
+    }
+
+    /// The robot's cameras' figures, read by the status thread (a real arm's capture counters)
+    /// and published in every status on the bus.
+    pub fn camera_figures(mut self, f: CameraFiguresFn) -> Self {
+        self.camera_figures = Some(f);
         self
     }
 
@@ -432,7 +444,13 @@ impl Wires {
             w.tap(spec, recorder, trace, link, steps);
         }
         if let Some(s) = &b.session {
-            w.bus_inputs(s, &keys, spec, std::mem::take(&mut b.rejects))?;
+            w.bus_inputs(
+                s,
+                &keys,
+                spec,
+                std::mem::take(&mut b.rejects),
+                b.camera_figures.take(),
+            )?;
         }
         Ok(w)
     }
@@ -472,6 +490,7 @@ impl Wires {
         keys: &Keys,
         spec: &RobotSpec,
         mut rejects: Vec<Arc<reflex_bus::Rejects>>,
+        cameras: Option<CameraFiguresFn>,
     ) -> Result<()> {
         let teleop_rejects = reflex_bus::Rejects::new(&keys.teleop);
         let event_rejects = reflex_bus::Rejects::new(&keys.events);
@@ -498,6 +517,7 @@ impl Wires {
                 }),
                 rejects,
                 stop: Some(self.stop.clone()),
+                cameras,
             },
         ));
         let (tw, tr) = reflex_runtime::teleop::teleop_channel(spec.action.dim());
@@ -1319,17 +1339,30 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
                 reflex_hardware::robot::ArmRobot::open(kind, &cfg.robot_name(), arm_cfg)?;
             robot.set_on_exit(cfg.robot.on_exit);
             let handle = robot.report_handle();
+            let monitors = robot.camera_monitors();
             let chain = (kind == reflex_hardware::arm::ArmKind::So101Follower)
                 .then(|| reflex_sim::world::ArmModel::so101().chain);
-            let mut report = drive(
-                ActorBuilder::new(robot),
-                chain,
-                cfg,
-                session,
-                o,
-                episodes,
-                progress,
-            )?;
+            let mut builder = ActorBuilder::new(robot);
+            if !monitors.is_empty() {
+                builder = builder.camera_figures(Box::new(move || {
+                    monitors
+                        .iter()
+                        .map(|m| {
+                            let s = m.stats();
+                            reflex_contracts::msg::CameraFigures {
+                                name: s.name,
+                                frames: s.frames,
+                                fps: s.fps,
+                                used: s.used,
+                                skipped: s.skipped,
+                                errors: s.errors,
+                                age_at_use_ms: s.age_at_use_ms,
+                            }
+                        })
+                        .collect()
+                }));
+            }
+            let mut report = drive(builder, chain, cfg, session, o, episodes, progress)?;
             report.arm = handle.lock().ok().and_then(|g| g.clone());
             Ok(report)
         }

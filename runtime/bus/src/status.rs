@@ -25,6 +25,8 @@ pub struct StatusExtras {
     /// The e-stop: its state and who acted last go in every status, and a change is published
     /// at once, even while the loop is busy (a reset's move to its start pose).
     pub stop: Option<Arc<StopSwitch>>,
+    /// The robot's cameras' figures, when it has cameras that report them.
+    pub cameras: Option<Box<dyn Fn() -> Vec<msg::CameraFigures> + Send>>,
 }
 
 impl StatusExtras {
@@ -139,6 +141,9 @@ pub fn spawn_publisher(
                         m.recorder_dropped = r();
                     }
                     m.rejected = extras.rejected();
+                    if let Some(c) = &extras.cameras {
+                        m.cameras = c();
+                    }
                     if let Some(sw) = &extras.stop {
                         fill_stop(&mut m, sw);
                     }

@@ -559,6 +559,29 @@ pub struct StatusMsg {
     /// Wall time of the last e-stop, ns since the Unix epoch (0: none yet).
     #[serde(default)]
     pub estop_raised_unix_ns: u64,
+    /// The robot's cameras, when it reports them (a real arm's): rate, frames handed on and
+    /// replaced unseen, errors, and the age of the frame last used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cameras: Vec<CameraFigures>,
+}
+
+/// One camera's figures in the status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CameraFigures {
+    /// Camera name.
+    pub name: String,
+    /// Frames captured.
+    pub frames: u64,
+    /// Frames captured per second since the capture started.
+    pub fps: f64,
+    /// Frames the robot took into an observation.
+    pub used: u64,
+    /// Frames replaced by a newer one before the robot took them.
+    pub skipped: u64,
+    /// Frames that could not be read or decoded.
+    pub errors: u64,
+    /// Age of the newest frame when last taken, ms.
+    pub age_at_use_ms: f64,
 }
 
 /// One control step as the actor saw it, for visualisation on other machines. Published on
