@@ -41,9 +41,29 @@ pub struct BoardArgs {
 
 #[derive(Args)]
 pub struct CameraArgs {
-    /// Folder of PNG or JPEG images of the board, one camera at one size.
+    /// Folder of PNG or JPEG images of the board, one camera at one size (with --live: where
+    /// the views kept are written).
     #[arg(long)]
     images: PathBuf,
+    /// Capture the views now from this camera (/dev/videoN, or files:DIR): views are kept when
+    /// the whole board is seen, sharp, and unlike those already kept.
+    #[arg(long, value_name = "DEVICE")]
+    live: Option<String>,
+    /// With --live: views to keep.
+    #[arg(long, default_value_t = 20)]
+    views: usize,
+    /// With --live: the capture size of a V4L2 camera, WIDTHxHEIGHT.
+    #[arg(long, default_value = "640x480")]
+    size: String,
+    /// With --live: mjpeg or yuyv (a V4L2 camera's format).
+    #[arg(long, default_value = "mjpeg")]
+    format: String,
+    /// With --live: frames per second.
+    #[arg(long, default_value_t = 30.0)]
+    fps: f64,
+    /// With --live: give up after this many seconds.
+    #[arg(long, default_value_t = 300.0)]
+    seconds: f64,
     /// The board, by inner corners and square side in metres: chessboard:COLSxROWS:SQUARE_M.
     #[arg(long)]
     board: Board,
@@ -205,13 +225,50 @@ pub fn calibrate(cmd: CalibrateCommand) -> anyhow::Result<()> {
 }
 
 fn camera(a: CameraArgs) -> anyhow::Result<()> {
-    let r = calibrate_camera(
+    let live = match &a.live {
+        None => None,
+        Some(device) => {
+            let (w, h) = a
+                .size
+                .split_once('x')
+                .and_then(|(w, h)| Some((w.parse::<u32>().ok()?, h.parse::<u32>().ok()?)))
+                .ok_or_else(|| anyhow::anyhow!("--size {}: WIDTHxHEIGHT, e.g. 640x480", a.size))?;
+            let format = match a.format.as_str() {
+                "mjpeg" => reflex_cameras::PixelFormat::Mjpeg,
+                "yuyv" => reflex_cameras::PixelFormat::Yuyv,
+                other => anyhow::bail!("--format {other}: mjpeg or yuyv"),
+            };
+            let cfg = reflex_tools::calibrate::live_camera(device, (w, h), format, a.fps)?;
+            let got = reflex_tools::calibrate::capture_live(
+                &cfg,
+                &a.board,
+                &a.images,
+                a.views,
+                a.seconds,
+                &Bars::new(a.json),
+            )?;
+            if !a.json {
+                println!(
+                    "kept {} views of {} boards seen in {} frames ({} too like a kept one, {} blurred); {} of 12 image cells covered",
+                    got.kept,
+                    got.boards_seen,
+                    got.frames_seen,
+                    got.too_similar,
+                    got.blurred,
+                    got.coverage_cells
+                );
+            }
+            Some(got)
+        }
+    };
+    let mut r = calibrate_camera(
         &a.images,
         &a.board,
         &a.out,
         a.corners.as_deref(),
         &Bars::new(a.json),
     )?;
+    r.live = live;
     if a.json {
         print_json(&r);
         return Ok(());

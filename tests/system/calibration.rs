@@ -360,3 +360,65 @@ fn calibration_commands_refuse_bad_input_and_say_what_to_do() {
     ]);
     assert!(e.contains("nope.yaml"), "{e}");
 }
+
+/// `reflex calibrate camera --live`: a camera (here a folder of simulated board views, each
+/// shown twice, played once at 5 fps) is watched, new views are kept and repeated ones passed
+/// over, and the camera is calibrated from what was kept.
+#[test]
+fn live_calibration_keeps_new_views_passes_over_repeats_and_calibrates() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = crate::common::reflex()
+        .current_dir(d)
+        .args([
+            "sim",
+            "board-views",
+            "--views",
+            "8",
+            "--seed",
+            "3",
+            "--out",
+            "views",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for k in 0..8 {
+        let f = d.join(format!("views/view_{k:03}.png"));
+        // Sorts right after the original: the same view again.
+        std::fs::copy(&f, d.join(format!("views/view_{k:03}_again.png"))).unwrap();
+    }
+    let v = crate::common::json_output(crate::common::reflex().current_dir(d).args([
+        "calibrate",
+        "camera",
+        "--live",
+        "files:views",
+        "--fps",
+        "5",
+        "--images",
+        "kept",
+        "--board",
+        "chessboard:9x6:0.025",
+        "--out",
+        "live.yaml",
+        "--json",
+    ]));
+    let live = &v["live"];
+    let kept = live["kept"].as_u64().unwrap();
+    assert!((5..=8).contains(&kept), "{live}");
+    assert!(live["too_similar"].as_u64().unwrap() >= 1, "{live}");
+    let seen = live["boards_seen"].as_u64().unwrap();
+    assert_eq!(
+        kept + live["too_similar"].as_u64().unwrap() + live["blurred"].as_u64().unwrap(),
+        seen,
+        "{live}"
+    );
+    let files = std::fs::read_dir(d.join("kept")).unwrap().count() as u64;
+    assert_eq!(files, kept);
+    let fx = v["camera"]["camera_matrix"][0][0].as_f64().unwrap();
+    assert!((fx / 514.6817 - 1.0).abs() < 0.005, "fx {fx}");
+}

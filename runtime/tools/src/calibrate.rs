@@ -59,6 +59,9 @@ pub struct CameraCalibrationReport {
     pub out: PathBuf,
     /// The detected corners written (for other tools to check against).
     pub corners: Option<PathBuf>,
+    /// What the live capture kept, when the views came from `--live`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveCapture>,
 }
 
 /// The corners of every image where the whole board was found: what `--corners` writes.
@@ -161,6 +164,173 @@ pub fn write_camera(path: &Path, model: &CameraModel, rms_px: Option<f64>) -> Re
     }
 }
 
+/// What `reflex calibrate camera --live` kept.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveCapture {
+    /// Frames looked at.
+    pub frames_seen: u64,
+    /// Frames with the whole board.
+    pub boards_seen: u64,
+    /// Views kept (written to the images folder).
+    pub kept: usize,
+    /// Boards passed over because a kept view already looked like them.
+    pub too_similar: u64,
+    /// Boards passed over as blurred (sharpness under 60 % of the kept views' median).
+    pub blurred: u64,
+    /// Of a 4 x 3 grid over the image, the cells some kept corner fell in.
+    pub coverage_cells: usize,
+}
+
+/// Where a board sits in a view, for telling new views from ones already kept: its centre and
+/// size relative to the image, its two axes' lengths' ratio (tilt) and its rotation.
+fn pose_signature(c: &Corners, board: &Board, w: u32, h: u32) -> [f64; 5] {
+    let n = c.len() as f64;
+    let centre = c.iter().sum::<nalgebra::Vector2<f64>>() / n;
+    let cols = board.cols as usize;
+    let last_row = (board.rows as usize - 1) * cols;
+    let along = c[cols - 1] - c[0];
+    let down = c[last_row] - c[0];
+    let size = (along.norm() + down.norm()) / (w as f64 + h as f64);
+    let tilt = (along.norm() / board.cols as f64) / (down.norm() / board.rows as f64).max(1e-9);
+    [
+        centre.x / w as f64,
+        centre.y / h as f64,
+        size,
+        tilt.ln(),
+        along.y.atan2(along.x),
+    ]
+}
+
+/// Sharpness: the mean absolute Laplacian over the board's bounding box.
+fn sharpness(gray: &[u8], w: usize, h: usize, c: &Corners) -> f64 {
+    let (mut x0, mut y0, mut x1, mut y1) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
+    for p in c {
+        x0 = x0.min(p.x);
+        y0 = y0.min(p.y);
+        x1 = x1.max(p.x);
+        y1 = y1.max(p.y);
+    }
+    let (x0, y0) = ((x0 as usize).max(1), (y0 as usize).max(1));
+    let (x1, y1) = ((x1 as usize).min(w - 2), (y1 as usize).min(h - 2));
+    let at = |x: usize, y: usize| gray[y * w + x] as f64;
+    let (mut sum, mut n) = (0.0, 0.0);
+    for y in y0..=y1 {
+        for x in x0..=x1 {
+            sum +=
+                (4.0 * at(x, y) - at(x - 1, y) - at(x + 1, y) - at(x, y - 1) - at(x, y + 1)).abs();
+            n += 1.0;
+        }
+    }
+    if n > 0.0 { sum / n } else { 0.0 }
+}
+
+/// `reflex calibrate camera --live`: takes frames from `camera` and keeps, as PNG files in
+/// `images`, up to `want` views where the whole board is seen, sharp, and unlike the views
+/// already kept; the person moving the board sees how many are kept and which parts of the image
+/// are covered. Ends when `want` views are kept, when the camera has delivered nothing for a
+/// second (a file camera played out), or after `seconds`.
+pub fn capture_live(
+    camera: &reflex_cameras::CameraConfig,
+    board: &Board,
+    images: &Path,
+    want: usize,
+    seconds: f64,
+    progress: &dyn Progress,
+) -> Result<LiveCapture> {
+    let epoch = std::time::Instant::now();
+    let source = camera
+        .open()
+        .map_err(ctx(format!("--live {}", camera.device)))?;
+    let mut cap = reflex_cameras::Capture::spawn(camera, source, epoch)
+        .map_err(ctx(format!("--live {}", camera.device)))?;
+    std::fs::create_dir_all(images).map_err(|e| AgentError::io(images, e))?;
+    let (w, h) = (camera.width, camera.height);
+    let mut out = LiveCapture {
+        frames_seen: 0,
+        boards_seen: 0,
+        kept: 0,
+        too_similar: 0,
+        blurred: 0,
+        coverage_cells: 0,
+    };
+    let mut kept: Vec<[f64; 5]> = Vec::new();
+    let mut sharp: Vec<f64> = Vec::new();
+    let mut cells = [[false; 4]; 3];
+    progress.start(want as u64, "views");
+    let mut last_frame = std::time::Instant::now();
+    while out.kept < want && epoch.elapsed().as_secs_f64() < seconds {
+        let Some(f) = cap.newer(epoch.elapsed()) else {
+            if last_frame.elapsed() > std::time::Duration::from_secs(2) && cap.stats().errors > 0 {
+                break;
+            }
+            // Paces the wait for the camera's next frame.
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            continue;
+        };
+        last_frame = std::time::Instant::now();
+        out.frames_seen += 1;
+        let rgb = f.image.data.clone();
+        let gray = gray_from_rgb(&rgb);
+        let Ok(corners) = detect(board, &gray, w as usize, h as usize) else {
+            continue;
+        };
+        out.boards_seen += 1;
+        let s = sharpness(&gray, w as usize, h as usize, &corners);
+        if !sharp.is_empty() {
+            let mut sorted = sharp.clone();
+            sorted.sort_by(f64::total_cmp);
+            if s < 0.6 * sorted[sorted.len() / 2] {
+                out.blurred += 1;
+                continue;
+            }
+        }
+        let sig = pose_signature(&corners, board, w, h);
+        let novel = kept.iter().all(|k| {
+            let d: f64 = k
+                .iter()
+                .zip(&sig)
+                .enumerate()
+                .map(|(i, (a, b))| {
+                    // Centre and size in image fractions; tilt in log ratio; rotation in rad.
+                    let scale = [1.0, 1.0, 1.0, 2.0, 0.5][i];
+                    ((a - b) * scale).powi(2)
+                })
+                .sum::<f64>()
+                .sqrt();
+            d > 0.08
+        });
+        if !novel {
+            out.too_similar += 1;
+            continue;
+        }
+        let name = images.join(format!("live_{:03}.png", out.kept));
+        reflex_data::plot::write_png(&name, w, h, &rgb)?;
+        kept.push(sig);
+        sharp.push(s);
+        out.kept += 1;
+        for c in &corners {
+            let (cx, cy) = (
+                (c.x / w as f64 * 4.0) as usize,
+                (c.y / h as f64 * 3.0) as usize,
+            );
+            cells[cy.min(2)][cx.min(3)] = true;
+        }
+        out.coverage_cells = cells.iter().flatten().filter(|c| **c).count();
+        let grid: Vec<String> = cells
+            .iter()
+            .map(|r| r.iter().map(|c| if *c { '#' } else { '.' }).collect())
+            .collect();
+        progress.inc(1);
+        progress.message(&format!(
+            "kept {}/{want}; image covered [{}]: move the board where there are dots, tilt it",
+            out.kept,
+            grid.join("|")
+        ));
+    }
+    progress.finish();
+    Ok(out)
+}
+
 /// `reflex calibrate camera`: the intrinsics from a folder of board images, written to `out`;
 /// the detected corners to `corners` when given.
 pub fn calibrate_camera(
@@ -220,6 +390,7 @@ pub fn calibrate_camera(
         views: outcomes,
         out: out.to_path_buf(),
         corners: corners.map(Path::to_path_buf),
+        live: None,
     })
 }
 
@@ -601,4 +772,38 @@ pub fn board_views(o: &BoardViewsOptions, progress: &dyn Progress) -> Result<Tru
         )?;
     }
     Ok(file)
+}
+
+/// The camera a live calibration captures from: a V4L2 device at `size` and `format`, or a
+/// folder of images (`files:DIR`, played once, its size and kind read from the files).
+pub fn live_camera(
+    device: &str,
+    size: (u32, u32),
+    format: reflex_cameras::PixelFormat,
+    fps: f64,
+) -> Result<reflex_cameras::CameraConfig> {
+    let (format, (width, height)) = match device.strip_prefix(reflex_cameras::FILES_PREFIX) {
+        Some(dir) => {
+            let probe = reflex_cameras::FileCamera::open(Path::new(dir), fps, false)
+                .map_err(ctx(format!("--live {device}")))?;
+            let (f, w, h) = reflex_cameras::FrameSource::format(&probe);
+            (f, (w, h))
+        }
+        None => (format, size),
+    };
+    Ok(reflex_cameras::CameraConfig {
+        name: "calibration".into(),
+        device: device.to_string(),
+        width,
+        height,
+        fps,
+        format,
+        crop: None,
+        resize: None,
+        timeout_ms: 500.0,
+        repeat: false,
+        intrinsics: None,
+        undistort: false,
+        hand_eye: None,
+    })
 }
