@@ -15,7 +15,11 @@ and `--env-kwargs '{"key": value}'` goes to the environment's constructor.
 What the spec says about the environment (docs/sim.md, "Bring your own simulator"):
 - a Box observation becomes one state field `obs` with the Box's bounds (infinite where the Box
   is unbounded); a Dict observation becomes one state field per key, in the Dict's order, and
-  every HxWx3 uint8 Box in it becomes a camera of that name instead;
+  every image in it becomes a camera of that name instead. Dicts may nest (cameras grouped under
+  one key, as several manipulation suites do): a leaf is named by its path with dots
+  (`pixels.front`, `agent.pos`), so an image is always a camera, never tens of thousands of state
+  values. An image is a uint8 Box of HxWx3, HxWx1 (grey, sent as RGB) or 3xHxW (channels first,
+  sent as HxWx3);
 - the action space must be a bounded Box;
 - success is read from `info` under the first of `--success-key` (default: is_success, success,
   succeed) that is present;
@@ -47,13 +51,53 @@ def pack(msg):
     return msgpack.packb(msg, use_single_float=True)
 
 
+def image_layout(space):
+    """How a space holds an image: "hwc", "hw1" (grey), "chw" (channels first), or None."""
+    if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8 or len(space.shape) != 3:
+        return None
+    h, w, c = space.shape
+    if c == 3:
+        return "hwc"
+    if c == 1:
+        return "hw1"
+    if h == 3 and w > 3 and c > 3:
+        return "chw"
+    return None
+
+
 def is_image(space):
-    return (
-        isinstance(space, gym.spaces.Box)
-        and space.dtype == np.uint8
-        and len(space.shape) == 3
-        and space.shape[2] == 3
-    )
+    return image_layout(space) is not None
+
+
+def image_size(space):
+    """(width, height) of an image space."""
+    if image_layout(space) == "chw":
+        return int(space.shape[2]), int(space.shape[1])
+    return int(space.shape[1]), int(space.shape[0])
+
+
+def to_rgb(img, layout):
+    a = np.asarray(img, dtype=np.uint8)
+    if layout == "hw1":
+        a = np.repeat(a, 3, axis=2)
+    elif layout == "chw":
+        a = np.transpose(a, (1, 2, 0))
+    return np.ascontiguousarray(a)
+
+
+def leaves(space, path=()):
+    """The leaves of a (nested) Dict space with their key paths, in order."""
+    if isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            yield from leaves(sub, path + (key,))
+    else:
+        yield path, space
+
+
+def at(obs, path):
+    for key in path:
+        obs = obs[key]
+    return obs
 
 
 def f32_list(a):
@@ -70,50 +114,47 @@ class Layout:
     """How an observation maps to reflex's state vector and cameras."""
 
     def __init__(self, space, env_id):
-        self.fields = []  # (key or None, space)
-        self.cameras = []  # (key, space)
-        self.whole_image = is_image(space)
-        if isinstance(space, gym.spaces.Dict):
-            for key, sub in space.spaces.items():
-                if is_image(sub):
-                    self.cameras.append((key, sub))
-                else:
-                    self.fields.append((key, sub))
-        elif is_image(space):
-            self.cameras.append(("image", space))
-        else:
-            self.fields.append((None, space))
+        self.fields = []  # (name, path, space)
+        self.cameras = []  # (name, path, space)
+        for path, sub in leaves(space):
+            if is_image(sub):
+                self.cameras.append((".".join(path) or "image", path, sub))
+            else:
+                self.fields.append((".".join(path) or "obs", path, sub))
         self.env_id = env_id
 
     def spec_fields(self):
         out = []
-        for key, sub in self.fields:
+        for name, path, sub in self.fields:
             low, high = bounds(sub)
             out.append({
-                "name": key or "obs",
+                "name": name,
                 "size": len(low),
-                "unit": f"{self.env_id} observation" + (f" `{key}`" if key else "") + ", flattened",
+                "unit": f"{self.env_id} observation" + (f" `{name}`" if path else "") + ", flattened",
                 "low": low,
                 "high": high,
             })
         return out
 
     def spec_cameras(self):
-        return [{"name": k, "width": int(s.shape[1]), "height": int(s.shape[0])} for k, s in self.cameras]
+        out = []
+        for name, _, s in self.cameras:
+            w, h = image_size(s)
+            out.append({"name": name, "width": w, "height": h})
+        return out
 
     def state(self, obs):
         out = []
-        for key, sub in self.fields:
-            value = obs if key is None else obs[key]
-            out.extend(f32_list(gym.spaces.flatten(sub, value)))
+        for _, path, sub in self.fields:
+            out.extend(f32_list(gym.spaces.flatten(sub, at(obs, path))))
         return out
 
     def images(self, obs):
         out = []
-        for key, sub in self.cameras:
-            img = np.ascontiguousarray(obs if self.whole_image else obs[key], dtype=np.uint8)
-            out.append({"camera": key, "width": int(sub.shape[1]), "height": int(sub.shape[0]),
-                        "encoding": "rgb8", "data": img.tobytes()})
+        for name, path, sub in self.cameras:
+            img = to_rgb(at(obs, path), image_layout(sub))
+            w, h = image_size(sub)
+            out.append({"camera": name, "width": w, "height": h, "encoding": "rgb8", "data": img.tobytes()})
         return out
 
 

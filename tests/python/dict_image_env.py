@@ -54,3 +54,38 @@ class DictImage(gym.Env):
 
 
 gym.register(id="DictImage-v0", entry_point=DictImage, max_episode_steps=30)
+
+
+class NestedImage(DictImage):
+    """The same task with its observation nested as several manipulation suites lay it out:
+    proprioception under `agent`, cameras grouped under `pixels` (a colour camera, a grey one,
+    and a channels-first one)."""
+
+    def __init__(self, size=16, person_every=0):
+        super().__init__(size, person_every)
+        self.observation_space = gym.spaces.Dict({
+            "agent": gym.spaces.Dict({
+                "pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+                "vel": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+            }),
+            "pixels": gym.spaces.Dict({
+                "front": gym.spaces.Box(0, 255, (size, size, 3), np.uint8),
+                "wrist": gym.spaces.Box(0, 255, (size // 2, size // 2, 1), np.uint8),
+                "top": gym.spaces.Box(0, 255, (3, size, size * 2), np.uint8),
+            }),
+        })
+
+    def _obs(self):
+        flat = super()._obs()
+        # Half size, max-pooled so the point stays visible.
+        c = flat["camera"][:, :, :1]
+        grey = c.reshape(self.size // 2, 2, self.size // 2, 2, 1).max(axis=(1, 3))
+        top = np.zeros((3, self.size, self.size * 2), np.uint8)
+        top[0] = 7  # a red plane: channels first, so the bridge must transpose it
+        return {
+            "agent": {"pos": flat["position"], "vel": flat["velocity"]},
+            "pixels": {"front": flat["camera"], "wrist": grey, "top": top},
+        }
+
+
+gym.register(id="NestedImage-v0", entry_point=NestedImage, max_episode_steps=30)

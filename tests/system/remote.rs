@@ -372,3 +372,112 @@ fn reflex_run_learns_gymnasium_pendulum_served_by_the_bridge_from_scratch_within
         v["learner"]
     );
 }
+
+/// A nested Dict observation (proprioception under `agent`, cameras grouped under `pixels`, one
+/// of them grey and one channels-first) arrives as dotted state fields and one camera per
+/// image, never as a flattened image in the state; the images arrive as RGB, and `reflex run`
+/// records each camera.
+#[test]
+fn a_nested_dict_observation_gives_one_camera_per_image_wherever_it_sits() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = unix_endpoint(&dir, "bus");
+    let mut cmd = std::process::Command::new(python());
+    cmd.env("PYTHONPATH", repo().join("tests/python"))
+        .arg(repo().join("sim/python/reflex_gym_bridge.py"))
+        .args([
+            "--env",
+            "dict_image_env:NestedImage-v0",
+            "--robot",
+            "nested",
+            "--listen",
+            &ep,
+            "--no-multicast",
+        ]);
+    let _bridge = spawn(cmd, &dir, "serve");
+    let session = reflex_bus::BusConfig::hermetic(vec![], vec![ep.clone()])
+        .open()
+        .unwrap();
+    let mut robot = reflex_bus::robot::RemoteRobot::connect(
+        &session,
+        "nested",
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", child_stderr(&dir, "serve")));
+    let spec = reflex_contracts::robot::Robot::spec(&robot).clone();
+    spec.validate().unwrap();
+    let fields: Vec<(&str, u32)> = spec
+        .state
+        .iter()
+        .map(|f| (f.name.as_str(), f.size))
+        .collect();
+    assert_eq!(fields, vec![("agent.pos", 2), ("agent.vel", 2)]);
+    let cams: Vec<(&str, u32, u32)> = spec
+        .cameras
+        .iter()
+        .map(|c| (c.name.as_str(), c.width, c.height))
+        .collect();
+    assert_eq!(
+        cams,
+        vec![
+            ("pixels.front", 16, 16),
+            ("pixels.top", 32, 16),
+            ("pixels.wrist", 8, 8)
+        ]
+    );
+    let obs = reflex_contracts::robot::Robot::reset(&mut robot, Some(1))
+        .unwrap()
+        .clone();
+    assert_eq!(obs.state.len(), 4);
+    let top = &obs.images[1];
+    assert_eq!(
+        (top.width, top.height, top.data.len()),
+        (32, 16, 32 * 16 * 3)
+    );
+    assert_eq!(&top.data[..3], &[7, 0, 0], "channels first, sent as RGB");
+    let wrist = &obs.images[2];
+    assert!(
+        wrist.data.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]),
+        "grey sent as RGB"
+    );
+    assert!(
+        wrist.data.iter().any(|v| *v == 255),
+        "the point is in the grey camera"
+    );
+    drop(robot);
+    drop(session);
+
+    let cfg = dir.path().join("nested.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[robot]\nsource = \"remote\"\nname = \"nested\"\ntimeout_ms = 60000\n\n\
+             [policy]\nkind = \"none\"\n\n[bus]\nenabled = true\nconnect = [\"{ep}\"]\n\
+             no_multicast = true\n\n[run]\nepisodes = 1\nseed = 1\nclock = \"sim\"\n"
+        ),
+    )
+    .unwrap();
+    let runs = tempfile::tempdir().unwrap();
+    let v = json_output(
+        reflex()
+            .args(["run", "--json", "--config"])
+            .arg(&cfg)
+            .arg("--record")
+            .arg(runs.path()),
+    );
+    // The bridge numbers episodes itself (the reset above was its first): the run's one episode
+    // is whichever file the recorder wrote.
+    let rec_dir = std::path::Path::new(v["recording"]["dir"].as_str().unwrap());
+    let first = std::fs::read_dir(rec_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "rrd"))
+        .expect("an episode file");
+    let text = crate::replay::rrd_print(&first);
+    for cam in ["pixels.front", "pixels.top", "pixels.wrist"] {
+        assert!(
+            text.contains(&format!("/camera/{cam}")),
+            "no {cam} in {first:?}:\n{text}"
+        );
+    }
+}
