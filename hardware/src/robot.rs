@@ -567,6 +567,7 @@ impl ArmRobot {
         {
             if let Some(f) = cap.newer(now) {
                 img.data.copy_from_slice(&f.image.data);
+                img.seq = f.seq;
             }
             if stale.is_none() && cap.is_stale(now) {
                 stale = Some(i);

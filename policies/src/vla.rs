@@ -90,6 +90,7 @@ mod tests {
             width: 4,
             height: 2,
             encoding: "rgb8".into(),
+            seq: 0,
             data,
         };
         let mut out = vec![0.0; 3 * 2];

@@ -154,6 +154,7 @@ impl Renderer {
                     width: 0,
                     height: 0,
                     encoding: "rgb8".into(),
+                    seq: 0,
                     data: Vec::new(),
                 });
             }

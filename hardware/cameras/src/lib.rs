@@ -141,6 +141,7 @@ impl CameraConfig {
             width,
             height,
             encoding: "rgb8".into(),
+            seq: 0,
             data: vec![0; (width * height * 3) as usize],
         }
     }

@@ -647,6 +647,7 @@ fn obs_template(spec: &RobotSpec) -> Observation {
                 width: c.width,
                 height: c.height,
                 encoding: "rgb8".into(),
+                seq: 0,
                 data: vec![0; (c.width * c.height * 3) as usize],
             })
             .collect(),

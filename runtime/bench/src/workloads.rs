@@ -136,6 +136,7 @@ impl Robot for NullRobot {
         for (cap, img) in self.cameras.iter_mut().zip(&mut self.obs.images) {
             if let Some(f) = cap.newer(now) {
                 img.data.copy_from_slice(&f.image.data);
+                img.seq = f.seq;
             }
         }
         Ok(&self.obs)

@@ -37,6 +37,7 @@ fn observation() -> Observation {
             width: 2,
             height: 2,
             encoding: "rgb8".into(),
+            seq: 0,
             data: vec![7; 12],
         }],
         ..Default::default()

@@ -391,6 +391,7 @@ mod tests {
             width: 2,
             height: 0,
             encoding: "rgb8".into(),
+            seq: 0,
             data: vec![],
         }];
         assert!(
