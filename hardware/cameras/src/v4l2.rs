@@ -213,7 +213,25 @@ pub fn list_cameras() -> Vec<CameraInfo> {
         })
         .unwrap_or_default();
     paths.sort();
-    paths.iter().map(|p| describe(p)).collect()
+    paths
+        .iter()
+        .map(|p| {
+            // linuxvideo asserts on driver answers it does not know (an unknown frame-size
+            // type): one odd device must not take the whole listing down.
+            std::panic::catch_unwind(|| describe(p)).unwrap_or_else(|_| CameraInfo {
+                path: p.display().to_string(),
+                card: String::new(),
+                driver: String::new(),
+                bus_info: String::new(),
+                captures: false,
+                formats: Vec::new(),
+                error: Some(
+                    "its driver answered a format query in a way the V4L2 library does not know"
+                        .into(),
+                ),
+            })
+        })
+        .collect()
 }
 
 fn describe(path: &std::path::Path) -> CameraInfo {
