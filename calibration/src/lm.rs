@@ -31,6 +31,11 @@ pub fn minimise(
     let mut r = DVector::zeros(m);
     residuals(p, &mut r);
     let initial_cost = r.norm_squared();
+    let report = |iterations, final_cost| LmReport {
+        iterations,
+        initial_cost,
+        final_cost,
+    };
     let mut cost = initial_cost;
     let mut j = DMatrix::zeros(m, n);
     let mut r_step = DVector::zeros(m);
@@ -68,11 +73,7 @@ pub fn minimise(
                 mu *= nu;
                 nu *= 2.0;
                 if mu > 1e30 {
-                    return LmReport {
-                        iterations,
-                        initial_cost,
-                        final_cost: cost,
-                    };
+                    return report(iterations, cost);
                 }
                 continue;
             };
@@ -97,31 +98,19 @@ pub fn minimise(
                 nu = 2.0;
                 accepted = true;
                 if converged {
-                    return LmReport {
-                        iterations,
-                        initial_cost,
-                        final_cost: cost,
-                    };
+                    return report(iterations, cost);
                 }
             } else {
                 probe.copy_from(p);
                 mu *= nu;
                 nu *= 2.0;
                 if mu > 1e30 {
-                    return LmReport {
-                        iterations,
-                        initial_cost,
-                        final_cost: cost,
-                    };
+                    return report(iterations, cost);
                 }
             }
         }
     }
-    LmReport {
-        iterations,
-        initial_cost,
-        final_cost: cost,
-    }
+    report(iterations, cost)
 }
 
 #[cfg(test)]

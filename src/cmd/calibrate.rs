@@ -273,13 +273,7 @@ fn camera(a: CameraArgs) -> anyhow::Result<()> {
         print_json(&r);
         return Ok(());
     }
-    for v in &r.views {
-        match (&v.rms_px, &v.skipped) {
-            (Some(rms), _) => println!("  {:<20} {rms:.3} px", v.image),
-            (None, Some(why)) => println!("  {:<20} skipped: {why}", v.image),
-            _ => {}
-        }
-    }
+    print_views(&r.views);
     let k = &r.camera.camera_matrix;
     let d = &r.camera.distortion_coefficients;
     println!(
@@ -312,13 +306,7 @@ fn hand_eye(a: HandEyeArgs) -> anyhow::Result<()> {
         print_json(&r);
         return Ok(());
     }
-    for v in &r.views {
-        match (&v.rms_px, &v.skipped) {
-            (Some(rms), _) => println!("  {:<20} {rms:.3} px", v.image),
-            (None, Some(why)) => println!("  {:<20} skipped: {why}", v.image),
-            _ => {}
-        }
-    }
+    print_views(&r.views);
     let t = r.camera.translation_m;
     let q = r.camera.rotation_xyzw;
     println!(
@@ -331,4 +319,15 @@ fn hand_eye(a: HandEyeArgs) -> anyhow::Result<()> {
     );
     println!("wrote {}", r.out.display());
     Ok(())
+}
+
+/// Each image: its reprojection RMS, or why it was skipped.
+fn print_views(views: &[reflex_tools::calibrate::ImageOutcome]) {
+    for v in views {
+        match (&v.rms_px, &v.skipped) {
+            (Some(rms), _) => println!("  {:<20} {rms:.3} px", v.image),
+            (None, Some(why)) => println!("  {:<20} skipped: {why}", v.image),
+            _ => {}
+        }
+    }
 }

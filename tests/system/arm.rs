@@ -551,6 +551,25 @@ fn estop_cli_at(action: &str, eps: &[&str]) -> String {
     said
 }
 
+/// A shipped config of configs/run/ with `edits` (each must find its text) and `append` at the
+/// end, written into the test's directory under the same name.
+fn shipped_config(
+    dir: &tempfile::TempDir,
+    file: &str,
+    edits: &[(&str, &str)],
+    append: &str,
+) -> std::path::PathBuf {
+    let mut text = std::fs::read_to_string(repo().join("configs/run").join(file)).unwrap();
+    for (from, to) in edits {
+        assert!(text.contains(from), "{file} has no `{from}`");
+        text = text.replace(from, to);
+    }
+    text.push_str(append);
+    let p = dir.path().join(file);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
 /// The shipped config on the bus at `ep` (without TLS: `insecure = true`), with `edits`.
 fn bus_config(
     dir: &tempfile::TempDir,
@@ -850,16 +869,7 @@ fn reflex_hw_serve_offers_the_emulated_arm_to_an_actor_in_another_process_and_ob
     let (_emu, link) = emulator(&dir, &["--goal-log", log.to_str().unwrap()]);
     let (arm_ep, actor_ep) = (unix_endpoint(&dir, "arm"), unix_endpoint(&dir, "actor"));
     // The shipped pair of configs, pointed at this test's port and sockets.
-    let edit = |file: &str, edits: &[(&str, &str)]| {
-        let mut text = std::fs::read_to_string(repo().join("configs/run").join(file)).unwrap();
-        for (from, to) in edits {
-            assert!(text.contains(from), "{file} has no `{from}`");
-            text = text.replace(from, to);
-        }
-        let p = dir.path().join(file);
-        std::fs::write(&p, text).unwrap();
-        p
-    };
+    let edit = |file: &str, edits: &[(&str, &str)]| shipped_config(&dir, file, edits, "");
     let served = edit(
         "so101-served.toml",
         &[
@@ -1098,9 +1108,12 @@ fn a_camera_that_stops_mid_episode_holds_the_arm_and_names_the_camera() {
         crate::common::child_stderr(&dir, "run")[said_before..]
             .contains("camera `wrist` has delivered no frame")
     });
-    // The fault lasts a second more, ten times the loop's obs_timeout_ms: the loop holds through
-    // it whatever the machine's load (it only has to tick once).
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    // The fault lasts until the loop's status on the bus shows it holding for the stale
+    // observation and the camera reporting that no new image came for a second.
+    watch.wait("the loop holding and the camera complaining", |m| {
+        m.safety.iter().any(|(k, n)| k == "obs_stale" && *n > 0)
+            && m.cameras.first().is_some_and(|c| c.errors > 0)
+    });
     // Frames again: the episode goes on to its end.
     let t0 = std::time::Instant::now();
     while run.0.try_wait().unwrap().is_none() {
@@ -1169,15 +1182,7 @@ fn a_served_arms_camera_reaches_the_remote_actor_with_its_calibration() {
     )
     .unwrap();
     let edit = |file: &str, edits: &[(&str, &str)], append: &str| {
-        let mut text = std::fs::read_to_string(repo().join("configs/run").join(file)).unwrap();
-        for (from, to) in edits {
-            assert!(text.contains(from), "{file} has no `{from}`");
-            text = text.replace(from, to);
-        }
-        text.push_str(append);
-        let p = dir.path().join(file);
-        std::fs::write(&p, text).unwrap();
-        p
+        shipped_config(&dir, file, edits, append)
     };
     let served = edit(
         "so101-served.toml",

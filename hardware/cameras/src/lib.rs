@@ -123,6 +123,32 @@ fn default_timeout_ms() -> f64 {
 }
 
 impl CameraConfig {
+    /// A camera with the config's defaults: no crop, resize or calibration, a 500 ms timeout,
+    /// a file camera's frames round and round.
+    pub fn new(
+        name: &str,
+        device: &str,
+        (width, height): (u32, u32),
+        fps: f64,
+        format: PixelFormat,
+    ) -> Self {
+        CameraConfig {
+            name: name.into(),
+            device: device.into(),
+            width,
+            height,
+            fps,
+            format,
+            crop: None,
+            resize: None,
+            timeout_ms: default_timeout_ms(),
+            repeat: default_repeat(),
+            intrinsics: None,
+            undistort: false,
+            hand_eye: None,
+        }
+    }
+
     /// The size of the frames handed on: the resize, else the crop, else the capture size.
     pub fn output_size(&self) -> (u32, u32) {
         match (self.resize, self.crop) {

@@ -25,21 +25,7 @@ fn png_rgb(path: &Path) -> Vec<u8> {
 }
 
 fn config(name: &str, device: String, w: u32, h: u32) -> CameraConfig {
-    CameraConfig {
-        name: name.into(),
-        device,
-        width: w,
-        height: h,
-        fps: 200.0,
-        format: PixelFormat::Mjpeg,
-        crop: None,
-        resize: None,
-        timeout_ms: 500.0,
-        repeat: true,
-        intrinsics: None,
-        undistort: false,
-        hand_eye: None,
-    }
+    CameraConfig::new(name, &device, (w, h), 200.0, PixelFormat::Mjpeg)
 }
 
 /// Waits (bounded) until `ok`, taking frames as a loop would.

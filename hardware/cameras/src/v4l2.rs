@@ -331,21 +331,8 @@ mod tests {
             assert!(!c.card.is_empty() || c.error.is_some(), "{c:?}");
         }
         // A file that is not a device is refused with what is wrong.
-        let not_a_camera = CameraConfig {
-            name: "front".into(),
-            device: "/dev/null".into(),
-            width: 640,
-            height: 480,
-            fps: 30.0,
-            format: PixelFormat::Mjpeg,
-            crop: None,
-            resize: None,
-            timeout_ms: 500.0,
-            repeat: true,
-            intrinsics: None,
-            undistort: false,
-            hand_eye: None,
-        };
+        let not_a_camera =
+            CameraConfig::new("front", "/dev/null", (640, 480), 30.0, PixelFormat::Mjpeg);
         let e = V4l2Camera::open(&not_a_camera)
             .err()
             .expect("/dev/null is no camera")

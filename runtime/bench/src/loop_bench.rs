@@ -136,19 +136,14 @@ pub fn run(a: &LoopBenchOptions) -> Result<LoopBenchReport> {
             .map_err(reflex_agent::error::ctx("--camera"))?;
         let (format, width, height) = reflex_cameras::FrameSource::format(&probe);
         let cfg = reflex_cameras::CameraConfig {
-            name: "bench".into(),
-            device: format!("{}{}", reflex_cameras::FILES_PREFIX, c.dir.display()),
-            width,
-            height,
-            fps: c.fps,
-            format,
-            crop: None,
             resize: Some(c.resize),
-            timeout_ms: 500.0,
-            repeat: true,
-            intrinsics: None,
-            undistort: false,
-            hand_eye: None,
+            ..reflex_cameras::CameraConfig::new(
+                "bench",
+                &format!("{}{}", reflex_cameras::FILES_PREFIX, c.dir.display()),
+                (width, height),
+                c.fps,
+                format,
+            )
         };
         let epoch = Instant::now();
         let cap = reflex_cameras::Capture::spawn(&cfg, Box::new(probe), epoch)

@@ -170,7 +170,7 @@ impl RemoteRobot {
                 if let Err(e) = o.check_against(&sp) {
                     return r.reject(&e);
                 }
-                let mut o = o;
+                let mut o = without_frame_counters(o);
                 for _ in 0..2 {
                     match tx.try_send(o) {
                         Ok(()) => return,
@@ -361,6 +361,15 @@ fn query<T: serde::de::DeserializeOwned + msg::Versioned>(
     })
 }
 
+/// A peer's observation with its images' frame counters cleared: they are not trusted to skip
+/// copies (a wrong one would leave the actor looking at old pixels).
+fn without_frame_counters(mut o: Observation) -> Observation {
+    for img in &mut o.images {
+        img.seq = 0;
+    }
+    o
+}
+
 impl Robot for RemoteRobot {
     fn spec(&self) -> &RobotSpec {
         &self.spec
@@ -391,6 +400,7 @@ impl Robot for RemoteRobot {
             Err(e) => return Err(e),
         };
         obs.check_against(&self.spec)?;
+        let obs = without_frame_counters(obs);
         // Anything queued from the previous episode is stale now.
         while self.obs_rx.try_recv().is_ok() {}
         self.aside.clear();

@@ -792,18 +792,7 @@ pub fn live_camera(
         None => (format, size),
     };
     Ok(reflex_cameras::CameraConfig {
-        name: "calibration".into(),
-        device: device.to_string(),
-        width,
-        height,
-        fps,
-        format,
-        crop: None,
-        resize: None,
-        timeout_ms: 500.0,
         repeat: false,
-        intrinsics: None,
-        undistort: false,
-        hand_eye: None,
+        ..reflex_cameras::CameraConfig::new("calibration", device, (width, height), fps, format)
     })
 }
