@@ -67,6 +67,9 @@ pub struct SimSelect {
     /// Render the front and wrist cameras.
     #[arg(long)]
     pub cameras: bool,
+    /// Camera image size, WIDTHxHEIGHT (default: the config's, else 128x128).
+    #[arg(long, value_name = "WxH", value_parser = super::parse_size)]
+    pub camera_size: Option<(u32, u32)>,
 }
 
 impl SimSelect {
@@ -90,6 +93,10 @@ impl SimSelect {
         }
         if self.cameras {
             cfg.cameras.enabled = true;
+        }
+        if let Some((w, h)) = self.camera_size {
+            cfg.cameras.width = w;
+            cfg.cameras.height = h;
         }
         Ok(cfg)
     }
@@ -187,7 +194,7 @@ pub struct BoardViewsArgs {
     #[arg(long, default_value = "front")]
     camera: String,
     /// Image size, WIDTHxHEIGHT.
-    #[arg(long, default_value = "640x480", value_parser = parse_size)]
+    #[arg(long, default_value = "640x480", value_parser = super::parse_size)]
     size: (u32, u32),
     /// The board.
     #[arg(long, default_value = "chessboard:9x6:0.025")]
@@ -220,16 +227,6 @@ fn parse_distortion(s: &str) -> Result<Distortion, String> {
             Ok(Distortion([v[0], v[1], v[2], v[3], v[4]]))
         }
         _ => Err(format!("`{s}` is not five numbers k1,k2,p1,p2,k3")),
-    }
-}
-
-fn parse_size(s: &str) -> Result<(u32, u32), String> {
-    let (w, h) = s
-        .split_once('x')
-        .ok_or_else(|| format!("`{s}` is not WIDTHxHEIGHT (e.g. 640x480)"))?;
-    match (w.parse::<u32>(), h.parse::<u32>()) {
-        (Ok(w), Ok(h)) if (16..=4096).contains(&w) && (16..=4096).contains(&h) => Ok((w, h)),
-        _ => Err(format!("`{s}`: width and height between 16 and 4096 px")),
     }
 }
 

@@ -104,6 +104,20 @@ pub struct TrainArgs {
     /// Actions executed per chunk.
     #[arg(long, default_value_t = 8)]
     execute: usize,
+    /// State fields the policy reads, comma-separated (default: the whole state); e.g.
+    /// `joint_pos,gripper` to leave where the object is to the cameras.
+    #[arg(long, value_delimiter = ',')]
+    state_fields: Vec<String>,
+    /// A camera the policy reads (repeat for several), from demos recorded with
+    /// `reflex sim demos --cameras`.
+    #[arg(long = "camera", value_name = "NAME")]
+    cameras: Vec<String>,
+    /// Size the policy reads images at, WIDTHxHEIGHT (default: the recorded size).
+    #[arg(long, value_name = "WxH", value_parser = crate::cmd::parse_size)]
+    image_size: Option<(u32, u32)>,
+    /// Largest random shift of a training image, pixels (DrQ's augmentation; 0: none).
+    #[arg(long, default_value_t = 4)]
+    shift: usize,
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -237,8 +251,12 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
             horizon: a.horizon,
             execute: a.execute,
             ema: 0.995,
+            shift: a.shift,
             seed: a.seed,
         },
+        state_fields: a.state_fields,
+        cameras: a.cameras,
+        image_size: a.image_size,
         command: command_line(),
     };
     let r = policytools::bc_train(&o, &Bars::new(false))?;

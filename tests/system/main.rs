@@ -24,6 +24,7 @@ mod servo_bus;
 mod servo_packets;
 mod sim_tasks;
 mod tiny_vla;
+mod vision;
 
 /// Every allocation in this test binary goes through a counter that only counts on threads that
 /// asked for it (see `alloc_count`).

@@ -82,7 +82,7 @@ fn exported_model_through_onnxruntime_matches_candle_within_1e_5() {
         let noise: Vec<f32> = (0..64)
             .map(|i| (i as f32 * 1.3 + seed as f32).cos() * 1.5)
             .collect();
-        let candle = net.sample(&ddim, &obs.state, &noise).unwrap();
+        let candle = net.sample(&ddim, &obs.state, &[], &noise).unwrap();
         policy.set_next_noise(noise);
         let mut ort = vec![0.0f32; 64];
         policy.infer_chunk(&obs, &mut ort).unwrap();
@@ -93,6 +93,82 @@ fn exported_model_through_onnxruntime_matches_candle_within_1e_5() {
             .fold(0.0f32, f32::max);
         assert!(
             worst < 1e-5,
+            "seed {seed}: candle and ONNX Runtime differ by {worst}"
+        );
+    }
+}
+
+#[test]
+fn an_image_policy_through_onnxruntime_matches_candle_within_1e_4() {
+    // A denoiser that reads the state and a 48x32 front camera, fed a 96x40 frame the policy
+    // resizes: ONNX Runtime (image input, Conv and spatial-softmax operators) against candle on
+    // the same resized pixels.
+    use reflex_learn::bc::image_input_name;
+    use reflex_learn::vision::{MEAN, STD};
+    let dir = tempfile::tempdir().unwrap();
+    let shape = DenoiserShape {
+        obs_dim: 8,
+        action_dim: 4,
+        horizon: 16,
+        hidden: 64,
+        layers: 3,
+        temb: 32,
+    };
+    let net = Denoiser::with_cameras(shape, &["front".into()], (48, 32), 5).unwrap();
+    let mut spec = diffusion_spec(vec![], 16, 4);
+    spec.inputs.push(InputSpec::Image {
+        name: image_input_name("front"),
+        camera: "front".into(),
+        width: 48,
+        height: 32,
+        mean: MEAN,
+        std: STD,
+    });
+    let model = write(dir.path(), "seeing", &net.to_onnx().unwrap(), &spec);
+    let mut robot_spec = NullRobot::new("r", 8, 0).spec().clone();
+    robot_spec.cameras.push(reflex_runtime::msg::CameraSpec {
+        name: "front".into(),
+        width: 96,
+        height: 40,
+        intrinsics: None,
+        mount: None,
+    });
+    let mut policy = OnnxPolicy::load(&model, &robot_spec, &RunOptions::default()).unwrap();
+    let ddim = spec.diffusion.clone().unwrap().ddim();
+    for seed in 0..3u64 {
+        let image = reflex_runtime::msg::Image {
+            camera: "front".into(),
+            width: 96,
+            height: 40,
+            encoding: "rgb8".into(),
+            data: (0..96 * 40 * 3)
+                .map(|i| ((i as u64 * 7 + seed * 31) % 251) as u8)
+                .collect(),
+            seq: 0,
+        };
+        let mut pixels = vec![0.0f32; 3 * 48 * 32];
+        reflex_policies::vla::image_to_nchw(&image, 48, 32, &MEAN, &STD, &mut pixels);
+        let obs = Observation {
+            state: (0..8)
+                .map(|i| ((i as f32 + seed as f32) * 0.37).sin())
+                .collect(),
+            images: vec![image],
+            ..Default::default()
+        };
+        let noise: Vec<f32> = (0..64)
+            .map(|i| (i as f32 * 1.3 + seed as f32).cos() * 1.5)
+            .collect();
+        let candle = net.sample(&ddim, &obs.state, &[&pixels], &noise).unwrap();
+        policy.set_next_noise(noise);
+        let mut ort = vec![0.0f32; 64];
+        policy.infer_chunk(&obs, &mut ort).unwrap();
+        let worst = candle
+            .iter()
+            .zip(&ort)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-4,
             "seed {seed}: candle and ONNX Runtime differ by {worst}"
         );
     }

@@ -9,6 +9,7 @@
 //! The same forward pass is written as ONNX operators, and a test checks that ONNX Runtime running
 //! the exported file matches candle within 1e-5.
 
+use crate::vision::{Frames, ImageEncoder, MEAN, STD, Shifts, shifted};
 use candle_core::{Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::{Rng, SeedableRng};
@@ -74,20 +75,45 @@ impl Linear {
     }
 }
 
-/// The conditional MLP denoiser.
+/// The conditional MLP denoiser, with an image encoder per camera when it reads cameras.
 pub struct Denoiser {
     shape: DenoiserShape,
     layers: Vec<Linear>,
     freqs: Tensor,
+    encoders: Vec<ImageEncoder>,
     dev: Device,
 }
 
+/// The graph input that takes `camera`'s image.
+pub fn image_input_name(camera: &str) -> String {
+    format!("image_{camera}")
+}
+
 impl Denoiser {
-    /// A denoiser with weights drawn from `seed`.
+    /// A denoiser of the state alone with weights drawn from `seed`.
     pub fn new(shape: DenoiserShape, seed: u64) -> Result<Self, BcError> {
+        Self::with_cameras(shape, &[], (0, 0), seed)
+    }
+
+    /// A denoiser that also reads `cameras`' images, resized to `size` (width, height), each
+    /// through its own encoder.
+    pub fn with_cameras(
+        shape: DenoiserShape,
+        cameras: &[String],
+        size: (usize, usize),
+        seed: u64,
+    ) -> Result<Self, BcError> {
         let dev = Device::Cpu;
+        // The encoders draw from their own stream, so a state-only network's weights do not
+        // depend on whether this build knows about cameras.
+        let mut enc_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1a6e);
+        let encoders = cameras
+            .iter()
+            .map(|c| ImageEncoder::new(c, size.0, size.1, &mut enc_rng, &dev))
+            .collect::<Result<Vec<_>, _>>()?;
+        let features: usize = encoders.iter().map(|e| e.features()).sum();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let n_in = shape.horizon * shape.action_dim + shape.temb + shape.obs_dim;
+        let n_in = shape.horizon * shape.action_dim + shape.temb + shape.obs_dim + features;
         let mut layers = vec![Linear::new(n_in, shape.hidden, &mut rng, &dev)?];
         for _ in 1..shape.layers {
             layers.push(Linear::new(shape.hidden, shape.hidden, &mut rng, &dev)?);
@@ -106,8 +132,17 @@ impl Denoiser {
             shape,
             layers,
             freqs: Tensor::from_vec(freqs, (1, half), &dev)?,
+            encoders,
             dev,
         })
+    }
+
+    /// The cameras it reads, in input order.
+    pub fn cameras(&self) -> Vec<String> {
+        self.encoders
+            .iter()
+            .map(|e| e.camera().to_string())
+            .collect()
     }
 
     /// The shape.
@@ -119,17 +154,35 @@ impl Denoiser {
         self.layers
             .iter()
             .flat_map(|l| [l.w.clone(), l.b.clone()])
+            .chain(self.encoders.iter().flat_map(|e| e.vars()))
             .collect()
     }
 
-    /// `x_t` `[B, T, A]`, `t` `[B, 1]` (the training step as a float), `obs` `[B, obs_dim]` ->
-    /// predicted noise `[B, T, A]`.
-    pub fn forward(&self, x_t: &Tensor, t: &Tensor, obs: &Tensor) -> Result<Tensor, BcError> {
+    /// `x_t` `[B, T, A]`, `t` `[B, 1]` (the training step as a float), `obs` `[B, obs_dim]`,
+    /// one `[B, 3, H, W]` image per camera -> predicted noise `[B, T, A]`.
+    pub fn forward(
+        &self,
+        x_t: &Tensor,
+        t: &Tensor,
+        obs: &Tensor,
+        images: &[Tensor],
+    ) -> Result<Tensor, BcError> {
         let b = x_t.dim(0)?;
         let s = self.shape;
+        if images.len() != self.encoders.len() {
+            return Err(BcError::Data(format!(
+                "{} images for {} cameras",
+                images.len(),
+                self.encoders.len()
+            )));
+        }
         let xf = x_t.reshape((b, s.horizon * s.action_dim))?;
         let tf = t.matmul(&self.freqs)?;
-        let mut h = Tensor::cat(&[&xf, &tf.sin()?, &tf.cos()?, obs], 1)?;
+        let mut parts = vec![xf, tf.sin()?, tf.cos()?, obs.clone()];
+        for (e, img) in self.encoders.iter().zip(images) {
+            parts.push(e.forward(img)?);
+        }
+        let mut h = Tensor::cat(&parts, 1)?;
         let n = self.layers.len();
         for (i, l) in self.layers.iter().enumerate() {
             h = l.forward(&h)?;
@@ -141,7 +194,7 @@ impl Denoiser {
     }
 
     /// The same network as an ONNX graph: inputs `noisy_actions` `[B,T,A]`, `timestep` `[B,1]`,
-    /// `obs` `[B,obs_dim]`; output `eps` `[B,T,A]`.
+    /// `obs` `[B,obs_dim]` and `image_<camera>` `[B,3,H,W]` per camera; output `eps` `[B,T,A]`.
     pub fn to_onnx(&self) -> Result<Vec<u8>, BcError> {
         let s = self.shape;
         let (t, a) = (s.horizon as i64, s.action_dim as i64);
@@ -162,7 +215,12 @@ impl Denoiser {
         let fr = g.constant("freqs", &[1, freqs.len() as i64], &freqs);
         let tf = g.op("MatMul", &[&ts, &fr], vec![]);
         let (sin, cos) = (g.op("Sin", &[&tf], vec![]), g.op("Cos", &[&tf], vec![]));
-        let mut h = g.concat(&[&xf, &sin, &cos, &obs], 1);
+        let mut parts = vec![xf, sin, cos, obs];
+        for e in &self.encoders {
+            parts.push(e.write_onnx(&mut g, &image_input_name(e.camera()))?);
+        }
+        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let mut h = g.concat(&refs, 1);
         let n = self.layers.len();
         for (i, l) in self.layers.iter().enumerate() {
             let (n_out, n_in) = l.w.as_tensor().dims2()?;
@@ -188,11 +246,27 @@ impl Denoiser {
         Ok(g.to_bytes("reflex_diffusion_denoiser", "reflex"))
     }
 
-    /// Runs DDIM with this network on one normalised observation from `noise`, returning the
-    /// normalised chunk (the candle side of the export parity test).
-    pub fn sample(&self, ddim: &Ddim, obs: &[f32], noise: &[f32]) -> Result<Vec<f32>, BcError> {
+    /// Runs DDIM with this network on one normalised observation (and one normalised
+    /// `[3, H, W]` image per camera) from `noise`, returning the normalised chunk (the candle side
+    /// of the export parity test).
+    pub fn sample(
+        &self,
+        ddim: &Ddim,
+        obs: &[f32],
+        images: &[&[f32]],
+        noise: &[f32],
+    ) -> Result<Vec<f32>, BcError> {
         let s = self.shape;
         let obs_t = Tensor::from_vec(obs.to_vec(), (1, s.obs_dim), &self.dev)?;
+        let images = self
+            .encoders
+            .iter()
+            .zip(images)
+            .map(|(e, i)| {
+                let (w, h) = e.size();
+                Tensor::from_slice(i, (1, 3, h, w), &self.dev)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let mut x = noise.to_vec();
         let mut out = vec![0.0f32; x.len()];
         for &t in &ddim.timesteps {
@@ -200,7 +274,7 @@ impl Denoiser {
             let tt = Tensor::from_vec(vec![t as f32], (1, 1), &self.dev)?;
             out.copy_from_slice(
                 &self
-                    .forward(&xt, &tt, &obs_t)?
+                    .forward(&xt, &tt, &obs_t, &images)?
                     .flatten_all()?
                     .to_vec1::<f32>()?,
             );
@@ -302,6 +376,9 @@ fn d_execute() -> usize {
 fn d_ema() -> f64 {
     0.995
 }
+fn d_shift() -> usize {
+    4
+}
 
 /// Training settings (`reflex bc train` flags).
 #[derive(Clone, Debug, Deserialize)]
@@ -330,6 +407,9 @@ pub struct TrainConfig {
     /// EMA decay of the exported weights (0 = export the raw weights).
     #[serde(default = "d_ema")]
     pub ema: f64,
+    /// Largest random shift of a training image, pixels on each axis (0: none).
+    #[serde(default = "d_shift")]
+    pub shift: usize,
     /// Seed of initialisation, batches, timesteps and noise.
     #[serde(default)]
     pub seed: u64,
@@ -346,6 +426,7 @@ impl Default for TrainConfig {
             horizon: d_horizon(),
             execute: d_execute(),
             ema: d_ema(),
+            shift: d_shift(),
             seed: 0,
         }
     }
@@ -362,21 +443,35 @@ pub struct Trained {
 }
 
 /// The training set, normalised once, with the normalisations that the spec records.
-struct Dataset {
+struct Dataset<'a> {
     obs: Vec<f32>,
     act: Vec<f32>,
     n: usize,
     obs_dim: usize,
     obs_norm: Normalize,
     act_norm: Normalize,
+    frames: Option<&'a Frames>,
 }
 
-impl Dataset {
-    fn new(samples: &[Sample], action_dim: usize) -> Result<Self, BcError> {
+impl<'a> Dataset<'a> {
+    fn new(
+        samples: &[Sample],
+        action_dim: usize,
+        frames: Option<&'a Frames>,
+    ) -> Result<Self, BcError> {
         if samples.is_empty() {
             return Err(BcError::Data(
                 "no (observation, action) pairs: the demo directory has no steps".into(),
             ));
+        }
+        if let Some(f) = frames
+            && f.len() != samples.len()
+        {
+            return Err(BcError::Data(format!(
+                "{} camera frames for {} samples: every sample needs its frame from each camera",
+                f.len(),
+                samples.len()
+            )));
         }
         let obs_dim = samples[0].obs.len();
         let obs_norm = min_max(samples.iter().map(|s| s.obs.clone()), obs_dim);
@@ -406,6 +501,7 @@ impl Dataset {
             obs_dim,
             obs_norm,
             act_norm,
+            frames,
         })
     }
 }
@@ -427,22 +523,41 @@ fn alpha_bars(d: &DiffusionSpec) -> Vec<f32> {
     .collect()
 }
 
-/// One batch's buffers: observations, clean chunks, noise, noised chunks, timesteps.
+/// One batch's buffers: observations, clean chunks, noise, noised chunks, timesteps, and one
+/// shifted image per camera.
 struct BatchBufs {
     ob: Vec<f32>,
     x0: Vec<f32>,
     noise: Vec<f32>,
     xt: Vec<f32>,
     tt: Vec<f32>,
+    img: Vec<Vec<f32>>,
+    shifts: Shifts,
 }
 
 impl BatchBufs {
-    /// Draws a batch: random samples, random timesteps, noise added per the schedule.
+    /// Draws a batch: random samples, random timesteps, noise added per the schedule, images
+    /// randomly shifted.
     fn draw(&mut self, data: &Dataset, chunk: usize, abar: &[f32], rng: &mut ChaCha8Rng) {
         let od = data.obs_dim;
         for b in 0..self.tt.len() {
             let i = rng.random_range(0..data.n);
             self.ob[b * od..(b + 1) * od].copy_from_slice(&data.obs[i * od..(i + 1) * od]);
+            if let Some(f) = data.frames {
+                let n = f.frame_len();
+                for (dst, src) in self.img.iter_mut().zip(&f.data) {
+                    let (dx, dy) = self.shifts.draw();
+                    let frame = &src[i * n..(i + 1) * n];
+                    shifted(
+                        frame,
+                        f.width,
+                        f.height,
+                        dx,
+                        dy,
+                        &mut dst[b * n..(b + 1) * n],
+                    );
+                }
+            }
             self.x0[b * chunk..(b + 1) * chunk]
                 .copy_from_slice(&data.act[i * chunk..(i + 1) * chunk]);
             let t = rng.random_range(0..abar.len());
@@ -457,9 +572,12 @@ impl BatchBufs {
     }
 }
 
-/// Trains a diffusion policy on `samples`. `report(step, loss)` is called every 100 steps.
+/// Trains a diffusion policy on `samples` (and on `frames`, one per sample and camera, when
+/// given). `report(step, loss)` is called every 100 steps.
+#[allow(clippy::too_many_arguments)]
 pub fn train(
     samples: &[Sample],
+    frames: Option<&Frames>,
     action_dim: usize,
     cfg: &TrainConfig,
     name: &str,
@@ -467,7 +585,7 @@ pub fn train(
     robot_kind: Option<String>,
     mut report: impl FnMut(usize, f32),
 ) -> Result<Trained, BcError> {
-    let data = Dataset::new(samples, action_dim)?;
+    let data = Dataset::new(samples, action_dim, frames)?;
     let (t_len, a) = (cfg.horizon, action_dim);
     let dev = Device::Cpu;
     let shape = DenoiserShape {
@@ -478,7 +596,10 @@ pub fn train(
         layers: cfg.layers,
         temb: 32,
     };
-    let net = Denoiser::new(shape, cfg.seed)?;
+    let net = match frames {
+        Some(f) => Denoiser::with_cameras(shape, &f.cameras, (f.width, f.height), cfg.seed)?,
+        None => Denoiser::new(shape, cfg.seed)?,
+    };
     let diffusion = DiffusionSpec::default();
     let abar = alpha_bars(&diffusion);
     let mut opt = AdamW::new(
@@ -500,13 +621,26 @@ pub fn train(
         noise: vec![0.0; bsz * chunk],
         xt: vec![0.0; bsz * chunk],
         tt: vec![0.0; bsz],
+        img: frames.map_or(vec![], |f| {
+            vec![vec![0.0; bsz * f.frame_len()]; f.cameras.len()]
+        }),
+        shifts: Shifts::new(cfg.shift, cfg.seed ^ 0x5417),
     };
     for step in 1..=cfg.steps {
         buf.draw(&data, chunk, &abar, &mut rng);
+        let images = match frames {
+            Some(f) => buf
+                .img
+                .iter()
+                .map(|i| Tensor::from_slice(i, (bsz, 3, f.height, f.width), &dev))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => vec![],
+        };
         let pred = net.forward(
             &Tensor::from_slice(&buf.xt, (bsz, t_len, a), &dev)?,
             &Tensor::from_slice(&buf.tt, (bsz, 1), &dev)?,
             &Tensor::from_slice(&buf.ob, (bsz, data.obs_dim), &dev)?,
+            &images,
         )?;
         let target = Tensor::from_slice(&buf.noise, (bsz, t_len, a), &dev)?;
         let loss = (pred - target)?.sqr()?.mean_all()?;
@@ -565,12 +699,23 @@ fn trained_spec(
             output: "eps".into(),
             ..Default::default()
         },
-        inputs: vec![InputSpec::State {
+        inputs: std::iter::once(InputSpec::State {
             name: "obs".into(),
             fields: state_fields,
             history: 1,
             normalize: data.obs_norm,
-        }],
+        })
+        .chain(data.frames.iter().flat_map(|f| {
+            f.cameras.iter().map(|c| InputSpec::Image {
+                name: image_input_name(c),
+                camera: c.clone(),
+                width: f.width as u32,
+                height: f.height as u32,
+                mean: MEAN,
+                std: STD,
+            })
+        }))
+        .collect(),
         diffusion: Some(DiffusionSpec {
             prediction: Prediction::Epsilon,
             ..diffusion

@@ -4,8 +4,10 @@
 //!
 //! - [`sac`]: the residual / full / noise-steering SAC learner, its replay, checkpoints, the
 //!   residual exported to ONNX and the hook the control loop runs it through;
-//! - [`bc`]: imitation training of diffusion and chunk policies, exported to ONNX with their spec.
+//! - [`bc`]: imitation training of diffusion and chunk policies, exported to ONNX with their spec;
+//! - [`vision`]: the image encoder a policy trained on camera frames reads its cameras through.
 #![warn(missing_docs)]
 
 pub mod bc;
 pub mod sac;
+pub mod vision;

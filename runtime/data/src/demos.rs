@@ -47,6 +47,84 @@ pub struct Episode {
     /// The residual added to it at each step (with `actors`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub residuals: Vec<Vec<f32>>,
+    /// Camera frames, one stream per camera, each frame beside the observation of the same index
+    /// (empty: recorded without cameras).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cameras: Vec<CameraStream>,
+}
+
+/// One camera's frames through an episode.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CameraStream {
+    /// Camera name in the robot spec.
+    pub camera: String,
+    /// Width, pixels.
+    pub width: u32,
+    /// Height, pixels.
+    pub height: u32,
+    /// Pixel encoding of every frame (`rgb8`: row-major, 3 bytes a pixel).
+    pub encoding: String,
+    /// One frame per observation, `steps + 1` of them.
+    pub frames: Vec<serde_bytes::ByteBuf>,
+}
+
+impl CameraStream {
+    /// An empty stream for `camera`'s images of `width` x `height` rgb8.
+    pub fn new(camera: &str, width: u32, height: u32) -> Self {
+        CameraStream {
+            camera: camera.into(),
+            width,
+            height,
+            encoding: "rgb8".into(),
+            frames: vec![],
+        }
+    }
+
+    /// Appends a frame.
+    pub fn push(&mut self, rgb: &[u8]) {
+        self.frames.push(serde_bytes::ByteBuf::from(rgb.to_vec()));
+    }
+
+    /// Frame `i` as an image message (what a policy reads at run time).
+    pub fn image(&self, i: usize) -> reflex_contracts::msg::Image {
+        reflex_contracts::msg::Image {
+            camera: self.camera.clone(),
+            width: self.width,
+            height: self.height,
+            encoding: self.encoding.clone(),
+            data: self.frames[i].to_vec(),
+            seq: 0,
+        }
+    }
+
+    /// Checks that every frame holds `width * height * 3` bytes of rgb8 and that there is one per
+    /// observation; the error says which frame is wrong.
+    pub fn check(&self, observations: usize) -> Result<(), String> {
+        if self.encoding != "rgb8" {
+            return Err(format!(
+                "camera `{}`: encoding `{}`, only rgb8 is read",
+                self.camera, self.encoding
+            ));
+        }
+        if self.frames.len() != observations {
+            return Err(format!(
+                "camera `{}`: {} frames for {observations} observations",
+                self.camera,
+                self.frames.len()
+            ));
+        }
+        let n = self.width as usize * self.height as usize * 3;
+        if let Some(i) = self.frames.iter().position(|f| f.len() != n) {
+            return Err(format!(
+                "camera `{}`: frame {i} holds {} bytes, a {}x{} rgb8 frame holds {n}",
+                self.camera,
+                self.frames[i].len(),
+                self.width,
+                self.height
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One line of the manifest.
@@ -189,8 +267,13 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, DemoError> {
 pub fn read_episode(dir: &Path, entry: &EpisodeEntry) -> Result<Episode, DemoError> {
     let p = dir.join(&entry.file);
     let bytes = std::fs::read(&p).map_err(io(&p))?;
-    rmp_serde::from_slice(&bytes).map_err(|e| DemoError::Format {
+    let format = |message| DemoError::Format {
         path: p.display().to_string(),
-        message: e.to_string(),
-    })
+        message,
+    };
+    let ep: Episode = rmp_serde::from_slice(&bytes).map_err(|e| format(e.to_string()))?;
+    for c in &ep.cameras {
+        c.check(ep.observations.len()).map_err(format)?;
+    }
+    Ok(ep)
 }

@@ -4,6 +4,7 @@ use reflex_agent::progress::Progress;
 use reflex_agent::{AgentError, error::Result};
 use reflex_contracts::robot::Robot;
 use reflex_learn::bc::{TrainConfig, make_samples, train};
+use reflex_learn::vision::Frames;
 use reflex_policies::onnx_policy::{
     OnnxPolicy, Provider, RunOptions, check_graph, graph_io, open_session,
 };
@@ -219,6 +220,12 @@ pub struct TrainOptions {
     pub robot_kind: Option<String>,
     /// The network and optimiser settings.
     pub cfg: TrainConfig,
+    /// State fields the policy reads (empty: all of them); reflex's demos only.
+    pub state_fields: Vec<String>,
+    /// Cameras the policy reads, each through its own encoder; reflex's demos only.
+    pub cameras: Vec<String>,
+    /// Size the policy reads images at, (width, height) (default: the recorded size).
+    pub image_size: Option<(u32, u32)>,
     /// The command that trains it (recorded as the model's provenance).
     pub command: String,
 }
@@ -239,17 +246,41 @@ pub struct TrainReport {
 /// Trains a diffusion policy on recorded episodes and exports it to ONNX with its spec.
 pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport> {
     // The episodes, the action size, the robot kind and where they came from.
+    let mut frames = None;
     let (mut eps, action_dim, kind, origin) = match &o.source {
         TrainSource::Demos(dir) => {
             let m = reflex_data::demos::read_manifest(dir)?;
             let take = o.episodes.unwrap_or(m.episodes.len()).min(m.episodes.len());
+            let ranges = state_ranges(&m.spec, &o.state_fields, dir)?;
             let mut eps = vec![];
             for e in &m.episodes[..take] {
                 let ep = reflex_data::demos::read_episode(dir, e)?;
-                eps.push((ep.observations, ep.actions));
+                if !o.cameras.is_empty() {
+                    add_frames(&mut frames, &ep, &o.cameras, o.image_size, dir, e)?;
+                }
+                let obs = match &ranges {
+                    Some(r) => ep
+                        .observations
+                        .iter()
+                        .map(|s| {
+                            r.iter()
+                                .flat_map(|r| s[r.clone()].iter().copied())
+                                .collect()
+                        })
+                        .collect(),
+                    None => ep.observations,
+                };
+                eps.push((obs, ep.actions));
             }
             let origin = format!("demos {}: {}", dir.display(), m.command);
             (eps, m.spec.action.dim(), Some(m.spec.kind.clone()), origin)
+        }
+        TrainSource::LeRobot { dir, .. } if !o.cameras.is_empty() || !o.state_fields.is_empty() => {
+            return Err(reflex_agent::error::bail(format!(
+                "{}: --camera and --state-fields read reflex's demos (--demos); a LeRobot dataset's \
+                 state is one feature (--state-key) and its video features are not read yet",
+                dir.display()
+            )));
         }
         TrainSource::LeRobot {
             dir,
@@ -274,18 +305,23 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
         .map(|s| s.to_string_lossy().to_string())
         .unwrap_or_else(|| "policy".into());
     tracing::info!(
-        "training `{name}` on {take} episodes ({} samples) from {origin}",
+        "training `{name}` on {take} episodes ({} samples{}) from {origin}",
         samples.len(),
+        frames.as_ref().map_or(String::new(), |f| format!(
+            ", cameras {:?} at {}x{}",
+            f.cameras, f.width, f.height
+        )),
     );
     progress.start(o.cfg.steps as u64, "steps");
     let t0 = Instant::now();
     let mut last = 0u64;
     let mut trained = train(
         &samples,
+        frames.as_ref(),
         action_dim,
         &o.cfg,
         &name,
-        vec![],
+        o.state_fields.clone(),
         kind,
         |step, loss| {
             progress.inc(step as u64 - last.min(step as u64));
@@ -308,4 +344,72 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
         final_loss: trained.losses.last().copied().unwrap_or(f32::NAN),
         wall_s: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// The ranges of `fields` in the demos' state vector (`None`: all of it); an unknown field is
+/// named with the ones there are.
+fn state_ranges(
+    spec: &reflex_runtime::msg::RobotSpec,
+    fields: &[String],
+    dir: &Path,
+) -> Result<Option<Vec<std::ops::Range<usize>>>> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let ranges = fields
+        .iter()
+        .map(|f| {
+            spec.field(f).ok_or_else(|| {
+                reflex_agent::error::bail(format!(
+                    "{}: the demos' state has no field `{f}`; it has {:?}",
+                    dir.display(),
+                    spec.state.iter().map(|s| &s.name).collect::<Vec<_>>()
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(ranges))
+}
+
+/// Appends an episode's frames of `cameras` to `frames`, one per step that has an action (the
+/// samples `make_samples` cuts); the first episode fixes the size unless `size` does.
+fn add_frames(
+    frames: &mut Option<Frames>,
+    ep: &reflex_data::demos::Episode,
+    cameras: &[String],
+    size: Option<(u32, u32)>,
+    dir: &Path,
+    entry: &reflex_data::demos::EpisodeEntry,
+) -> Result<()> {
+    if ep.actions.is_empty() {
+        return Ok(());
+    }
+    let streams = cameras
+        .iter()
+        .map(|c| {
+            ep.cameras.iter().find(|s| &s.camera == c).ok_or_else(|| {
+                reflex_agent::error::bail(format!(
+                    "{}: episode {} has no frames of camera `{c}` (it has {:?}); record with \
+                     `reflex sim demos --cameras`",
+                    dir.join(&entry.file).display(),
+                    entry.index,
+                    ep.cameras.iter().map(|s| &s.camera).collect::<Vec<_>>()
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let f = frames.get_or_insert_with(|| {
+        let (w, h) = size.unwrap_or((streams[0].width, streams[0].height));
+        Frames {
+            cameras: cameras.to_vec(),
+            width: w as usize,
+            height: h as usize,
+            data: vec![],
+        }
+    });
+    for t in 0..ep.actions.len() {
+        let images: Vec<_> = streams.iter().map(|s| s.image(t)).collect();
+        f.push(&images);
+    }
+    Ok(())
 }

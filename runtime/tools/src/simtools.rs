@@ -8,7 +8,7 @@ use reflex_agent::progress::Progress;
 use reflex_bus::BusConfig;
 use reflex_bus::robot::{RobotServer, ServeMode, ServeStats};
 use reflex_contracts::robot::Robot;
-use reflex_data::demos::{DemoWriter, Episode};
+use reflex_data::demos::{CameraStream, DemoWriter, Episode};
 use reflex_sim::{Expert, SimConfig, SimEnv};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -194,11 +194,18 @@ pub fn run_episode(env: &mut SimEnv, expert: &mut Expert, seed: u64) -> Result<E
     let mut obs = env.reset(Some(seed))?.clone();
     expert.reset();
     ep.observations.push(obs.state.clone());
+    ep.cameras = obs
+        .images
+        .iter()
+        .map(|i| CameraStream::new(&i.camera, i.width, i.height))
+        .collect();
+    keep_frames(&mut ep.cameras, &obs.images);
     loop {
         expert.act(&obs, &mut action);
         let o = env.step(&action)?;
         obs.copy_from(o);
         ep.observations.push(obs.state.clone());
+        keep_frames(&mut ep.cameras, &obs.images);
         ep.actions.push(action.clone());
         ep.rewards.push(obs.reward);
         ep.ret += obs.reward;
@@ -208,6 +215,14 @@ pub fn run_episode(env: &mut SimEnv, expert: &mut Expert, seed: u64) -> Result<E
             ep.truncated = obs.truncated;
             return Ok(ep);
         }
+    }
+}
+
+/// Appends each camera's image to its stream (the streams were made from the first observation's
+/// cameras, in the same order).
+fn keep_frames(streams: &mut [CameraStream], images: &[reflex_runtime::msg::Image]) {
+    for (s, i) in streams.iter_mut().zip(images) {
+        s.push(&i.data);
     }
 }
 
