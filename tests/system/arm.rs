@@ -941,9 +941,50 @@ fn reflex_hw_serve_offers_the_emulated_arm_to_an_actor_in_another_process_and_ob
 }
 
 #[test]
-fn reflex_run_on_the_emulated_so101_with_a_file_camera_records_its_frames_and_reports_the_camera() {
+fn reflex_run_on_the_emulated_so101_runs_a_policy_that_sees_through_a_file_camera_and_records_its_frames()
+ {
     let dir = tempfile::tempdir().unwrap();
     let (_emu, link) = emulator(&dir, &[]);
+    // A policy that reads the front camera, trained briefly by reflex on the simulated SO-101's
+    // frames (how well it reaches is tests/system/vision.rs's business; here, that it runs).
+    let demos = dir.path().join("demos");
+    let seeing = dir.path().join("seeing.onnx");
+    for args in [
+        vec![
+            "sim",
+            "demos",
+            "--config",
+            "configs/sim/so101-reach.toml",
+            "--cameras",
+            "--camera-size",
+            "32x32",
+            "--episodes",
+            "4",
+            "--out",
+            demos.to_str().unwrap(),
+        ],
+        vec![
+            "bc",
+            "train",
+            "--demos",
+            demos.to_str().unwrap(),
+            "--camera",
+            "front",
+            "--state-fields",
+            "joint_pos,joint_vel,ee_pos,ee_quat",
+            "--robot-kind",
+            "so101/reach",
+            "--steps",
+            "20",
+            "--batch",
+            "16",
+            "--out",
+            seeing.to_str().unwrap(),
+        ],
+    ] {
+        let o = reflex().current_dir(repo()).args(&args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
     // A camera made of three 32x24 PNG frames; the policy sees a 16x16 crop of each.
     let frames = dir.path().join("frames");
     std::fs::create_dir(&frames).unwrap();
@@ -980,6 +1021,13 @@ fn reflex_run_on_the_emulated_so101_with_a_file_camera_records_its_frames_and_re
             ("start_speed_rad_s = 0.5", "start_speed_rad_s = 3.0"),
             ("max_missed_reads = 3 ", "max_missed_reads = 25 "),
             ("\nee_step_m = 0.008\n", &camera),
+            (
+                &format!(
+                    "model = \"{}\"",
+                    repo().join("models/so101-reach.onnx").display()
+                ),
+                &format!("model = {:?}", seeing.display().to_string()),
+            ),
         ],
     );
     let runs = dir.path().join("runs");
@@ -995,6 +1043,8 @@ fn reflex_run_on_the_emulated_so101_with_a_file_camera_records_its_frames_and_re
     assert!(cam["frames"].as_u64().unwrap() > 0, "{cam}");
     assert!(cam["used"].as_u64().unwrap() > 0, "{cam}");
     assert_eq!(cam["errors"], 0, "{cam}");
+    // The policy's chunks came from the camera's pictures (a policy without its image fails).
+    assert!(v["chunks"].as_u64().unwrap() > 0, "{v}");
     // The frames are in the recording, under the camera's name.
     let rec =
         std::path::Path::new(v["recording"]["dir"].as_str().unwrap()).join("episode_000001.rrd");

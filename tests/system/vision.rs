@@ -111,12 +111,13 @@ fn a_policy_trained_on_camera_frames_finds_the_target_a_blind_one_cannot() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (s, b) = (success(&seeing, dir.path()), success(&blind, dir.path()));
     eprintln!("reach, 40 held-out episodes: with the front camera {s}, without it {b}");
-    // Measured (seeds 1 and 2): 0.40-0.45 seeing, 0.05 blind.
+    // Measured with training seeds 1, 2, 3: seeing 0.425, 0.275, 0.325; blind 0.025, 0.075,
+    // 0.075 (docs/bring-your-own-policy.md).
     assert!(
         b <= 0.15,
         "the blind policy reached {b}: the task leaks the target"
     );
-    assert!(s >= b + 0.2, "seeing {s} vs blind {b}");
+    assert!(s >= b + 0.15, "seeing {s} vs blind {b}");
     // Demos without frames cannot train a seeing policy, and the error says how to record them.
     let plain = dir.path().join("plain");
     let o = reflex()
