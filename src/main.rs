@@ -41,6 +41,11 @@ enum Command {
         #[command(subcommand)]
         command: BcCommand,
     },
+    /// A reward the robot can see: train a success classifier on recorded camera frames.
+    Reward {
+        #[command(subcommand)]
+        command: cmd::tools::RewardCommand,
+    },
     /// Datasets: export recorded episodes as a LeRobotDataset v3.0.
     Dataset {
         #[command(subcommand)]
@@ -126,6 +131,7 @@ fn main() {
         Command::Bundle(a) => cmd::bundle::run(a),
         Command::Policy { command } => cmd::tools::policy(command),
         Command::Bc { command } => cmd::tools::bc(command),
+        Command::Reward { command } => cmd::tools::reward(command),
         Command::Dataset { command } => cmd::tools::dataset(command),
         Command::Doctor(a) => cli::doctor(
             &reflex_deploy::doctor::DoctorOptions {

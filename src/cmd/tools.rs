@@ -24,6 +24,96 @@ pub enum BcCommand {
     Train(TrainArgs),
 }
 
+#[derive(Subcommand)]
+pub enum RewardCommand {
+    /// Train a success classifier on recorded frames, judge it on held-out episodes, and export
+    /// it to ONNX with its spec (NAME.reward.toml).
+    Train(RewardTrainArgs),
+}
+
+#[derive(Args)]
+pub struct RewardTrainArgs {
+    /// A directory written by `reflex sim demos --cameras`: frames labelled by the task's
+    /// success.
+    #[arg(long)]
+    demos: PathBuf,
+    /// A camera the classifier reads (repeat for several).
+    #[arg(long = "camera", value_name = "NAME", required = true)]
+    cameras: Vec<String>,
+    /// Size it reads images at, WIDTHxHEIGHT (multiples of 4; default: the recorded size).
+    #[arg(long, value_name = "WxH", value_parser = crate::cmd::parse_size)]
+    image_size: Option<(u32, u32)>,
+    /// Fraction of the episodes (the last ones) held out to judge it.
+    #[arg(long, default_value_t = 0.2)]
+    holdout: f64,
+    /// Probability at or above which a frame counts as success.
+    #[arg(long, default_value_t = 0.5)]
+    threshold: f32,
+    /// Gradient steps.
+    #[arg(long, default_value_t = 2000)]
+    steps: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 3e-4)]
+    lr: f64,
+    /// Largest random shift of a training image, pixels.
+    #[arg(long, default_value_t = 4)]
+    shift: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output model, e.g. models/reward.onnx.
+    #[arg(long)]
+    out: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn reward(cmd: RewardCommand) -> anyhow::Result<()> {
+    let RewardCommand::Train(a) = cmd;
+    let o = policytools::RewardTrainOptions {
+        demos: a.demos,
+        cameras: a.cameras,
+        image_size: a.image_size,
+        holdout: a.holdout,
+        threshold: a.threshold,
+        cfg: reflex_learn::reward::RewardTrainConfig {
+            steps: a.steps,
+            batch: a.batch,
+            lr: a.lr,
+            shift: a.shift,
+            seed: a.seed,
+        },
+        out: a.out,
+        command: command_line(),
+    };
+    let r = policytools::reward_train(&o, &Bars::new(a.json))?;
+    if a.json {
+        crate::cli::print_json(&r);
+    } else {
+        println!(
+            "wrote {} and {} ({:.0} s)\nheld out: {} episodes, {} frames ({} success): accuracy {:.3}, precision {:.3}, recall {:.3} at threshold {}; {} of the {} false positives are at most {} frames before a success",
+            r.model.display(),
+            r.spec.display(),
+            r.wall_s,
+            r.held_out.episodes,
+            r.held_out.frames,
+            r.held_out.successes,
+            r.accuracy,
+            r.precision,
+            r.recall,
+            r.threshold,
+            r.false_positives_near_success,
+            r.confusion.false_positives,
+            policytools::NEAR_FRAMES
+        );
+    }
+    Ok(())
+}
+
 #[derive(Args)]
 pub struct CheckArgs {
     /// The .onnx file (its spec is NAME.policy.toml beside it).

@@ -275,6 +275,14 @@ impl Frames {
         self.len() == 0
     }
 
+    /// Keeps the first `n` frames of every camera.
+    pub fn truncate_to(&mut self, n: usize) {
+        let len = self.frame_len();
+        for d in &mut self.data {
+            d.truncate(n * len);
+        }
+    }
+
     /// Appends one frame per camera (in `cameras` order), resizing and normalising it.
     pub fn push(&mut self, images: &[reflex_runtime::msg::Image]) {
         let n = self.frame_len();

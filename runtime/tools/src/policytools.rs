@@ -255,8 +255,10 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
             let mut eps = vec![];
             for e in &m.episodes[..take] {
                 let ep = reflex_data::demos::read_episode(dir, e)?;
-                if !o.cameras.is_empty() {
-                    add_frames(&mut frames, &ep, &o.cameras, o.image_size, dir, e)?;
+                if !o.cameras.is_empty() && !ep.actions.is_empty() {
+                    let f = add_frames(&mut frames, &ep, &o.cameras, o.image_size, dir, e)?;
+                    // One frame per sample: the observations that have an action.
+                    f.truncate_to(f.len() - 1);
                 }
                 let obs = match &ranges {
                     Some(r) => ep
@@ -371,19 +373,16 @@ fn state_ranges(
     Ok(Some(ranges))
 }
 
-/// Appends an episode's frames of `cameras` to `frames`, one per step that has an action (the
-/// samples `make_samples` cuts); the first episode fixes the size unless `size` does.
-fn add_frames(
-    frames: &mut Option<Frames>,
+/// Appends an episode's frames of `cameras` to `frames`, one per observation; the first episode
+/// fixes the size unless `size` does.
+fn add_frames<'a>(
+    frames: &'a mut Option<Frames>,
     ep: &reflex_data::demos::Episode,
     cameras: &[String],
     size: Option<(u32, u32)>,
     dir: &Path,
     entry: &reflex_data::demos::EpisodeEntry,
-) -> Result<()> {
-    if ep.actions.is_empty() {
-        return Ok(());
-    }
+) -> Result<&'a mut Frames> {
     let streams = cameras
         .iter()
         .map(|c| {
@@ -407,9 +406,230 @@ fn add_frames(
             data: vec![],
         }
     });
-    for t in 0..ep.actions.len() {
+    for t in 0..ep.observations.len() {
         let images: Vec<_> = streams.iter().map(|s| s.image(t)).collect();
         f.push(&images);
     }
-    Ok(())
+    Ok(f)
+}
+
+/// What `reflex reward train` asks for.
+#[derive(Clone, Debug)]
+pub struct RewardTrainOptions {
+    /// A directory written by `reflex sim demos --cameras` (or a recording with frames).
+    pub demos: PathBuf,
+    /// Cameras the classifier reads.
+    pub cameras: Vec<String>,
+    /// Size it reads images at, (width, height) (default: the recorded size).
+    pub image_size: Option<(u32, u32)>,
+    /// Fraction of the episodes (the last ones) held out to judge it.
+    pub holdout: f64,
+    /// Probability at or above which a frame counts as success.
+    pub threshold: f32,
+    /// Training settings.
+    pub cfg: reflex_learn::reward::RewardTrainConfig,
+    /// Output model (its spec is written beside it as `<name>.reward.toml`).
+    pub out: PathBuf,
+    /// The command that trains it (recorded as its provenance).
+    pub command: String,
+}
+
+/// Frames and how many of them show success.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct FrameCount {
+    /// Episodes.
+    pub episodes: usize,
+    /// Frames.
+    pub frames: usize,
+    /// Frames labelled success.
+    pub successes: usize,
+}
+
+/// What training the classifier produced and how it did on the held-out episodes.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RewardTrainReport {
+    /// The model written.
+    pub model: PathBuf,
+    /// Its spec.
+    pub spec: PathBuf,
+    /// What it trained on.
+    pub train: FrameCount,
+    /// What it was judged on.
+    pub held_out: FrameCount,
+    /// The held-out frames' confusion counts at the threshold.
+    pub confusion: reflex_learn::reward::Confusion,
+    /// Held-out accuracy.
+    pub accuracy: f64,
+    /// Held-out precision (success calls that were right).
+    pub precision: f64,
+    /// Held-out recall (success frames found).
+    pub recall: f64,
+    /// Of the false positives, those at most [`NEAR_FRAMES`] frames before a success frame of
+    /// the same episode: the task all but done (a success that ends an episode labels one frame,
+    /// and the frames just before it look alike).
+    pub false_positives_near_success: u64,
+    /// The threshold.
+    pub threshold: f32,
+    /// Mean loss of the last 100 steps.
+    pub final_loss: f32,
+    /// Wall time, s.
+    pub wall_s: f64,
+}
+
+/// How close before a success frame a false positive counts as "near" it.
+pub const NEAR_FRAMES: usize = 2;
+
+/// Whether each observation of `ep` shows success: the one after a step that the task rewarded
+/// (the simulator's sparse reward is 1 on success), or the last of a successful episode.
+pub fn success_labels(ep: &reflex_data::demos::Episode) -> Vec<bool> {
+    let last = ep.observations.len().saturating_sub(1);
+    (0..ep.observations.len())
+        .map(|i| {
+            (i >= 1 && ep.rewards.get(i - 1).is_some_and(|r| *r >= 1.0))
+                || (i == last && ep.success)
+        })
+        .collect()
+}
+
+/// Trains a success classifier on recorded frames, judges it on held-out episodes, and exports
+/// it to ONNX with its spec.
+pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<RewardTrainReport> {
+    let t0 = Instant::now();
+    if o.cameras.is_empty() {
+        return Err(reflex_agent::error::bail(
+            "name the camera(s) the classifier reads: --camera NAME".into(),
+        ));
+    }
+    if !(0.0..1.0).contains(&o.holdout) {
+        return Err(reflex_agent::error::bail(format!(
+            "--holdout {} is not a fraction in [0, 1)",
+            o.holdout
+        )));
+    }
+    let m = reflex_data::demos::read_manifest(&o.demos)?;
+    let n_eps = m.episodes.len();
+    let n_held = ((n_eps as f64 * o.holdout).ceil() as usize).min(n_eps.saturating_sub(1));
+    let (mut train_f, mut held_f) = (None, None);
+    let (mut train_y, mut held_y) = (vec![], vec![]);
+    // Held-out frames a few frames before a success frame of their episode.
+    let mut held_near = vec![];
+    for (k, e) in m.episodes.iter().enumerate() {
+        let ep = reflex_data::demos::read_episode(&o.demos, e)?;
+        let held = k >= n_eps - n_held;
+        // Held-out frames are read at the size the training frames were.
+        let size = o.image_size.or_else(|| {
+            train_f
+                .as_ref()
+                .map(|f: &Frames| (f.width as u32, f.height as u32))
+        });
+        let (f, y) = if held {
+            (&mut held_f, &mut held_y)
+        } else {
+            (&mut train_f, &mut train_y)
+        };
+        add_frames(f, &ep, &o.cameras, size, &o.demos, e)?;
+        let labels = success_labels(&ep);
+        if held {
+            held_near.extend((0..labels.len()).map(|i| {
+                !labels[i] && labels[i + 1..(i + 1 + NEAR_FRAMES).min(labels.len())].contains(&true)
+            }));
+        }
+        y.extend(labels);
+    }
+    let count = |f: &Option<Frames>, y: &[bool], episodes| FrameCount {
+        episodes,
+        frames: f.as_ref().map_or(0, |f| f.len()),
+        successes: y.iter().filter(|&&l| l).count(),
+    };
+    let (train_c, held_c) = (
+        count(&train_f, &train_y, n_eps - n_held),
+        count(&held_f, &held_y, n_held),
+    );
+    let train_f = train_f.ok_or_else(|| {
+        reflex_agent::error::bail(format!("{}: no episodes to train on", o.demos.display()))
+    })?;
+    tracing::info!(
+        "training a success classifier on {} frames ({} success) of {} episodes, cameras {:?} at {}x{}; {} episodes held out",
+        train_c.frames,
+        train_c.successes,
+        train_c.episodes,
+        train_f.cameras,
+        train_f.width,
+        train_f.height,
+        n_held
+    );
+    progress.start(o.cfg.steps as u64, "steps");
+    let mut final_loss = f32::NAN;
+    let mut last = 0u64;
+    let net = reflex_learn::reward::train(&train_f, &train_y, &o.cfg, |step, loss| {
+        progress.inc(step as u64 - last.min(step as u64));
+        last = step as u64;
+        progress.message(&format!("loss {loss:.4}"));
+        final_loss = loss;
+    })?;
+    progress.finish();
+    let mut probs = vec![];
+    if let Some(h) = &held_f {
+        let len = h.frame_len();
+        for start in (0..h.len()).step_by(256) {
+            let n = 256.min(h.len() - start);
+            let views: Vec<&[f32]> = h
+                .data
+                .iter()
+                .map(|d| &d[start * len..(start + n) * len])
+                .collect();
+            probs.extend(net.probabilities(&views, n)?);
+        }
+    }
+    let confusion = reflex_learn::reward::Confusion::of(&probs, &held_y, o.threshold);
+    let near = probs
+        .iter()
+        .zip(&held_near)
+        .filter(|(p, n)| **p >= o.threshold && **n)
+        .count() as u64;
+    let name = o
+        .out
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "reward".into());
+    let mut spec = net.spec(&name, o.threshold);
+    spec.provenance = Some(format!(
+        "{} (demos {}: {}; {} frames of {} episodes, {} success; held out {} episodes, {} frames: accuracy {:.3}, precision {:.3}, recall {:.3}, {} of {} false positives within {NEAR_FRAMES} frames before a success; trained in {:.0} s)",
+        o.command,
+        o.demos.display(),
+        m.command,
+        train_c.frames,
+        train_c.episodes,
+        train_c.successes,
+        held_c.episodes,
+        held_c.frames,
+        confusion.accuracy(),
+        confusion.precision(),
+        confusion.recall(),
+        near,
+        confusion.false_positives,
+        t0.elapsed().as_secs_f64()
+    ));
+    let onnx = net.to_onnx()?;
+    if let Some(d) = o.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
+    }
+    reflex_runtime::fsio::atomic_write(&o.out, &onnx).map_err(|e| AgentError::io(&o.out, e))?;
+    let sp = reflex_learn::reward::RewardSpec::path_for(&o.out);
+    reflex_runtime::fsio::atomic_write(&sp, spec.to_toml().as_bytes())
+        .map_err(|e| AgentError::io(&sp, e))?;
+    Ok(RewardTrainReport {
+        model: o.out.clone(),
+        spec: sp,
+        train: train_c,
+        held_out: held_c,
+        confusion,
+        accuracy: confusion.accuracy(),
+        precision: confusion.precision(),
+        recall: confusion.recall(),
+        false_positives_near_success: near,
+        threshold: o.threshold,
+        final_loss,
+        wall_s: t0.elapsed().as_secs_f64(),
+    })
 }
