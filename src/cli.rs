@@ -224,3 +224,14 @@ pub fn servo_bench(a: &ServoBenchArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `WIDTHxHEIGHT` in pixels, each 16 to 4096.
+pub fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s
+        .split_once('x')
+        .ok_or_else(|| format!("`{s}` is not WIDTHxHEIGHT (e.g. 640x480)"))?;
+    match (w.parse::<u32>(), h.parse::<u32>()) {
+        (Ok(w), Ok(h)) if (16..=4096).contains(&w) && (16..=4096).contains(&h) => Ok((w, h)),
+        _ => Err(format!("`{s}`: width and height between 16 and 4096 px")),
+    }
+}

@@ -68,7 +68,7 @@ pub struct SimSelect {
     #[arg(long)]
     pub cameras: bool,
     /// Camera image size, WIDTHxHEIGHT (default: the config's, else 128x128).
-    #[arg(long, value_name = "WxH", value_parser = super::parse_size)]
+    #[arg(long, value_name = "WxH", value_parser = crate::cli::parse_size)]
     pub camera_size: Option<(u32, u32)>,
 }
 
@@ -194,7 +194,7 @@ pub struct BoardViewsArgs {
     #[arg(long, default_value = "front")]
     camera: String,
     /// Image size, WIDTHxHEIGHT.
-    #[arg(long, default_value = "640x480", value_parser = super::parse_size)]
+    #[arg(long, default_value = "640x480", value_parser = crate::cli::parse_size)]
     size: (u32, u32),
     /// The board.
     #[arg(long, default_value = "chessboard:9x6:0.025")]

@@ -41,7 +41,7 @@ pub struct RewardTrainArgs {
     #[arg(long = "camera", value_name = "NAME", required = true)]
     cameras: Vec<String>,
     /// Size it reads images at, WIDTHxHEIGHT (multiples of 4; default: the recorded size).
-    #[arg(long, value_name = "WxH", value_parser = crate::cmd::parse_size)]
+    #[arg(long, value_name = "WxH", value_parser = crate::cli::parse_size)]
     image_size: Option<(u32, u32)>,
     /// Fraction of the episodes (the last ones) held out to judge it.
     #[arg(long, default_value_t = 0.2)]
@@ -80,7 +80,7 @@ pub fn reward(cmd: RewardCommand) -> anyhow::Result<()> {
         image_size: a.image_size,
         holdout: a.holdout,
         threshold: a.threshold,
-        cfg: reflex_learn::reward::RewardTrainConfig {
+        cfg: reflex_vision::reward::RewardTrainConfig {
             steps: a.steps,
             batch: a.batch,
             lr: a.lr,
@@ -203,7 +203,7 @@ pub struct TrainArgs {
     #[arg(long = "camera", value_name = "NAME")]
     cameras: Vec<String>,
     /// Size the policy reads images at, WIDTHxHEIGHT (default: the recorded size).
-    #[arg(long, value_name = "WxH", value_parser = crate::cmd::parse_size)]
+    #[arg(long, value_name = "WxH", value_parser = crate::cli::parse_size)]
     image_size: Option<(u32, u32)>,
     /// Largest random shift of a training image, pixels (DrQ's augmentation; 0: none).
     #[arg(long, default_value_t = 4)]

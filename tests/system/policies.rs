@@ -104,7 +104,7 @@ fn an_image_policy_through_onnxruntime_matches_candle_within_1e_4() {
     // resizes: ONNX Runtime (image input, Conv and spatial-softmax operators) against candle on
     // the same resized pixels.
     use reflex_learn::bc::image_input_name;
-    use reflex_learn::vision::{MEAN, STD};
+    use reflex_vision::encoder::{MEAN, STD};
     let dir = tempfile::tempdir().unwrap();
     let shape = DenoiserShape {
         obs_dim: 8,

@@ -164,7 +164,7 @@ fn a_policy_trained_on_camera_frames_finds_the_target_a_blind_one_cannot() {
 #[test]
 fn the_exported_success_classifier_through_onnxruntime_matches_candle_within_1e_5() {
     use ort::value::TensorRef;
-    use reflex_learn::reward::RewardNet;
+    use reflex_vision::reward::RewardNet;
     let dir = tempfile::tempdir().unwrap();
     let cams = ["front".to_string(), "wrist".to_string()];
     let net = RewardNet::new(&cams, (32, 24), 3).unwrap();

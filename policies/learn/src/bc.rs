@@ -9,7 +9,6 @@
 //! The same forward pass is written as ONNX operators, and a test checks that ONNX Runtime running
 //! the exported file matches candle within 1e-5.
 
-use crate::vision::{Frames, ImageEncoder, MEAN, STD, Shifts, shifted};
 use candle_core::{Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::{Rng, SeedableRng};
@@ -18,6 +17,8 @@ use rand_distr::{Distribution, StandardNormal};
 use reflex_policies::onnx_write::{Dim, Elem, Graph, batch};
 use reflex_policies::sampler::{BetaSchedule, Ddim, Prediction, betas};
 use reflex_policies::spec::{DiffusionSpec, GraphIo, InputSpec, Normalize, PolicyKind, PolicySpec};
+use reflex_vision::encoder::{Frames, ImageEncoder, MEAN, STD, Shifts, shifted};
+pub use reflex_vision::image_input_name;
 use serde::Deserialize;
 
 /// Errors of training or export.
@@ -29,6 +30,9 @@ pub enum BcError {
     /// The dataset cannot train anything.
     #[error("dataset: {0}")]
     Data(String),
+    /// The image encoder failed.
+    #[error("{0}")]
+    Vision(#[from] reflex_vision::VisionError),
 }
 
 /// Shape of the denoiser.
@@ -82,11 +86,6 @@ pub struct Denoiser {
     freqs: Tensor,
     encoders: Vec<ImageEncoder>,
     dev: Device,
-}
-
-/// The graph input that takes `camera`'s image.
-pub fn image_input_name(camera: &str) -> String {
-    format!("image_{camera}")
 }
 
 impl Denoiser {

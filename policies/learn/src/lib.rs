@@ -4,12 +4,9 @@
 //!
 //! - [`sac`]: the residual / full / noise-steering SAC learner, its replay, checkpoints, the
 //!   residual exported to ONNX and the hook the control loop runs it through;
-//! - [`bc`]: imitation training of diffusion and chunk policies, exported to ONNX with their spec;
-//! - [`reward`]: the success classifier that gives a reward the robot can see;
-//! - [`vision`]: the image encoder a policy trained on camera frames reads its cameras through.
+//! - [`bc`]: imitation training of diffusion and chunk policies, exported to ONNX with their spec
+//!   (policies that see read their cameras through reflex-vision's encoder).
 #![warn(missing_docs)]
 
 pub mod bc;
-pub mod reward;
 pub mod sac;
-pub mod vision;

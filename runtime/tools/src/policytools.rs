@@ -3,13 +3,13 @@
 use reflex_agent::progress::Progress;
 use reflex_agent::{AgentError, error::Result};
 use reflex_contracts::robot::Robot;
-use reflex_learn::bc::{TrainConfig, make_samples, train};
-use reflex_learn::vision::Frames;
+use reflex_learn::bc::{BcError, TrainConfig, make_samples, train};
 use reflex_policies::onnx_policy::{
     OnnxPolicy, Provider, RunOptions, check_graph, graph_io, open_session,
 };
 use reflex_policies::spec::{PolicySpec, spec_path};
 use reflex_sim::{SimConfig, SimEnv, TaskKind};
+use reflex_vision::encoder::Frames;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -427,7 +427,7 @@ pub struct RewardTrainOptions {
     /// Probability at or above which a frame counts as success.
     pub threshold: f32,
     /// Training settings.
-    pub cfg: reflex_learn::reward::RewardTrainConfig,
+    pub cfg: reflex_vision::reward::RewardTrainConfig,
     /// Output model (its spec is written beside it as `<name>.reward.toml`).
     pub out: PathBuf,
     /// The command that trains it (recorded as its provenance).
@@ -457,7 +457,7 @@ pub struct RewardTrainReport {
     /// What it was judged on.
     pub held_out: FrameCount,
     /// The held-out frames' confusion counts at the threshold.
-    pub confusion: reflex_learn::reward::Confusion,
+    pub confusion: reflex_vision::reward::Confusion,
     /// Held-out accuracy.
     pub accuracy: f64,
     /// Held-out precision (success calls that were right).
@@ -561,12 +561,13 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
     progress.start(o.cfg.steps as u64, "steps");
     let mut final_loss = f32::NAN;
     let mut last = 0u64;
-    let net = reflex_learn::reward::train(&train_f, &train_y, &o.cfg, |step, loss| {
+    let net = reflex_vision::reward::train(&train_f, &train_y, &o.cfg, |step, loss| {
         progress.inc(step as u64 - last.min(step as u64));
         last = step as u64;
         progress.message(&format!("loss {loss:.4}"));
         final_loss = loss;
-    })?;
+    })
+    .map_err(BcError::from)?;
     progress.finish();
     let mut probs = vec![];
     if let Some(h) = &held_f {
@@ -578,10 +579,10 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
                 .iter()
                 .map(|d| &d[start * len..(start + n) * len])
                 .collect();
-            probs.extend(net.probabilities(&views, n)?);
+            probs.extend(net.probabilities(&views, n).map_err(BcError::from)?);
         }
     }
-    let confusion = reflex_learn::reward::Confusion::of(&probs, &held_y, o.threshold);
+    let confusion = reflex_vision::reward::Confusion::of(&probs, &held_y, o.threshold);
     let near = probs
         .iter()
         .zip(&held_near)
@@ -610,12 +611,12 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
         confusion.false_positives,
         t0.elapsed().as_secs_f64()
     ));
-    let onnx = net.to_onnx()?;
+    let onnx = net.to_onnx().map_err(BcError::from)?;
     if let Some(d) = o.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
     }
     reflex_runtime::fsio::atomic_write(&o.out, &onnx).map_err(|e| AgentError::io(&o.out, e))?;
-    let sp = reflex_learn::reward::RewardSpec::path_for(&o.out);
+    let sp = reflex_vision::reward::RewardSpec::path_for(&o.out);
     reflex_runtime::fsio::atomic_write(&sp, spec.to_toml().as_bytes())
         .map_err(|e| AgentError::io(&sp, e))?;
     Ok(RewardTrainReport {

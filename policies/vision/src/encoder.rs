@@ -15,7 +15,7 @@
 //! LayerNormalization, Tanh) so that the exported policy takes the camera's image as a graph
 //! input and ONNX Runtime computes the features itself.
 
-use crate::bc::BcError;
+use crate::VisionError;
 use candle_core::{Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -43,7 +43,12 @@ struct Dense {
 }
 
 impl Dense {
-    fn new(n_in: usize, n_out: usize, rng: &mut ChaCha8Rng, dev: &Device) -> Result<Self, BcError> {
+    fn new(
+        n_in: usize,
+        n_out: usize,
+        rng: &mut ChaCha8Rng,
+        dev: &Device,
+    ) -> Result<Self, VisionError> {
         // PyTorch's default for convolutions and linear layers: uniform within 1/sqrt(fan in).
         let k = 1.0 / (n_in as f32).sqrt();
         let mut draw = |n: usize| -> Vec<f32> {
@@ -57,14 +62,14 @@ impl Dense {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor, BcError> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor, VisionError> {
         Ok(x.matmul(self.w.as_tensor())?
             .broadcast_add(self.b.as_tensor())?)
     }
 
     /// The weights transposed, `[out, in]` row-major (an ONNX Conv kernel `[out, in, k, k]` when
     /// the rows of `w` are ordered (channel, ky, kx)), and the bias.
-    fn transposed(&self) -> Result<(Vec<f32>, Vec<f32>), BcError> {
+    fn transposed(&self) -> Result<(Vec<f32>, Vec<f32>), VisionError> {
         Ok((
             self.w
                 .as_tensor()
@@ -76,7 +81,7 @@ impl Dense {
         ))
     }
 
-    fn plain(&self) -> Result<(Vec<f32>, Vec<f32>), BcError> {
+    fn plain(&self) -> Result<(Vec<f32>, Vec<f32>), VisionError> {
         Ok((
             self.w.as_tensor().flatten_all()?.to_vec1()?,
             self.b.as_tensor().to_vec1()?,
@@ -104,13 +109,13 @@ impl ImageEncoder {
         height: usize,
         rng: &mut ChaCha8Rng,
         dev: &Device,
-    ) -> Result<Self, BcError> {
+    ) -> Result<Self, VisionError> {
         if width < 2 * PATCH
             || height < 2 * PATCH
             || !width.is_multiple_of(PATCH)
             || !height.is_multiple_of(PATCH)
         {
-            return Err(BcError::Data(format!(
+            return Err(VisionError::Data(format!(
                 "camera `{camera}`: the encoder reads images whose sides are multiples of \
                  {PATCH} pixels, {} at least; {width}x{height} is not (choose another --image-size)",
                 2 * PATCH
@@ -154,7 +159,7 @@ impl ImageEncoder {
     }
 
     /// `[B, 3, H, W]` -> `[B, features]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, BcError> {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, VisionError> {
         let b = x.dim(0)?;
         let (fw, fh) = (self.width / PATCH, self.height / PATCH);
         // [B, 3, fh, P, fw, P] -> [B, fh, fw, 3, P, P]: one row per patch, (c, ky, kx) inside.
@@ -181,7 +186,7 @@ impl ImageEncoder {
 
     /// Writes the encoder into `g` with its own image input (named `input`, `[B, 3, H, W]`);
     /// returns the features' value name (`[B, features]`).
-    pub fn write_onnx(&self, g: &mut Graph, input: &str) -> Result<String, BcError> {
+    pub fn write_onnx(&self, g: &mut Graph, input: &str) -> Result<String, VisionError> {
         let x = g.input(
             input,
             Elem::F32,

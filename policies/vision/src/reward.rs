@@ -9,12 +9,12 @@
 //! balances its success and failure buffers fully; here that made frames just before a success
 //! count as one too often).
 //!
-//! The encoder is [`crate::vision::ImageEncoder`], the one the policies that see use; the head is
+//! The encoder is [`crate::encoder::ImageEncoder`], the one the policies that see use; the head is
 //! a 256-wide ReLU layer and one logit. Export writes one ONNX graph: `image_<camera>` inputs,
 //! `probability` `[B, 1]` out.
 
-use crate::bc::{BcError, image_input_name};
-use crate::vision::{Frames, ImageEncoder, MEAN, STD, Shifts, shifted};
+use crate::encoder::{Frames, ImageEncoder, MEAN, STD, Shifts, shifted};
+use crate::{VisionError, image_input_name};
 use candle_core::{Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::{Rng, SeedableRng};
@@ -90,7 +90,7 @@ fn uniform(n_in: usize, n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
 
 impl RewardNet {
     /// A classifier of `cameras`' images at `size` (width, height), weights drawn from `seed`.
-    pub fn new(cameras: &[String], size: (usize, usize), seed: u64) -> Result<Self, BcError> {
+    pub fn new(cameras: &[String], size: (usize, usize), seed: u64) -> Result<Self, VisionError> {
         let dev = Device::Cpu;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let encoders = cameras
@@ -98,7 +98,7 @@ impl RewardNet {
             .map(|c| ImageEncoder::new(c, size.0, size.1, &mut rng, &dev))
             .collect::<Result<Vec<_>, _>>()?;
         let f: usize = encoders.iter().map(|e| e.features()).sum();
-        let var = |v: Vec<f32>, shape: (usize, usize)| -> Result<Var, BcError> {
+        let var = |v: Vec<f32>, shape: (usize, usize)| -> Result<Var, VisionError> {
             Ok(Var::from_tensor(&Tensor::from_vec(v, shape, &dev)?)?)
         };
         let hidden = (
@@ -131,7 +131,7 @@ impl RewardNet {
     }
 
     /// One `[B, 3, H, W]` image per camera -> logits `[B, 1]`.
-    pub fn logits(&self, images: &[Tensor]) -> Result<Tensor, BcError> {
+    pub fn logits(&self, images: &[Tensor]) -> Result<Tensor, VisionError> {
         let feats = self
             .encoders
             .iter()
@@ -148,7 +148,7 @@ impl RewardNet {
     }
 
     /// Probabilities of success of `n` frames per camera (NCHW, normalised).
-    pub fn probabilities(&self, images: &[&[f32]], n: usize) -> Result<Vec<f32>, BcError> {
+    pub fn probabilities(&self, images: &[&[f32]], n: usize) -> Result<Vec<f32>, VisionError> {
         let t = self
             .encoders
             .iter()
@@ -164,7 +164,7 @@ impl RewardNet {
     }
 
     /// The network as an ONNX graph: `image_<camera>` inputs, `probability` `[B, 1]` out.
-    pub fn to_onnx(&self) -> Result<Vec<u8>, BcError> {
+    pub fn to_onnx(&self) -> Result<Vec<u8>, VisionError> {
         let mut g = Graph::new();
         let mut feats = vec![];
         for e in &self.encoders {
@@ -176,8 +176,9 @@ impl RewardNet {
         } else {
             g.concat(&refs, 1)
         };
-        let flat =
-            |v: &Var| -> Result<Vec<f32>, BcError> { Ok(v.as_tensor().flatten_all()?.to_vec1()?) };
+        let flat = |v: &Var| -> Result<Vec<f32>, VisionError> {
+            Ok(v.as_tensor().flatten_all()?.to_vec1()?)
+        };
         let f = self.hidden.0.as_tensor().dim(0)?;
         let h = g.linear(
             &x,
@@ -286,10 +287,10 @@ pub fn train(
     labels: &[bool],
     cfg: &RewardTrainConfig,
     mut report: impl FnMut(usize, f32),
-) -> Result<RewardNet, BcError> {
+) -> Result<RewardNet, VisionError> {
     let n = frames.len();
     if n == 0 || labels.len() != n {
-        return Err(BcError::Data(format!(
+        return Err(VisionError::Data(format!(
             "{n} frames and {} labels: every frame needs its label",
             labels.len()
         )));
@@ -297,7 +298,7 @@ pub fn train(
     let positives: Vec<usize> = (0..n).filter(|&i| labels[i]).collect();
     let negatives: Vec<usize> = (0..n).filter(|&i| !labels[i]).collect();
     if positives.is_empty() || negatives.is_empty() {
-        return Err(BcError::Data(format!(
+        return Err(VisionError::Data(format!(
             "{} success and {} failure frames: a classifier needs both",
             positives.len(),
             negatives.len()
