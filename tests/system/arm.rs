@@ -1112,44 +1112,44 @@ fn a_camera_that_stops_mid_episode_holds_the_arm_and_names_the_camera() {
         .arg(&cfg);
     let mut run = crate::common::spawn(cmd, &dir, "run");
     let watch = StatusWatch::new(&ep, "so101");
-    // The camera: a frame every 20 ms until the robot says the episode is under way.
+    // The camera: a frame every 20 ms (50 fps) while the test waits for `done`, bounded by
+    // `secs`; the run must not end meanwhile unless `done` is its end.
     let mut k = 1;
-    let t0 = std::time::Instant::now();
-    while !crate::common::child_stderr(&dir, "run").contains("episode 1 under way") {
-        assert!(
-            t0.elapsed().as_secs() < 60,
-            "the episode never started: {}",
-            crate::common::child_stderr(&dir, "run")
-        );
+    let mut feed_until =
+        |what: &str,
+         secs: u64,
+         run: &mut crate::common::ChildGuard,
+         done: &mut dyn FnMut(&mut crate::common::ChildGuard) -> bool| {
+            let t0 = std::time::Instant::now();
+            while !done(run) {
+                assert!(
+                    t0.elapsed().as_secs() < secs,
+                    "never happened: {what}: {}",
+                    crate::common::child_stderr(&dir, "run")
+                );
+                write_frame(k);
+                k += 1;
+                // Paces the camera's frames.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        };
+    feed_until("episode 1 under way", 60, &mut run, &mut |run| {
         assert!(
             run.0.try_wait().unwrap().is_none(),
             "the run ended: {}",
             crate::common::child_stderr(&dir, "run")
         );
-        write_frame(k);
-        k += 1;
-        // Paces the camera's frames.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+        crate::common::child_stderr(&dir, "run").contains("episode 1 under way")
+    });
     // The status on the bus carries the camera's figures while it runs (frames keep coming
     // meanwhile).
-    let has_figures = |m: &reflex_contracts::msg::StatusMsg| {
-        m.cameras
-            .first()
-            .is_some_and(|c| c.name == "wrist" && c.used > 0)
-    };
-    let t0 = std::time::Instant::now();
-    while !watch.get().is_some_and(|m| has_figures(&m)) {
-        assert!(
-            t0.elapsed().as_secs() < 60,
-            "no camera figures in the status: {:?}",
-            watch.get()
-        );
-        write_frame(k);
-        k += 1;
-        // Paces the camera's frames.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    feed_until("camera figures in the status", 60, &mut run, &mut |_| {
+        watch.get().is_some_and(|m| {
+            m.cameras
+                .first()
+                .is_some_and(|c| c.name == "wrist" && c.used > 0)
+        })
+    });
     assert_eq!(watch.get().unwrap().cameras.len(), 1);
     // No more frames: the loop holds and the log says which camera (after this point: the
     // episode's start may have waited for a first frame too).
@@ -1165,18 +1165,9 @@ fn a_camera_that_stops_mid_episode_holds_the_arm_and_names_the_camera() {
             && m.cameras.first().is_some_and(|c| c.errors > 0)
     });
     // Frames again: the episode goes on to its end.
-    let t0 = std::time::Instant::now();
-    while run.0.try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed().as_secs() < 120,
-            "the run never ended: {}",
-            crate::common::child_stderr(&dir, "run")
-        );
-        write_frame(k);
-        k += 1;
-        // Paces the camera's frames.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    feed_until("the end of the run", 120, &mut run, &mut |run| {
+        run.0.try_wait().unwrap().is_some()
+    });
     let out = std::fs::read_to_string(dir.path().join("run.out")).unwrap();
     let err = crate::common::child_stderr(&dir, "run");
     assert!(run.0.wait().unwrap().success(), "{err}");

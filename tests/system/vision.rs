@@ -9,6 +9,33 @@ use std::path::Path;
 /// joints and tool pose, nothing of the target.
 const PROPRIO: &str = "joint_pos,joint_vel,ee_pos,ee_quat";
 
+/// Records `episodes` expert episodes of `task` with both cameras at 64x64 (noise 0.2, seed 1).
+fn record_demos(task: &str, episodes: &str, out: &Path) {
+    let o = reflex()
+        .args([
+            "sim",
+            "demos",
+            "--task",
+            task,
+            "--cameras",
+            "--camera-size",
+            "64x64",
+        ])
+        .args([
+            "--episodes",
+            episodes,
+            "--noise",
+            "0.2",
+            "--seed",
+            "1",
+            "--out",
+        ])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// Trains `out` on `demos` with the extra `args`; returns its spec's text.
 fn train(demos: &Path, out: &Path, args: &[&str]) -> String {
     let o = reflex()
@@ -65,27 +92,7 @@ fn success(model: &Path, dir: &Path) -> f64 {
 fn a_policy_trained_on_camera_frames_finds_the_target_a_blind_one_cannot() {
     let dir = tempfile::tempdir().unwrap();
     let demos = dir.path().join("demos");
-    let o = reflex()
-        .args([
-            "sim",
-            "demos",
-            "--task",
-            "reach",
-            "--cameras",
-            "--camera-size",
-            "64x64",
-            "--episodes",
-            "200",
-            "--noise",
-            "0.2",
-            "--seed",
-            "1",
-            "--out",
-        ])
-        .arg(&demos)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    record_demos("reach", "200", &demos);
     // The same arm state for both; only one of them sees the front camera.
     let (seeing, blind) = (
         dir.path().join("seeing.onnx"),
@@ -208,27 +215,7 @@ fn the_exported_success_classifier_through_onnxruntime_matches_candle_within_1e_
 fn a_success_classifier_trained_on_pick_frames_calls_held_out_frames_right() {
     let dir = tempfile::tempdir().unwrap();
     let demos = dir.path().join("demos");
-    let o = reflex()
-        .args([
-            "sim",
-            "demos",
-            "--task",
-            "pick",
-            "--cameras",
-            "--camera-size",
-            "64x64",
-            "--episodes",
-            "200",
-            "--noise",
-            "0.2",
-            "--seed",
-            "1",
-            "--out",
-        ])
-        .arg(&demos)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    record_demos("pick", "200", &demos);
     let model = dir.path().join("reward.onnx");
     let r = json_output(
         reflex()
