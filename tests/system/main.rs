@@ -16,6 +16,7 @@ mod gym_bridge;
 mod layers;
 mod learn;
 mod learner;
+mod pixels;
 mod policies;
 mod remote;
 mod replay;

@@ -4,13 +4,16 @@
 //!   (trained with the policy by reflex-learn's imitation training), the frames it trains on and
 //!   their augmentation;
 //! - [`reward`]: the success classifier on camera frames that gives a reward a robot can see
-//!   (`reflex reward train`).
+//!   (`reflex reward train`);
+//! - [`head`]: the trainable head a learner that sees puts on a frozen encoder's feature map
+//!   (SERL's spatial learned embeddings, 256 wide, LayerNorm, tanh).
 //!
 //! Both are written as ONNX graphs with `image_<camera>` inputs, so ONNX Runtime runs them where
 //! the base policy runs.
 #![warn(missing_docs)]
 
 pub mod encoder;
+pub mod head;
 pub mod reward;
 
 /// Errors of training or export.

@@ -219,12 +219,12 @@ fn resume_or_start(
 ) -> Result<Sac> {
     let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
     if let Some(s) = load_checkpoint(cfg, ckpt)? {
-        if (s.obs_dim, s.act_dim, s.cfg.mode) != (obs_dim, act_dim, cfg.mode) {
+        if (s.state_dim, s.act_dim, s.cfg.mode) != (obs_dim, act_dim, cfg.mode) {
             return Err(AgentError::setup(
                 format!("checkpoint `{}`", ckpt.display()),
                 format!(
                     "it is a {:?} learner for observations of {} and actions of {}; robot `{}` needs a {:?} learner for {obs_dim} and {act_dim}: move it away to start afresh",
-                    s.cfg.mode, s.obs_dim, s.act_dim, cfg.robot, cfg.mode
+                    s.cfg.mode, s.state_dim, s.act_dim, cfg.robot, cfg.mode
                 ),
             ));
         }

@@ -63,6 +63,8 @@ struct FileOut<'a> {
     actor: Vec<Blob>,
     critic: Vec<Blob>,
     target: Vec<Blob>,
+    heads: Vec<Blob>,
+    target_heads: Vec<Blob>,
     log_alpha: Blob,
     opts: Vec<AdamState>,
     online: &'a Replay,
@@ -84,6 +86,10 @@ struct File {
     actor: Vec<Blob>,
     critic: Vec<Blob>,
     target: Vec<Blob>,
+    #[serde(default)]
+    heads: Vec<Blob>,
+    #[serde(default)]
+    target_heads: Vec<Blob>,
     log_alpha: Blob,
     opts: Vec<AdamState>,
     online: Replay,
@@ -141,11 +147,14 @@ impl Sac {
             format: "reflex-sac-checkpoint",
             version: 1,
             cfg: &self.cfg,
-            obs_dim: self.obs_dim,
+            // The state's width: what `Sac::new` takes (the row adds the feature maps).
+            obs_dim: self.state_dim,
             act_dim: self.act_dim,
             actor: blobs(self.actor.net.vars())?,
             critic: blobs(self.critic.vars())?,
             target: blobs(self.target.vars())?,
+            heads: blobs(self.heads.iter().flat_map(|h| h.vars()).collect())?,
+            target_heads: blobs(self.target_heads.iter().flat_map(|h| h.vars()).collect())?,
             log_alpha: blob(self.log_alpha.as_tensor())?,
             opts: vec![
                 adam(&self.actor_opt)?,
@@ -191,6 +200,11 @@ impl Sac {
         set_all(&s.actor.net.vars(), &f.actor)?;
         set_all(&s.critic.vars(), &f.critic)?;
         set_all(&s.target.vars(), &f.target)?;
+        let vars = |hs: &[reflex_vision::head::SpatialHead]| -> Vec<Var> {
+            hs.iter().flat_map(|h| h.vars()).collect()
+        };
+        set_all(&vars(&s.heads), &f.heads)?;
+        set_all(&vars(&s.target_heads), &f.target_heads)?;
         s.log_alpha.set(&tensor(&f.log_alpha)?)?;
         for (opt, st) in [&mut s.actor_opt, &mut s.critic_opt, &mut s.alpha_opt]
             .into_iter()

@@ -11,8 +11,8 @@
 //! the weights agree ([`ResidualModel::check_with_ort`]). Anyone else runs it with any ONNX
 //! runtime.
 
-use super::hook::{ActionNorm, MlpEval, ResidualMlp, export_actor};
-use super::{Mode, Sac};
+use super::hook::{ActionNorm, HeadsEval, MlpEval, ResidualMlp, export_actor};
+use super::{Mode, Sac, VisionHeads};
 use reflex_policies::onnx_write::{Attr, Dim, Elem, Graph, batch};
 use reflex_policies::spec::{Normalize, spec_path};
 use reflex_runtime::config::{Invalid, Validate, in_range, key};
@@ -39,6 +39,15 @@ pub struct ResidualGraph {
     pub base_input: String,
     /// `[B, action_dim]` float32, the action to command in robot units.
     pub output: String,
+}
+
+/// The image heads of a residual that sees: the graph takes one feature map per camera (made by
+/// the frozen encoder `encoder_id` names) as input `features_<camera>`, `[B, C * H * W]`.
+pub type ResidualVision = VisionHeads;
+
+/// The graph input that takes `camera`'s feature map.
+pub fn feature_input_name(camera: &str) -> String {
+    format!("features_{camera}")
 }
 
 /// The spec of a residual file (`M.policy.toml` beside `M.onnx`).
@@ -78,6 +87,9 @@ pub struct ResidualSpec {
     pub state_normalize: Normalize,
     /// Graph I/O names.
     pub graph: ResidualGraph,
+    /// Learning from pixels: the image heads inside the graph and the feature maps they read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<ResidualVision>,
     /// How it was made.
     #[serde(default)]
     pub provenance: Option<String>,
@@ -126,6 +138,30 @@ impl Validate for ResidualSpec {
                     &format!("action_dim = {} finite values", self.action_dim),
                 ));
             }
+        }
+        if let Some(v) = &self.vision {
+            if v.encoder_id.is_empty() {
+                return Err(bad(
+                    "vision.encoder_id",
+                    "\"\"".into(),
+                    "the frozen encoder's id, as the learner recorded it",
+                ));
+            }
+            if v.features.is_empty() {
+                return Err(bad(
+                    "vision.features",
+                    "[]".into(),
+                    "one feature map per camera",
+                ));
+            }
+            for (k, f) in v.features.iter().enumerate() {
+                let p = key(p, &format!("vision.features[{k}]"));
+                in_range(&p, "channels", f.channels, 1, 4096)?;
+                in_range(&p, "height", f.height, 1, 1024)?;
+                in_range(&p, "width", f.width, 1, 1024)?;
+            }
+            in_range(p, "vision.embeddings", v.embeddings, 1, 256)?;
+            in_range(p, "vision.width", v.width, 1, 4096)?;
         }
         if self
             .action_low
@@ -182,7 +218,12 @@ fn invalid(path: &Path, message: impl Into<String>) -> ResidualError {
 
 /// Layer widths of the MLP a spec describes (input first, head last).
 fn dims(spec: &ResidualSpec) -> Vec<usize> {
+    let seen = spec
+        .vision
+        .as_ref()
+        .map_or(0, |v| v.width * v.features.len());
     let input = spec.state_dim
+        + seen
         + match spec.mode {
             ResidualMode::Residual => spec.action_dim,
             ResidualMode::Full => 0,
@@ -221,12 +262,38 @@ fn graph(spec: &ResidualSpec, w: &[f32]) -> Graph {
     let h = g.named_constant("action.half", &[a], &norm.half);
     let shifted = g.op("Sub", &[&base, &c], vec![]);
     let base_n = g.op("Div", &[&shifted, &h], vec![]);
-    let mut x = match spec.mode {
-        ResidualMode::Residual => g.concat(&[&state, &base_n], 1),
-        ResidualMode::Full => state.clone(),
+    // State, each camera's head output, base action: the order the learner's actor reads.
+    let mut parts = vec![state.clone()];
+    let mut off = 0;
+    if let Some(v) = &spec.vision {
+        for (k, f) in v.features.iter().enumerate() {
+            let hd = v.dims(k);
+            let input = g.input(
+                &feature_input_name(&f.camera),
+                Elem::F32,
+                vec![batch(), Dim::Fixed(f.len() as i64)],
+            );
+            let n = hd.weights_len();
+            parts.push(reflex_vision::head::write_onnx(
+                &mut g,
+                &input,
+                &hd,
+                &format!("head.{}", f.camera),
+                &w[off..off + n],
+            ));
+            off += n;
+        }
+    }
+    if spec.mode == ResidualMode::Residual {
+        parts.push(base_n.clone());
+    }
+    let mut x = if parts.len() == 1 {
+        state.clone()
+    } else {
+        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        g.concat(&refs, 1)
     };
     let last = d.len() - 2;
-    let mut off = 0;
     let mut take = |n: usize| {
         let s = &w[off..off + n];
         off += n;
@@ -325,7 +392,7 @@ pub fn residual_spec(sac: &Sac, info: &ExportInfo) -> Result<ResidualSpec, Resid
                 .map(|f| f.to_string_lossy().into_owned()),
             ResidualMode::Full => None,
         },
-        state_dim: sac.obs_dim,
+        state_dim: sac.state_dim,
         action_dim: sac.act_dim,
         hidden: sac.cfg.hidden.clone(),
         layer_norm: sac.cfg.actor_layer_norm,
@@ -338,6 +405,7 @@ pub fn residual_spec(sac: &Sac, info: &ExportInfo) -> Result<ResidualSpec, Resid
             base_input: "base_action".into(),
             output: "action".into(),
         },
+        vision: sac.cfg.vision.clone(),
         provenance: Some(info.provenance.clone()),
     })
 }
@@ -391,31 +459,47 @@ impl ResidualModel {
         let d = dims(&spec);
         let last = d.len() - 2;
         let mut weights = Vec::with_capacity(MlpEval::weights_len(&d, spec.layer_norm));
+        let mut want: Vec<(String, Vec<i64>)> = vec![];
+        if let Some(v) = &spec.vision {
+            for (k, f) in v.features.iter().enumerate() {
+                let hd = v.dims(k);
+                let (c, p, e, w) = (
+                    hd.channels as i64,
+                    hd.places as i64,
+                    hd.embeddings as i64,
+                    hd.width as i64,
+                );
+                let pre = format!("head.{}", f.camera);
+                want.push((format!("{pre}.kernel"), vec![c, p, e]));
+                want.push((format!("{pre}.w"), vec![c * e, w]));
+                for t in ["b", "gamma", "beta"] {
+                    want.push((format!("{pre}.{t}"), vec![w]));
+                }
+            }
+        }
         for l in 0..=last {
             let (i, o) = (d[l] as i64, d[l + 1] as i64);
-            let mut names = vec![
-                (format!("l{l}.w"), vec![i, o]),
-                (format!("l{l}.b"), vec![o]),
-            ];
+            want.push((format!("l{l}.w"), vec![i, o]));
+            want.push((format!("l{l}.b"), vec![o]));
             if spec.layer_norm && l < last {
-                names.push((format!("l{l}.gamma"), vec![o]));
-                names.push((format!("l{l}.beta"), vec![o]));
+                want.push((format!("l{l}.gamma"), vec![o]));
+                want.push((format!("l{l}.beta"), vec![o]));
             }
-            for (name, want) in names {
-                let t = inits.remove(&name).ok_or_else(|| {
-                    invalid(model, format!("has no weight `{name}`, which its spec ({} -> {:?} -> {}) needs; was it written by reflex's residual export?", d[0], spec.hidden, d[last + 1]))
-                })?;
-                if t.dims != want {
-                    return Err(invalid(
-                        model,
-                        format!(
-                            "weight `{name}` has shape {:?}, its spec says {want:?}",
-                            t.dims
-                        ),
-                    ));
-                }
-                weights.extend(t.data);
+        }
+        for (name, want) in want {
+            let t = inits.remove(&name).ok_or_else(|| {
+                invalid(model, format!("has no weight `{name}`, which its spec ({} -> {:?} -> {}) needs; was it written by reflex's residual export?", d[0], spec.hidden, d[last + 1]))
+            })?;
+            if t.dims != want {
+                return Err(invalid(
+                    model,
+                    format!(
+                        "weight `{name}` has shape {:?}, its spec says {want:?}",
+                        t.dims
+                    ),
+                ));
             }
+            weights.extend(t.data);
         }
         if weights.iter().any(|v| !v.is_finite()) {
             return Err(invalid(model, "has weights that are NaN or infinite"));
@@ -434,7 +518,11 @@ impl ResidualModel {
 
     /// The file as the loop's hook (deterministic: the Gaussian's mean, as the graph computes).
     pub fn hook(&self) -> ResidualMlp {
+        let heads = self.spec.vision.as_ref().map_or(vec![], |v| {
+            (0..v.features.len()).map(|k| v.dims(k)).collect()
+        });
         ResidualMlp::frozen(
+            HeadsEval::new(self.spec.state_dim, heads),
             MlpEval::new(dims(&self.spec), self.spec.layer_norm),
             self.spec.mode == ResidualMode::Full,
             self.action_norm(),
@@ -474,23 +562,58 @@ impl ResidualModel {
                     .collect::<Vec<_>>()
             })
             .collect();
+        // Feature maps as a frozen encoder's ReLU leaves them: non-negative, about unit size.
+        let features: Vec<(String, usize, Vec<f32>)> = self
+            .spec
+            .vision
+            .iter()
+            .flat_map(|v| &v.features)
+            .map(|f| {
+                let n = f.len();
+                let x = (0..probes * n).map(|_| rng.random::<f32>()).collect();
+                (feature_input_name(&f.camera), n, x)
+            })
+            .collect();
         let mut session =
             reflex_policies::onnx_policy::open_session(&self.path, &Default::default())?;
         let err = |e: ort::Error| invalid(&self.path, format!("ONNX Runtime: {e}"));
-        let outputs = session
-            .run(ort::inputs![
-                self.spec.graph.state_input.as_str() => TensorRef::from_array_view(([probes, s], &states[..])).map_err(err)?,
-                self.spec.graph.base_input.as_str() => TensorRef::from_array_view(([probes, a], &bases[..])).map_err(err)?,
-            ])
-            .map_err(err)?;
+        let mut feeds: Vec<(std::borrow::Cow<str>, ort::session::SessionInputValue)> = vec![
+            (
+                self.spec.graph.state_input.as_str().into(),
+                TensorRef::from_array_view(([probes, s], &states[..]))
+                    .map_err(err)?
+                    .into(),
+            ),
+            (
+                self.spec.graph.base_input.as_str().into(),
+                TensorRef::from_array_view(([probes, a], &bases[..]))
+                    .map_err(err)?
+                    .into(),
+            ),
+        ];
+        for (name, n, x) in &features {
+            feeds.push((
+                name.as_str().into(),
+                TensorRef::from_array_view(([probes, *n], &x[..]))
+                    .map_err(err)?
+                    .into(),
+            ));
+        }
+        let outputs = session.run(feeds).map_err(err)?;
         let (_, got) = outputs[self.spec.graph.output.as_str()]
             .try_extract_tensor::<f32>()
             .map_err(err)?;
         let mut hook = self.hook();
         let (mut r, mut worst) = (vec![0.0f32; a], 0.0f32);
+        let mut row = vec![];
         for p in 0..probes {
             let base = &bases[p * a..(p + 1) * a];
-            hook.residual(&states[p * s..(p + 1) * s], base, &mut r);
+            row.clear();
+            row.extend_from_slice(&states[p * s..(p + 1) * s]);
+            for (_, n, x) in &features {
+                row.extend_from_slice(&x[p * n..(p + 1) * n]);
+            }
+            hook.residual(&row, base, &mut r);
             for k in 0..a {
                 worst = worst.max((base[k] + r[k] - got[p * a + k]).abs());
             }

@@ -2,8 +2,11 @@
 //! (no candle, no allocation), fed by weights the learner publishes through a triple buffer. It
 //! implements the loop's [`ResidualHook`] for the residual mode.
 //!
-//! Layout of the flat weight vector (what [`export_actor`] writes): for each layer, `W` as
-//! `[in, out]` row-major, then `b` `[out]`, then (hidden layers with LayerNorm) `gamma`, `beta`.
+//! Layout of the flat weight vector (what [`export_actor`] writes): learning from pixels, first
+//! each camera's image head in [`reflex_vision::head::SpatialHead::flat`]'s layout; then for each
+//! layer of the MLP, `W` as `[in, out]` row-major, then `b` `[out]`, then (hidden layers with
+//! LayerNorm) `gamma`, `beta`. The MLP's input is the state, each head's output, and (residual
+//! mode) the normalised base action.
 
 use super::Sac;
 use rand::SeedableRng;
@@ -11,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use reflex_runtime::residual::{ResidualHook, Weights, WeightsWriter};
 use reflex_runtime::triple::{Reader, triple};
+use reflex_vision::head::{HeadDims, HeadEval};
 
 /// Flattens the actor's parameters in the hook's layout.
 /// With [`super::SacConfig::obs_norm`] set, the state scaling is folded into the first layer, so
@@ -19,6 +23,12 @@ use reflex_runtime::triple::{Reader, triple};
 pub fn export_actor(sac: &Sac) -> candle_core::Result<Vec<f32>> {
     let net = &sac.actor.net;
     let mut out = vec![];
+    for h in &sac.heads {
+        out.extend(
+            h.flat()
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+        );
+    }
     for l in 0..net.ws.len() {
         let mut w = net.ws[l].as_tensor().flatten_all()?.to_vec1::<f32>()?;
         let mut b = net.bs[l].as_tensor().flatten_all()?.to_vec1::<f32>()?;
@@ -49,15 +59,20 @@ pub fn export_actor(sac: &Sac) -> candle_core::Result<Vec<f32>> {
 /// The length and architecture tag of the weights [`export_actor`] writes for `sac`: what an
 /// actor's hook can evaluate, and what it checks every published version against.
 pub fn actor_shape(sac: &Sac) -> (usize, u64) {
-    let mut dims = vec![sac.obs_dim + sac.base_dim];
-    dims.extend_from_slice(&sac.cfg.hidden);
-    dims.push(2 * sac.act_dim);
+    let dims = mlp_dims(sac);
     let ln = sac.cfg.actor_layer_norm;
-    let len = MlpEval::weights_len(&dims, ln);
+    let heads = head_dims(sac);
+    let len =
+        MlpEval::weights_len(&dims, ln) + heads.iter().map(HeadDims::weights_len).sum::<usize>();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let head_words = heads
+        .iter()
+        .flat_map(|d| [d.channels, d.places, d.embeddings, d.width]);
     let words = dims
         .iter()
-        .map(|d| *d as u64)
+        .copied()
+        .chain(head_words)
+        .map(|d| d as u64)
         .chain([ln as u64, sac.cfg.mode as u64 + 1]);
     for w in words {
         for b in w.to_le_bytes() {
@@ -65,6 +80,89 @@ pub fn actor_shape(sac: &Sac) -> (usize, u64) {
         }
     }
     (len, h)
+}
+
+/// Layer widths of `sac`'s actor MLP (input first, head last).
+fn mlp_dims(sac: &Sac) -> Vec<usize> {
+    let seen = sac
+        .cfg
+        .vision
+        .as_ref()
+        .map_or(0, |v| v.width * v.features.len());
+    let mut dims = vec![sac.state_dim + seen + sac.base_dim];
+    dims.extend_from_slice(&sac.cfg.hidden);
+    dims.push(2 * sac.act_dim);
+    dims
+}
+
+/// The sizes of `sac`'s image heads, one per camera (none without `[learner.vision]`).
+pub fn head_dims(sac: &Sac) -> Vec<HeadDims> {
+    sac.cfg.vision.as_ref().map_or(vec![], |v| {
+        (0..v.features.len()).map(|k| v.dims(k)).collect()
+    })
+}
+
+/// The image heads on the loop: the state passes through, each camera's feature map becomes its
+/// head's output, written straight into the MLP's input.
+pub struct HeadsEval {
+    state_dim: usize,
+    evals: Vec<HeadEval>,
+    weights_len: usize,
+}
+
+impl HeadsEval {
+    /// Heads of `dims` after a state of `state_dim` (no heads: the state alone).
+    pub fn new(state_dim: usize, dims: Vec<HeadDims>) -> Self {
+        HeadsEval {
+            state_dim,
+            weights_len: dims.iter().map(HeadDims::weights_len).sum(),
+            evals: dims.into_iter().map(HeadEval::new).collect(),
+        }
+    }
+
+    /// Values of the heads' weights at the front of the flat vector.
+    pub fn weights_len(&self) -> usize {
+        self.weights_len
+    }
+
+    /// Values in an observation row: the state and every feature map.
+    pub fn row_len(&self) -> usize {
+        self.state_dim
+            + self
+                .evals
+                .iter()
+                .map(|e| e.dims().input_len())
+                .sum::<usize>()
+    }
+
+    /// Values the heads add to the MLP's input (beside the state).
+    fn seen_len(&self) -> usize {
+        self.evals.iter().map(|e| e.dims().width).sum()
+    }
+
+    /// Fills `input` (the MLP's state-and-features part) from the row `obs` with the heads'
+    /// weights `w`. A row of another length fills zeros.
+    fn fill(&mut self, w: &[f32], obs: &[f32], input: &mut [f32]) {
+        let s = self.state_dim;
+        if obs.len() != self.row_len() || w.len() < self.weights_len {
+            input.fill(0.0);
+            return;
+        }
+        input[..s].copy_from_slice(&obs[..s]);
+        let (mut woff, mut xoff, mut ioff) = (0, s, s);
+        for e in &mut self.evals {
+            let d = e.dims();
+            let (wl, xl, width) = (d.weights_len(), d.input_len(), d.width);
+            e.run(
+                &w[woff..woff + wl],
+                &obs[xoff..xoff + xl],
+                &mut input[ioff..ioff + width],
+            );
+            woff += wl;
+            xoff += xl;
+            ioff += width;
+        }
+    }
 }
 
 /// How the hook maps between robot action units and the learner's normalised units: each
@@ -198,6 +296,7 @@ impl MlpEval {
 /// The learner's actor on the loop thread: a residual on the base action (residual mode), or the
 /// whole action (full mode, on a base that holds the centre of the action box).
 pub struct ResidualMlp {
+    heads: HeadsEval,
     mlp: MlpEval,
     full: bool,
     act_dim: usize,
@@ -226,12 +325,10 @@ impl ResidualMlp {
                 "diffusion steering runs through SteeredPolicy, not the residual hook"
             );
         }
-        let mut dims = vec![sac.obs_dim + sac.base_dim];
-        dims.extend_from_slice(&sac.cfg.hidden);
-        dims.push(2 * sac.act_dim);
         let w = export_actor(sac)?;
         let (mut hook, writer) = Self::with_weights(
-            MlpEval::new(dims, sac.cfg.actor_layer_norm),
+            HeadsEval::new(sac.state_dim, head_dims(sac)),
+            MlpEval::new(mlp_dims(sac), sac.cfg.actor_layer_norm),
             sac.cfg.mode == super::Mode::Full,
             norm,
             sac.cfg.action_scale,
@@ -245,11 +342,19 @@ impl ResidualMlp {
 
     /// A hook with fixed weights `w` (a residual file, [`super::export::ResidualModel::hook`]):
     /// the Gaussian's mean, no exploration, nothing publishes to it.
-    pub fn frozen(mlp: MlpEval, full: bool, norm: ActionNorm, scale: f32, w: Vec<f32>) -> Self {
-        Self::with_weights(mlp, full, norm, scale, w).0
+    pub fn frozen(
+        heads: HeadsEval,
+        mlp: MlpEval,
+        full: bool,
+        norm: ActionNorm,
+        scale: f32,
+        w: Vec<f32>,
+    ) -> Self {
+        Self::with_weights(heads, mlp, full, norm, scale, w).0
     }
 
     fn with_weights(
+        heads: HeadsEval,
         mlp: MlpEval,
         full: bool,
         norm: ActionNorm,
@@ -262,6 +367,7 @@ impl ResidualMlp {
             values: w,
         });
         let hook = ResidualMlp {
+            heads,
             mlp,
             full,
             act_dim,
@@ -285,15 +391,17 @@ fn writer(w: reflex_runtime::triple::Writer<Weights>) -> WeightsWriter {
 impl ResidualHook for ResidualMlp {
     fn residual(&mut self, obs: &[f32], base: &[f32], out: &mut [f32]) {
         let w = &self.weights.get().values;
-        // Input: observation and normalised base action.
+        let (head_w, mlp_w) = w.split_at(self.heads.weights_len().min(w.len()));
+        // Input: state, each camera's head output, normalised base action.
         self.base_n.copy_from_slice(base);
         self.norm.to_norm(&mut self.base_n);
+        let seen = self.heads.state_dim + self.heads.seen_len();
         let input = self.mlp.input();
-        input[..obs.len()].copy_from_slice(obs);
+        self.heads.fill(head_w, obs, &mut input[..seen]);
         if !self.full {
-            input[obs.len()..].copy_from_slice(&self.base_n);
+            input[seen..].copy_from_slice(&self.base_n);
         }
-        let head = self.mlp.run(w);
+        let head = self.mlp.run(mlp_w);
         // Head: means then log-stds; squash, scale, combine in normalised units.
         let a_dim = self.act_dim;
         for (k, o) in out.iter_mut().enumerate().take(a_dim) {

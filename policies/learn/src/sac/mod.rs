@@ -27,6 +27,7 @@ use nets::{Actor, Ensemble, randn};
 use rand::Rng;
 use rand::seq::index::sample as sample_indices;
 use rand_chacha::ChaCha8Rng;
+use reflex_vision::head::{FeatureShape, HeadDims, SpatialHead};
 use replay::{Batch, NStep, Replay, sample_mixed};
 use serde::{Deserialize, Serialize};
 
@@ -194,9 +195,51 @@ pub struct SacConfig {
     /// set it from the base policy's own input normalisation; absent, the state is used as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub obs_norm: Option<ObsNorm>,
+    /// Learning from pixels (`[learner.vision]`, resolved from the frozen encoder's spec): each
+    /// observation row carries, after the state, one feature map per camera; a trainable head per
+    /// camera (SERL's, [`reflex_vision::head`]) turns it into 256 features beside the scaled
+    /// state. Absent: the learner reads the state only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionHeads>,
     /// Seed.
     #[serde(default)]
     pub seed: u64,
+}
+
+fn d_embeddings() -> usize {
+    reflex_vision::head::EMBEDDINGS
+}
+fn d_head_width() -> usize {
+    reflex_vision::head::WIDTH
+}
+
+/// The learner's image heads (see [`SacConfig::vision`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VisionHeads {
+    /// Identity of the frozen encoder whose feature maps the heads read (its file name and a
+    /// digest of its bytes): steps encoded by another encoder are refused.
+    pub encoder_id: String,
+    /// The feature maps, one per camera, in the order they follow the state in a row.
+    pub features: Vec<FeatureShape>,
+    /// Learned spatial embeddings per channel (SERL: 8).
+    #[serde(default = "d_embeddings")]
+    pub embeddings: usize,
+    /// Width of each head's output (SERL: 256).
+    #[serde(default = "d_head_width")]
+    pub width: usize,
+}
+
+impl VisionHeads {
+    /// Feature values in a row (every camera's map).
+    pub fn features_len(&self) -> usize {
+        self.features.iter().map(FeatureShape::len).sum()
+    }
+
+    /// The sizes of camera `k`'s head.
+    pub fn dims(&self, k: usize) -> HeadDims {
+        HeadDims::new(&self.features[k], self.embeddings, self.width)
+    }
 }
 
 /// Per-component centre and half width of the state (see [`SacConfig::obs_norm`]).
@@ -279,8 +322,11 @@ pub fn subset_min(q: &Tensor, idx: &[u32]) -> Result<Tensor> {
 pub struct Sac {
     /// Settings.
     pub cfg: SacConfig,
-    /// Observation size (the network's state input, without the base action).
+    /// Values in an observation row as stored and acted on: the state, then (learning from
+    /// pixels) every camera's feature map.
     pub obs_dim: usize,
+    /// The state's part of a row.
+    pub state_dim: usize,
     /// Dimension of the learner's action (action dim; chunk x action for noise mode).
     pub act_dim: usize,
     /// Base action dimension stored with transitions (residual mode).
@@ -291,6 +337,11 @@ pub struct Sac {
     pub critic: Ensemble,
     /// Its target copy.
     pub target: Ensemble,
+    /// One image head per camera (learning from pixels), shared by actor and critics as in SERL:
+    /// trained by the critic loss only, the actor reads its output detached.
+    pub heads: Vec<SpatialHead>,
+    /// The heads the target critics read, Polyak-averaged with the critics.
+    pub target_heads: Vec<SpatialHead>,
     /// log of the temperature.
     pub log_alpha: Var,
     /// Actor optimiser.
@@ -319,10 +370,22 @@ pub struct Sac {
 /// Errors of the learner.
 pub type Result<T> = candle_core::Result<T>;
 
+/// Which image heads an observation goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Heads {
+    /// The live heads, tracked: the critic loss trains them.
+    Live,
+    /// The live heads' output detached: the actor reads it without training them.
+    Detached,
+    /// The target critics' heads.
+    Target,
+}
+
 impl Sac {
-    /// A fresh agent for observations of `obs_dim` and actions of `act_dim` (in residual mode the
-    /// actor also sees a base action of `act_dim`).
-    pub fn new(cfg: SacConfig, obs_dim: usize, act_dim: usize) -> Result<Self> {
+    /// A fresh agent for states of `state_dim` and actions of `act_dim` (in residual mode the
+    /// actor also sees a base action of `act_dim`; learning from pixels, each row also carries
+    /// the feature maps [`SacConfig::vision`] names).
+    pub fn new(cfg: SacConfig, state_dim: usize, act_dim: usize) -> Result<Self> {
         let dev = Device::Cpu;
         let mut rng = nets::init_rng(cfg.seed);
         let base_dim = if cfg.mode == Mode::Residual {
@@ -330,7 +393,39 @@ impl Sac {
         } else {
             0
         };
-        let actor_in = obs_dim + base_dim;
+        let (mut heads, mut target_heads) = (vec![], vec![]);
+        if let Some(v) = &cfg.vision {
+            if cfg.mode == Mode::Noise {
+                candle_core::bail!(
+                    "[learner.vision] works with the residual and full modes; noise mode steers the base policy's sampler from the state"
+                );
+            }
+            if v.features.is_empty() || v.features.iter().any(FeatureShape::is_empty) {
+                candle_core::bail!(
+                    "[learner.vision] names no camera, or a camera with an empty feature map: {:?}",
+                    v.features
+                );
+            }
+            for k in 0..v.features.len() {
+                let mk = |rng: &mut ChaCha8Rng| {
+                    SpatialHead::new(v.dims(k), rng, candle_core::DType::F32, &dev)
+                        .map_err(|e| candle_core::Error::Msg(e.to_string()))
+                };
+                let h = mk(&mut rng)?;
+                let t = mk(&mut rng)?;
+                nets::polyak_vars(&t.vars(), &h.vars(), 1.0)?;
+                heads.push(h);
+                target_heads.push(t);
+            }
+        }
+        let (obs_dim, seen) = match &cfg.vision {
+            Some(v) => (
+                state_dim + v.features_len(),
+                state_dim + v.width * v.features.len(),
+            ),
+            None => (state_dim, state_dim),
+        };
+        let actor_in = seen + base_dim;
         let actor = Actor::new(
             actor_in,
             &cfg.hidden,
@@ -355,24 +450,26 @@ impl Sac {
             ..AdamConfig::adam(lr)
         };
         let actor_opt = Adam::new(actor.net.vars(), mk(cfg.actor_lr))?;
-        let critic_opt = Adam::new(critic.vars(), mk(cfg.critic_lr))?;
+        let mut critic_vars = critic.vars();
+        critic_vars.extend(heads.iter().flat_map(SpatialHead::vars));
+        let critic_opt = Adam::new(critic_vars, mk(cfg.critic_lr))?;
         let alpha_opt = Adam::new(
             vec![log_alpha.clone()],
             AdamConfig::adam(cfg.temperature_lr),
         )?;
         let obs_scale = match &cfg.obs_norm {
             Some(n) => {
-                if n.center.len() != obs_dim || n.half.len() != obs_dim {
+                if n.center.len() != state_dim || n.half.len() != state_dim {
                     candle_core::bail!(
-                        "obs_norm has {} centres and {} half widths for a state of {obs_dim}",
+                        "obs_norm has {} centres and {} half widths for a state of {state_dim}",
                         n.center.len(),
                         n.half.len()
                     );
                 }
                 let inv: Vec<f32> = n.half.iter().map(|h| 1.0 / h.max(1e-6)).collect();
                 Some((
-                    Tensor::from_slice(&n.center, (1, obs_dim), &dev)?,
-                    Tensor::from_slice(&inv, (1, obs_dim), &dev)?,
+                    Tensor::from_slice(&n.center, (1, state_dim), &dev)?,
+                    Tensor::from_slice(&inv, (1, state_dim), &dev)?,
                 ))
             }
             None => None,
@@ -381,11 +478,14 @@ impl Sac {
         let demo = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
         Ok(Sac {
             obs_dim,
+            state_dim,
             act_dim,
             base_dim,
             actor,
             critic,
             target,
+            heads,
+            target_heads,
             log_alpha,
             actor_opt,
             critic_opt,
@@ -448,7 +548,10 @@ impl Sac {
     /// The action for one observation (and base action in residual mode), `[act_dim]`:
     /// deterministic (the mean) or sampled for exploration.
     pub fn act(&mut self, obs: &[f32], base: &[f32], deterministic: bool) -> Result<Vec<f32>> {
-        let o = self.scale_obs(Tensor::from_slice(obs, (1, self.obs_dim), &self.dev)?)?;
+        let o = self.encode(
+            &Tensor::from_slice(obs, (1, self.obs_dim), &self.dev)?,
+            Heads::Detached,
+        )?;
         let b = if self.base_dim > 0 {
             Tensor::from_slice(base, (1, self.base_dim), &self.dev)?
         } else {
@@ -477,6 +580,34 @@ impl Sac {
         }
     }
 
+    /// Rows `[B, obs_dim]` as the networks read them: the scaled state, then each camera's head
+    /// output (learning from pixels) through the heads `which` says.
+    fn encode(&self, rows: &Tensor, which: Heads) -> Result<Tensor> {
+        let Some(v) = &self.cfg.vision else {
+            return self.scale_obs(rows.clone());
+        };
+        let heads = match which {
+            Heads::Target => &self.target_heads,
+            Heads::Live | Heads::Detached => &self.heads,
+        };
+        let mut parts = vec![self.scale_obs(rows.narrow(1, 0, self.state_dim)?)?];
+        let mut off = self.state_dim;
+        for (head, shape) in heads.iter().zip(&v.features) {
+            let x = rows.narrow(1, off, shape.len())?;
+            off += shape.len();
+            let y = head
+                .forward(&x)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            parts.push(match which {
+                Heads::Detached => y.detach(),
+                Heads::Live | Heads::Target => y,
+            });
+        }
+        Tensor::cat(&parts, 1)
+    }
+
+    /// The batch as tensors: observation rows raw (`[B, obs_dim]`; [`Self::encode`] makes them
+    /// network input), base, action, reward, next rows, next base, discount.
     fn tensors(&self, b: &Batch) -> Result<[Tensor; 7]> {
         let n = b.size;
         let d = &self.dev;
@@ -488,11 +619,11 @@ impl Sac {
             }
         };
         Ok([
-            self.scale_obs(Tensor::from_slice(&b.obs, (n, self.obs_dim), d)?)?,
+            Tensor::from_slice(&b.obs, (n, self.obs_dim), d)?,
             base(&b.base)?,
             Tensor::from_slice(&b.action, (n, self.act_dim), d)?,
             Tensor::from_slice(&b.reward, n, d)?,
-            self.scale_obs(Tensor::from_slice(&b.next_obs, (n, self.obs_dim), d)?)?,
+            Tensor::from_slice(&b.next_obs, (n, self.obs_dim), d)?,
             base(&b.next_base)?,
             Tensor::from_slice(&b.discount, n, d)?,
         ])
@@ -500,17 +631,24 @@ impl Sac {
 
     /// One critic update on `batch`; returns (loss, mean Q).
     pub fn critic_update(&mut self, batch: &Batch) -> Result<(f32, f32)> {
-        let [obs, base, act, rew, nobs, nbase, disc] = self.tensors(batch)?;
+        let [rows, base, act, rew, nrows, nbase, disc] = self.tensors(batch)?;
         let n = batch.size;
         let alpha = self.log_alpha.as_tensor().exp()?.detach();
         // Target: r + discount * (min over a random subset of target critics - alpha log pi).
-        let nx = self.actor_input(&nobs, &nbase)?;
+        // The actor reads the next observation through the live heads, the target critics
+        // through their own (one and the same when there are no heads).
+        let nx = self.actor_input(&self.encode(&nrows, Heads::Detached)?, &nbase)?;
         let eps = randn(&mut self.rng, (n, self.act_dim), &self.dev)?;
         let s = self.actor.sample(&nx, &eps)?;
         let na = self.to_action(&s.action, &nbase)?;
+        let nx_target = if self.heads.is_empty() {
+            nx
+        } else {
+            self.actor_input(&self.encode(&nrows, Heads::Target)?, &nbase)?
+        };
         let qn = self
             .target
-            .forward(&Tensor::cat(&[&nx, &na], 1)?)?
+            .forward(&Tensor::cat(&[&nx_target, &na], 1)?)?
             .squeeze(2)?; // [N, B]
         let m = self.cfg.critic_subset.min(self.cfg.critics);
         let mut v = if m < self.cfg.critics {
@@ -523,7 +661,8 @@ impl Sac {
             v = (v - s.log_prob.broadcast_mul(&alpha)?)?;
         }
         let y = (rew + (disc * v)?)?.detach();
-        let x = self.actor_input(&obs, &base)?;
+        // The critic loss trains the heads: their gradients flow through this input.
+        let x = self.actor_input(&self.encode(&rows, Heads::Live)?, &base)?;
         let q = self
             .critic
             .forward(&Tensor::cat(&[&x, &act], 1)?)?
@@ -532,6 +671,9 @@ impl Sac {
         let grads = loss.backward()?;
         self.critic_opt.step(&grads)?;
         self.target.polyak_from(&self.critic, self.cfg.tau)?;
+        for (t, h) in self.target_heads.iter().zip(&self.heads) {
+            nets::polyak_vars(&t.vars(), &h.vars(), self.cfg.tau)?;
+        }
         self.counters.critic_updates += 1;
         self.counters.target_updates += 1;
         Ok((loss.to_scalar::<f32>()?, q.mean_all()?.to_scalar::<f32>()?))
@@ -539,9 +681,10 @@ impl Sac {
 
     /// One actor and temperature update on `batch`; returns (actor loss, entropy, temperature).
     pub fn actor_update(&mut self, batch: &Batch) -> Result<(f32, f32, f32)> {
-        let [obs, base, act, ..] = self.tensors(batch)?;
+        let [rows, base, act, ..] = self.tensors(batch)?;
         let n = batch.size;
-        let x = self.actor_input(&obs, &base)?;
+        // SERL: the actor's loss does not train the shared heads.
+        let x = self.actor_input(&self.encode(&rows, Heads::Detached)?, &base)?;
         let eps = randn(&mut self.rng, (n, self.act_dim), &self.dev)?;
         let s = self.actor.sample(&x, &eps)?;
         let a = self.to_action(&s.action, &base)?;
@@ -627,16 +770,15 @@ impl Sac {
     /// Every parameter of actor, critics, targets and temperature, flattened in a fixed order
     /// (for determinism tests and checksums).
     pub fn parameters(&self) -> Result<Vec<f32>> {
+        let mut vars = self.actor.net.vars();
+        vars.extend(self.critic.vars());
+        vars.extend(self.target.vars());
+        for h in self.heads.iter().chain(&self.target_heads) {
+            vars.extend(h.vars());
+        }
+        vars.push(self.log_alpha.clone());
         let mut out = vec![];
-        for v in self
-            .actor
-            .net
-            .vars()
-            .iter()
-            .chain(self.critic.vars().iter())
-            .chain(self.target.vars().iter())
-            .chain(std::iter::once(&self.log_alpha))
-        {
+        for v in &vars {
             out.extend(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
         }
         Ok(out)

@@ -323,22 +323,35 @@ impl Ensemble {
     /// Copies `other`'s parameters into this one, or moves towards them: `self = tau other +
     /// (1 - tau) self` (Polyak averaging of target networks).
     pub fn polyak_from(&self, other: &Ensemble, tau: f64) -> Result<()> {
-        let (a, b) = (tau as f32, (1.0 - tau) as f32);
-        for (t, s) in self.vars().iter().zip(other.vars()) {
-            if tau >= 1.0 {
-                t.set(&s.as_tensor().detach().copy()?)?;
-            } else {
-                // In place, the arithmetic of `s * tau + t * (1 - tau)` to the bit.
-                t.as_tensor().inplace_op2(
-                    s.as_tensor(),
-                    &super::adam::Inplace2("polyak", |t: &mut f32, s: f32| {
-                        *t = (s * a + 0.0) + (*t * b + 0.0)
-                    }),
-                )?;
-            }
-        }
-        Ok(())
+        polyak_vars(&self.vars(), &other.vars(), tau)
     }
+}
+
+/// `target = tau source + (1 - tau) target` for each pair of tensors, in place (`tau >= 1`
+/// copies).
+pub fn polyak_vars(target: &[Var], source: &[Var], tau: f64) -> Result<()> {
+    if target.len() != source.len() {
+        candle_core::bail!(
+            "Polyak update of {} tensors from {}",
+            target.len(),
+            source.len()
+        );
+    }
+    let (a, b) = (tau as f32, (1.0 - tau) as f32);
+    for (t, s) in target.iter().zip(source) {
+        if tau >= 1.0 {
+            t.set(&s.as_tensor().detach().copy()?)?;
+        } else {
+            // In place, the arithmetic of `s * tau + t * (1 - tau)` to the bit.
+            t.as_tensor().inplace_op2(
+                s.as_tensor(),
+                &super::adam::Inplace2("polyak", |t: &mut f32, s: f32| {
+                    *t = (s * a + 0.0) + (*t * b + 0.0)
+                }),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// A tanh-squashed diagonal Gaussian actor.
