@@ -234,7 +234,11 @@ fn the_learner_leaves_out_steps_that_do_not_fit_the_robot() {
     let (a, b) = pair(&dir);
     let keys = Keys::new("s").unwrap();
     let mut learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
-    learner.expect_steps(StepShape { obs: 3, act: 2 });
+    learner.expect_steps(StepShape {
+        obs: 3,
+        act: 2,
+        features: None,
+    });
     let publisher = a
         .declare_publisher(keys.learn_transitions.clone())
         .wait()
@@ -271,6 +275,116 @@ fn the_learner_leaves_out_steps_that_do_not_fit_the_robot() {
         "the bad ones keep their numbers"
     );
     assert_eq!(learner.stats().rejected_steps, 2);
+}
+
+#[test]
+fn a_learner_that_sees_refuses_steps_whose_features_another_encoder_or_shape_made() {
+    use reflex_bus::learnlink::FeatureExpect;
+    use reflex_contracts::msg::StepFeatures;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pair(&dir);
+    let keys = Keys::new("f").unwrap();
+    let mut learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    let expect = FeatureExpect {
+        encoder: "front.encoder.onnx#1a2b".into(),
+        shapes: vec![[2, 2, 3]],
+    };
+    learner.expect_steps(StepShape {
+        obs: 3,
+        act: 2,
+        features: Some(expect.clone()),
+    });
+    // A learner without heads refuses steps that carry features.
+    let blind = StepShape {
+        obs: 3,
+        act: 2,
+        features: None,
+    };
+    let publisher = a
+        .declare_publisher(keys.learn_transitions.clone())
+        .wait()
+        .unwrap();
+    let step = |features: Option<StepFeatures>| WireStep {
+        obs: vec![0.0; 3],
+        next_obs: vec![0.0; 3],
+        base: vec![0.0; 2],
+        action: vec![0.0; 2],
+        features,
+        ..Default::default()
+    };
+    let good = StepFeatures {
+        encoder: expect.encoder.clone(),
+        shapes: expect.shapes.clone(),
+        obs: vec![0.5; 12],
+        next_obs: vec![0.25; 12],
+    };
+    let e = blind
+        .check(&step(Some(good.clone())))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("without [learner.vision]"), "{e}");
+    let mut nan = good.clone();
+    nan.next_obs[7] = f32::NAN;
+    // Each bad step, and what its reject says.
+    let bad = [
+        (step(None), "missing"),
+        (
+            step(Some(StepFeatures {
+                encoder: "wrist.encoder.onnx#ffff".into(),
+                ..good.clone()
+            })),
+            "made by encoder `wrist.encoder.onnx#ffff`",
+        ),
+        (
+            // The same number of values in another shape.
+            step(Some(StepFeatures {
+                shapes: vec![[3, 2, 2]],
+                ..good.clone()
+            })),
+            "of shapes [[3, 2, 2]]",
+        ),
+        (
+            step(Some(StepFeatures {
+                obs: vec![0.5; 11],
+                ..good.clone()
+            })),
+            "`obs` has 11 values",
+        ),
+        (step(Some(nan)), "`next_obs`[7] is NaN"),
+    ];
+    let shape = StepShape {
+        obs: 3,
+        act: 2,
+        features: Some(expect),
+    };
+    for (s, why) in &bad {
+        let e = shape.check(s).unwrap_err().to_string();
+        assert!(e.contains(why), "`{e}` does not say `{why}`");
+    }
+    let mut steps = vec![step(Some(good.clone()))];
+    steps.extend(bad.into_iter().map(|(s, _)| s));
+    steps.push(step(Some(good.clone())));
+    let batch = TransitionBatch {
+        v: PROTOCOL_VERSION,
+        actor: 9,
+        first_seq: 0,
+        held_from: 0,
+        steps,
+        flush: false,
+    };
+    crate::common::wait_for_subscriber(&a, &keys.learn_transitions);
+    publisher.put(msg::encode(&batch)).wait().unwrap();
+    let got = learner
+        .next_batch(Duration::from_secs(10))
+        .expect("the batch arrives");
+    assert_eq!(got.steps.len(), 2, "the two good steps");
+    assert!(got.steps.iter().all(|s| s.features.as_ref() == Some(&good)));
+    assert_eq!(
+        learner.position().received,
+        7,
+        "the bad ones keep their numbers"
+    );
+    assert_eq!(learner.stats().rejected_steps, 5);
 }
 
 #[test]

@@ -111,12 +111,20 @@ impl Assembler {
         {
             p.reward -= 1.0;
         }
+        // Learning from pixels, a row is the state and then the encoder's maps (the link checked
+        // them against the learner's heads).
+        let row = |state: &[f32], maps: Option<&Vec<f32>>| -> Vec<f32> {
+            let mut r = state.to_vec();
+            r.extend(maps.into_iter().flatten());
+            r
+        };
+        let f = s.features.as_ref();
         let t = LTransition {
-            obs: s.obs.clone(),
+            obs: row(&s.obs, f.map(|f| &f.obs)),
             base: if residual { base_n.clone() } else { vec![] },
             action: act_n,
             reward: s.reward,
-            next_obs: s.next_obs.clone(),
+            next_obs: row(&s.next_obs, f.map(|f| &f.next_obs)),
             next_base: if residual { base_n } else { vec![] },
             terminated: s.terminated || s.label == Some(true),
             truncated: s.truncated,
@@ -262,6 +270,44 @@ mod tests {
         assert_eq!((b.obs[0], b.next_obs[0], b.reward), (8.0, 12.0, 1.0));
         assert_eq!(b.action, w1);
         assert!(b.terminated && !b.truncated);
+    }
+
+    #[test]
+    fn a_learner_that_sees_stores_the_state_then_the_encoders_maps_in_each_row() {
+        use reflex_contracts::msg::StepFeatures;
+        use reflex_learn::sac::VisionHeads;
+        use reflex_vision::head::FeatureShape;
+        let cfg = SacConfig {
+            mode: Mode::Full,
+            hidden: vec![8],
+            vision: Some(VisionHeads {
+                encoder_id: "e".into(),
+                features: vec![FeatureShape {
+                    camera: "front".into(),
+                    channels: 1,
+                    height: 1,
+                    width: 3,
+                }],
+                embeddings: 2,
+                width: 4,
+            }),
+            ..Default::default()
+        };
+        let mut sac = Sac::new(cfg, 2, 2).unwrap();
+        assert_eq!((sac.state_dim, sac.obs_dim), (2, 5));
+        let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], 0.0);
+        let mut asm = Assembler::new(Mode::Full, norm, None, false, 2);
+        let mut s = step(0, false, 1.0, true);
+        s.features = Some(StepFeatures {
+            encoder: "e".into(),
+            shapes: vec![[1, 1, 3]],
+            obs: vec![0.1, 0.2, 0.3],
+            next_obs: vec![0.4, 0.5, 0.6],
+        });
+        asm.push(&mut sac, &s).unwrap();
+        let t = sac.online.get(0);
+        assert_eq!(t.obs, [0.0, 0.0, 0.1, 0.2, 0.3]);
+        assert_eq!(t.next_obs, [1.0, 0.0, 0.4, 0.5, 0.6]);
     }
 
     #[test]

@@ -405,6 +405,18 @@ fn start<'a>(
     link.expect_steps(reflex_bus::learnlink::StepShape {
         obs: spec.state_dim(),
         act: spec.action.dim(),
+        features: sac
+            .cfg
+            .vision
+            .as_ref()
+            .map(|v| reflex_bus::learnlink::FeatureExpect {
+                encoder: v.encoder_id.clone(),
+                shapes: v
+                    .features
+                    .iter()
+                    .map(|f| [f.channels as u32, f.height as u32, f.width as u32])
+                    .collect(),
+            }),
     });
     if pos.weights_version > 0 {
         link.publish_weights(

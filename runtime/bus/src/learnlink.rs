@@ -608,12 +608,39 @@ pub struct Accepted {
 }
 
 /// The sizes a learner expects of every step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepShape {
     /// Observation length.
     pub obs: usize,
     /// Action length (the base action's too).
     pub act: usize,
+    /// Learning from pixels: the encoder and map shapes every step's features must have; `None`:
+    /// steps carry no features.
+    pub features: Option<FeatureExpect>,
+}
+
+/// The features a learner that sees expects with every step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeatureExpect {
+    /// The encoder's identity.
+    pub encoder: String,
+    /// Each camera's map, `[channels, height, width]`.
+    pub shapes: Vec<[u32; 3]>,
+}
+
+impl FeatureExpect {
+    /// Values in one step's maps (every camera).
+    pub fn len(&self) -> usize {
+        self.shapes
+            .iter()
+            .map(|s| s.iter().map(|d| *d as usize).product::<usize>())
+            .sum()
+    }
+
+    /// No values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Why a step does not fit the robot.
@@ -646,6 +673,17 @@ pub enum StepError {
         index: usize,
         /// The value.
         value: f32,
+    },
+    /// Features that are not the ones the learner reads: missing, unexpected, from another
+    /// encoder, or of other shapes.
+    #[error("step {step} of episode {episode}: features {problem}")]
+    Features {
+        /// Episode of the step.
+        episode: u64,
+        /// Step index.
+        step: u32,
+        /// What is wrong.
+        problem: String,
     },
 }
 
@@ -687,6 +725,56 @@ impl StepShape {
                 index: 0,
                 value: s.reward,
             });
+        }
+        self.check_features(s)
+    }
+
+    fn check_features(&self, s: &WireStep) -> Result<(), StepError> {
+        let (episode, step) = (s.episode, s.step);
+        let problem = |p: String| StepError::Features {
+            episode,
+            step,
+            problem: p,
+        };
+        let (want, got) = match (&self.features, &s.features) {
+            (None, None) => return Ok(()),
+            (Some(w), None) => {
+                return Err(problem(format!(
+                    "missing: this learner reads encoder `{}`'s maps with every step",
+                    w.encoder
+                )));
+            }
+            (None, Some(g)) => {
+                return Err(problem(format!(
+                    "from encoder `{}` sent to a learner without [learner.vision]",
+                    g.encoder
+                )));
+            }
+            (Some(w), Some(g)) => (w, g),
+        };
+        if got.encoder != want.encoder {
+            return Err(problem(format!(
+                "made by encoder `{}`, this learner's heads read encoder `{}`",
+                got.encoder, want.encoder
+            )));
+        }
+        if got.shapes != want.shapes {
+            return Err(problem(format!(
+                "of shapes {:?}, this learner's heads read {:?}",
+                got.shapes, want.shapes
+            )));
+        }
+        let n = want.len();
+        for (field, v) in [("obs", &got.obs), ("next_obs", &got.next_obs)] {
+            if v.len() != n {
+                return Err(problem(format!(
+                    "`{field}` has {} values where the shapes make {n}",
+                    v.len()
+                )));
+            }
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(problem(format!("`{field}`[{i}] is {}", v[i])));
+            }
         }
         Ok(())
     }
@@ -841,7 +929,7 @@ impl LearnerLink {
         } else {
             let skip = (self.pos.received - b.first_seq) as usize;
             self.stats.duplicates_dropped += skip as u64;
-            let shape = self.shape;
+            let shape = self.shape.as_ref();
             let rejects = &self.step_rejects;
             // A malformed step keeps its number (the actor does not resend it) but is not stored.
             out.steps = b

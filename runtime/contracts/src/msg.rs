@@ -692,6 +692,23 @@ pub struct WireStep {
     /// An emergency stop ended the episode after this step (not terminal: the task did not end).
     #[serde(default)]
     pub estop: bool,
+    /// Learning from pixels: the frozen encoder's feature maps of `obs` and `next_obs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<StepFeatures>,
+}
+
+/// The feature maps of one step, as a frozen image encoder on the actor made them: one map per
+/// camera, `[channels, height, width]` each, concatenated in the learner's camera order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepFeatures {
+    /// Identity of the encoder (its file name and a digest of its bytes).
+    pub encoder: String,
+    /// Shape of each camera's map.
+    pub shapes: Vec<[u32; 3]>,
+    /// The maps of the observation the action was chosen from.
+    pub obs: Vec<f32>,
+    /// The maps of the observation after the action.
+    pub next_obs: Vec<f32>,
 }
 
 impl WireStep {
