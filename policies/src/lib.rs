@@ -5,11 +5,14 @@
 //! - [`onnx_policy`]: running a model (chunk, diffusion or flow) as a loop [`reflex_runtime::policy::Policy`].
 //! - [`sampler`]: DDIM and flow-matching samplers with injectable noise.
 //! - [`vla`]: image and language inputs.
+//! - [`features`]: a frozen image encoder file (images in, feature maps out) for a learner that
+//!   sees.
 //! - [`onnx_write`], [`onnx_read`]: reflex's own ONNX files, as [`onnx_proto`]'s messages (prost).
 //!
 //! The learners that make and refine these models (SAC, imitation) are in reflex-learn.
 #![warn(missing_docs)]
 
+pub mod features;
 pub mod onnx_policy;
 pub mod onnx_proto;
 pub mod onnx_read;

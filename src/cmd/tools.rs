@@ -357,6 +357,12 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
         r.final_loss,
         r.wall_s
     );
+    if let Some(e) = &r.encoder {
+        println!(
+            "wrote {} (its image encoder, frozen: the features [learner.vision] encoder reads)",
+            e.display()
+        );
+    }
     Ok(())
 }
 

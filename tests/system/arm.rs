@@ -985,6 +985,12 @@ fn reflex_run_on_the_emulated_so101_runs_a_policy_that_sees_through_a_file_camer
         let o = reflex().current_dir(repo()).args(&args).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
+    // Beside the policy, its image encoder frozen: what a learner that sees reads.
+    let frozen = reflex_policies::features::encoder_path_for(&seeing);
+    let enc = reflex_policies::features::FeatureEncoder::load(&frozen, &Default::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", frozen.display()));
+    assert_eq!(enc.spec().cameras[0].camera, "front");
+    assert_eq!(enc.spec().cameras[0].shape(), [8, 8, 8]);
     // A camera made of three 32x24 PNG frames; the policy sees a 16x16 crop of each.
     let frames = dir.path().join("frames");
     std::fs::create_dir(&frames).unwrap();

@@ -169,6 +169,68 @@ fn a_policy_trained_on_camera_frames_finds_the_target_a_blind_one_cannot() {
 }
 
 #[test]
+fn the_frozen_encoder_file_gives_through_onnxruntime_the_feature_maps_candle_computes() {
+    use candle_core::{Device, Tensor};
+    use rand::SeedableRng;
+    use reflex_policies::features::{FeatureEncoder, encoder_id, encoder_spec_path};
+    use reflex_runtime::msg::Image;
+    use reflex_vision::encoder::{ImageEncoder, MEAN, STD, frozen_encoder};
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let encoders = vec![
+        ImageEncoder::new("front", 32, 24, &mut rng, &Device::Cpu).unwrap(),
+        ImageEncoder::new("wrist", 16, 16, &mut rng, &Device::Cpu).unwrap(),
+    ];
+    let (bytes, spec) = frozen_encoder(&encoders, "enc", None).unwrap();
+    let path = dir.path().join("enc.onnx");
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::write(encoder_spec_path(&path), spec.to_toml()).unwrap();
+    let mut enc = FeatureEncoder::load(&path, &Default::default()).unwrap();
+    assert_eq!(enc.id(), encoder_id(&path, &bytes));
+    assert_eq!(enc.features_len(), 8 * 6 * 8 + 8 * 4 * 4);
+    // Camera images of other sizes than the encoder reads (resized on the way, as at run time),
+    // given in another order than the encoder's.
+    let image = |camera: &str, w: u32, h: u32, k: u32| Image {
+        camera: camera.into(),
+        width: w,
+        height: h,
+        encoding: "rgb8".into(),
+        data: (0..w * h * 3)
+            .map(|i| ((i * 7 + k * 31) % 251) as u8)
+            .collect(),
+        seq: 0,
+    };
+    let images = [image("wrist", 20, 20, 1), image("front", 40, 30, 2)];
+    let mut got = vec![0.0; enc.features_len()];
+    enc.encode(&images, &mut got).unwrap();
+    let mut want = vec![];
+    for (e, img) in encoders.iter().zip([&images[1], &images[0]]) {
+        let (w, h) = e.size();
+        let mut x = vec![0.0; 3 * w * h];
+        reflex_policies::vla::image_to_nchw(img, w as u32, h as u32, &MEAN, &STD, &mut x);
+        let t = Tensor::from_vec(x, (1, 3, h, w), &Device::Cpu).unwrap();
+        want.extend(
+            e.feature_map(&t)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+        );
+    }
+    let worst = want
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-5, "candle and ONNX Runtime differ by {worst}");
+    assert!(got.iter().any(|v| *v > 0.0), "an all-zero map");
+    // A missing camera is named.
+    let e = enc.encode(&images[..1], &mut got).unwrap_err().to_string();
+    assert!(e.contains("`front`") && e.contains("enc.onnx#"), "{e}");
+}
+
+#[test]
 fn the_exported_success_classifier_through_onnxruntime_matches_candle_within_1e_5() {
     use ort::value::TensorRef;
     use reflex_vision::reward::RewardNet;

@@ -136,6 +136,11 @@ impl Denoiser {
         })
     }
 
+    /// Its image encoders, one per camera in input order.
+    pub fn encoders(&self) -> &[ImageEncoder] {
+        &self.encoders
+    }
+
     /// The cameras it reads, in input order.
     pub fn cameras(&self) -> Vec<String> {
         self.encoders

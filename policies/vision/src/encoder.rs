@@ -158,8 +158,9 @@ impl ImageEncoder {
             .collect()
     }
 
-    /// `[B, 3, H, W]` -> `[B, features]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, VisionError> {
+    /// The convolutions' output, one row of [`CELL_CHANNELS`] per cell, cells row-major within
+    /// each image: `[B * fh * fw, CELL_CHANNELS]`.
+    fn cells(&self, x: &Tensor) -> Result<Tensor, VisionError> {
         let b = x.dim(0)?;
         let (fw, fh) = (self.width / PATCH, self.height / PATCH);
         // [B, 3, fh, P, fw, P] -> [B, fh, fw, 3, P, P]: one row per patch, (c, ky, kx) inside.
@@ -169,7 +170,31 @@ impl ImageEncoder {
             .contiguous()?
             .reshape((b * fh * fw, 3 * PATCH * PATCH))?;
         let h = self.stem.forward(&patches)?.relu()?;
-        let h = self.mix.forward(&h)?.relu()?;
+        Ok(self.mix.forward(&h)?.relu()?)
+    }
+
+    /// The feature map before the readout, `[B, 3, H, W]` -> `[B, CELL_CHANNELS, H/4, W/4]`:
+    /// what a frozen copy of this encoder gives a learner that sees.
+    pub fn feature_map(&self, x: &Tensor) -> Result<Tensor, VisionError> {
+        let b = x.dim(0)?;
+        let (fw, fh) = (self.width / PATCH, self.height / PATCH);
+        Ok(self
+            .cells(x)?
+            .reshape((b, fh, fw, CELL_CHANNELS))?
+            .permute((0, 3, 1, 2))?
+            .contiguous()?)
+    }
+
+    /// The feature map's shape `[channels, height, width]`.
+    pub fn map_shape(&self) -> [usize; 3] {
+        [CELL_CHANNELS, self.height / PATCH, self.width / PATCH]
+    }
+
+    /// `[B, 3, H, W]` -> `[B, features]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, VisionError> {
+        let b = x.dim(0)?;
+        let (fw, fh) = (self.width / PATCH, self.height / PATCH);
+        let h = self.cells(x)?;
         // Each cell's channels in turn (row-major cells): a readout with a weight per place.
         let h = self
             .readout
@@ -187,6 +212,42 @@ impl ImageEncoder {
     /// Writes the encoder into `g` with its own image input (named `input`, `[B, 3, H, W]`);
     /// returns the features' value name (`[B, features]`).
     pub fn write_onnx(&self, g: &mut Graph, input: &str) -> Result<String, VisionError> {
+        let h = self.write_convolutions(g, input)?;
+        // [B, C, fh, fw] -> [B, fh, fw, C] -> [B, cells * C], the order the readout was trained in.
+        let nhwc = g.op(
+            "Transpose",
+            &[&h],
+            vec![("perm", Attr::Ints(vec![0, 2, 3, 1]))],
+        );
+        let cc = CELL_CHANNELS as i64;
+        let cells = ((self.width / PATCH) * (self.height / PATCH)) as i64;
+        let flat = g.reshape(&nhwc, &[-1, cells * cc]);
+        let (w, b) = self.readout.plain()?;
+        let y = g.linear(&flat, &w, &b, (cells * cc) as usize, FEATURES);
+        let gamma = g.constant(
+            "ln_gamma",
+            &[FEATURES as i64],
+            &self.gamma.as_tensor().to_vec1()?,
+        );
+        let beta = g.constant(
+            "ln_beta",
+            &[FEATURES as i64],
+            &self.beta.as_tensor().to_vec1()?,
+        );
+        let y = g.op(
+            "LayerNormalization",
+            &[&y, &gamma, &beta],
+            vec![
+                ("axis", Attr::Int(-1)),
+                ("epsilon", Attr::Float(LN_EPS as f32)),
+            ],
+        );
+        Ok(g.op("Tanh", &[&y], vec![]))
+    }
+
+    /// Writes the convolutions alone with their own image input (named `input`,
+    /// `[B, 3, H, W]`); returns the feature map's value name (`[B, CELL_CHANNELS, H/4, W/4]`).
+    pub fn write_convolutions(&self, g: &mut Graph, input: &str) -> Result<String, VisionError> {
         let x = g.input(
             input,
             Elem::F32,
@@ -213,36 +274,63 @@ impl ImageEncoder {
             );
             h = g.op("Relu", &[&y], vec![]);
         }
-        // [B, C, fh, fw] -> [B, fh, fw, C] -> [B, cells * C], the order the readout was trained in.
-        let nhwc = g.op(
-            "Transpose",
-            &[&h],
-            vec![("perm", Attr::Ints(vec![0, 2, 3, 1]))],
-        );
-        let cells = ((self.width / PATCH) * (self.height / PATCH)) as i64;
-        let flat = g.reshape(&nhwc, &[-1, cells * cc]);
-        let (w, b) = self.readout.plain()?;
-        let y = g.linear(&flat, &w, &b, (cells * cc) as usize, FEATURES);
-        let gamma = g.constant(
-            "ln_gamma",
-            &[FEATURES as i64],
-            &self.gamma.as_tensor().to_vec1()?,
-        );
-        let beta = g.constant(
-            "ln_beta",
-            &[FEATURES as i64],
-            &self.beta.as_tensor().to_vec1()?,
-        );
-        let y = g.op(
-            "LayerNormalization",
-            &[&y, &gamma, &beta],
+        Ok(h)
+    }
+}
+
+/// The convolutions of `encoders` (one per camera, each read by its own input
+/// `image_<camera>` and giving output `features_<camera>`) as a frozen encoder file for a
+/// learner that sees, with its spec.
+pub fn frozen_encoder(
+    encoders: &[ImageEncoder],
+    name: &str,
+    provenance: Option<String>,
+) -> Result<(Vec<u8>, reflex_policies::features::EncoderSpec), VisionError> {
+    use reflex_policies::features::{EncoderCamera, EncoderSpec};
+    if encoders.is_empty() {
+        return Err(VisionError::Data(
+            "a policy without cameras has no image encoder to write".into(),
+        ));
+    }
+    let mut g = Graph::new();
+    let mut cameras = vec![];
+    for e in encoders {
+        let input = crate::image_input_name(e.camera());
+        let output = format!("features_{}", e.camera());
+        let map = e.write_convolutions(&mut g, &input)?;
+        let [c, h, w] = e.map_shape();
+        g.output(
+            &map,
+            &output,
+            Elem::F32,
             vec![
-                ("axis", Attr::Int(-1)),
-                ("epsilon", Attr::Float(LN_EPS as f32)),
+                batch(),
+                Dim::Fixed(c as i64),
+                Dim::Fixed(h as i64),
+                Dim::Fixed(w as i64),
             ],
         );
-        Ok(g.op("Tanh", &[&y], vec![]))
+        cameras.push(EncoderCamera {
+            camera: e.camera().into(),
+            width: e.width as u32,
+            height: e.height as u32,
+            input,
+            output,
+            channels: c as u32,
+            map_height: h as u32,
+            map_width: w as u32,
+        });
     }
+    let spec = EncoderSpec {
+        format: "reflex-encoder".into(),
+        version: 1,
+        name: name.into(),
+        cameras,
+        mean: MEAN,
+        std: STD,
+        provenance,
+    };
+    Ok((g.to_bytes(name, "reflex frozen image encoder"), spec))
 }
 
 /// LayerNorm's epsilon.

@@ -237,6 +237,9 @@ pub struct TrainReport {
     pub model: PathBuf,
     /// Its spec.
     pub spec: PathBuf,
+    /// A policy that sees: its image encoder's convolutions as a frozen encoder file
+    /// (`<model>.encoder.onnx`), the features a learner that sees reads.
+    pub encoder: Option<PathBuf>,
     /// Final loss.
     pub final_loss: f32,
     /// Wall time, s.
@@ -340,9 +343,29 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
     ));
     let onnx = trained.net.to_onnx()?;
     write_model(&o.out, &onnx, &trained.spec)?;
+    let encoder = if trained.net.encoders().is_empty() {
+        None
+    } else {
+        let path = reflex_policies::features::encoder_path_for(&o.out);
+        let (bytes, spec) = reflex_vision::encoder::frozen_encoder(
+            trained.net.encoders(),
+            &format!("{name}.encoder"),
+            Some(format!(
+                "the image encoder of `{}`, frozen",
+                o.out.display()
+            )),
+        )
+        .map_err(BcError::from)?;
+        reflex_runtime::fsio::atomic_write(&path, &bytes).map_err(|e| AgentError::io(&path, e))?;
+        let sp = reflex_policies::features::encoder_spec_path(&path);
+        reflex_runtime::fsio::atomic_write(&sp, spec.to_toml().as_bytes())
+            .map_err(|e| AgentError::io(&sp, e))?;
+        Some(path)
+    };
     Ok(TrainReport {
         model: o.out.clone(),
         spec: spec_path(&o.out),
+        encoder,
         final_loss: trained.losses.last().copied().unwrap_or(f32::NAN),
         wall_s: t0.elapsed().as_secs_f64(),
     })
