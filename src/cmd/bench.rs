@@ -1,8 +1,8 @@
-//! `reflex bench bus|loop|learner`: arguments and what they print.
+//! `reflex bench bus|loop|learner|pixels`: arguments and what they print.
 
 use crate::cli::{BusArgs, print_json};
 use clap::{Args, Subcommand};
-use reflex_bench::{bus_bench, learner_bench, loop_bench};
+use reflex_bench::{bus_bench, learner_bench, loop_bench, pixels_bench};
 use reflex_runtime::rt::RtConfig;
 
 #[derive(Subcommand)]
@@ -15,6 +15,35 @@ pub enum BenchCommand {
     Learner(LearnerBenchArgs),
     /// Sync-read and sync-write latency of a whole arm over its emulated servo bus.
     BusServo(crate::cli::ServoBenchArgs),
+    /// Each stage of learning from pixels: rendering, the frozen encoder, the actor's image
+    /// heads, a learner update.
+    Pixels(PixelsBenchArgs),
+}
+
+#[derive(Args)]
+pub struct PixelsBenchArgs {
+    /// The simulated task (reach, push, pick, insert).
+    #[arg(long, default_value = "pick")]
+    task: String,
+    /// Camera frame size, WIDTHxHEIGHT (multiples of 4).
+    #[arg(long, value_name = "WxH", value_parser = crate::cli::parse_size, default_value = "64x64")]
+    size: (u32, u32),
+    /// A frozen encoder file (`<model>.encoder.onnx`, written by `bc train --camera`); default:
+    /// a fresh one of that shape for the front and wrist cameras.
+    #[arg(long, value_name = "FILE")]
+    encoder: Option<std::path::PathBuf>,
+    /// Environment steps timed.
+    #[arg(long, default_value_t = 300)]
+    steps: usize,
+    /// Learner updates timed.
+    #[arg(long, default_value_t = 100)]
+    updates: usize,
+    /// Learner batch size.
+    #[arg(long, default_value_t = 256)]
+    batch: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -176,6 +205,46 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             }
         }
         BenchCommand::BusServo(a) => crate::cli::servo_bench(&a)?,
+        BenchCommand::Pixels(a) => {
+            let task = a
+                .task
+                .parse()
+                .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
+            let o = pixels_bench::PixelsBenchOptions {
+                task,
+                width: a.size.0,
+                height: a.size.1,
+                encoder: a.encoder,
+                steps: a.steps,
+                updates: a.updates,
+                batch: a.batch,
+            };
+            let r = pixels_bench::run(&o)?;
+            if a.json {
+                print_json(&r);
+            } else {
+                println!(
+                    "pixels on `{}`, cameras {:?} at {}x{}, encoder {} ({} feature values a step):",
+                    r.task, r.cameras, r.width, r.height, r.encoder, r.features
+                );
+                for (name, s) in [
+                    ("sim step with cameras", &r.sim_cameras),
+                    ("sim step without", &r.sim_no_cameras),
+                    ("encoder (all cameras)", &r.encode),
+                    ("actor with image heads", &r.actor),
+                    ("learner update", &r.update),
+                ] {
+                    println!(
+                        "  {name:<24} p50 {:>9.1} us  p99 {:>9.1} us",
+                        s.p50_us, s.p99_us
+                    );
+                }
+                println!(
+                    "  {:.0} frames/s rendered, encoded and acted on; {:.1} steps/s with one update (batch {}) each; {:.0} s",
+                    r.frames_per_s, r.steps_per_s_with_updates, r.batch, r.wall_s
+                );
+            }
+        }
         BenchCommand::Loop(a) => {
             let o = loop_bench::LoopBenchOptions {
                 hz: a.hz,

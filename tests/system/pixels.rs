@@ -235,6 +235,24 @@ fn the_loop_hook_and_the_exported_residual_carry_the_heads_and_agree_with_the_le
 }
 
 #[test]
+fn a_replay_too_large_for_any_robots_memory_is_refused_naming_the_capacity_that_fits() {
+    let mut cfg = config(true, 1);
+    cfg.vision.as_mut().unwrap().features[0] = FeatureShape {
+        camera: "front".into(),
+        channels: 8,
+        height: 32,
+        width: 32,
+    };
+    let e = Sac::new(cfg.clone(), 10, 2).err().unwrap().to_string();
+    assert!(
+        e.contains("capacity = 1000000") && e.contains("set capacity to 243783 or fewer"),
+        "{e}"
+    );
+    cfg.capacity = 100_000;
+    assert!(Sac::new(cfg, 10, 2).is_ok());
+}
+
+#[test]
 fn a_checkpoint_keeps_the_heads_and_resumes_exactly() {
     let (mut sac, _) = train_on_targets(true, 5, 200);
     let dir = tempfile::tempdir().unwrap();

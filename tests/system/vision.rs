@@ -310,3 +310,68 @@ fn a_success_classifier_trained_on_pick_frames_calls_held_out_frames_right() {
         "{spec}"
     );
 }
+
+/// `reflex bench pixels` as docs/benchmarks.md runs it, with a policy's own frozen encoder: every
+/// stage timed, the figures named with their units.
+#[test]
+fn reflex_bench_pixels_times_every_stage_of_the_pixel_path_with_a_policys_encoder() {
+    let dir = tempfile::tempdir().unwrap();
+    let demos = dir.path().join("demos");
+    let model = dir.path().join("seeing.onnx");
+    record_demos("reach", "3", &demos);
+    let o = reflex()
+        .args(["bc", "train", "--demos"])
+        .arg(&demos)
+        .args(["--camera", "front", "--state-fields", PROPRIO])
+        .args([
+            "--image-size",
+            "32x32",
+            "--steps",
+            "5",
+            "--batch",
+            "8",
+            "--out",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("seeing.encoder.onnx"),
+        "bc train does not say it wrote the encoder"
+    );
+    let encoder = reflex_policies::features::encoder_path_for(&model);
+    let v = json_output(reflex().args([
+        "bench",
+        "pixels",
+        "--task",
+        "reach",
+        "--size",
+        "32x32",
+        "--steps",
+        "20",
+        "--updates",
+        "3",
+        "--batch",
+        "16",
+        "--encoder",
+        encoder.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(v["cameras"], serde_json::json!(["front"]), "{v}");
+    assert_eq!(v["features"], 8 * 8 * 8, "{v}");
+    assert!(
+        v["encoder"]
+            .as_str()
+            .unwrap()
+            .starts_with("seeing.encoder.onnx#")
+    );
+    for stage in ["sim_cameras", "sim_no_cameras", "encode", "actor", "update"] {
+        for key in ["p50_us", "p99_us"] {
+            let x = v[stage][key].as_f64().unwrap_or(-1.0);
+            assert!(x > 0.0, "{stage}.{key} in {v}");
+        }
+    }
+    assert!(v["frames_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["steps_per_s_with_updates"].as_f64().unwrap() > 0.0, "{v}");
+}

@@ -6,6 +6,8 @@
 //!
 //! - [`loop_bench`], [`bus_bench`], [`servo_bench`], [`learner_bench`]: the control loop, the
 //!   bus round trip, a servo bus, the SAC learner (beside Pendulum);
+//! - [`pixels_bench`]: each stage of learning from pixels (rendering, the frozen encoder, the
+//!   actor's image heads, a learner update);
 //! - [`soak`]: the actor and its learner for a long run with faults injected;
 //! - [`workloads`]: a robot and a policy that do no work (what is measured is the runtime);
 //! - [`pendulum`], [`pendulum_run`]: Gymnasium's Pendulum-v1 in Rust and its SAC runs.
@@ -16,6 +18,7 @@ pub mod learner_bench;
 pub mod loop_bench;
 pub mod pendulum;
 pub mod pendulum_run;
+pub mod pixels_bench;
 pub mod servo_bench;
 pub mod soak;
 pub mod workloads;

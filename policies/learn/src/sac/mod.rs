@@ -370,6 +370,10 @@ pub struct Sac {
 /// Errors of the learner.
 pub type Result<T> = candle_core::Result<T>;
 
+/// Most memory the two replay buffers may be sized for (32 GB: more than this machine's 24 GiB
+/// and a Jetson Orin's 32 GB; a 64 GB Orin may ask for half of it).
+pub const MAX_REPLAY_BYTES: u64 = 32_000_000_000;
+
 /// Which image heads an observation goes through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Heads {
@@ -474,6 +478,21 @@ impl Sac {
             }
             None => None,
         };
+        // Both buffers are sized for their capacity up front (the memory is taken as rows are
+        // written): with feature maps in every row a million rows is more than a robot has.
+        let row_bytes = 4 * (2 * obs_dim + 2 * base_dim + act_dim + 2);
+        let need = 2 * cfg.capacity as u64 * row_bytes as u64;
+        if need > MAX_REPLAY_BYTES {
+            candle_core::bail!(
+                "[learner.sac] capacity = {} rows of {obs_dim} observation values (state and \
+                 feature maps) would take {:.1} GB in the two replay buffers, more than the \
+                 {} GB allowed: set capacity to {} or fewer",
+                cfg.capacity,
+                need as f64 / 1e9,
+                MAX_REPLAY_BYTES / 1_000_000_000,
+                MAX_REPLAY_BYTES / (2 * row_bytes as u64)
+            );
+        }
         let online = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
         let demo = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
         Ok(Sac {
