@@ -285,3 +285,13 @@ impl FeatureEncoder {
         Ok(())
     }
 }
+
+impl reflex_runtime::features::FrameEncoder for FeatureEncoder {
+    fn features_len(&self) -> usize {
+        FeatureEncoder::features_len(self)
+    }
+
+    fn encode(&mut self, images: &[Image], out: &mut [f32]) -> Result<(), String> {
+        FeatureEncoder::encode(self, images, out).map_err(|e| e.to_string())
+    }
+}

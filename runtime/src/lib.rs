@@ -4,6 +4,8 @@
 //!   [`control::ControlLoop::builder`]), with [`clock`], [`schedule`], [`chunk`], [`safety`],
 //!   [`teleop`] and [`status`] channels, the [`residual`] hook, the [`policy`] thread, the
 //!   [`outbox`], real-time settings ([`rt`]) and the lock-free [`triple`] buffer it is built from;
+//! - [`features`]: the thread beside the loop that runs a frozen image encoder on the newest
+//!   frames (for a learner that sees);
 //! - [`kinematics`]: forward and damped-least-squares inverse kinematics of a serial chain read
 //!   from a URDF, shared by the simulator, the safety layer, the recorder and hardware drivers;
 //! - [`fsio`]: atomic file writes.
@@ -19,6 +21,7 @@ pub use reflex_contracts::{config, keys, msg, robot};
 pub mod chunk;
 pub mod clock;
 pub mod control;
+pub mod features;
 pub mod fsio;
 pub mod hist;
 pub mod kinematics;

@@ -271,3 +271,78 @@ fn a_checkpoint_keeps_the_heads_and_resumes_exactly() {
         "a resumed learner that sees diverged from the one that never stopped"
     );
 }
+
+/// The encoder thread beside the loop with the real frozen encoder on the simulator's frames:
+/// the newest frame's maps arrive named by their step, equal to encoding that frame directly, and
+/// the loop's side (offer, take the newest) allocates nothing once warm.
+#[test]
+fn the_encoder_thread_gives_the_loop_the_newest_frames_maps_without_allocating() {
+    use rand::SeedableRng;
+    use reflex_contracts::robot::Robot;
+    use reflex_policies::features::{FeatureEncoder, encoder_spec_path};
+    use reflex_runtime::features::FeatureFeed;
+    use reflex_vision::encoder::{ImageEncoder, frozen_encoder};
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let encoders: Vec<ImageEncoder> = ["front", "wrist"]
+        .iter()
+        .map(|c| ImageEncoder::new(c, 32, 32, &mut rng, &candle_core::Device::Cpu).unwrap())
+        .collect();
+    let (bytes, spec) = frozen_encoder(&encoders, "feed", None).unwrap();
+    let path = dir.path().join("feed.encoder.onnx");
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::write(encoder_spec_path(&path), spec.to_toml()).unwrap();
+    let mut direct = FeatureEncoder::load(&path, &Default::default()).unwrap();
+    let threaded = FeatureEncoder::load(&path, &Default::default()).unwrap();
+    let mut feed = FeatureFeed::start(Box::new(threaded), 2).unwrap();
+    let mut cfg = reflex_sim::config::SimConfig::for_task(reflex_sim::task::TaskKind::Pick);
+    cfg.cameras.enabled = true;
+    cfg.cameras.width = 32;
+    cfg.cameras.height = 32;
+    let mut env = reflex_sim::env::SimEnv::new(cfg).unwrap();
+    env.reset(Some(3)).unwrap();
+    let mut hold = vec![0.0; env.spec().action.dim()];
+    env.hold_action(&mut hold);
+    let mut step_once = |feed: &mut FeatureFeed, step: u64| {
+        env.command(&hold).unwrap();
+        let obs = env.observe().unwrap().clone();
+        feed.offer(step, &obs.images);
+        obs
+    };
+    // Warm: every slot of the frame buffer has held a frame.
+    let mut last = None;
+    for step in 1..=5 {
+        last = Some(step_once(&mut feed, step));
+    }
+    let wait = |feed: &mut FeatureFeed, step: u64| -> Vec<f32> {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some((s, v)) = feed.latest()
+                && s == step
+            {
+                return v.to_vec();
+            }
+            assert!(t0.elapsed().as_secs() < 30, "no maps of step {step}");
+            std::thread::yield_now();
+        }
+    };
+    let got = wait(&mut feed, 5);
+    let mut want = vec![0.0; direct.features_len()];
+    direct.encode(&last.unwrap().images, &mut want).unwrap();
+    assert_eq!(
+        got, want,
+        "the thread's maps and a direct encoding of the same frame"
+    );
+    // The loop's side allocates nothing: offering the same frame again and taking the newest.
+    let frame = env.observe().unwrap().images.clone();
+    let (_, allocs) = alloc_count::count(|| {
+        for step in 6..=105u64 {
+            feed.offer(step, &frame);
+            let _ = feed.latest();
+        }
+    });
+    assert_eq!(allocs, 0, "offer/latest allocated on the loop's thread");
+    wait(&mut feed, 105);
+    let c = feed.counts();
+    assert_eq!((c.offered, c.errors), (105, 0), "{c:?}");
+}
