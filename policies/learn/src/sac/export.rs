@@ -6,7 +6,9 @@
 //! The graph computes exactly what the loop's hook computes with exploration off
 //! ([`super::hook::ResidualMlp`]): `b = (base - c) / h`; `u` = the first `A` outputs of the MLP on
 //! `[state, b]` (only `state` in full mode); `y = clip(b + s tanh(u), -1, 1)` (full mode:
-//! `tanh(u)`); action `= y h + c`. reflex runs the file on the loop thread in plain Rust from its
+//! `tanh(u)`); action `= y h + c`. A learner that sees puts its image heads inside the graph: one
+//! input `features_<camera>` per camera (the frozen encoder's map), each head's output joining the
+//! state before the MLP, and `vision` in the spec. reflex runs the file on the loop thread in plain Rust from its
 //! weights ([`ResidualModel::hook`]) and checks at load, with ONNX Runtime, that the graph and
 //! the weights agree ([`ResidualModel::check_with_ort`]). Anyone else runs it with any ONNX
 //! runtime.
