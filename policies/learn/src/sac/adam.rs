@@ -215,11 +215,31 @@ impl Adam {
         (&self.m, &self.v, self.t)
     }
 
-    /// Restores the moments from a checkpoint.
-    pub fn restore(&mut self, m: Vec<Tensor>, v: Vec<Tensor>, t: u64) {
+    /// Restores the moments from a checkpoint: one first and one second moment per variable, each
+    /// of its variable's shape.
+    pub fn restore(&mut self, m: Vec<Tensor>, v: Vec<Tensor>, t: u64) -> Result<()> {
+        if m.len() != self.vars.len() || v.len() != self.vars.len() {
+            candle_core::bail!(
+                "optimiser moments for {} and {} tensors where the network has {}",
+                m.len(),
+                v.len(),
+                self.vars.len()
+            );
+        }
+        for (k, var) in self.vars.iter().enumerate() {
+            let want = var.as_tensor().dims();
+            if m[k].dims() != want || v[k].dims() != want {
+                candle_core::bail!(
+                    "optimiser moments of shapes {:?} and {:?} for a tensor of {want:?}",
+                    m[k].dims(),
+                    v[k].dims()
+                );
+            }
+        }
         self.m = m;
         self.v = v;
         self.t = t;
+        Ok(())
     }
 }
 
@@ -288,5 +308,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn moments_of_another_count_or_shape_are_refused() {
+        let dev = Device::Cpu;
+        let var = Var::from_tensor(&Tensor::zeros((2, 3), candle_core::DType::F32, &dev).unwrap())
+            .unwrap();
+        let mut opt = Adam::new(vec![var], AdamConfig::adam(1e-3)).unwrap();
+        let t =
+            |shape: (usize, usize)| Tensor::zeros(shape, candle_core::DType::F32, &dev).unwrap();
+        let e = opt.restore(vec![], vec![], 5).unwrap_err().to_string();
+        assert!(
+            e.contains("for 0 and 0 tensors where the network has 1"),
+            "{e}"
+        );
+        let e = opt
+            .restore(vec![t((3, 2))], vec![t((2, 3))], 5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[3, 2]"), "{e}");
+        opt.restore(vec![t((2, 3))], vec![t((2, 3))], 5).unwrap();
+        assert_eq!(opt.t, 5);
     }
 }

@@ -206,6 +206,15 @@ impl Sac {
         set_all(&vars(&s.heads), &f.heads)?;
         set_all(&vars(&s.target_heads), &f.target_heads)?;
         s.log_alpha.set(&tensor(&f.log_alpha)?)?;
+        if f.opts.len() != 3 {
+            return Err(CheckpointError::Format {
+                path: p,
+                message: format!(
+                    "{} optimiser states where a learner has 3 (actor, critics, temperature)",
+                    f.opts.len()
+                ),
+            });
+        }
         for (opt, st) in [&mut s.actor_opt, &mut s.critic_opt, &mut s.alpha_opt]
             .into_iter()
             .zip(f.opts)
@@ -218,7 +227,7 @@ impl Sac {
                 st.v.iter()
                     .map(tensor)
                     .collect::<candle_core::Result<Vec<_>>>()?;
-            opt.restore(m, v, st.t);
+            opt.restore(m, v, st.t)?;
         }
         s.online = f.online;
         s.demo = f.demo;
