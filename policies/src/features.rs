@@ -130,10 +130,8 @@ pub fn encoder_path_for(policy: &Path) -> PathBuf {
 
 /// An encoder file's identity: its file name and the FNV-1a 64 digest of its bytes.
 pub fn encoder_id(model: &Path, bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h = (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
-    }
+    use reflex_runtime::control::{DIGEST_START, digest_bytes};
+    let h = digest_bytes(DIGEST_START, bytes);
     let name = model.file_name().map_or_else(
         || model.display().to_string(),
         |f| f.to_string_lossy().into_owned(),

@@ -221,15 +221,19 @@ pub struct EpisodeSummary {
 /// FNV-1a offset basis: the digest of an empty episode.
 pub const DIGEST_START: u64 = 0xcbf2_9ce4_8422_2325;
 
-/// Folds the bit patterns of `xs` into an FNV-1a hash (no allocation).
-pub fn digest_f32(mut h: u64, xs: &[f32]) -> u64 {
-    for x in xs {
-        for b in x.to_bits().to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+/// Folds `bytes` into an FNV-1a hash.
+pub fn digest_bytes(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// Folds the bit patterns of `xs` into an FNV-1a hash (no allocation).
+pub fn digest_f32(h: u64, xs: &[f32]) -> u64 {
+    xs.iter()
+        .fold(h, |h, x| digest_bytes(h, &x.to_bits().to_le_bytes()))
 }
 
 /// What a person asked for in one tick.

@@ -220,10 +220,7 @@ fn invalid(path: &Path, message: impl Into<String>) -> ResidualError {
 
 /// Layer widths of the MLP a spec describes (input first, head last).
 fn dims(spec: &ResidualSpec) -> Vec<usize> {
-    let seen = spec
-        .vision
-        .as_ref()
-        .map_or(0, |v| v.width * v.features.len());
+    let seen = spec.vision.as_ref().map_or(0, VisionHeads::seen_len);
     let input = spec.state_dim
         + seen
         + match spec.mode {
@@ -520,9 +517,11 @@ impl ResidualModel {
 
     /// The file as the loop's hook (deterministic: the Gaussian's mean, as the graph computes).
     pub fn hook(&self) -> ResidualMlp {
-        let heads = self.spec.vision.as_ref().map_or(vec![], |v| {
-            (0..v.features.len()).map(|k| v.dims(k)).collect()
-        });
+        let heads = self
+            .spec
+            .vision
+            .as_ref()
+            .map_or(vec![], VisionHeads::all_dims);
         ResidualMlp::frozen(
             HeadsEval::new(self.spec.state_dim, heads),
             MlpEval::new(dims(&self.spec), self.spec.layer_norm),

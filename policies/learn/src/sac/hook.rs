@@ -8,10 +8,11 @@
 //! LayerNorm) `gamma`, `beta`. The MLP's input is the state, each head's output, and (residual
 //! mode) the normalised base action.
 
-use super::Sac;
+use super::{Sac, VisionHeads};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
+use reflex_runtime::control::{DIGEST_START, digest_bytes};
 use reflex_runtime::residual::{ResidualHook, Weights, WeightsWriter};
 use reflex_runtime::triple::{Reader, triple};
 use reflex_vision::head::{HeadDims, HeadEval};
@@ -64,7 +65,6 @@ pub fn actor_shape(sac: &Sac) -> (usize, u64) {
     let heads = head_dims(sac);
     let len =
         MlpEval::weights_len(&dims, ln) + heads.iter().map(HeadDims::weights_len).sum::<usize>();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let head_words = heads
         .iter()
         .flat_map(|d| [d.channels, d.places, d.embeddings, d.width]);
@@ -74,21 +74,13 @@ pub fn actor_shape(sac: &Sac) -> (usize, u64) {
         .chain(head_words)
         .map(|d| d as u64)
         .chain([ln as u64, sac.cfg.mode as u64 + 1]);
-    for w in words {
-        for b in w.to_le_bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    let h = words.fold(DIGEST_START, |h, w| digest_bytes(h, &w.to_le_bytes()));
     (len, h)
 }
 
 /// Layer widths of `sac`'s actor MLP (input first, head last).
 fn mlp_dims(sac: &Sac) -> Vec<usize> {
-    let seen = sac
-        .cfg
-        .vision
-        .as_ref()
-        .map_or(0, |v| v.width * v.features.len());
+    let seen = sac.cfg.vision.as_ref().map_or(0, VisionHeads::seen_len);
     let mut dims = vec![sac.state_dim + seen + sac.base_dim];
     dims.extend_from_slice(&sac.cfg.hidden);
     dims.push(2 * sac.act_dim);
@@ -97,9 +89,10 @@ fn mlp_dims(sac: &Sac) -> Vec<usize> {
 
 /// The sizes of `sac`'s image heads, one per camera (none without `[learner.vision]`).
 pub fn head_dims(sac: &Sac) -> Vec<HeadDims> {
-    sac.cfg.vision.as_ref().map_or(vec![], |v| {
-        (0..v.features.len()).map(|k| v.dims(k)).collect()
-    })
+    sac.cfg
+        .vision
+        .as_ref()
+        .map_or(vec![], VisionHeads::all_dims)
 }
 
 /// The image heads on the loop: the state passes through, each camera's feature map becomes its

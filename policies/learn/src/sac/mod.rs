@@ -240,6 +240,16 @@ impl VisionHeads {
     pub fn dims(&self, k: usize) -> HeadDims {
         HeadDims::new(&self.features[k], self.embeddings, self.width)
     }
+
+    /// Every camera's head sizes, in row order.
+    pub fn all_dims(&self) -> Vec<HeadDims> {
+        (0..self.features.len()).map(|k| self.dims(k)).collect()
+    }
+
+    /// Values the heads put beside the state (every head's output).
+    pub fn seen_len(&self) -> usize {
+        self.width * self.features.len()
+    }
 }
 
 /// Per-component centre and half width of the state (see [`SacConfig::obs_norm`]).
@@ -423,10 +433,7 @@ impl Sac {
             }
         }
         let (obs_dim, seen) = match &cfg.vision {
-            Some(v) => (
-                state_dim + v.features_len(),
-                state_dim + v.width * v.features.len(),
-            ),
+            Some(v) => (state_dim + v.features_len(), state_dim + v.seen_len()),
             None => (state_dim, state_dim),
         };
         let actor_in = seen + base_dim;
