@@ -3,7 +3,8 @@
 //!
 //! The loop offers each step's images ([`FeatureFeed::offer`]: copied into a triple buffer's slot,
 //! reusing its buffers, then a non-blocking doorbell) and takes the newest maps there are
-//! ([`FeatureFeed::latest`]); neither call waits or, once every slot has held a frame, allocates.
+//! ([`FeatureFeed::latest`]); neither call waits, and neither allocates while the images keep the
+//! sizes of the template the feed was started with.
 //! The thread encodes only the newest frame: frames offered while it was busy are skipped and
 //! counted, never queued. The maps carry the step of the frame they were made from, so their age
 //! at use is known.
@@ -84,12 +85,13 @@ pub struct FeatureFeed {
 }
 
 impl FeatureFeed {
-    /// Starts the thread with `encoder` for `cameras` images a step.
-    pub fn start(mut encoder: Box<dyn FrameEncoder>, cameras: usize) -> std::io::Result<Self> {
+    /// Starts the thread with `encoder`. `template`: one image per camera of the size the
+    /// cameras deliver (its pixels do not matter); every buffer is sized from it up front.
+    pub fn start(mut encoder: Box<dyn FrameEncoder>, template: &[Image]) -> std::io::Result<Self> {
         let len = encoder.features_len();
         let (frames, mut frames_rx) = triple(FrameSlot {
             step: 0,
-            images: Vec::with_capacity(cameras),
+            images: template.to_vec(),
         });
         let (mut maps_tx, maps) = triple(MapSlot {
             step: 0,
@@ -235,7 +237,8 @@ mod tests {
 
     #[test]
     fn the_newest_frame_is_encoded_and_the_maps_name_its_step() {
-        let mut feed = FeatureFeed::start(Box::new(MeanRed), 2).unwrap();
+        let mut feed =
+            FeatureFeed::start(Box::new(MeanRed), &[image("front", 0), image("wrist", 0)]).unwrap();
         assert!(feed.latest().is_none());
         for step in 1..=50u64 {
             let r = step as u8;

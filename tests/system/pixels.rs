@@ -294,13 +294,13 @@ fn the_encoder_thread_gives_the_loop_the_newest_frames_maps_without_allocating()
     std::fs::write(encoder_spec_path(&path), spec.to_toml()).unwrap();
     let mut direct = FeatureEncoder::load(&path, &Default::default()).unwrap();
     let threaded = FeatureEncoder::load(&path, &Default::default()).unwrap();
-    let mut feed = FeatureFeed::start(Box::new(threaded), 2).unwrap();
     let mut cfg = reflex_sim::config::SimConfig::for_task(reflex_sim::task::TaskKind::Pick);
     cfg.cameras.enabled = true;
     cfg.cameras.width = 32;
     cfg.cameras.height = 32;
     let mut env = reflex_sim::env::SimEnv::new(cfg).unwrap();
-    env.reset(Some(3)).unwrap();
+    let template = env.reset(Some(3)).unwrap().images.clone();
+    let mut feed = FeatureFeed::start(Box::new(threaded), &template).unwrap();
     let mut hold = vec![0.0; env.spec().action.dim()];
     env.hold_action(&mut hold);
     let mut step_once = |feed: &mut FeatureFeed, step: u64| {
@@ -309,7 +309,6 @@ fn the_encoder_thread_gives_the_loop_the_newest_frames_maps_without_allocating()
         feed.offer(step, &obs.images);
         obs
     };
-    // Warm: every slot of the frame buffer has held a frame.
     let mut last = None;
     for step in 1..=5 {
         last = Some(step_once(&mut feed, step));
