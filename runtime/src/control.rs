@@ -10,6 +10,7 @@
 use crate::chunk::{ActionChunk, ChunkMode, ChunkQueue};
 use crate::clock::Clock;
 use crate::config::{Invalid, Validate, in_range, key};
+use crate::features::LoopFeatures;
 use crate::hist::Histogram;
 use crate::kinematics::Chain;
 use crate::msg::{LoopFigures, Observation, RobotSpec};
@@ -313,6 +314,7 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     teleop: Option<TeleopReader>,
     outbox: Option<OutboxSender>,
     frames: Option<(OutboxSender<Frames>, u32)>,
+    features: Option<LoopFeatures>,
     swap_at_episode: bool,
     status: Option<Writer<LoopStatus>>,
     spec: RobotSpec,
@@ -368,6 +370,7 @@ pub struct ControlLoopBuilder<R: Robot, C: Clock> {
     teleop: Option<TeleopReader>,
     outbox: Option<OutboxSender>,
     frames: Option<(OutboxSender<Frames>, u32)>,
+    features: Option<LoopFeatures>,
     status: Option<Writer<LoopStatus>>,
     stop: Option<Arc<StopSwitch>>,
 }
@@ -430,6 +433,14 @@ impl<R: Robot, C: Clock> ControlLoopBuilder<R, C> {
         self
     }
 
+    /// A frozen image encoder's feature maps beside the state, for a residual that sees: the
+    /// residual reads the state followed by the maps of the same observation (nothing while they
+    /// are missing or stale), and each transition carries the maps of its two observations.
+    pub fn features(mut self, features: LoopFeatures) -> Self {
+        self.features = Some(features);
+        self
+    }
+
     /// Status snapshots.
     pub fn status(mut self, writer: Writer<LoopStatus>) -> Self {
         self.status = Some(writer);
@@ -464,6 +475,7 @@ impl<R: Robot, C: Clock> ControlLoopBuilder<R, C> {
         lp.teleop = self.teleop;
         lp.outbox = self.outbox;
         lp.frames = self.frames;
+        lp.features = self.features;
         lp.status = self.status;
         if let Some(stop) = self.stop {
             lp.seen_raises = stop.raises();
@@ -490,6 +502,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop: None,
             outbox: None,
             frames: None,
+            features: None,
             status: None,
             stop: None,
         }
@@ -528,6 +541,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop: None,
             outbox: None,
             frames: None,
+            features: None,
             swap_at_episode: false,
             status: None,
             obs: Observation {
@@ -626,6 +640,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// Safety counters.
     pub fn safety_counters(&self) -> SafetyCounters {
         self.safety.counters()
+    }
+
+    /// The feature maps beside the state, if the residual sees (for their counters).
+    pub fn features(&self) -> Option<&LoopFeatures> {
+        self.features.as_ref()
     }
 
     /// The outbox, if any (for its counters).
@@ -863,6 +882,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         if self.spec.lockstep {
             let after = self.robot.observe()?;
             self.after.copy_from(after);
+            if let Some(f) = &mut self.features {
+                let key = (after.episode, after.step, after.seq, after.time_ns);
+                f.after_lockstep(key, &after.images, t);
+            }
             // An e-stop raised while the robot stepped: this step is the episode's last.
             let estop = self.stop.raises() != self.seen_raises;
             let done = self.close_step(person, estop);
@@ -963,6 +986,9 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.last_obs_key = k;
             self.last_obs_change = t;
         }
+        if let Some(f) = &mut self.features {
+            f.observe(k, &self.obs.state, &self.obs.images, t);
+        }
         Ok(())
     }
 
@@ -1062,7 +1088,12 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             if !self.swap_at_episode || self.obs.step == 0 || self.stats.residual_version == 0 {
                 self.stats.residual_version = r.refresh();
             }
-            r.residual(&self.obs.state, &self.base, &mut self.res);
+            match &self.features {
+                None => r.residual(&self.obs.state, &self.base, &mut self.res),
+                Some(f) if f.fresh() => r.residual(f.row(), &self.base, &mut self.res),
+                // No maps yet, or too old: the residual would see another moment than the state.
+                Some(_) => self.res.fill(0.0),
+            }
         } else {
             self.res.fill(0.0);
         }
@@ -1111,6 +1142,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         tr.step = self.obs.step;
         tr.t = t;
         tr.obs.clone_from(&self.obs.state);
+        if let Some(f) = &self.features {
+            tr.features.clear();
+            tr.features.extend_from_slice(f.maps());
+        }
         tr.base.copy_from_slice(&self.base);
         tr.residual.copy_from_slice(&self.res);
         tr.action.copy_from_slice(&self.action);
@@ -1134,6 +1169,17 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let done = a.terminated || a.truncated;
         if let (Some(ob), Some(mut tr)) = (&mut self.outbox, self.open_tr.take()) {
             tr.next_obs.clone_from(&a.state);
+            if let Some(f) = &self.features {
+                // A lockstep robot's next observation was encoded as the step closed; a
+                // free-running robot's is the one this tick read, whose maps are in the row.
+                let next = if self.spec.lockstep {
+                    f.next_maps()
+                } else {
+                    f.maps()
+                };
+                tr.next_features.clear();
+                tr.next_features.extend_from_slice(next);
+            }
             tr.reward = a.reward;
             tr.terminated = a.terminated;
             tr.truncated = a.truncated;
@@ -1215,6 +1261,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             outbox_dropped: self.outbox.as_ref().map_or(0, |o| o.dropped()),
             residual_version: self.stats.residual_version,
             estops: self.seen_raises,
+            feature_age_ms: self
+                .features
+                .as_ref()
+                .map_or(0.0, |f| f.age(now).as_secs_f64().min(1e6) * 1e3),
+            feature_stale: self.features.as_ref().map_or(0, |f| f.counts().0.stale),
         };
         s.safety = self.safety.counters();
         s.stop = self.stop.state();

@@ -184,6 +184,213 @@ impl Drop for FeatureFeed {
     }
 }
 
+/// An observation's identity (episode, step, sequence number, capture time): a new key is a new
+/// frame.
+pub type FrameKey = (u64, u32, u64, u64);
+
+/// How the frozen encoder of a learner that sees runs beside the loop.
+pub enum FeatureDriver {
+    /// On its own thread ([`FeatureFeed`]), for real time: the loop uses the newest maps there
+    /// are (made from an earlier frame than the one in hand) and counts maps older than
+    /// `max_age_frames` frames as stale.
+    Thread {
+        /// The encoder thread.
+        feed: FeatureFeed,
+        /// Oldest maps the residual may read, in frames behind the newest.
+        max_age_frames: u32,
+    },
+    /// On the loop's thread, once per new frame, for simulated time: the maps of the frame in
+    /// hand, and a seed reproduces the run. (In simulated time nothing waits for the loop.)
+    Inline(Box<dyn FrameEncoder>),
+}
+
+impl FeatureDriver {
+    fn features_len(&self) -> usize {
+        match self {
+            FeatureDriver::Thread { feed, .. } => feed.features_len(),
+            FeatureDriver::Inline(e) => e.features_len(),
+        }
+    }
+}
+
+/// Counters of the loop's use of feature maps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FeatureCounts {
+    /// Ticks whose maps were missing or too old (the residual gave nothing those ticks).
+    pub stale: u64,
+    /// Frames the inline encoder failed on.
+    pub errors: u64,
+    /// Frames behind the newest that the maps in use were made from.
+    pub age_frames: u64,
+}
+
+/// Offer times of the last frames, to tell the age of the maps in use.
+const OFFER_RING: usize = 16;
+
+/// The loop's side of a learner that sees: a row of the state followed by the feature maps of
+/// the same observation, kept up to date tick by tick without allocating.
+pub struct LoopFeatures {
+    driver: FeatureDriver,
+    state_len: usize,
+    /// State, then the maps the residual reads.
+    row: Vec<f32>,
+    /// Maps of the observation after a lockstep step.
+    next: Vec<f32>,
+    /// Frame the row's maps belong to (inline) or the last frame offered (thread).
+    row_key: Option<FrameKey>,
+    next_key: Option<FrameKey>,
+    /// Frames offered to the thread, and the frame of the maps in the row.
+    frames: u64,
+    maps_frame: u64,
+    offered_at: [std::time::Duration; OFFER_RING],
+    fresh: bool,
+    counts: FeatureCounts,
+}
+
+impl LoopFeatures {
+    /// The loop's side for states of `state_len` values.
+    pub fn new(driver: FeatureDriver, state_len: usize) -> Self {
+        let n = driver.features_len();
+        LoopFeatures {
+            driver,
+            state_len,
+            row: vec![0.0; state_len + n],
+            next: vec![0.0; n],
+            row_key: None,
+            next_key: None,
+            frames: 0,
+            maps_frame: 0,
+            offered_at: [std::time::Duration::ZERO; OFFER_RING],
+            fresh: false,
+            counts: FeatureCounts::default(),
+        }
+    }
+
+    /// Values of the maps.
+    pub fn features_len(&self) -> usize {
+        self.row.len() - self.state_len
+    }
+
+    /// Takes the observation the next action is chosen from: its state into the row, its frame
+    /// to the encoder, and the maps the residual reads into the row (this frame's when inline,
+    /// the newest there are from the thread). `t`: loop time.
+    pub fn observe(
+        &mut self,
+        key: FrameKey,
+        state: &[f32],
+        images: &[Image],
+        t: std::time::Duration,
+    ) {
+        self.row[..self.state_len].copy_from_slice(state);
+        let s = self.state_len;
+        match &mut self.driver {
+            FeatureDriver::Inline(enc) => {
+                if self.row_key != Some(key) {
+                    if self.next_key == Some(key) {
+                        // A lockstep step's next observation, encoded when the step closed.
+                        self.row[s..].copy_from_slice(&self.next);
+                        self.fresh = true;
+                    } else {
+                        self.fresh = enc.encode(images, &mut self.row[s..]).is_ok();
+                        self.counts.errors += !self.fresh as u64;
+                    }
+                    self.row_key = self.fresh.then_some(key);
+                }
+            }
+            FeatureDriver::Thread {
+                feed,
+                max_age_frames,
+            } => {
+                if self.row_key != Some(key) {
+                    self.frames += 1;
+                    self.offered_at[self.frames as usize % OFFER_RING] = t;
+                    feed.offer(self.frames, images);
+                    self.row_key = Some(key);
+                }
+                if let Some((frame, maps)) = feed.latest()
+                    && frame != self.maps_frame
+                {
+                    self.row[s..].copy_from_slice(maps);
+                    self.maps_frame = frame;
+                }
+                self.counts.age_frames = self.frames - self.maps_frame;
+                self.fresh =
+                    self.maps_frame != 0 && self.counts.age_frames <= *max_age_frames as u64;
+            }
+        }
+        self.counts.stale += !self.fresh as u64;
+    }
+
+    /// Takes the observation after a lockstep step (a simulator answers every command at once):
+    /// the maps of its frame (inline) or the newest there are (thread) become the step's next
+    /// maps, [`LoopFeatures::next_maps`].
+    pub fn after_lockstep(&mut self, key: FrameKey, images: &[Image], t: std::time::Duration) {
+        match &mut self.driver {
+            FeatureDriver::Inline(enc) => {
+                let ok = enc.encode(images, &mut self.next).is_ok();
+                self.counts.errors += !ok as u64;
+                self.next_key = ok.then_some(key);
+            }
+            FeatureDriver::Thread { feed, .. } => {
+                if self.row_key != Some(key) {
+                    self.frames += 1;
+                    self.offered_at[self.frames as usize % OFFER_RING] = t;
+                    feed.offer(self.frames, images);
+                    self.row_key = Some(key);
+                }
+                match feed.latest() {
+                    Some((_, maps)) => self.next.copy_from_slice(maps),
+                    None => self.next.copy_from_slice(&self.row[self.state_len..]),
+                }
+            }
+        }
+    }
+
+    /// The state and maps the residual reads.
+    pub fn row(&self) -> &[f32] {
+        &self.row
+    }
+
+    /// The maps in the row.
+    pub fn maps(&self) -> &[f32] {
+        &self.row[self.state_len..]
+    }
+
+    /// The maps after a lockstep step.
+    pub fn next_maps(&self) -> &[f32] {
+        &self.next
+    }
+
+    /// Whether the row's maps may be used (made, and not older than allowed).
+    pub fn fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// Age of the maps in use at loop time `now` (zero inline: they are of the frame in hand).
+    pub fn age(&self, now: std::time::Duration) -> std::time::Duration {
+        match self.driver {
+            FeatureDriver::Inline(_) => std::time::Duration::ZERO,
+            FeatureDriver::Thread { .. } if self.maps_frame == 0 => std::time::Duration::MAX,
+            FeatureDriver::Thread { .. } => {
+                if self.frames - self.maps_frame < OFFER_RING as u64 {
+                    now.saturating_sub(self.offered_at[self.maps_frame as usize % OFFER_RING])
+                } else {
+                    std::time::Duration::MAX
+                }
+            }
+        }
+    }
+
+    /// The counters, with the encoder thread's.
+    pub fn counts(&self) -> (FeatureCounts, Option<FeedCounts>) {
+        let feed = match &self.driver {
+            FeatureDriver::Thread { feed, .. } => Some(feed.counts()),
+            FeatureDriver::Inline(_) => None,
+        };
+        (self.counts, feed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,6 +48,11 @@ pub struct Transition {
     pub obs: Vec<f32>,
     /// Observation state after the action.
     pub next_obs: Vec<f32>,
+    /// Feature maps of the observation the action was chosen from (a residual that sees;
+    /// empty otherwise).
+    pub features: Vec<f32>,
+    /// Feature maps of the observation after the action.
+    pub next_features: Vec<f32>,
     /// The base policy's action (zeros when there was none).
     pub base: Vec<f32>,
     /// The residual added to it (zeros when none).
@@ -106,6 +111,13 @@ impl Transition {
             action: vec![0.0; action_dim],
             ..Default::default()
         }
+    }
+
+    /// Room for `n` feature values per observation.
+    pub fn with_features(mut self, n: usize) -> Self {
+        self.features = vec![0.0; n];
+        self.next_features = vec![0.0; n];
+        self
     }
 }
 
@@ -174,6 +186,8 @@ impl Transition {
             t: Duration::from_nanos(s.t_ns),
             obs: s.state.clone(),
             next_obs: s.state.clone(),
+            features: Vec::new(),
+            next_features: Vec::new(),
             base: s.base.clone(),
             residual: s.residual.clone(),
             action: s.action.clone(),
@@ -219,6 +233,18 @@ pub fn outbox(
     action_dim: usize,
 ) -> (OutboxSender, OutboxReceiver) {
     pool(capacity, || Transition::with_dims(state_dim, action_dim))
+}
+
+/// An outbox whose transitions also carry `features` feature-map values per observation.
+pub fn outbox_with_features(
+    capacity: usize,
+    state_dim: usize,
+    action_dim: usize,
+    features: usize,
+) -> (OutboxSender, OutboxReceiver) {
+    pool(capacity, || {
+        Transition::with_dims(state_dim, action_dim).with_features(features)
+    })
 }
 
 /// A pool of `capacity` frame buffers (their image buffers grow on first use, then are reused).

@@ -345,3 +345,379 @@ fn the_encoder_thread_gives_the_loop_the_newest_frames_maps_without_allocating()
     let c = feed.counts();
     assert_eq!((c.offered, c.errors), (105, 0), "{c:?}");
 }
+
+/// Writes a frozen encoder for the simulator's two cameras at 32x32 (random weights: what
+/// matters here is that maps flow, are checked and are learned from) as `dir/<name>.encoder.onnx`
+/// with its spec.
+fn write_encoder(dir: &std::path::Path, name: &str, seed: u64) -> std::path::PathBuf {
+    use reflex_policies::features::encoder_spec_path;
+    use reflex_vision::encoder::{ImageEncoder, frozen_encoder};
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let encoders: Vec<ImageEncoder> = ["front", "wrist"]
+        .iter()
+        .map(|c| ImageEncoder::new(c, 32, 32, &mut rng, &candle_core::Device::Cpu).unwrap())
+        .collect();
+    let (bytes, spec) = frozen_encoder(&encoders, name, None).unwrap();
+    let path = dir.join(format!("{name}.encoder.onnx"));
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::write(encoder_spec_path(&path), spec.to_toml()).unwrap();
+    path
+}
+
+/// A run config on `pick` with both cameras at 32x32 and the shipped state policy as the base;
+/// `tail` adds the rest (clock, learner, residual).
+fn seeing_config(dir: &std::path::Path, name: &str, tail: &str) -> std::path::PathBuf {
+    let model = crate::common::repo().join("models/pick.onnx");
+    let text = format!(
+        r#"[robot]
+source = "sim"
+
+[sim]
+task = "pick"
+control_hz = 50.0
+
+[sim.cameras]
+enabled = true
+width = 32
+height = 32
+
+[policy]
+kind = "onnx"
+model = {model:?}
+{tail}"#
+    );
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// The learner that sees through the real binary, the way a user runs it: `reflex run` with
+/// `[learner.vision]` encodes every frame with the frozen encoder and sends the maps with each
+/// step; an in-process learner (simulated time, the encoder inline) and then a `reflex learn` in
+/// another process (wall time, the encoder on its own thread) take every step, refuse none, and
+/// keep a residual with the heads; `reflex run` with that kept residual finds its encoder and
+/// runs; a config naming another encoder is refused against the checkpoint.
+#[test]
+fn reflex_run_with_learner_vision_sends_maps_a_learner_in_another_process_takes_and_keeps() {
+    use crate::common::{child_stderr, json_output, reflex, spawn, unix_endpoint};
+    let dir = tempfile::tempdir().unwrap();
+    write_encoder(dir.path(), "cams", 5);
+    let ckpt = dir.path().join("learner/sac.ckpt");
+    let learner = format!(
+        "[learner]\ncheckpoint = {:?}\ncheckpoint_every_s = 0.2\n\n[learner.vision]\nencoder = \"cams.encoder.onnx\"\n\n[learner.sac]\ncapacity = 20000\nbatch = 32\n",
+        ckpt.display().to_string()
+    );
+    // 1. Simulated time, learner in process: the maps of each frame itself.
+    let cfg = seeing_config(
+        dir.path(),
+        "sim",
+        &format!("\n[run]\nepisodes = 3\nseed = 3\nclock = \"sim\"\n\n{learner}"),
+    );
+    let v = json_output(reflex().args(["run", "--json", "--config"]).arg(&cfg));
+    let l = &v["learner"];
+    let sent = v["learner_link"]["steps"].as_u64().unwrap();
+    eprintln!("in process: features {} learner {l}", v["features"]);
+    assert!(sent > 100, "{v}");
+    assert_eq!(l["received"].as_u64(), Some(sent), "{l}");
+    assert_eq!(l["rejected_steps"], 0, "{l}");
+    assert!(l["updates"].as_u64().unwrap() > 0, "{l}");
+    let f = &v["features"];
+    assert!(
+        f["encoder"]
+            .as_str()
+            .unwrap()
+            .starts_with("cams.encoder.onnx#"),
+        "{f}"
+    );
+    assert_eq!(f["loop"]["stale"], 0, "inline maps are never stale: {f}");
+    assert_eq!(f["loop"]["errors"], 0, "{f}");
+    let residual = reflex_learn::sac::export::ResidualModel::load(
+        &reflex_agent::learner::residual_path(&ckpt),
+    )
+    .unwrap();
+    let vision = residual
+        .spec
+        .vision
+        .as_ref()
+        .expect("the kept residual has heads");
+    assert_eq!(vision.features.len(), 2);
+    // 2. Wall time, the learner in its own process, resuming from that checkpoint.
+    let cfg = seeing_config(
+        dir.path(),
+        "wall",
+        &format!(
+            "\n[run]\nepisodes = 2\nseed = 4\nclock = \"wall\"\n\n{}\n[learner.link]\ndrain_s = 60.0\n",
+            learner.replace("[learner]\n", "[learner]\nin_process = false\n")
+        ),
+    );
+    let ep = unix_endpoint(&dir, "see");
+    let mut lrn = reflex();
+    lrn.args([
+        "learn",
+        "--json",
+        "--exit-when-actor-leaves",
+        "--no-multicast",
+        "--wait-s",
+        "60",
+        "--listen",
+        &ep,
+        "--config",
+    ])
+    .arg(&cfg);
+    let mut lrn = spawn(lrn, &dir, "learner");
+    let v = json_output(
+        reflex()
+            .args([
+                "run",
+                "--json",
+                "--no-multicast",
+                "--connect",
+                &ep,
+                "--config",
+            ])
+            .arg(&cfg),
+    );
+    let status = lrn.0.wait().unwrap();
+    assert!(status.success(), "{}", child_stderr(&dir, "learner"));
+    let lv: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("learner.out")).unwrap())
+            .unwrap();
+    let sent = v["learner_link"]["steps"].as_u64().unwrap();
+    eprintln!("separate: features {} learner {lv}", v["features"]);
+    assert!(lv["resumed_at"].as_u64().unwrap() > 100, "{lv}");
+    // A new actor: the learner counts its steps afresh, on top of the buffer it resumed.
+    assert_eq!(lv["received"].as_u64(), Some(sent), "{lv}");
+    assert_eq!(
+        lv["online_buffer"].as_u64().unwrap(),
+        lv["resumed_at"].as_u64().unwrap() + sent,
+        "{lv}"
+    );
+    assert_eq!(lv["rejected_steps"], 0, "{lv}");
+    let t = &v["features"]["thread"];
+    assert!(t["encoded"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["errors"], 0, "{t}");
+    // 3. The kept residual runs with no learner; its encoder is found beside the config's files.
+    let kept = reflex_agent::learner::residual_path(&ckpt);
+    let cfg = seeing_config(
+        dir.path(),
+        "kept",
+        &format!(
+            "\n[policy.residual]\nmodel = {:?}\nencoder = \"cams.encoder.onnx\"\n\n[run]\nepisodes = 2\nseed = 9\nclock = \"sim\"\n",
+            kept.display().to_string()
+        ),
+    );
+    let v = json_output(reflex().args(["run", "--json", "--config"]).arg(&cfg));
+    assert_eq!(v["episodes"], 2, "{v}");
+    assert_eq!(v["features"]["loop"]["stale"], 0, "{v}");
+    // 4. Another encoder against that checkpoint: refused, naming both.
+    write_encoder(dir.path(), "other", 6);
+    let cfg = seeing_config(
+        dir.path(),
+        "other",
+        &format!("\n[run]\nepisodes = 1\nclock = \"sim\"\n\n{learner}")
+            .replace("cams.encoder.onnx", "other.encoder.onnx"),
+    );
+    let o = reflex()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("sac.ckpt")
+            && err.contains("cams.encoder.onnx#")
+            && err.contains("other.encoder.onnx#"),
+        "{err}"
+    );
+}
+
+/// A free-running robot with one 8x4 camera whose picture changes with every command (its red
+/// channel holds the step), around the bench's null robot.
+struct CameraRobot {
+    inner: reflex_bench::workloads::NullRobot,
+    spec: reflex_contracts::msg::RobotSpec,
+    obs: reflex_contracts::msg::Observation,
+}
+
+impl CameraRobot {
+    fn new() -> Self {
+        let inner = reflex_bench::workloads::NullRobot::new("seeing", 6, 0);
+        let mut spec = reflex_contracts::robot::Robot::spec(&inner).clone();
+        spec.cameras.push(reflex_contracts::msg::CameraSpec {
+            name: "front".into(),
+            width: 8,
+            height: 4,
+            intrinsics: None,
+            mount: None,
+        });
+        let obs = reflex_contracts::msg::Observation {
+            state: vec![0.0; 6],
+            images: vec![reflex_contracts::msg::Image {
+                camera: "front".into(),
+                width: 8,
+                height: 4,
+                encoding: "rgb8".into(),
+                data: vec![0; 8 * 4 * 3],
+                seq: 0,
+            }],
+            ..Default::default()
+        };
+        CameraRobot { inner, spec, obs }
+    }
+}
+
+impl reflex_contracts::robot::Robot for CameraRobot {
+    fn spec(&self) -> &reflex_contracts::msg::RobotSpec {
+        &self.spec
+    }
+    fn reset(
+        &mut self,
+        seed: Option<u64>,
+    ) -> Result<&reflex_contracts::msg::Observation, reflex_contracts::robot::RobotError> {
+        self.inner.reset(seed)?;
+        reflex_contracts::robot::Robot::observe(self)
+    }
+    fn command(&mut self, action: &[f32]) -> Result<(), reflex_contracts::robot::RobotError> {
+        self.inner.command(action)
+    }
+    fn observe(
+        &mut self,
+    ) -> Result<&reflex_contracts::msg::Observation, reflex_contracts::robot::RobotError> {
+        let o = self.inner.observe()?;
+        // Copies without allocating: the state and the picture only.
+        self.obs.state.copy_from_slice(&o.state);
+        (self.obs.episode, self.obs.step, self.obs.seq) = (o.episode, o.step, o.seq);
+        self.obs.truncated = o.truncated;
+        let step = o.step as u8;
+        let img = &mut self.obs.images[0];
+        img.data.iter_mut().step_by(3).for_each(|v| *v = step);
+        img.seq = self.obs.seq;
+        Ok(&self.obs)
+    }
+    fn hold_action(&self, out: &mut [f32]) {
+        self.inner.hold_action(out)
+    }
+}
+
+/// The mean of the red channel: the step the picture was taken at.
+struct StepOfPicture;
+
+impl reflex_runtime::features::FrameEncoder for StepOfPicture {
+    fn features_len(&self) -> usize {
+        2
+    }
+    fn encode(
+        &mut self,
+        images: &[reflex_contracts::msg::Image],
+        out: &mut [f32],
+    ) -> Result<(), String> {
+        let d = &images[0].data;
+        out[0] = d[0] as f32;
+        out[1] = 1.0;
+        Ok(())
+    }
+}
+
+/// The loop with an encoder thread and a residual that reads state and maps: steady state
+/// allocates nothing on the loop thread; every transition carries the maps the residual read,
+/// a step's next maps are the following step's maps (the actor's view is one consistent
+/// sequence), and the maps are never from a later picture than the state.
+#[test]
+fn a_loop_that_sees_passes_maps_to_residual_and_outbox_without_allocating() {
+    use reflex_runtime::clock::SimClock;
+    use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
+    use reflex_runtime::features::{FeatureDriver, FeatureFeed, LoopFeatures};
+    use reflex_runtime::outbox::outbox_with_features;
+    use reflex_runtime::residual::LinearResidual;
+    use std::time::Duration;
+    let robot = CameraRobot::new();
+    let template = robot.obs.images.clone();
+    let feed = FeatureFeed::start(Box::new(StepOfPicture), &template).unwrap();
+    let features = LoopFeatures::new(
+        FeatureDriver::Thread {
+            feed,
+            max_age_frames: 1_000,
+        },
+        6,
+    );
+    // out = tanh(map[1] * 0.5): non-zero only when the residual read a row with maps.
+    let (residual, mut weights) = LinearResidual::new(8, 4, 1.0);
+    let mut w = vec![0.0; residual.len()];
+    w[7] = 0.5;
+    weights.publish(1, &w);
+    let (tx, rx) = outbox_with_features(256, 6, 4, 2);
+    let clock = SimClock::new();
+    let mut lp = ControlLoop::builder(robot, clock.clone())
+        .config(LoopConfig::at(100.0))
+        .policy(PolicyDriver::inline(Box::new(
+            reflex_bench::workloads::SweepPolicy::new(4, 2),
+        )))
+        .residual(Box::new(residual), false)
+        .features(features)
+        .outbox(tx)
+        .build()
+        .unwrap();
+    let mut steps = Vec::new();
+    let run =
+        |lp: &mut ControlLoop<CameraRobot, SimClock>, n: usize, keep: bool, steps: &mut Vec<_>| {
+            for _ in 0..n {
+                lp.step().unwrap();
+                // Gives the encoder thread its turn now and then, as real time would.
+                std::thread::yield_now();
+                while let Some(t) = rx.try_recv() {
+                    if keep {
+                        steps.push((
+                            t.episode,
+                            t.step,
+                            t.features.clone(),
+                            t.next_features.clone(),
+                            t.residual[0],
+                        ));
+                    }
+                    rx.recycle(t);
+                }
+                clock.advance(Duration::from_millis(10));
+            }
+        };
+    run(&mut lp, 500, true, &mut steps);
+    let (_, allocs) = alloc_count::count(|| run(&mut lp, 3_000, false, &mut Vec::new()));
+    assert_eq!(
+        allocs, 0,
+        "the loop thread allocated {allocs} times in 3,000 steps"
+    );
+    let (counts, feed) = lp.features().unwrap().counts();
+    let feed = feed.unwrap();
+    assert!(feed.encoded > 100, "{feed:?}");
+    assert!(counts.stale < 50, "{counts:?}");
+    // Maps flowed into the rows the residual read and into the transitions.
+    let with_maps = steps.iter().filter(|s| s.2[1] == 1.0).count();
+    assert!(
+        with_maps > 400,
+        "{with_maps} of {} steps had maps",
+        steps.len()
+    );
+    for s in steps.iter().filter(|s| s.2[1] == 1.0) {
+        assert!(
+            (s.4 - 0.5f32.tanh()).abs() < 1e-6,
+            "residual {} with maps",
+            s.4
+        );
+        assert!(
+            s.2[0] as u32 <= s.1,
+            "maps of step {} in step {}",
+            s.2[0],
+            s.1
+        );
+    }
+    for pair in steps.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 == b.0 && b.1 == a.1 + 1 {
+            assert_eq!(
+                a.3, b.2,
+                "next maps of step {} are not step {}'s maps",
+                a.1, b.1
+            );
+        }
+    }
+}

@@ -32,9 +32,11 @@ use reflex_contracts::robot::Robot;
 use reflex_contracts::stop::{StopState, StopSwitch};
 use reflex_learn::sac::hook::ResidualMlp;
 use reflex_learn::sac::{Mode, Sac};
+use reflex_policies::features::FeatureEncoder;
 use reflex_record::Live;
 use reflex_runtime::clock::{Clock, SimClock, WallClock};
 use reflex_runtime::control::{ControlLoop, EpisodeSummary, LoopConfig, LoopStats, PolicyDriver};
+use reflex_runtime::features::{FeatureDriver, FeatureFeed, LoopFeatures};
 use reflex_runtime::kinematics::Chain;
 use reflex_runtime::policy::PolicyThread;
 use reflex_runtime::safety::{SafetyConfig, SafetyCounters};
@@ -110,6 +112,7 @@ pub struct ActorBuilder<R: Robot> {
     rejects: Vec<Arc<reflex_bus::Rejects>>,
     stop: Arc<StopSwitch>,
     camera_figures: Option<CameraFiguresFn>,
+    encoder: Option<(FeatureEncoder, u32)>,
 }
 
 /// Reads the robot's cameras' figures from the status thread.
@@ -137,6 +140,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             rejects: Vec::new(),
             camera_figures: None,
             stop: StopSwitch::new(),
+            encoder: None,
         }
     }
 
@@ -244,6 +248,14 @@ impl<R: Robot + 'static> ActorBuilder<R> {
         self
     }
 
+    /// The frozen image encoder of a residual that sees (a learner with `[learner.vision]`, or a
+    /// kept residual with image heads), and how many frames behind its maps may be in real
+    /// time. Default for a learner: the file `[learner.vision] encoder` names, on the CPU.
+    pub fn encoder(mut self, encoder: FeatureEncoder, max_age_frames: u32) -> Self {
+        self.encoder = Some((encoder, max_age_frames));
+        self
+    }
+
     /// The run's id (default: [`crate::run_id`]).
     pub fn run_id(mut self, id: String) -> Self {
         self.run_id = Some(id);
@@ -293,7 +305,16 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             ClockChoice::Sim => Box::new(SimClock::new()),
             ClockChoice::Wall { spin } => Box::new(WallClock::new(spin)),
         };
-        let mut wires = Wires::start(&mut self, &spec, &run_id, mode)?;
+        let vision = match (&self.learner, &self.frozen) {
+            (Some(l), _) => l.section.vision.as_ref().map(|v| v.max_map_age_frames),
+            (None, Some(h)) => h.sees().then_some(DEFAULT_MAP_AGE),
+            (None, None) => None,
+        };
+        let features = match vision {
+            Some(age) => Some(self.feature_driver(&spec, age)?),
+            None => None,
+        };
+        let mut wires = Wires::start(&mut self, &spec, &run_id, mode, features.as_ref())?;
         if let Some(h) = self.frozen.take() {
             wires.residual = Some((h, true));
         }
@@ -302,6 +323,11 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             .policy(driver)
             .chain(self.chain)
             .seed(self.seed);
+        let mut encoder_id = String::new();
+        if let Some((f, h)) = features {
+            encoder_id = h.encoder;
+            b = b.features(f);
+        }
         if let Some(c) = self.loop_cfg.clone() {
             b = b.config(c);
         }
@@ -324,8 +350,76 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             stop_now: None,
             last_stop: (StopState::Running, 0),
             t0: Instant::now(),
+            encoder_id,
         })
     }
+}
+
+/// Frames a kept residual's maps may lag in real time when nothing says otherwise.
+const DEFAULT_MAP_AGE: u32 = 2;
+
+impl<R: Robot + 'static> ActorBuilder<R> {
+    /// The encoder of a residual that sees, on the loop's thread in simulated time (the maps of
+    /// the frame in hand) or its own in real time; with its identity and map shapes for the link.
+    fn feature_driver(
+        &mut self,
+        spec: &RobotSpec,
+        max_age: u32,
+    ) -> Result<(LoopFeatures, StepFeatureHeader)> {
+        let (enc, max_age) = match self.encoder.take() {
+            Some(e) => e,
+            None => {
+                let path = self
+                    .learner
+                    .as_ref()
+                    .and_then(|l| l.section.vision.as_ref())
+                    .map(|v| v.encoder.clone())
+                    .ok_or_else(|| {
+                        AgentError::setup(
+                            "the kept residual",
+                            "it sees through image heads: give the actor its frozen encoder ([policy.residual] encoder)",
+                        )
+                    })?;
+                let enc = FeatureEncoder::load(&path, &Default::default())?;
+                (enc, max_age)
+            }
+        };
+        for c in &enc.spec().cameras {
+            if !spec.cameras.iter().any(|k| k.name == c.camera) {
+                return Err(AgentError::setup(
+                    format!("encoder `{}`", enc.id()),
+                    format!(
+                        "it reads camera `{}`, which robot `{}` does not have (cameras: {:?})",
+                        c.camera,
+                        spec.name,
+                        spec.cameras.iter().map(|k| &k.name).collect::<Vec<_>>()
+                    ),
+                ));
+            }
+        }
+        let header = StepFeatureHeader {
+            encoder: enc.id().to_string(),
+            shapes: enc.spec().cameras.iter().map(|c| c.shape()).collect(),
+            len: enc.features_len(),
+        };
+        let driver = match self.clock {
+            ClockChoice::Sim => FeatureDriver::Inline(Box::new(enc)),
+            ClockChoice::Wall { .. } => FeatureDriver::Thread {
+                feed: FeatureFeed::start(Box::new(enc), &obs_template(spec).images)
+                    .map_err(|e| AgentError::setup("the encoder thread", e.to_string()))?,
+                max_age_frames: max_age,
+            },
+        };
+        Ok((LoopFeatures::new(driver, spec.state_dim()), header))
+    }
+}
+
+/// What the link says of every step's maps, and how many values they are.
+#[derive(Clone, Debug)]
+struct StepFeatureHeader {
+    encoder: String,
+    shapes: Vec<[u32; 3]>,
+    len: usize,
 }
 
 /// Everything around the loop, started before it: the recorder, trace and learner link behind
@@ -363,7 +457,9 @@ impl Wires {
         spec: &RobotSpec,
         run_id: &str,
         mode: Option<Mode>,
+        features: Option<&(LoopFeatures, StepFeatureHeader)>,
     ) -> Result<Self> {
+        let header = features.map(|(_, h)| h);
         let keys = Keys::new(&spec.name).map_err(reflex_bus::BusError::from)?;
         let recorder = if b.record.is_some() || b.live != Live::Off {
             // Files only with a records directory; a live view alone writes nothing.
@@ -382,9 +478,9 @@ impl Wires {
             _ => None,
         };
         let learning = match (&b.learner, &b.session, mode) {
-            (Some(setup), Some(session), Some(mode)) => {
-                Some(Learning::start(setup, session, spec, &keys, mode, b.seed)?)
-            }
+            (Some(setup), Some(session), Some(mode)) => Some(Learning::start(
+                setup, session, spec, &keys, mode, b.seed, header,
+            )?),
             _ => None,
         };
         let mut w = Wires {
@@ -441,7 +537,14 @@ impl Wires {
             None => None,
         };
         if recorder.is_some() || trace.is_some() || link.is_some() {
-            w.tap(spec, recorder, trace, link, steps);
+            w.tap(
+                spec,
+                recorder,
+                trace,
+                link,
+                steps,
+                header.map_or(0, |h| h.len),
+            );
         }
         if let Some(s) = &b.session {
             w.bus_inputs(
@@ -464,8 +567,14 @@ impl Wires {
         trace: Option<reflex_bus::trace::TracePublisher>,
         link: Option<ActorLink>,
         steps: Option<reflex_data::steplog::StepLog>,
+        features: usize,
     ) {
-        let (otx, orx) = reflex_runtime::outbox::outbox(1024, spec.state_dim(), spec.action.dim());
+        let (otx, orx) = reflex_runtime::outbox::outbox_with_features(
+            1024,
+            spec.state_dim(),
+            spec.action.dim(),
+            features,
+        );
         self.outbox = Some(otx);
         let frx = if (recorder.is_some() || trace.is_some()) && !spec.cameras.is_empty() {
             // A few frame buffers, at up to ~15 frames per second of camera video.
@@ -585,16 +694,28 @@ impl Learning {
         keys: &Keys,
         mode: Mode,
         seed: u64,
+        features: Option<&StepFeatureHeader>,
     ) -> Result<Self> {
-        let sac_cfg = setup
-            .section
-            .sac_config(mode, seed)
-            .map_err(|e| AgentError::setup(format!("[{}]", e.key), e.value))?;
+        let sac_cfg = setup.section.learner_sac(mode, seed)?;
+        if let (Some(v), Some(h)) = (&sac_cfg.vision, features)
+            && v.encoder_id != h.encoder
+        {
+            return Err(AgentError::setup(
+                format!("encoder `{}`", h.encoder),
+                format!(
+                    "the actor's encoder is not the one [learner.vision] names (`{}`): the learner would refuse every step",
+                    v.encoder_id
+                ),
+            ));
+        }
         let sac = Sac::new(sac_cfg, spec.state_dim(), spec.action.dim())?;
         let (hook, writer) = ResidualMlp::new(&sac, action_norm(spec, &sac), true, seed ^ 7)?;
         let (len, arch) = reflex_learn::sac::hook::actor_shape(&sac);
         let shape = reflex_bus::learnlink::WeightsShape { len, arch };
-        let link = ActorLink::new(session, keys, setup.section.link.clone(), writer, shape)?;
+        let mut link = ActorLink::new(session, keys, setup.section.link.clone(), writer, shape)?;
+        if let Some(h) = features {
+            link = link.with_features(h.encoder.clone(), h.shapes.clone());
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let cfg = LearnerConfig {
             robot: spec.name.clone(),
@@ -682,6 +803,20 @@ pub struct RunReport {
     pub arm: Option<reflex_hardware::robot::ArmReport>,
     /// The e-stop over the run.
     pub stop: StopReport,
+    /// The frozen image encoder's maps, for a residual that sees.
+    pub features: Option<FeatureReport>,
+}
+
+/// How a residual that sees got its feature maps over a run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FeatureReport {
+    /// The encoder's identity (file name and digest).
+    pub encoder: String,
+    /// The loop's counters: steps with missing or stale maps, frames the inline encoder failed on,
+    /// and how many frames behind the maps in use were at the end.
+    pub r#loop: reflex_runtime::features::FeatureCounts,
+    /// The encoder thread's counters (real time only): frames offered, encoded, skipped, failed.
+    pub thread: Option<reflex_runtime::features::FeedCounts>,
 }
 
 /// What the e-stop did over a run.
@@ -750,6 +885,8 @@ pub struct Actor<R: Robot> {
     /// progress unfinished; the robot is then left as `[robot] on_exit` says.
     pub stop_now: Option<&'static AtomicBool>,
     last_stop: (StopState, u64),
+    /// The frozen encoder's identity (empty for a residual that does not see).
+    encoder_id: String,
 }
 
 impl<R: Robot> Actor<R> {
@@ -1083,6 +1220,14 @@ impl<R: Robot> Actor<R> {
             link,
             learner,
             arm: None,
+            features: self.lp.features().map(|f| {
+                let (r#loop, thread) = f.counts();
+                FeatureReport {
+                    encoder: self.encoder_id.clone(),
+                    r#loop,
+                    thread,
+                }
+            }),
         })
     }
 }
@@ -1109,6 +1254,16 @@ pub struct RunOptions {
     pub stop_now: Option<&'static AtomicBool>,
 }
 
+/// How ONNX Runtime runs the config's models (the base policy, and a frozen image encoder
+/// beside it).
+fn onnx_options(cfg: &RunConfig) -> reflex_policies::onnx_policy::RunOptions {
+    reflex_policies::onnx_policy::RunOptions {
+        provider: cfg.policy.provider.clone(),
+        intra_threads: cfg.policy.intra_threads,
+        seed: cfg.policy.seed,
+    }
+}
+
 /// Builds the policy a config names, for a robot with `spec`.
 pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn Policy>>> {
     Ok(match cfg.policy.kind {
@@ -1118,13 +1273,10 @@ pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn P
                 cfg.policy.model.clone().ok_or_else(|| {
                     AgentError::setup("[policy]", "kind = \"onnx\" needs `model`")
                 })?;
-            let opts = reflex_policies::onnx_policy::RunOptions {
-                provider: cfg.policy.provider.clone(),
-                intra_threads: cfg.policy.intra_threads,
-                seed: cfg.policy.seed,
-            };
             Some(Box::new(reflex_policies::onnx_policy::OnnxPolicy::load(
-                &model, spec, &opts,
+                &model,
+                spec,
+                &onnx_options(cfg),
             )?))
         }
         PolicyKind::Expert => Some(Box::new(
@@ -1146,7 +1298,7 @@ pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn P
 
 /// The kept residual of `[policy.residual]`, checked against the robot, the base policy and
 /// (with ONNX Runtime) its own graph; `None` without one.
-pub fn load_residual(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<ResidualMlp>> {
+pub fn load_residual(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<KeptResidual>> {
     use reflex_learn::sac::export::{ResidualMode, ResidualModel};
     let Some(r) = &cfg.policy.residual else {
         return Ok(None);
@@ -1212,7 +1364,67 @@ pub fn load_residual(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Residua
         m.spec.mode,
         m.spec.hidden
     );
-    Ok(Some(m.hook()))
+    let encoder = match &m.spec.vision {
+        None => None,
+        Some(v) => Some(residual_encoder(r, v, &cfg.policy.model, &file)?),
+    };
+    Ok(Some(KeptResidual {
+        hook: m.hook(),
+        encoder,
+    }))
+}
+
+/// A kept residual ready for the loop, with the encoder file its image heads read.
+pub struct KeptResidual {
+    /// The hook.
+    pub hook: ResidualMlp,
+    /// The frozen encoder (a residual that sees), checked to be the one it was trained with.
+    pub encoder: Option<PathBuf>,
+}
+
+/// The encoder a residual with image heads was trained with: `[policy.residual] encoder`, else
+/// the file of that name beside the residual or the base model; its bytes must be the same.
+fn residual_encoder(
+    r: &crate::config::ResidualSection,
+    v: &reflex_learn::sac::VisionHeads,
+    base: &Option<PathBuf>,
+    file: &str,
+) -> Result<PathBuf> {
+    let name = v.encoder_id.split('#').next().unwrap_or_default();
+    let candidates: Vec<PathBuf> = match &r.encoder {
+        Some(p) => vec![p.clone()],
+        None => [Some(r.model.as_path()), base.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.parent())
+            .map(|d| d.join(name))
+            .collect(),
+    };
+    for c in &candidates {
+        if let Ok(bytes) = std::fs::read(c) {
+            let id = reflex_policies::features::encoder_id(c, &bytes);
+            if id == v.encoder_id {
+                return Ok(c.clone());
+            }
+            if r.encoder.is_some() {
+                return Err(AgentError::setup(
+                    "[policy.residual] encoder",
+                    format!(
+                        "`{}` is `{id}`, but residual `{file}` was trained on maps of `{}`: name that file",
+                        c.display(),
+                        v.encoder_id
+                    ),
+                ));
+            }
+        }
+    }
+    Err(AgentError::setup(
+        format!("[policy.residual] model `{file}`"),
+        format!(
+            "it sees through the frozen encoder `{}`, found in none of {:?}: set [policy.residual] encoder to that file",
+            v.encoder_id, candidates
+        ),
+    ))
 }
 
 /// Repeats a warning every `every` (the first at once) until dropped.
@@ -1400,8 +1612,19 @@ fn drive<R: Robot + 'static>(
     if let Some(p) = policy {
         b = b.policy(p);
     }
-    if let Some(h) = load_residual(cfg, b.robot.spec())? {
-        b = b.residual_model(h);
+    let opts = onnx_options(cfg);
+    if let Some(k) = load_residual(cfg, b.robot.spec())? {
+        b = b.residual_model(k.hook);
+        if let Some(e) = k.encoder {
+            b = b.encoder(FeatureEncoder::load(&e, &opts)?, DEFAULT_MAP_AGE);
+        }
+    }
+    if let Some(v) = cfg.learner.as_ref().and_then(|l| l.vision.as_ref()) {
+        // The encoder runs where the base policy runs, with its execution provider.
+        b = b.encoder(
+            FeatureEncoder::load(&v.encoder, &opts)?,
+            v.max_map_age_frames,
+        );
     }
     if let Some(l) = cfg.loop_.clone() {
         b = b.loop_config(l);

@@ -113,6 +113,10 @@ pub struct ResidualSection {
     /// The .onnx file; its spec (`kind = "residual"`) is NAME.policy.toml beside it. Relative
     /// paths are relative to the config file.
     pub model: PathBuf,
+    /// The frozen image encoder of a residual that sees (one trained with `[learner.vision]`);
+    /// default: the file its spec names, beside the residual or the base model.
+    #[serde(default)]
+    pub encoder: Option<PathBuf>,
 }
 
 fn d_threads() -> usize {
@@ -395,6 +399,9 @@ impl RunConfig {
         }
         if let Some(r) = &mut c.policy.residual {
             resolve(&mut r.model);
+            if let Some(e) = &mut r.encoder {
+                resolve(e);
+            }
         }
         if let Some(a) = &mut c.arm {
             if let Some(cal) = &mut a.calibration {
@@ -411,6 +418,9 @@ impl RunConfig {
         }
         if let Some(t) = &mut c.bus.tls {
             resolve(&mut t.dir);
+        }
+        if let Some(v) = c.learner.as_mut().and_then(|l| l.vision.as_mut()) {
+            resolve(&mut v.encoder);
         }
         Ok(c)
     }
@@ -606,6 +616,83 @@ pub struct LearnerSection {
     /// On a workstation running only `reflex learn`, give it every core.
     #[serde(default)]
     pub threads: usize,
+    /// A learner that sees: the frozen image encoder whose feature maps go with every step,
+    /// and the image heads the learner trains on them (docs/learner.md, "Learning from pixels").
+    #[serde(default)]
+    pub vision: Option<VisionSection>,
+}
+
+/// `[learner.vision]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VisionSection {
+    /// The frozen encoder (`reflex bc train --camera ...` writes `<model>.encoder.onnx`), its
+    /// spec `<name>.encoder.toml` beside it. The actor runs it once per frame; the learner checks
+    /// every step's maps were made by this very file.
+    pub encoder: PathBuf,
+    /// Learned spatial embeddings per map channel (SERL: 8).
+    #[serde(default = "d_embeddings")]
+    pub embeddings: usize,
+    /// Width of each camera's head (SERL: 256).
+    #[serde(default = "d_head_width")]
+    pub width: usize,
+    /// In real time the encoder runs on its own thread and the residual reads the newest maps;
+    /// maps more than this many frames behind the newest frame are stale and the residual gives
+    /// nothing until fresh ones arrive (counted as `feature_stale` in the status).
+    #[serde(default = "d_map_age")]
+    pub max_map_age_frames: u32,
+}
+
+fn d_embeddings() -> usize {
+    8
+}
+fn d_head_width() -> usize {
+    256
+}
+fn d_map_age() -> u32 {
+    2
+}
+
+impl VisionSection {
+    /// The image heads this section describes: the encoder's spec gives each camera's map shape,
+    /// its bytes the encoder's identity. An error names the file and what to do.
+    pub fn heads(&self) -> Result<reflex_learn::sac::VisionHeads, crate::AgentError> {
+        use reflex_policies::features::{EncoderSpec, encoder_id, encoder_spec_path};
+        let spec_path = encoder_spec_path(&self.encoder);
+        let spec: EncoderSpec = reflex_contracts::config::load(&spec_path).map_err(|e| {
+            crate::AgentError::setup(
+                "[learner.vision] encoder",
+                format!(
+                    "{e}; the encoder `{}` needs its spec beside it (`reflex bc train --camera ...` writes both)",
+                    self.encoder.display()
+                ),
+            )
+        })?;
+        let bytes = std::fs::read(&self.encoder).map_err(|e| {
+            crate::AgentError::setup(
+                "[learner.vision] encoder",
+                format!(
+                    "cannot read `{}`: {e} (a path relative to the config file, or absolute)",
+                    self.encoder.display()
+                ),
+            )
+        })?;
+        Ok(reflex_learn::sac::VisionHeads {
+            encoder_id: encoder_id(&self.encoder, &bytes),
+            features: spec
+                .cameras
+                .iter()
+                .map(|c| reflex_learn::sac::FeatureShape {
+                    camera: c.camera.clone(),
+                    channels: c.channels as usize,
+                    height: c.map_height as usize,
+                    width: c.map_width as usize,
+                })
+                .collect(),
+            embeddings: self.embeddings,
+            width: self.width,
+        })
+    }
 }
 
 /// What a learner does with a checkpoint it cannot read.
@@ -690,6 +777,19 @@ impl LearnerSection {
         Ok(SacConfig { mode, ..c })
     }
 
+    /// The SAC settings with the image heads of `[learner.vision]`, if any (reads the encoder's
+    /// spec and bytes).
+    pub fn learner_sac(&self, mode: Mode, seed: u64) -> Result<SacConfig, crate::AgentError> {
+        let mut c = self.sac_config(mode, seed).map_err(|e| {
+            crate::AgentError::setup(
+                format!("[{}]", e.key),
+                format!("{} ({})", e.value, e.allowed),
+            )
+        })?;
+        c.vision = self.vision.as_ref().map(VisionSection::heads).transpose()?;
+        Ok(c)
+    }
+
     /// Checks ranges, naming the key.
     pub fn validate(&self, mode: Mode) -> Result<(), Invalid> {
         use reflex_contracts::config::{Validate, in_range};
@@ -715,6 +815,17 @@ impl LearnerSection {
             100_000_000,
         )?;
         in_range("learner", "threads", self.threads, 0, 1024)?;
+        if let Some(v) = &self.vision {
+            in_range("learner.vision", "embeddings", v.embeddings, 1, 64)?;
+            in_range("learner.vision", "width", v.width, 1, 4096)?;
+            in_range(
+                "learner.vision",
+                "max_map_age_frames",
+                v.max_map_age_frames,
+                0,
+                1000,
+            )?;
+        }
         self.sac_config(mode, 0)?;
         self.link.validate("learner.link")
     }

@@ -138,7 +138,10 @@ pub fn evaluate_config(
         tracing::info!("reflex eval: the config's [learner] is left out (the policy alone)");
     }
     if let Some(r) = &o.residual {
-        cfg.policy.residual = Some(crate::config::ResidualSection { model: r.clone() });
+        cfg.policy.residual = Some(crate::config::ResidualSection {
+            model: r.clone(),
+            encoder: None,
+        });
     }
     let seed = o.seed.unwrap_or_else(|| held_out_seed(cfg.run.seed));
     cfg.run.seed = seed;

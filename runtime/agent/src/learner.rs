@@ -218,7 +218,31 @@ fn resume_or_start(
     base: Option<&OnnxPolicy>,
 ) -> Result<Sac> {
     let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
+    let mut sc = cfg.section.learner_sac(cfg.mode, cfg.seed)?;
     if let Some(s) = load_checkpoint(cfg, ckpt)? {
+        if s.cfg.vision != sc.vision {
+            let says = |v: &Option<reflex_learn::sac::VisionHeads>| match v {
+                None => "no camera (state only)".to_string(),
+                Some(v) => format!(
+                    "encoder `{}`, maps {:?}, heads {}x{}",
+                    v.encoder_id,
+                    v.features
+                        .iter()
+                        .map(|f| format!("{} {}x{}x{}", f.camera, f.channels, f.height, f.width))
+                        .collect::<Vec<_>>(),
+                    v.embeddings,
+                    v.width
+                ),
+            };
+            return Err(AgentError::setup(
+                format!("checkpoint `{}`", ckpt.display()),
+                format!(
+                    "it learned from {}; [learner.vision] now says {}: move the checkpoint away to start afresh, or name the encoder it was trained with",
+                    says(&s.cfg.vision),
+                    says(&sc.vision)
+                ),
+            ));
+        }
         if (s.state_dim, s.act_dim, s.cfg.mode) != (obs_dim, act_dim, cfg.mode) {
             return Err(AgentError::setup(
                 format!("checkpoint `{}`", ckpt.display()),
@@ -235,12 +259,6 @@ fn resume_or_start(
         );
         return Ok(s);
     }
-    let mut sc = cfg.section.sac_config(cfg.mode, cfg.seed).map_err(|e| {
-        AgentError::setup(
-            format!("[{}]", e.key),
-            format!("{} ({})", e.value, e.allowed),
-        )
-    })?;
     if sc.obs_norm.is_none() {
         sc.obs_norm = obs_norm(cfg.section.obs_norm, base, spec)?;
     }

@@ -140,6 +140,8 @@ pub struct RunSummary {
     pub arm: Option<reflex_hardware::robot::ArmReport>,
     /// The e-stop over the run.
     pub stop: StopReport,
+    /// A residual that sees: its encoder and the feature maps' counters.
+    pub features: Option<crate::actor::FeatureReport>,
     /// The residual version in use at the end.
     pub residual_version: u64,
     /// Recording.
@@ -187,6 +189,7 @@ impl RunReport {
             learner: self.learner.clone(),
             arm: self.arm.clone(),
             stop: self.stop.clone(),
+            features: self.features.clone(),
             residual_version: s.residual_version,
             recording: self.recording.clone(),
             seeds: self.episodes.iter().map(|e| e.seed).collect(),

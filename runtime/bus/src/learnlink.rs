@@ -20,7 +20,7 @@
 
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{
-    self, LearnerState, PROTOCOL_VERSION, TransitionBatch, WeightsChunk, WireStep,
+    self, LearnerState, PROTOCOL_VERSION, StepFeatures, TransitionBatch, WeightsChunk, WireStep,
 };
 use reflex_runtime::outbox::Transition;
 use reflex_runtime::residual::WeightsWriter;
@@ -270,6 +270,8 @@ pub struct ActorLink {
     buf: Vec<u8>,
     stats: LinkStats,
     rejects: Vec<Arc<crate::Rejects>>,
+    /// A learner that sees: the encoder id and map shapes every step's maps go out with.
+    features: Option<StepFeatures>,
     _subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _token: zenoh::liveliness::LivelinessToken,
 }
@@ -365,6 +367,7 @@ impl ActorLink {
             buf: Vec::with_capacity(64 * 1024),
             stats: LinkStats::default(),
             rejects: vec![rejects, state_rejects],
+            features: None,
             _subs: subs,
             _token: token,
         })
@@ -385,11 +388,30 @@ impl ActorLink {
         self.id
     }
 
+    /// Sends each step's feature maps (a learner that sees), named by the frozen encoder that
+    /// made them and shaped `[channels, height, width]` per camera.
+    pub fn with_features(mut self, encoder: String, shapes: Vec<[u32; 3]>) -> Self {
+        self.features = Some(StepFeatures {
+            encoder,
+            shapes,
+            ..Default::default()
+        });
+        self
+    }
+
     /// Numbers a step and queues it; at an episode boundary, swaps in waiting weights
     /// ([`SwapPoint::Episode`]) and sends at once.
     pub fn offer(&mut self, t: &Transition) {
         let mut w = WireStep::default();
         t.to_wire(&mut w);
+        if let Some(h) = &self.features {
+            w.features = Some(StepFeatures {
+                encoder: h.encoder.clone(),
+                shapes: h.shapes.clone(),
+                obs: t.features.clone(),
+                next_obs: t.next_features.clone(),
+            });
+        }
         let ends = w.ends_episode();
         self.unacked.push_back(w);
         self.next += 1;

@@ -538,6 +538,12 @@ pub struct LoopFigures {
     /// E-stops raised so far (an operator's release names this count).
     #[serde(default)]
     pub estops: u64,
+    /// Age of the feature maps a residual that sees read in the last step, ms (0 without one).
+    #[serde(default)]
+    pub feature_age_ms: f64,
+    /// Steps whose feature maps were missing or too old, so the residual gave nothing.
+    #[serde(default)]
+    pub feature_stale: u64,
 }
 
 /// The actor's status. Published on `reflex/<robot>/status` at a low rate (default 5 Hz). On the

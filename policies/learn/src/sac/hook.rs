@@ -303,6 +303,11 @@ pub struct ResidualMlp {
 }
 
 impl ResidualMlp {
+    /// Whether it reads feature maps beside the state (image heads).
+    pub fn sees(&self) -> bool {
+        self.heads.seen_len() > 0
+    }
+
     /// A hook for an actor `obs_dim (+ act_dim in residual mode) -> hidden -> 2 act_dim` with the
     /// learner's current weights, and the writer through which the learner publishes new ones.
     /// `explore` samples from the Gaussian (training); otherwise the mean is used. In full mode

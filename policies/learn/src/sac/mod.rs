@@ -27,7 +27,8 @@ use nets::{Actor, Ensemble, randn};
 use rand::Rng;
 use rand::seq::index::sample as sample_indices;
 use rand_chacha::ChaCha8Rng;
-use reflex_vision::head::{FeatureShape, HeadDims, SpatialHead};
+pub use reflex_vision::head::FeatureShape;
+use reflex_vision::head::{HeadDims, SpatialHead};
 use replay::{Batch, NStep, Replay, sample_mixed};
 use serde::{Deserialize, Serialize};
 
