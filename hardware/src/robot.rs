@@ -346,6 +346,7 @@ impl ArmRobot {
                 truncated: false,
                 success: false,
                 images,
+                success_score: None,
             },
             spec,
             model,

@@ -18,6 +18,7 @@ pub mod onnx_proto;
 pub mod onnx_read;
 pub mod onnx_write;
 pub mod ort_env;
+pub mod reward;
 pub mod sampler;
 pub mod spec;
 pub mod vla;

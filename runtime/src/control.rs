@@ -255,6 +255,7 @@ struct StepOutcome {
     terminated: bool,
     truncated: bool,
     success: bool,
+    success_score: Option<f32>,
 }
 
 impl StepOutcome {
@@ -264,6 +265,7 @@ impl StepOutcome {
         self.terminated = o.terminated;
         self.truncated = o.truncated;
         self.success = o.success;
+        self.success_score = o.success_score;
     }
 }
 
@@ -1184,6 +1186,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             tr.terminated = a.terminated;
             tr.truncated = a.truncated;
             tr.success = a.success;
+            tr.success_score = a.success_score;
             tr.label = person.label;
             tr.reset_requested = person.reset;
             tr.estop = estop;

@@ -28,6 +28,7 @@ pub mod kinematics;
 pub mod outbox;
 pub mod policy;
 pub mod residual;
+pub mod reward;
 pub mod rt;
 pub mod safety;
 pub mod schedule;

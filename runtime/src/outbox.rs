@@ -69,6 +69,9 @@ pub struct Transition {
     pub truncated: bool,
     /// The task reported success after the step.
     pub success: bool,
+    /// A success classifier's probability for the observation after the step (when it gives
+    /// the run's reward).
+    pub success_score: Option<f32>,
     /// A person's label in this step: `Some(true)` success, `Some(false)` failure.
     pub label: Option<bool>,
     /// A person asked for a reset in this step.
@@ -200,6 +203,7 @@ impl Transition {
             terminated: s.terminated,
             truncated: s.truncated,
             success: s.success,
+            success_score: None,
             label: s.label,
             reset_requested: s.reset,
             estop: s.estop,

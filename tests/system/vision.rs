@@ -375,3 +375,86 @@ fn reflex_bench_pixels_times_every_stage_of_the_pixel_path_with_a_policys_encode
     assert!(v["frames_per_s"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["steps_per_s_with_updates"].as_f64().unwrap() > 0.0, "{v}");
 }
+
+/// `[reward] classifier` through the real binary: the classifier's verdict, not the simulator's,
+/// is the run's reward and success. With every frame over a threshold of 0 and three frames in
+/// a row asked for, every episode ends as a success after two steps; with a threshold no frame
+/// reaches, the expert's real successes count for nothing. The step log keeps each step's score.
+#[test]
+fn a_success_classifier_gives_the_runs_reward_success_and_end_of_episode() {
+    let dir = tempfile::tempdir().unwrap();
+    let demos = dir.path().join("demos");
+    let o = reflex()
+        .args([
+            "sim",
+            "demos",
+            "--task",
+            "pick",
+            "--cameras",
+            "--camera-size",
+            "32x32",
+        ])
+        .args(["--episodes", "6", "--noise", "0.2", "--seed", "1", "--out"])
+        .arg(&demos)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model = dir.path().join("reward.onnx");
+    json_output(
+        reflex()
+            .args(["reward", "train", "--demos"])
+            .arg(&demos)
+            .args([
+                "--camera", "front", "--steps", "50", "--seed", "1", "--json", "--out",
+            ])
+            .arg(&model),
+    );
+    let run = |threshold: &str, frames: &str, name: &str| {
+        let cfg = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[sim.cameras]\nenabled = true\nwidth = 32\nheight = 32\n[policy]\nkind = \"expert\"\nnoise = 0.1\n[run]\nepisodes = 3\nseed = 2\nclock = \"sim\"\n[reward]\nclassifier = \"reward.onnx\"\nthreshold = {threshold}\nconsecutive_frames = {frames}\n"
+            ),
+        )
+        .unwrap();
+        json_output(
+            reflex()
+                .args(["run", "--json", "--record"])
+                .arg(dir.path().join(name))
+                .arg("--config")
+                .arg(&cfg),
+        )
+    };
+    let always = run("0.0", "3", "always");
+    eprintln!("{}", always["reward"]);
+    for e in always["episodes_detail"].as_array().unwrap() {
+        assert_eq!(e["steps"], 2, "{e}");
+        assert_eq!(e["success"], true, "{e}");
+    }
+    assert_eq!(always["reward"]["successes"], 3, "{}", always["reward"]);
+    let never = run("1.0", "1", "never");
+    assert_eq!(never["success_rate"], 0.0, "{never}");
+    let steps: u64 = never["episodes_detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["steps"].as_u64().unwrap())
+        .sum();
+    assert!(
+        steps > 30,
+        "the expert's episodes ran to their own end: {never}"
+    );
+    assert_eq!(never["reward"]["successes"], 0);
+    // Each step's score is in the step log.
+    let run_dir = std::fs::read_dir(dir.path().join("never"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let m = reflex_data::demos::read_manifest(&run_dir.join("steps")).unwrap();
+    let ep = reflex_data::demos::read_episode(&run_dir.join("steps"), &m.episodes[0]).unwrap();
+    assert_eq!(ep.success_scores.len(), ep.actions.len());
+    assert!(ep.success_scores.iter().all(|p| (0.0..=1.0).contains(p)));
+}

@@ -20,7 +20,7 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use reflex_policies::onnx_write::{Dim, Elem, Graph, batch};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// Width of the head's hidden layer.
 const HIDDEN: usize = 256;
@@ -40,38 +40,7 @@ pub struct RewardTrainConfig {
     pub seed: u64,
 }
 
-/// The classifier's spec, written beside its ONNX file as `<name>.reward.toml`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RewardSpec {
-    /// Always `reflex-reward`.
-    pub format: String,
-    /// Version (1).
-    pub version: u16,
-    /// A name for logs.
-    pub name: String,
-    /// The graph's output: the probability of success, `[B, 1]`.
-    pub output: String,
-    /// The cameras it reads, each a graph input (`source = "image"` inputs as in a policy spec).
-    pub inputs: Vec<reflex_policies::spec::InputSpec>,
-    /// Probability at or above which a frame counts as success.
-    pub threshold: f32,
-    /// What it was trained on and how it did on held-out episodes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provenance: Option<String>,
-}
-
-impl RewardSpec {
-    /// The spec as TOML.
-    pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("the reward spec serialises")
-    }
-
-    /// Where the spec of `model` lives: `x.onnx` -> `x.reward.toml`.
-    pub fn path_for(model: &std::path::Path) -> std::path::PathBuf {
-        model.with_extension("reward.toml")
-    }
-}
+pub use reflex_policies::reward::RewardSpec;
 
 /// The classifier: an encoder per camera, then a hidden layer and a logit.
 pub struct RewardNet {

@@ -805,6 +805,8 @@ pub struct RunReport {
     pub stop: StopReport,
     /// The frozen image encoder's maps, for a residual that sees.
     pub features: Option<FeatureReport>,
+    /// The success classifier's verdicts, when it gave the run's reward (`[reward]`).
+    pub reward: Option<reflex_runtime::reward::RewardCounts>,
 }
 
 /// How a residual that sees got its feature maps over a run.
@@ -1220,6 +1222,7 @@ impl<R: Robot> Actor<R> {
             link,
             learner,
             arm: None,
+            reward: None,
             features: self.lp.features().map(|f| {
                 let (r#loop, thread) = f.counts();
                 FeatureReport {
@@ -1482,6 +1485,55 @@ pub fn check_arm_bus(cfg: &RunConfig, bus: &BusConfig) -> Result<Option<Nag>> {
     }
 }
 
+/// `robot` judged by the success classifier of `[reward]`, if the config has one: inline in
+/// simulated time, on its own thread in real time; unchanged otherwise.
+pub fn with_reward<R: Robot>(
+    robot: R,
+    cfg: &RunConfig,
+) -> Result<reflex_runtime::reward::ClassifiedReward<R>> {
+    use reflex_runtime::reward::{ClassifiedReward, RewardRule};
+    let Some(r) = &cfg.reward else {
+        return Ok(ClassifiedReward::passthrough(robot));
+    };
+    let c = reflex_policies::reward::SuccessClassifier::load(&r.classifier, &onnx_options(cfg))?;
+    let spec = robot.spec();
+    for cam in c.cameras() {
+        if !spec.cameras.iter().any(|k| k.name == cam) {
+            return Err(AgentError::setup(
+                format!("[reward] classifier `{}`", r.classifier.display()),
+                format!(
+                    "it reads camera `{cam}`, which robot `{}` does not have (cameras: {:?}; a simulator's need [sim.cameras] enabled = true)",
+                    spec.name,
+                    spec.cameras.iter().map(|k| &k.name).collect::<Vec<_>>()
+                ),
+            ));
+        }
+    }
+    let rule = RewardRule {
+        threshold: r.threshold.unwrap_or(c.spec().threshold),
+        consecutive_frames: r.consecutive_frames,
+    };
+    tracing::info!(
+        "reward: classifier `{}`, success at p >= {} for {} frame(s) in a row",
+        r.classifier.display(),
+        rule.threshold,
+        rule.consecutive_frames
+    );
+    let driver = match cfg.run.clock {
+        ClockKind::Sim => FeatureDriver::Inline(Box::new(c)),
+        ClockKind::Wall => {
+            let template = obs_template(spec).images;
+            FeatureDriver::Thread {
+                feed: FeatureFeed::start(Box::new(c), &template).map_err(|e| {
+                    AgentError::setup("the reward classifier's thread", e.to_string())
+                })?,
+                max_age_frames: r.max_age_frames,
+            }
+        }
+    };
+    Ok(ClassifiedReward::new(robot, driver, rule))
+}
+
 /// Runs a run config to the end: what `reflex run --config F` does.
 pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> Result<RunReport> {
     let _insecure = check_arm_bus(cfg, &o.bus)?;
@@ -1503,7 +1555,7 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
             let env = reflex_sim::SimEnv::new(sim)?;
             let chain = Some(reflex_sim::world::ArmModel::so101().chain);
             drive(
-                ActorBuilder::new(env),
+                ActorBuilder::new(with_reward(env, cfg)?),
                 chain,
                 cfg,
                 session,
@@ -1529,7 +1581,7 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
                 ));
             }
             let (rejects, dropped) = (robot.rejects(), robot.dropped());
-            let b = ActorBuilder::new(robot)
+            let b = ActorBuilder::new(with_reward(robot, cfg)?)
                 .count_rejects(rejects)
                 .count_rejects(dropped);
             drive(b, None, cfg, session, o, episodes, progress)
@@ -1555,7 +1607,7 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
             let monitors = robot.camera_monitors();
             let chain = (kind == reflex_hardware::arm::ArmKind::So101Follower)
                 .then(|| reflex_sim::world::ArmModel::so101().chain);
-            let mut builder = ActorBuilder::new(robot);
+            let mut builder = ActorBuilder::new(with_reward(robot, cfg)?);
             if !monitors.is_empty() {
                 builder = builder.camera_figures(Box::new(move || {
                     monitors
@@ -1583,7 +1635,7 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
 }
 
 fn drive<R: Robot + 'static>(
-    b: ActorBuilder<R>,
+    b: ActorBuilder<reflex_runtime::reward::ClassifiedReward<R>>,
     default_chain: Option<Chain>,
     cfg: &RunConfig,
     session: Option<zenoh::Session>,
@@ -1655,5 +1707,8 @@ fn drive<R: Robot + 'static>(
     if cfg.run.eval_episodes > 0 {
         actor.evaluate(cfg.run.eval_episodes, progress)?;
     }
-    actor.finish()
+    let reward = actor.control_loop().robot().counts();
+    let mut report = actor.finish()?;
+    report.reward = reward;
+    Ok(report)
 }

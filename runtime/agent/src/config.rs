@@ -330,6 +330,31 @@ pub struct RunConfig {
     /// `[serve]`: the arm served on the bus by `reflex hw serve`.
     #[serde(default)]
     pub serve: ServeSection,
+    /// `[reward]`: a success classifier on the cameras gives the run's reward.
+    #[serde(default)]
+    pub reward: Option<RewardSection>,
+}
+
+/// `[reward]`: a reward the robot can see (docs/training.md, "Learning from pixels").
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    /// The classifier `reflex reward train` wrote (its spec `<name>.reward.toml` beside it).
+    pub classifier: PathBuf,
+    /// Probability at or above which a frame shows success (default: the spec's).
+    #[serde(default)]
+    pub threshold: Option<f32>,
+    /// Frames in a row at or above the threshold before the episode ends as a success.
+    #[serde(default = "d_one_frame")]
+    pub consecutive_frames: u32,
+    /// In real time the classifier runs on its own thread; verdicts more than this many frames
+    /// behind the newest frame are not used.
+    #[serde(default = "d_map_age")]
+    pub max_age_frames: u32,
+}
+
+fn d_one_frame() -> u32 {
+    1
 }
 
 impl RunConfig {
@@ -422,6 +447,9 @@ impl RunConfig {
         if let Some(v) = c.learner.as_mut().and_then(|l| l.vision.as_mut()) {
             resolve(&mut v.encoder);
         }
+        if let Some(r) = &mut c.reward {
+            resolve(&mut r.classifier);
+        }
         Ok(c)
     }
 
@@ -492,6 +520,19 @@ impl Validate for RunConfig {
         }
         if let Some(l) = &self.loop_ {
             l.validate("loop")?;
+        }
+        if let Some(r) = &self.reward {
+            if let Some(t) = r.threshold {
+                in_range("reward", "threshold", t, 0.0, 1.0)?;
+            }
+            in_range(
+                "reward",
+                "consecutive_frames",
+                r.consecutive_frames,
+                1,
+                10_000,
+            )?;
+            in_range("reward", "max_age_frames", r.max_age_frames, 0, 1000)?;
         }
         if let Some(w) = self.serve.watchdog_ms {
             in_range("serve", "watchdog_ms", w, 1.0, 60_000.0)?;

@@ -142,6 +142,8 @@ pub struct RunSummary {
     pub stop: StopReport,
     /// A residual that sees: its encoder and the feature maps' counters.
     pub features: Option<crate::actor::FeatureReport>,
+    /// The success classifier's verdicts, when it gave the run's reward.
+    pub reward: Option<reflex_runtime::reward::RewardCounts>,
     /// The residual version in use at the end.
     pub residual_version: u64,
     /// Recording.
@@ -190,6 +192,7 @@ impl RunReport {
             arm: self.arm.clone(),
             stop: self.stop.clone(),
             features: self.features.clone(),
+            reward: self.reward,
             residual_version: s.residual_version,
             recording: self.recording.clone(),
             seeds: self.episodes.iter().map(|e| e.seed).collect(),

@@ -370,6 +370,11 @@ pub struct Observation {
     pub success: bool,
     /// Camera images, in [`RobotSpec::cameras`] order (may be empty when cameras are off).
     pub images: Vec<Image>,
+    /// A success classifier's probability that this observation shows the task done, when one
+    /// gives the run's reward (`[reward] classifier`); then `reward`, `success` and `terminated`
+    /// are its verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_score: Option<f32>,
 }
 
 impl Observation {
@@ -390,6 +395,7 @@ impl Observation {
         self.terminated = src.terminated;
         self.truncated = src.truncated;
         self.success = src.success;
+        self.success_score = src.success_score;
         self.images.truncate(src.images.len());
         for (i, img) in src.images.iter().enumerate() {
             if let Some(dst) = self.images.get_mut(i) {
@@ -935,6 +941,7 @@ mod tests {
                 seq: 0,
                 data: vec![1, 2, 3, 4, 5, 6],
             }],
+            success_score: Some(0.75),
         };
         let bytes = encode(&obs);
         let back: Observation = decode("reflex/r/obs", &bytes).unwrap();

@@ -51,6 +51,9 @@ pub struct Episode {
     /// (empty: recorded without cameras).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cameras: Vec<CameraStream>,
+    /// A success classifier's probability after each step, when it gave the run's reward.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub success_scores: Vec<f32>,
 }
 
 /// One camera's frames through an episode.

@@ -34,6 +34,9 @@ impl StepLog {
         ep.observations.push(tr.next_obs.clone());
         ep.actions.push(tr.action.clone());
         ep.rewards.push(tr.reward);
+        if let Some(p) = tr.success_score {
+            ep.success_scores.push(p);
+        }
         ep.ret += tr.reward;
         ep.actors.push(person as u8);
         ep.base_actions.push(tr.base.clone());

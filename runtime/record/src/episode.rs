@@ -185,6 +185,9 @@ pub(crate) fn log_step(
     scalar("episode/intervention", teleop as u8 as f64);
     scalar("episode/reward", t.reward as f64);
     scalar("episode/success", t.success as u8 as f64);
+    if let Some(p) = t.success_score {
+        scalar("episode/success_score", p as f64);
+    }
     scalar("timing/lateness_us", t.lateness.as_secs_f64() * 1e6);
     scalar("timing/chunk_age_ms", t.chunk_age.as_secs_f64() * 1e3);
     scalar(
