@@ -53,7 +53,8 @@ impl EncoderCamera {
     }
 }
 
-/// The spec of an encoder file (`M.encoder.toml` beside `M.onnx`).
+/// The spec of an encoder file (`M.encoder.toml` beside `M.encoder.onnx`, see
+/// [`encoder_spec_path`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EncoderSpec {
@@ -119,8 +120,14 @@ impl EncoderSpec {
 }
 
 /// The spec file beside encoder `model`.
+/// `M.encoder.onnx` (the name `reflex bc train` gives it) has `M.encoder.toml`; any other
+/// `X.onnx` has `X.encoder.toml`.
 pub fn encoder_spec_path(model: &Path) -> PathBuf {
-    model.with_extension("encoder.toml")
+    let stem = model.file_stem().map(|s| s.to_string_lossy().into_owned());
+    match stem {
+        Some(s) if s.ends_with(".encoder") => model.with_extension("toml"),
+        _ => model.with_extension("encoder.toml"),
+    }
 }
 
 /// Where `reflex bc train --out M.onnx` writes the encoder of a policy that sees.

@@ -171,3 +171,164 @@ impl<R: Robot> Robot for ClassifiedReward<R> {
         self.inner.attach_stop(stop)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::{FeatureFeed, FrameEncoder};
+    use crate::msg::{ActionKind, ActionSpec, CameraSpec, Image, PROTOCOL_VERSION, StateField};
+
+    /// A free-running robot with one 2x1 camera whose red value is the step; its own task
+    /// "succeeds" at every step (which the classifier must override).
+    struct Cam {
+        spec: RobotSpec,
+        obs: Observation,
+    }
+
+    fn cam() -> Cam {
+        let spec = RobotSpec {
+            v: PROTOCOL_VERSION,
+            name: "cam".into(),
+            kind: "test".into(),
+            control_hz: 10.0,
+            lockstep: false,
+            state: vec![StateField::new("x", 1, "")],
+            action: ActionSpec {
+                kind: ActionKind::EeDelta,
+                names: vec!["a".into()],
+                low: vec![-1.0],
+                high: vec![1.0],
+            },
+            cameras: vec![CameraSpec {
+                name: "front".into(),
+                width: 2,
+                height: 1,
+                intrinsics: None,
+                mount: None,
+            }],
+            joints: vec![],
+            max_episode_steps: 0,
+            scene: None,
+        };
+        let obs = Observation {
+            state: vec![0.0],
+            reward: 5.0,
+            success: true,
+            images: vec![Image {
+                camera: "front".into(),
+                width: 2,
+                height: 1,
+                encoding: "rgb8".into(),
+                data: vec![0; 6],
+                seq: 0,
+            }],
+            ..Default::default()
+        };
+        Cam { spec, obs }
+    }
+
+    impl Robot for Cam {
+        fn spec(&self) -> &RobotSpec {
+            &self.spec
+        }
+        fn reset(&mut self, _: Option<u64>) -> Result<&Observation, RobotError> {
+            self.obs.episode += 1;
+            self.obs.step = 0;
+            self.obs.images[0].data[0] = 0;
+            Ok(&self.obs)
+        }
+        fn command(&mut self, _: &[f32]) -> Result<(), RobotError> {
+            self.obs.step += 1;
+            self.obs.seq += 1;
+            self.obs.images[0].data[0] = self.obs.step as u8;
+            Ok(())
+        }
+        fn observe(&mut self) -> Result<&Observation, RobotError> {
+            Ok(&self.obs)
+        }
+        fn hold_action(&self, out: &mut [f32]) {
+            out.fill(0.0)
+        }
+    }
+
+    /// Probability: the red value over 10 (steps 5 and on reach 0.5).
+    struct Red;
+
+    impl FrameEncoder for Red {
+        fn features_len(&self) -> usize {
+            1
+        }
+        fn encode(&mut self, images: &[Image], out: &mut [f32]) -> Result<(), String> {
+            out[0] = images[0].data[0] as f32 / 10.0;
+            Ok(())
+        }
+    }
+
+    const RULE: RewardRule = RewardRule {
+        threshold: 0.5,
+        consecutive_frames: 3,
+    };
+
+    #[test]
+    fn inline_three_frames_at_the_threshold_end_the_episode_as_a_success() {
+        let mut r = ClassifiedReward::new(cam(), FeatureDriver::Inline(Box::new(Red)), RULE);
+        let o = r.reset(None).unwrap();
+        assert_eq!((o.reward, o.success, o.terminated), (0.0, false, false));
+        assert_eq!(o.success_score, Some(0.0));
+        let mut ended_at = None;
+        for step in 1..=10u32 {
+            r.command(&[0.0]).unwrap();
+            let o = r.observe().unwrap();
+            if o.terminated {
+                assert_eq!((o.reward, o.success), (1.0, true));
+                ended_at = Some(step);
+                break;
+            }
+            assert_eq!(
+                (o.reward, o.success),
+                (0.0, false),
+                "the robot's own success"
+            );
+        }
+        // Steps 5, 6, 7 reach 0.5: the third of them ends it.
+        assert_eq!(ended_at, Some(7));
+        // The same frame again: judged once, the verdict stays.
+        assert!(r.observe().unwrap().terminated);
+        let c = r.counts().unwrap();
+        assert_eq!((c.frames, c.above, c.successes, c.unjudged), (8, 3, 1, 0));
+        // A reset starts the count again.
+        assert!(!r.reset(None).unwrap().terminated);
+    }
+
+    #[test]
+    fn on_its_own_thread_the_newest_verdict_ends_the_episode() {
+        let c = cam();
+        let feed = FeatureFeed::start(Box::new(Red), &c.obs.images).unwrap();
+        let driver = FeatureDriver::Thread {
+            feed,
+            max_age_frames: 1_000,
+        };
+        let mut r = ClassifiedReward::new(c, driver, RULE);
+        r.reset(None).unwrap();
+        let t0 = std::time::Instant::now();
+        loop {
+            r.command(&[0.0]).unwrap();
+            if r.observe().unwrap().terminated {
+                break;
+            }
+            assert!(t0.elapsed().as_secs() < 20, "never a success");
+            // Gives the classifier's thread its turn, as a period would.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let o = r.observe().unwrap();
+        assert!(o.success && o.success_score.unwrap() >= 0.5);
+    }
+
+    #[test]
+    fn without_a_classifier_the_robot_is_untouched() {
+        let mut r = ClassifiedReward::passthrough(cam());
+        let o = r.reset(None).unwrap();
+        assert_eq!((o.reward, o.success, o.success_score), (5.0, true, None));
+        assert!(r.counts().is_none());
+    }
+}

@@ -668,7 +668,7 @@ pub struct LearnerSection {
 #[serde(deny_unknown_fields)]
 pub struct VisionSection {
     /// The frozen encoder (`reflex bc train --camera ...` writes `<model>.encoder.onnx`), its
-    /// spec `<name>.encoder.toml` beside it. The actor runs it once per frame; the learner checks
+    /// spec `M.encoder.toml` beside `M.encoder.onnx`. The actor runs it once per frame; the learner checks
     /// every step's maps were made by this very file.
     pub encoder: PathBuf,
     /// Learned spatial embeddings per map channel (SERL: 8).

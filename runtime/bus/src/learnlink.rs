@@ -62,6 +62,11 @@ pub struct LinkConfig {
     pub drain_s: f64,
 }
 
+/// Most feature-map bytes an actor keeps for a learner that has not persisted them (a learner
+/// gone for a long time costs the robot at most this much memory; older steps are dropped and
+/// counted as `lost`).
+pub const MAX_UNACKED_FEATURE_BYTES: u64 = 2_000_000_000;
+
 impl Default for LinkConfig {
     fn default() -> Self {
         LinkConfig {
@@ -389,8 +394,23 @@ impl ActorLink {
     }
 
     /// Sends each step's feature maps (a learner that sees), named by the frozen encoder that
-    /// made them and shaped `[channels, height, width]` per camera.
+    /// made them and shaped `[channels, height, width]` per camera. Steps with maps are large,
+    /// so the unacknowledged backlog is also held under [`MAX_UNACKED_FEATURE_BYTES`] of maps.
     pub fn with_features(mut self, encoder: String, shapes: Vec<[u32; 3]>) -> Self {
+        let values: u64 = shapes
+            .iter()
+            .map(|s| s.iter().map(|d| *d as u64).product::<u64>())
+            .sum();
+        let per_step = (8 * values).max(1);
+        let fit = (MAX_UNACKED_FEATURE_BYTES / per_step).max(1_000) as usize;
+        if fit < self.cfg.max_unacked {
+            tracing::info!(
+                "learner link: steps carry {} KB of feature maps; at most {fit} unacknowledged steps are kept (not {})",
+                per_step / 1000,
+                self.cfg.max_unacked
+            );
+            self.cfg.max_unacked = fit;
+        }
         self.features = Some(StepFeatures {
             encoder,
             shapes,
