@@ -4,10 +4,12 @@
 //!   [`control::ControlLoop::builder`]), with [`clock`], [`schedule`], [`chunk`], [`safety`],
 //!   [`teleop`] and [`status`] channels, the [`residual`] hook, the [`policy`] thread, the
 //!   [`outbox`], real-time settings ([`rt`]) and the lock-free [`triple`] buffer it is built from;
-//! - [`features`]: the thread beside the loop that runs a frozen image encoder on the newest
-//!   frames (for a learner that sees);
-//! - [`kinematics`]: forward and damped-least-squares inverse kinematics of a serial chain read
-//!   from a URDF, shared by the simulator, the safety layer, the recorder and hardware drivers;
+//! - [`features`]: a frozen image encoder on the newest frames, inline or on its own thread beside
+//!   the loop (for a learner that sees), and [`reward`]: a success classifier's verdict as a
+//!   robot's reward;
+//! - [`kinematics`] (re-exported from reflex-kinematics): forward and damped-least-squares inverse
+//!   kinematics of a serial chain read from a URDF, shared by the simulator, the safety layer, the
+//!   recorder and hardware drivers;
 //! - [`fsio`]: atomic file writes.
 //!
 //! It depends on [`reflex_contracts`] (re-exported as [`msg`], [`robot`], [`config`], [`keys`])
@@ -17,6 +19,8 @@
 
 pub use reflex_contracts as contracts;
 pub use reflex_contracts::{config, keys, msg, robot};
+/// Kinematics of a serial chain (the reflex-kinematics crate).
+pub use reflex_kinematics as kinematics;
 
 pub mod chunk;
 pub mod clock;
@@ -24,7 +28,6 @@ pub mod control;
 pub mod features;
 pub mod fsio;
 pub mod hist;
-pub mod kinematics;
 pub mod outbox;
 pub mod policy;
 pub mod residual;

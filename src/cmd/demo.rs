@@ -2,7 +2,7 @@
 
 use crate::cli::{Bars, print_json};
 use clap::{Args, ValueEnum};
-use reflex_agent::demo::{DemoOptions, DemoReport};
+use reflex_demo::{DemoOptions, DemoReport};
 use reflex_learn::sac::Mode;
 use std::path::PathBuf;
 
@@ -80,7 +80,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         config: a.config,
         eval_episodes: a.eval_episodes,
     };
-    let r = reflex_agent::demo::run(&o, &Bars::new(a.json))?;
+    let r = reflex_demo::run(&o, &Bars::new(a.json))?;
     if a.json {
         print_json(&r.summary);
     } else {

@@ -9,7 +9,6 @@
 //!   (`reflex learn`) or on a thread of the actor's;
 //! - [`assemble`], [`presets`]: from the actor's steps to the learner's transitions (relabelling,
 //!   RLIF, HIL-SERL routing) and the SAC settings the demo measured;
-//! - [`demo`]: the whole mission in one process (`reflex demo`);
 //! - [`heldout`]: a policy judged alone on held-out seeds (`reflex eval`);
 //! - [`signals`]: SIGINT and SIGTERM as stops; [`summary`]: a run's figures as one type.
 //!
@@ -22,7 +21,6 @@
 pub mod actor;
 pub mod assemble;
 pub mod config;
-pub mod demo;
 pub mod error;
 pub mod heldout;
 pub mod learner;

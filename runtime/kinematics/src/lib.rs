@@ -7,6 +7,7 @@
 //! (the link frame expressed in the chain's base frame).
 //!
 //! Forward kinematics allocates nothing, so the control loop may call it every step.
+#![warn(missing_docs)]
 
 use nalgebra::{DMatrix, DVector, Isometry3, Translation3, Unit, UnitQuaternion, Vector3};
 use std::path::Path;

@@ -4,11 +4,12 @@
 //! single-threaded in simulated time, so a seed reproduces a run exactly: after every environment
 //! step the learner does its updates and, at episode ends, publishes new residual weights, which
 //! the loop swaps in atomically.
+#![warn(missing_docs)]
 
-use crate::assemble::{Assembler, ChunkAssembler};
-use crate::presets::{learner_preset, overlay_sac, read_table, state_norm};
-use crate::progress::Progress;
-use crate::{AgentError, error::Result};
+use reflex_agent::assemble::{Assembler, ChunkAssembler};
+use reflex_agent::presets::{learner_preset, overlay_sac, read_table, state_norm};
+use reflex_agent::progress::Progress;
+use reflex_agent::{AgentError, error::Result};
 use reflex_contracts::config::{Invalid, Validate, in_range};
 use reflex_contracts::msg::{Observation, TeleopMsg, WireStep};
 use reflex_contracts::policy::Policy;
@@ -178,7 +179,7 @@ pub struct DemoSummary {
     pub refined_config: Option<String>,
     /// The held-out evaluation.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub held_out: Option<crate::heldout::HeldOut>,
+    pub held_out: Option<reflex_agent::heldout::HeldOut>,
 }
 
 /// What a demo produced.
@@ -362,7 +363,7 @@ impl Rig {
         self.teleop.send(&msg); // nobody drives from here on
         self.lp.set_residual_explore(false);
         self.lp
-            .restart_with_seed(crate::heldout::held_out_seed(o.seed))?;
+            .restart_with_seed(reflex_agent::heldout::held_out_seed(o.seed))?;
         let start = self.lp.episodes().len();
         progress.start(o.eval_episodes as u64, "held-out episodes");
         progress.message("the steered policy alone");
@@ -484,13 +485,15 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
         action: vec![0.0; spec.action.dim()],
         ..Default::default()
     };
-    let dir = o.runs.join(crate::run_id(&format!("demo-seed{}", o.seed)));
+    let dir = o
+        .runs
+        .join(reflex_agent::run_id(&format!("demo-seed{}", o.seed)));
     std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
     // Every episode to Rerun, off the loop (the recorder's own thread and bounded queue).
     let recorder = o
         .record
         .then(|| {
-            crate::tap::make_recorder(
+            reflex_agent::tap::make_recorder(
                 Some(dir.join("episodes")),
                 reflex_record::Live::Off,
                 &spec,
@@ -545,14 +548,14 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
         // in this process (fresh base policy, the residual read back from its file).
         (Some((_, config)), _) => {
             progress.message("the refined policy alone, from the kept files");
-            let cfg = crate::config::RunConfig::load(config)?;
-            let report = crate::actor::run_config(&cfg, &Default::default(), progress)?;
-            Some(crate::heldout::HeldOut::of(
+            let cfg = reflex_agent::config::RunConfig::load(config)?;
+            let report = reflex_agent::actor::run_config(&cfg, &Default::default(), progress)?;
+            Some(reflex_agent::heldout::HeldOut::of(
                 &report.episodes,
                 Some(&trained),
             ))
         }
-        (None, _) => Some(crate::heldout::HeldOut::of(
+        (None, _) => Some(reflex_agent::heldout::HeldOut::of(
             &rig.evaluate_alone(o, progress)?,
             Some(&trained),
         )),
@@ -628,7 +631,7 @@ fn keep_refined(
          [policy.residual]\nmodel = \"residual.onnx\"\n\n\
          [run]\nepisodes = {}\nseed = {}\nclock = \"sim\"\n",
         o.eval_episodes.max(1),
-        crate::heldout::held_out_seed(o.seed)
+        reflex_agent::heldout::held_out_seed(o.seed)
     );
     let config = dir.join("refined.toml");
     reflex_runtime::fsio::atomic_write(&config, text.as_bytes())
@@ -745,7 +748,7 @@ fn summarize(
     wall: f64,
     sac: &Sac,
     reasons: Option<TakeoverReasons>,
-    held: Option<&crate::heldout::HeldOut>,
+    held: Option<&reflex_agent::heldout::HeldOut>,
 ) -> Result<DemoReport> {
     // The headline: success without a takeover (the robot's own); `success` counts assisted
     // episodes too.
