@@ -226,31 +226,17 @@ impl FeatureEncoder {
             )));
         }
         for (c, buf) in self.spec.cameras.iter().zip(&mut self.nchw) {
-            let img = images
-                .iter()
-                .find(|i| i.camera == c.camera)
-                .ok_or_else(|| {
-                    input(format!(
-                        "no image from camera `{}` (got {:?}); the encoder reads it",
-                        c.camera,
-                        images.iter().map(|i| &i.camera).collect::<Vec<_>>()
-                    ))
-                })?;
-            if img.encoding != "rgb8"
-                || img.data.len() != (img.width * img.height * 3) as usize
-                || img.width == 0
-                || img.height == 0
-            {
-                return Err(input(format!(
-                    "camera `{}`: a {}x{} `{}` image of {} bytes is not rgb8",
-                    c.camera,
-                    img.width,
-                    img.height,
-                    img.encoding,
-                    img.data.len()
-                )));
-            }
-            crate::vla::image_to_nchw(img, c.width, c.height, &self.spec.mean, &self.spec.std, buf);
+            crate::vla::camera_to_nchw(
+                images,
+                &c.camera,
+                "the encoder",
+                c.width,
+                c.height,
+                &self.spec.mean,
+                &self.spec.std,
+                buf,
+            )
+            .map_err(input)?;
         }
         let rt = |e: ort::Error| EncodeError::Runtime {
             encoder: self.id.clone(),

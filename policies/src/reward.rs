@@ -151,26 +151,17 @@ impl SuccessClassifier {
             else {
                 continue;
             };
-            let img = images.iter().find(|i| &i.camera == camera).ok_or_else(|| {
-                input(format!(
-                    "no image from camera `{camera}` (got {:?}); the classifier reads it",
-                    images.iter().map(|i| &i.camera).collect::<Vec<_>>()
-                ))
-            })?;
-            if img.encoding != "rgb8"
-                || img.width == 0
-                || img.height == 0
-                || img.data.len() != (img.width * img.height * 3) as usize
-            {
-                return Err(input(format!(
-                    "camera `{camera}`: a {}x{} `{}` image of {} bytes is not rgb8",
-                    img.width,
-                    img.height,
-                    img.encoding,
-                    img.data.len()
-                )));
-            }
-            crate::vla::image_to_nchw(img, *width, *height, mean, std, buf);
+            crate::vla::camera_to_nchw(
+                images,
+                camera,
+                "the classifier",
+                *width,
+                *height,
+                mean,
+                std,
+                buf,
+            )
+            .map_err(input)?;
         }
         let rt = |e: ort::Error| EncodeError::Runtime {
             encoder: self.file.clone(),

@@ -39,7 +39,7 @@ pub fn tokenize(
 ///
 /// # Panics
 /// When `img` is empty or its data is not `width x height x 3` bytes: callers check (the ONNX
-/// policy refuses such an image with an error naming the camera).
+/// policy refuses such an image with an error naming the camera; [`camera_to_nchw`] checks).
 pub fn image_to_nchw(
     img: &Image,
     w: u32,
@@ -69,6 +69,43 @@ pub fn image_to_nchw(
             }
         }
     }
+}
+
+/// Finds camera `camera`'s image among `images` (by name), checks it is a non-empty rgb8 image,
+/// and writes it into `out` as [`image_to_nchw`] does. The error says what is wrong; `reader`
+/// names who reads the camera ("the encoder", "the classifier").
+#[allow(clippy::too_many_arguments)]
+pub fn camera_to_nchw(
+    images: &[Image],
+    camera: &str,
+    reader: &str,
+    w: u32,
+    h: u32,
+    mean: &[f32; 3],
+    std: &[f32; 3],
+    out: &mut [f32],
+) -> Result<(), String> {
+    let img = images.iter().find(|i| i.camera == camera).ok_or_else(|| {
+        format!(
+            "no image from camera `{camera}` (got {:?}); {reader} reads it",
+            images.iter().map(|i| &i.camera).collect::<Vec<_>>()
+        )
+    })?;
+    if img.encoding != "rgb8"
+        || img.width == 0
+        || img.height == 0
+        || img.data.len() != (img.width * img.height * 3) as usize
+    {
+        return Err(format!(
+            "camera `{camera}`: a {}x{} `{}` image of {} bytes is not rgb8",
+            img.width,
+            img.height,
+            img.encoding,
+            img.data.len()
+        ));
+    }
+    image_to_nchw(img, w, h, mean, std, out);
+    Ok(())
 }
 
 #[cfg(test)]

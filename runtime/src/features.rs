@@ -205,6 +205,24 @@ pub enum FeatureDriver {
 }
 
 impl FeatureDriver {
+    /// `encoder` on the loop's thread (`inline`, simulated time), or on its own thread with
+    /// buffers sized from `template` (one image per camera) and maps up to `max_age_frames` old.
+    pub fn start(
+        encoder: Box<dyn FrameEncoder>,
+        inline: bool,
+        template: &[Image],
+        max_age_frames: u32,
+    ) -> std::io::Result<Self> {
+        Ok(if inline {
+            FeatureDriver::Inline(encoder)
+        } else {
+            FeatureDriver::Thread {
+                feed: FeatureFeed::start(encoder, template)?,
+                max_age_frames,
+            }
+        })
+    }
+
     fn features_len(&self) -> usize {
         match self {
             FeatureDriver::Thread { feed, .. } => feed.features_len(),

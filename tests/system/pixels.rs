@@ -509,6 +509,23 @@ fn reflex_run_with_learner_vision_sends_maps_a_learner_in_another_process_takes_
     let v = json_output(reflex().args(["run", "--json", "--config"]).arg(&cfg));
     assert_eq!(v["episodes"], 2, "{v}");
     assert_eq!(v["features"]["loop"]["stale"], 0, "{v}");
+    // Without `encoder`, the file named in the residual's spec is looked for beside it.
+    for f in ["cams.encoder.onnx", "cams.encoder.toml"] {
+        std::fs::copy(dir.path().join(f), kept.parent().unwrap().join(f)).unwrap();
+    }
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("encoder = \"cams.encoder.onnx\"\n", "");
+    std::fs::write(&cfg, text).unwrap();
+    let v = json_output(reflex().args(["run", "--json", "--config"]).arg(&cfg));
+    assert_eq!(v["episodes"], 2, "{v}");
+    assert!(
+        v["features"]["encoder"]
+            .as_str()
+            .unwrap()
+            .starts_with("cams.encoder.onnx#"),
+        "{v}"
+    );
     // 4. Another encoder against that checkpoint: refused, naming both.
     write_encoder(dir.path(), "other", 6);
     let cfg = seeing_config(

@@ -36,7 +36,7 @@ use reflex_policies::features::FeatureEncoder;
 use reflex_record::Live;
 use reflex_runtime::clock::{Clock, SimClock, WallClock};
 use reflex_runtime::control::{ControlLoop, EpisodeSummary, LoopConfig, LoopStats, PolicyDriver};
-use reflex_runtime::features::{FeatureDriver, FeatureFeed, LoopFeatures};
+use reflex_runtime::features::{FeatureDriver, LoopFeatures};
 use reflex_runtime::kinematics::Chain;
 use reflex_runtime::policy::PolicyThread;
 use reflex_runtime::safety::{SafetyConfig, SafetyCounters};
@@ -402,14 +402,13 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             shapes: enc.spec().cameras.iter().map(|c| c.shape()).collect(),
             len: enc.features_len(),
         };
-        let driver = match self.clock {
-            ClockChoice::Sim => FeatureDriver::Inline(Box::new(enc)),
-            ClockChoice::Wall { .. } => FeatureDriver::Thread {
-                feed: FeatureFeed::start(Box::new(enc), &obs_template(spec).images)
-                    .map_err(|e| AgentError::setup("the encoder thread", e.to_string()))?,
-                max_age_frames: max_age,
-            },
-        };
+        let driver = FeatureDriver::start(
+            Box::new(enc),
+            matches!(self.clock, ClockChoice::Sim),
+            &obs_template(spec).images,
+            max_age,
+        )
+        .map_err(|e| AgentError::setup("the encoder thread", e.to_string()))?;
         Ok((LoopFeatures::new(driver, spec.state_dim()), header))
     }
 }
@@ -1519,18 +1518,13 @@ pub fn with_reward<R: Robot>(
         rule.threshold,
         rule.consecutive_frames
     );
-    let driver = match cfg.run.clock {
-        ClockKind::Sim => FeatureDriver::Inline(Box::new(c)),
-        ClockKind::Wall => {
-            let template = obs_template(spec).images;
-            FeatureDriver::Thread {
-                feed: FeatureFeed::start(Box::new(c), &template).map_err(|e| {
-                    AgentError::setup("the reward classifier's thread", e.to_string())
-                })?,
-                max_age_frames: r.max_age_frames,
-            }
-        }
-    };
+    let driver = FeatureDriver::start(
+        Box::new(c),
+        cfg.run.clock == ClockKind::Sim,
+        &obs_template(spec).images,
+        r.max_age_frames,
+    )
+    .map_err(|e| AgentError::setup("the reward classifier's thread", e.to_string()))?;
     Ok(ClassifiedReward::new(robot, driver, rule))
 }
 
