@@ -3,7 +3,8 @@
 //! it). A frame counts as success when the classifier's probability is at or above a threshold;
 //! `consecutive_frames` such frames in a row give reward 1, success, and end the episode. The
 //! robot still says when an episode is over otherwise (its time limit, a failure it detects
-//! itself); a person's success or failure key still overrides everything (the loop ends the
+//! itself), but an end the robot calls a success (a simulator's own task check) does not end a
+//! judged episode: the classifier decides that; a person's success or failure key still overrides everything (the loop ends the
 //! episode with the person's label).
 //!
 //! [`ClassifiedReward`] wraps any [`Robot`]; the classifier runs as a [`FeatureDriver`] with one
@@ -124,9 +125,13 @@ impl Judge {
             }
         }
         let hit = self.run >= self.rule.consecutive_frames;
+        // The robot's own ends still end the episode, except an end it calls success (a
+        // simulator's task check): the classifier's verdict replaces that one, or the truth
+        // the classifier stands in for would leak into the run as an unexplained end.
+        let robot_end = o.terminated && !o.success;
         o.reward = hit as u8 as f32;
         o.success = hit;
-        o.terminated = hit || o.terminated;
+        o.terminated = hit || robot_end;
         o.success_score = self.score;
     }
 }
@@ -322,6 +327,28 @@ mod tests {
         }
         let o = r.observe().unwrap();
         assert!(o.success && o.success_score.unwrap() >= 0.5);
+    }
+
+    #[test]
+    fn the_robots_own_success_does_not_end_a_judged_episode_its_failures_do() {
+        let mut c = cam();
+        // The robot calls every step a success and ends the episode on it (a simulator's task
+        // check): the classifier, below its threshold at step 1, stands in for that verdict.
+        c.obs.terminated = true;
+        let mut r = ClassifiedReward::new(c, FeatureDriver::Inline(Box::new(Red)), RULE);
+        r.reset(None).unwrap();
+        r.command(&[0.0]).unwrap();
+        let o = r.observe().unwrap();
+        assert_eq!((o.reward, o.success, o.terminated), (0.0, false, false));
+        // A failure the robot detects itself still ends it, as a failure.
+        let mut c = cam();
+        c.obs.terminated = true;
+        c.obs.success = false;
+        let mut r = ClassifiedReward::new(c, FeatureDriver::Inline(Box::new(Red)), RULE);
+        r.reset(None).unwrap();
+        r.command(&[0.0]).unwrap();
+        let o = r.observe().unwrap();
+        assert_eq!((o.reward, o.success, o.terminated), (0.0, false, true));
     }
 
     #[test]

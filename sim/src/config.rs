@@ -28,6 +28,19 @@ impl Default for CameraConfig {
     }
 }
 
+/// What the simulated robot reports in its state vector.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateView {
+    /// Everything the task's layout holds: the arm, the object's pose, the target and the vector
+    /// to close (what state-only policies learn from).
+    #[default]
+    All,
+    /// Only what a real arm's own sensors give (joint positions and velocities, the tool's pose
+    /// from forward kinematics): where the object is must come from the cameras, as on an SO-101.
+    Arm,
+}
+
 fn default_action() -> ActionKind {
     ActionKind::EeDelta
 }
@@ -86,6 +99,10 @@ pub struct SimConfig {
     /// Cameras.
     #[serde(default)]
     pub cameras: CameraConfig,
+    /// What the state vector holds: `all` (default) or `arm` (proprioception only, for
+    /// learning from the cameras).
+    #[serde(default)]
+    pub state: StateView,
     /// Servo model.
     #[serde(default)]
     pub servo: ServoParams,
@@ -109,6 +126,7 @@ impl SimConfig {
             yaw_step_rad: default_yaw_step(),
             joint_step_rad: default_joint_step(),
             cameras: CameraConfig::default(),
+            state: StateView::All,
             servo: ServoParams::default(),
             solver: SolverParams::default(),
         }

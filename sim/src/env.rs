@@ -1,7 +1,7 @@
 //! [`SimEnv`]: the simulator as a [`Robot`].
 
 use crate::camera::{CameraRig, Renderer};
-use crate::config::SimConfig;
+use crate::config::{SimConfig, StateView};
 use crate::task::{TaskKind, TaskLayout};
 use crate::world::{ArmModel, NUM_ACTUATORS, Scene};
 use nalgebra::{Isometry3, Translation3, Vector3};
@@ -54,6 +54,10 @@ pub struct SimEnv {
     renderer: Option<Renderer>,
     rig: CameraRig,
     physics_steps: u64,
+    /// The task's whole state layout ([`state_fields`]) whatever the robot reports, and whether
+    /// the scene shows success: what a person looking at the scene sees.
+    scene_state: Vec<f32>,
+    scene_success: bool,
 }
 
 /// What a viewer draws of a task: the SO-101 from its URDF with fingers opened by the gripper
@@ -99,6 +103,28 @@ pub fn scene(task: TaskKind) -> SceneSpec {
             rgb: [150, 120, 90],
         }],
     }
+}
+
+/// Values of the arm's own state (joint positions and velocities, tool position and
+/// orientation), the first fields of every task's layout.
+pub const ARM_STATE_LEN: usize = 19;
+
+/// The arm's own fields of a task's layout (`[sim] state = "arm"`).
+pub fn arm_state_fields(task: TaskKind) -> Vec<StateField> {
+    let v: Vec<StateField> = state_fields(task)
+        .into_iter()
+        .take_while(|f| {
+            matches!(
+                f.name.as_str(),
+                "joint_pos" | "joint_vel" | "ee_pos" | "ee_quat"
+            )
+        })
+        .collect();
+    debug_assert_eq!(
+        v.iter().map(|f| f.size as usize).sum::<usize>(),
+        ARM_STATE_LEN
+    );
+    v
 }
 
 /// Observation layout of a task.
@@ -250,7 +276,10 @@ impl SimEnv {
             kind: format!("sim/{}", cfg.task),
             control_hz: cfg.control_hz,
             lockstep: true,
-            state: state_fields(cfg.task),
+            state: match cfg.state {
+                StateView::All => state_fields(cfg.task),
+                StateView::Arm => arm_state_fields(cfg.task),
+            },
             action: action_spec(&cfg, &model),
             cameras: if cfg.cameras.enabled {
                 rig.cameras
@@ -266,7 +295,15 @@ impl SimEnv {
                 .chain(["gripper".to_string()])
                 .collect(),
             max_episode_steps: cfg.max_steps(),
-            scene: Some(scene(cfg.task)),
+            scene: Some(match cfg.state {
+                StateView::All => scene(cfg.task),
+                // A viewer draws objects and markers from state fields the robot no longer has.
+                StateView::Arm => SceneSpec {
+                    objects: vec![],
+                    markers: vec![],
+                    ..scene(cfg.task)
+                },
+            }),
         };
         let renderer = cfg
             .cameras
@@ -307,6 +344,8 @@ impl SimEnv {
             renderer,
             rig,
             physics_steps: 0,
+            scene_state: Vec::new(),
+            scene_success: false,
             scene,
             layout,
             model,
@@ -314,6 +353,17 @@ impl SimEnv {
         };
         env.start_episode(seed);
         env
+    }
+
+    /// The task's whole state ([`state_fields`] of the task, not the robot's spec when the
+    /// config's `state = "arm"` hides the scene): what a simulated person sees.
+    pub fn scene_state(&self) -> &[f32] {
+        &self.scene_state
+    }
+
+    /// Whether the scene shows the task done, whatever a wrapper (a success classifier) says.
+    pub fn scene_success(&self) -> bool {
+        self.scene_success
     }
 
     /// The configuration.
@@ -517,6 +567,12 @@ impl SimEnv {
         };
         let d = g - from;
         s.extend_from_slice(&[d.x as f32, d.y as f32, d.z as f32]);
+        self.scene_state.clear();
+        self.scene_state.extend_from_slice(s);
+        self.scene_success = success;
+        if self.cfg.state == StateView::Arm {
+            s.truncate(ARM_STATE_LEN);
+        }
         o.success = success;
         o.reward = reward.max(if success && self.step > 0 { 1.0 } else { 0.0 });
         o.terminated = success;

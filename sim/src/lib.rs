@@ -20,7 +20,7 @@ pub mod human;
 pub mod task;
 pub mod world;
 
-pub use config::SimConfig;
+pub use config::{SimConfig, StateView};
 pub use env::SimEnv;
 pub use expert::Expert;
 pub use task::TaskKind;

@@ -168,3 +168,43 @@ fn bad_sim_config_is_rejected_with_key_and_range() {
         .to_string();
     assert!(e.contains("whole multiple of control_hz"), "{e}");
 }
+
+#[test]
+fn the_arm_view_reports_only_the_arms_state_and_keeps_the_scene_for_a_person() {
+    // `[sim] state = "arm"`: the same episode as the full view, the state cut to the arm's own
+    // 19 values, the scene's whole state and success still known to the simulator.
+    let cfg: SimConfig = toml::from_str("task = \"pick\"\nstate = \"arm\"").unwrap();
+    let mut arm = SimEnv::new(cfg).unwrap();
+    let mut all = SimEnv::new(SimConfig::for_task(TaskKind::Pick)).unwrap();
+    let names: Vec<&str> = arm.spec().state.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["joint_pos", "joint_vel", "ee_pos", "ee_quat"]);
+    assert_eq!(arm.spec().state_dim(), 19);
+    assert!(arm.spec().scene.as_ref().unwrap().objects.is_empty());
+    // The expert needs the cube: it drives from the full view; both simulators take its actions.
+    let mut expert = Expert::new(all.spec(), 0.0, 0).unwrap();
+    let mut action = vec![0.0; all.spec().action.dim()];
+    let mut full = all.reset(Some(5)).unwrap().clone();
+    let o = arm.reset(Some(5)).unwrap();
+    assert_eq!(o.state.len(), 19);
+    assert_eq!(o.state[..], full.state[..19]);
+    assert_eq!(arm.scene_state(), &full.state[..]);
+    let mut succeeded = false;
+    for _ in 0..arm.spec().max_episode_steps {
+        expert.act(&full, &mut action);
+        full.copy_from(all.step(&action).unwrap());
+        let o = arm.step(&action).unwrap().clone();
+        assert_eq!(o.state[..], full.state[..19]);
+        assert_eq!(arm.scene_state(), &full.state[..]);
+        assert_eq!(
+            (o.success, arm.scene_success()),
+            (full.success, full.success)
+        );
+        if full.done() {
+            succeeded = full.success;
+            break;
+        }
+    }
+    assert!(succeeded, "the expert lifts the cube in seed 5");
+    let bad = toml::from_str::<SimConfig>("task = \"pick\"\nstate = \"cube\"").unwrap_err();
+    assert!(bad.to_string().contains("arm"), "{bad}");
+}
