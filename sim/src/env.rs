@@ -58,6 +58,8 @@ pub struct SimEnv {
     /// the scene shows success: what a person looking at the scene sees.
     scene_state: Vec<f32>,
     scene_success: bool,
+    /// The scene's success at the last step of the episode the latest reset ended.
+    ended_success: Option<bool>,
 }
 
 /// What a viewer draws of a task: the SO-101 from its URDF with fingers opened by the gripper
@@ -346,6 +348,7 @@ impl SimEnv {
             physics_steps: 0,
             scene_state: Vec::new(),
             scene_success: false,
+            ended_success: None,
             scene,
             layout,
             model,
@@ -364,6 +367,13 @@ impl SimEnv {
     /// Whether the scene shows the task done, whatever a wrapper (a success classifier) says.
     pub fn scene_success(&self) -> bool {
         self.scene_success
+    }
+
+    /// Whether the scene showed the task done at the last step of the episode the latest reset
+    /// ended (`None` before any episode ran a step): what a person saw when the episode ended, read
+    /// after a control loop has already started the next one.
+    pub fn ended_scene_success(&self) -> Option<bool> {
+        self.ended_success
     }
 
     /// The configuration.
@@ -590,6 +600,7 @@ impl Robot for SimEnv {
 
     fn reset(&mut self, seed: Option<u64>) -> Result<&Observation, RobotError> {
         let seed = seed.unwrap_or_else(|| self.seeds.random());
+        self.ended_success = (self.step > 0).then_some(self.scene_success);
         self.episode += 1;
         self.start_episode(seed);
         Ok(&self.obs)

@@ -25,9 +25,24 @@ pub struct DemoArgs {
     /// Seed of everything (episodes, learner, person).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Base policy.
-    #[arg(long, default_value = "models/pick.onnx")]
-    model: PathBuf,
+    /// Base policy (default: models/pick.onnx; with --vision, models/pick-seeing.onnx).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Learn from pixels: the arm reports only its joints and tool pose, the base policy and
+    /// the learner see the simulator's two cameras (the learner through the base policy's
+    /// frozen encoder, `<model>.encoder.onnx`), and a success classifier gives the reward.
+    #[arg(long)]
+    vision: bool,
+    /// With --vision: the success classifier (default: models/pick-reward.onnx).
+    #[arg(long, requires = "vision")]
+    classifier: Option<PathBuf>,
+    /// With --vision: frames in a row the classifier must call success.
+    #[arg(long, requires = "vision", default_value_t = 2)]
+    consecutive_frames: u32,
+    /// With --vision: the probability at which a frame counts as success (default: the
+    /// classifier's own, from its spec).
+    #[arg(long, requires = "vision")]
+    threshold: Option<f32>,
     /// Learner mode.
     #[arg(long, value_enum, default_value = "residual")]
     mode: ModeArg,
@@ -63,10 +78,27 @@ pub struct DemoArgs {
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
+    let model = a.model.unwrap_or_else(|| {
+        PathBuf::from(if a.vision {
+            "models/pick-seeing.onnx"
+        } else {
+            "models/pick.onnx"
+        })
+    });
+    let vision = a.vision.then(|| {
+        let mut v = reflex_demo::VisionDemo::beside(&model);
+        if let Some(c) = a.classifier {
+            v.classifier = c;
+        }
+        v.consecutive_frames = a.consecutive_frames;
+        v.threshold = a.threshold;
+        v
+    });
     let o = DemoOptions {
         episodes: a.episodes,
         seed: a.seed,
-        model: a.model,
+        model,
+        vision,
         mode: match a.mode {
             ModeArg::Residual => Mode::Residual,
             ModeArg::Noise => Mode::Noise,
@@ -92,7 +124,12 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
 fn print_table(o: &DemoOptions, r: &DemoReport) {
     let s = &r.summary;
     println!(
-        "reflex demo: pick, {} learner, simulated person {}",
+        "reflex demo: pick{}, {} learner, simulated person {}",
+        if o.vision.is_some() {
+            " from pixels (the classifier's reward)"
+        } else {
+            ""
+        },
         s.mode,
         if o.human { "on" } else { "off" }
     );
@@ -120,6 +157,16 @@ fn print_table(o: &DemoOptions, r: &DemoReport) {
             last * 100.0
         );
     }
+    if let Some(h) = s.vision.as_ref().and_then(|v| v.base_held_out.as_ref()) {
+        let (lo, hi) = h.success_rate_wilson_95;
+        println!(
+            "  held out, base policy alone ({} new seeds): {:.0}% success (95% CI {:.0}-{:.0}%)",
+            h.episodes,
+            h.success_rate * 100.0,
+            lo * 100.0,
+            hi * 100.0,
+        );
+    }
     if let Some(h) = &s.held_out {
         let (lo, hi) = h.success_rate_wilson_95;
         println!(
@@ -129,6 +176,12 @@ fn print_table(o: &DemoOptions, r: &DemoReport) {
             lo * 100.0,
             hi * 100.0,
             h.mean_steps
+        );
+    }
+    if let Some(v) = &s.vision {
+        println!(
+            "  classifier's successes: {} confirmed by the scene, {} false (the person marked them failures)",
+            v.classifier_successes_confirmed, v.classifier_successes_vetoed
         );
     }
     println!(

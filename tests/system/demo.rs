@@ -258,3 +258,79 @@ fn the_demo_lifts_the_base_within_100_episodes() {
     assert_eq!(e["takeovers"], 0, "{e}");
     assert!(e["success_rate"].as_f64().unwrap() >= 0.75, "{e}");
 }
+
+#[test]
+fn the_pixel_demo_takes_its_reward_from_the_classifier_and_the_person_vetoes_false_successes() {
+    // `reflex demo --vision` as a user runs it, with a threshold no frame can miss: the
+    // classifier calls the first frames a success, the scene shows nothing of the kind, and the
+    // simulated person marks every one of those ends a failure. The arm reports only its own
+    // state; the base alone and the refined policy are judged on the same held-out episodes by
+    // the simulator.
+    let dir = tempfile::tempdir().unwrap();
+    let v = crate::common::json_output(
+        reflex()
+            .current_dir(repo())
+            .args([
+                "demo",
+                "--vision",
+                "--threshold",
+                "0",
+                "--consecutive-frames",
+                "2",
+                "--episodes",
+                "4",
+                "--demos",
+                "2",
+                "--eval-episodes",
+                "4",
+                "--json",
+                "--runs",
+            ])
+            .arg(dir.path()),
+    );
+    let vis = &v["vision"];
+    assert_eq!(vis["classifier_successes_vetoed"], 6, "{v}");
+    assert_eq!(vis["classifier_successes_confirmed"], 0, "{v}");
+    assert!(
+        vis["encoder"]
+            .as_str()
+            .unwrap()
+            .ends_with("pick-seeing.encoder.onnx")
+    );
+    let summary: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(std::path::Path::new(v["run_dir"].as_str().unwrap()).join("summary.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    for row in summary["episodes"].as_array().unwrap() {
+        assert_eq!(row["classifier_success"], true, "{row}");
+        assert_eq!(row["success"], false, "{row}");
+        assert_eq!(row["steps"], 1, "{row}");
+    }
+    for h in [&v["held_out"], &vis["base_held_out"]] {
+        assert_eq!(h["episodes"], 4, "{v}");
+        assert_eq!(h["seeds_seen_in_training"], 0, "{v}");
+    }
+    let run_dir = std::path::Path::new(v["run_dir"].as_str().unwrap());
+    for f in ["refined.toml", "base.toml"] {
+        let text = std::fs::read_to_string(run_dir.join(f)).unwrap();
+        assert!(
+            text.contains("state = \"arm\"") && text.contains("[sim.cameras]"),
+            "{f}: {text}"
+        );
+        assert!(!text.contains("[reward]"), "the simulator judges {f}");
+    }
+    let spec = std::fs::read_to_string(
+        std::path::PathBuf::from(v["residual"].as_str().unwrap()).with_extension("policy.toml"),
+    )
+    .unwrap();
+    assert!(spec.contains("pick-seeing.encoder.onnx"), "{spec}");
+    // The pixel demo refines with a residual only.
+    let out = reflex()
+        .current_dir(repo())
+        .args(["demo", "--vision", "--mode", "full", "--episodes", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--vision"), "{err}");
+}

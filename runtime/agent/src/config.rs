@@ -695,6 +695,16 @@ fn d_map_age() -> u32 {
 }
 
 impl VisionSection {
+    /// `encoder` with every other key at its default (SERL's heads).
+    pub fn with_encoder(encoder: PathBuf) -> Self {
+        VisionSection {
+            encoder,
+            embeddings: d_embeddings(),
+            width: d_head_width(),
+            max_map_age_frames: d_map_age(),
+        }
+    }
+
     /// The image heads this section describes: the encoder's spec gives each camera's map shape,
     /// its bytes the encoder's identity. An error names the file and what to do.
     pub fn heads(&self) -> Result<reflex_learn::sac::VisionHeads, crate::AgentError> {

@@ -6,6 +6,9 @@
 //! the loop swaps in atomically.
 #![warn(missing_docs)]
 
+mod vision;
+pub use vision::VisionDemo;
+
 use reflex_agent::assemble::{Assembler, ChunkAssembler};
 use reflex_agent::presets::{learner_preset, overlay_sac, read_table, state_norm};
 use reflex_agent::progress::Progress;
@@ -21,8 +24,9 @@ use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
 use reflex_record::Recorder;
 use reflex_runtime::clock::SimClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
-use reflex_runtime::outbox::{OutboxReceiver, Source, outbox};
+use reflex_runtime::outbox::{OutboxReceiver, Source, outbox, outbox_with_features};
 use reflex_runtime::residual::WeightsWriter;
+use reflex_runtime::reward::ClassifiedReward;
 use reflex_runtime::teleop::{TeleopWriter, teleop_channel};
 use reflex_sim::human::{HumanConfig, SimHuman, TakeoverReasons};
 use reflex_sim::{SimConfig, SimEnv, TaskKind};
@@ -54,6 +58,8 @@ pub struct DemoOptions {
     pub config: Option<PathBuf>,
     /// Held-out episodes after training: the refined policy alone (0: none).
     pub eval_episodes: usize,
+    /// Learning from pixels (`--vision`): cameras, the frozen encoder, the classifier's reward.
+    pub vision: Option<VisionDemo>,
 }
 
 impl Default for DemoOptions {
@@ -70,6 +76,7 @@ impl Default for DemoOptions {
             record: true,
             config: None,
             eval_episodes: 100,
+            vision: None,
         }
     }
 }
@@ -120,6 +127,10 @@ pub struct EpisodeRow {
     pub interventions: u32,
     /// Steps the person drove.
     pub intervention_steps: u32,
+    /// Learning from pixels: whether the classifier called the episode a success (`success` is
+    /// what the scene showed, as the person saw it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classifier_success: Option<bool>,
 }
 
 /// The figures of a demo run: `summary.json`'s `summary`, and what `reflex demo --json` prints.
@@ -180,6 +191,27 @@ pub struct DemoSummary {
     /// The held-out evaluation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_out: Option<reflex_agent::heldout::HeldOut>,
+    /// Learning from pixels: what the learner saw, the classifier's verdicts, the base alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionFigures>,
+}
+
+/// The pixel demo's own figures.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VisionFigures {
+    /// The frozen encoder the learner saw through.
+    pub encoder: String,
+    /// The success classifier that gave the reward.
+    pub classifier: String,
+    /// Frames in a row it had to call success.
+    pub consecutive_frames: u32,
+    /// Its successes the scene confirmed (training and demonstrations).
+    pub classifier_successes_confirmed: u64,
+    /// Its successes the person saw were false and marked failures.
+    pub classifier_successes_vetoed: u64,
+    /// The base policy alone on the same held-out episodes as `held_out` (the starting point).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_held_out: Option<reflex_agent::heldout::HeldOut>,
 }
 
 /// What a demo produced.
@@ -234,7 +266,7 @@ fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
 
 /// The loop, the learner and everything the demo's step needs.
 struct Rig {
-    lp: ControlLoop<SimEnv, SimClock>,
+    lp: ControlLoop<ClassifiedReward<SimEnv>, SimClock>,
     sac: Sac,
     norm: ActionNorm,
     teleop: TeleopWriter,
@@ -243,11 +275,29 @@ struct Rig {
     tap: Option<NoiseTap>,
     asm: Assembler,
     chunk_asm: ChunkAssembler,
+    vision: Option<vision::VisionRig>,
 }
 
 fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
-    let env = SimEnv::new(SimConfig::for_task(TaskKind::Pick))?;
-    let spec = env.spec().clone();
+    let v = o.vision.as_ref();
+    if v.is_some() && o.mode != Mode::Residual {
+        return Err(AgentError::setup(
+            "--vision",
+            "the pixel demo refines its image base policy with a residual; drop --mode",
+        ));
+    }
+    let env = SimEnv::new(match v {
+        Some(v) => vision::sim_config(v),
+        None => SimConfig::for_task(TaskKind::Pick),
+    })?;
+    let seeing = v
+        .map(|v| vision::seeing(v, env.spec(), &env.obs().images))
+        .transpose()?;
+    let robot = match v {
+        Some(v) => vision::judged(env, v)?,
+        None => ClassifiedReward::passthrough(env),
+    };
+    let spec = robot.spec().clone();
     let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
     let load = |seed: u64| {
         OnnxPolicy::load(
@@ -267,6 +317,7 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
     if learner_cfg.obs_norm.is_none() {
         learner_cfg.obs_norm = state_norm(&relabel, obs_dim);
     }
+    learner_cfg.vision = seeing.as_ref().map(|s| s.heads.clone());
     let noise_dim = match o.mode {
         Mode::Noise => relabel.noise_len(),
         _ => act_dim,
@@ -288,7 +339,13 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
     };
     let norm = ActionNorm::new(&spec.action.low, &spec.action.high, scale);
     let (teleop, teleop_rx) = teleop_channel(act_dim);
-    let (otx, orx) = outbox(4096, obs_dim, act_dim);
+    let (otx, orx) = match &sac.cfg.vision {
+        Some(h) => {
+            let n = h.features.iter().map(|f| f.len()).sum();
+            outbox_with_features(4096, obs_dim, act_dim, n)
+        }
+        None => outbox(4096, obs_dim, act_dim),
+    };
     let chain = reflex_sim::world::ArmModel::so101().chain;
     // The learner's weights reach the loop through one writer: the residual hook's or the
     // steered policy's.
@@ -303,7 +360,7 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
         }
         Mode::Full => PolicyDriver::None,
     };
-    let mut b = ControlLoop::builder(env, SimClock::new())
+    let mut b = ControlLoop::builder(robot, SimClock::new())
         .config(LoopConfig::at(spec.control_hz))
         .policy(driver)
         .chain(Some(chain))
@@ -313,10 +370,23 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
         b = b.residual(Box::new(hook), false);
         weights = Some(w);
     }
+    // The learner's relabeller reads the state only; an image policy relabels the person's
+    // steps in the rig, on the frames the person acted on.
+    let (relabel, vision) = match seeing {
+        Some(s) => {
+            b = b.features(s.features);
+            (
+                None,
+                Some(vision::VisionRig::new(s.header, relabel, act_dim)),
+            )
+        }
+        None => (Some(relabel), None),
+    };
     let lp = b.teleop(teleop_rx).outbox(otx).build()?;
     Ok(Rig {
         lp,
-        asm: Assembler::new(o.mode, norm.clone(), Some(relabel), o.rlif, act_dim),
+        vision,
+        asm: Assembler::new(o.mode, norm.clone(), relabel, o.rlif, act_dim),
         chunk_asm: ChunkAssembler::new(o.rlif),
         sac,
         norm,
@@ -397,13 +467,22 @@ impl Rig {
         msg: &mut TeleopMsg,
         count: &mut PersonCount,
     ) -> Result<()> {
-        let obs_now: Observation = self.lp.robot().obs().clone();
+        // The person looks at the scene (all of it, whatever the robot's state reports).
+        let env = self.lp.robot().inner();
+        let mut obs_now: Observation = env.obs().clone();
+        obs_now.state.clear();
+        obs_now.state.extend_from_slice(env.scene_state());
         match human {
             Some(h) if demos_left > 0 => h.demonstrate(&obs_now, msg),
             Some(h) => h.act(&obs_now, msg),
             None => msg.intervene = false,
         }
         count.note(msg.intervene);
+        if msg.intervene
+            && let Some(v) = &mut self.vision
+        {
+            v.note_person(env.obs(), msg.action.len())?;
+        }
         if o.mode == Mode::Full && !msg.intervene {
             let an = if (self.sac.counters.env_steps as usize) < self.sac.cfg.warmup_steps {
                 self.sac.random_action()
@@ -435,7 +514,12 @@ impl Rig {
         let mut log = log;
         // The noise of a chunk the steered policy started in this step.
         let mut noise = self.tap.as_ref().and_then(|t| t.try_recv());
-        while let Some(tr) = self.orx.try_recv() {
+        while let Some(mut tr) = self.orx.try_recv() {
+            if let Some(v) = &mut self.vision
+                && human.is_some()
+            {
+                v.judge_end(&mut tr, self.lp.robot().inner().ended_scene_success());
+            }
             if let Some(r) = recorder {
                 r.record(&tr);
             }
@@ -444,6 +528,14 @@ impl Rig {
             tr.to_wire(step);
             step.teleop = tr.source == Source::Teleop
                 && (o.mode != Mode::Full || human.as_ref().is_some_and(|h| h.intervening()));
+            if let Some(v) = &mut self.vision {
+                v.maps_into(&tr, step);
+                if step.teleop
+                    && let Some(b) = &v.person_base
+                {
+                    step.base.clone_from(b);
+                }
+            }
             if let Some(l) = log.as_deref_mut() {
                 let seed = self.lp.episodes().last().and_then(|e| e.seed);
                 l.push(&tr, step.teleop, seed)?;
@@ -477,9 +569,14 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let (learner_cfg, human_cfg) = settings(o)?;
     let mut rig = build_rig(o, learner_cfg)?;
     let spec = rig.lp.robot().spec().clone();
+    // The person sees the whole scene, whatever the robot's state reports.
+    let scene_spec = reflex_contracts::msg::RobotSpec {
+        state: reflex_sim::env::state_fields(TaskKind::Pick),
+        ..spec.clone()
+    };
     let mut human = o
         .human
-        .then(|| SimHuman::new(&spec, human_cfg.clone()))
+        .then(|| SimHuman::new(&scene_spec, human_cfg.clone()))
         .transpose()?;
     let mut msg = TeleopMsg {
         action: vec![0.0; spec.action.dim()],
@@ -560,6 +657,18 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
             Some(&trained),
         )),
     };
+    let base_held = match (&o.vision, o.eval_episodes) {
+        (Some(_), n) if n > 0 => {
+            progress.message("the base policy alone, on the same held-out episodes");
+            let cfg = reflex_agent::config::RunConfig::load(&keep_base(o, &dir)?)?;
+            let report = reflex_agent::actor::run_config(&cfg, &Default::default(), progress)?;
+            Some(reflex_agent::heldout::HeldOut::of(
+                &report.episodes,
+                Some(&trained),
+            ))
+        }
+        _ => None,
+    };
     if let Some(r) = recorder {
         let st = r.finish();
         let dropped = st.dropped.load(std::sync::atomic::Ordering::Relaxed);
@@ -578,6 +687,16 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     // names (`success_rate_last_20`).
     r.summary.success_rate = held.as_ref().map(|h| h.success_rate);
     r.summary.held_out = held;
+    if let (Some(v), Some(vr)) = (&o.vision, &rig.vision) {
+        r.summary.vision = Some(VisionFigures {
+            encoder: v.encoder.display().to_string(),
+            classifier: v.classifier.display().to_string(),
+            consecutive_frames: v.consecutive_frames,
+            classifier_successes_confirmed: vr.confirmed,
+            classifier_successes_vetoed: vr.vetoed,
+            base_held_out: base_held,
+        });
+    }
     let summary_file = dir.join("summary.json");
     let body =
         serde_json::to_vec_pretty(&serde_json::json!({ "summary": r.summary, "episodes": r.rows }))
@@ -608,10 +727,11 @@ fn keep_refined(
         action_high: &spec.action.high,
         base_model: Some(&base),
         provenance: format!(
-            "reflex demo --seed {} --episodes {} --mode {}",
+            "reflex demo --seed {} --episodes {} --mode {}{}",
             o.seed,
             o.episodes,
-            mode_name(o.mode)
+            mode_name(o.mode),
+            if o.vision.is_some() { " --vision" } else { "" }
         ),
     };
     reflex_learn::sac::export::write_residual(sac, &info, &model)?;
@@ -627,16 +747,54 @@ fn keep_refined(
         "# The refined policy of this demo run: the base policy with the residual its learner kept,\n\
          # no learner. `reflex run --config refined.toml` runs the demo's held-out episodes again;\n\
          # `reflex eval --config refined.toml` judges it on another held-out seed stream.\n\
-         [robot]\nsource = \"sim\"\n\n[sim]\ntask = \"pick\"\n\n[policy]\n{policy}\n\n\
-         [policy.residual]\nmodel = \"residual.onnx\"\n\n\
-         [run]\nepisodes = {}\nseed = {}\nclock = \"sim\"\n",
-        o.eval_episodes.max(1),
-        reflex_agent::heldout::held_out_seed(o.seed)
+         [robot]\nsource = \"sim\"\n\n{sim}\n[policy]\n{policy}\n\n\
+         [policy.residual]\nmodel = \"residual.onnx\"\n\n{run}",
+        sim = sim_section(o),
+        run = run_section(o),
     );
     let config = dir.join("refined.toml");
     reflex_runtime::fsio::atomic_write(&config, text.as_bytes())
         .map_err(|e| AgentError::io(&config, e))?;
     Ok(Some((model, config)))
+}
+
+/// The `[sim]` tables of a config that runs this demo's robot: `pick`, and for the pixel demo
+/// its cameras and the arm's own state.
+fn sim_section(o: &DemoOptions) -> String {
+    match &o.vision {
+        None => "[sim]\ntask = \"pick\"\n".into(),
+        Some(v) => format!(
+            "[sim]\ntask = \"pick\"\nstate = \"arm\"\n\n[sim.cameras]\nenabled = true\nwidth = {}\nheight = {}\n",
+            v.camera_size.0, v.camera_size.1
+        ),
+    }
+}
+
+/// The `[run]` table of the held-out evaluation: the simulator's own success judges it.
+fn run_section(o: &DemoOptions) -> String {
+    format!(
+        "\n[run]\nepisodes = {}\nseed = {}\nclock = \"sim\"\n",
+        o.eval_episodes.max(1),
+        reflex_agent::heldout::held_out_seed(o.seed)
+    )
+}
+
+/// `base.toml`: the base policy alone on the held-out episodes `refined.toml` runs, the pixel
+/// demo's starting point measured on the same seeds.
+fn keep_base(o: &DemoOptions, dir: &Path) -> Result<PathBuf> {
+    let base = std::fs::canonicalize(&o.model).map_err(|e| AgentError::io(&o.model, e))?;
+    let text = format!(
+        "# The base policy of this demo run alone, on the held-out episodes of refined.toml.\n\
+         [robot]\nsource = \"sim\"\n\n{}\n[policy]\nkind = \"onnx\"\nmodel = {:?}\nseed = {}\n{}",
+        sim_section(o),
+        base.display().to_string(),
+        o.seed,
+        run_section(o)
+    );
+    let config = dir.join("base.toml");
+    reflex_runtime::fsio::atomic_write(&config, text.as_bytes())
+        .map_err(|e| AgentError::io(&config, e))?;
+    Ok(config)
 }
 
 /// The demo's running count of episodes.
@@ -668,9 +826,23 @@ impl Tally {
             return Ok(());
         }
         let e = rig.lp.episodes().last().expect("just finished").clone();
+        // Learning from pixels the classifier's verdict is the reward, not the result: the row
+        // says what the scene showed at the end.
+        let (success, classifier_success) = match &rig.vision {
+            Some(_) => (
+                rig.lp
+                    .robot()
+                    .inner()
+                    .ended_scene_success()
+                    .unwrap_or(false),
+                Some(e.success),
+            ),
+            None => (e.success, None),
+        };
         self.rows.push(EpisodeRow {
             episode: self.rows.len(),
-            success: e.success,
+            success,
+            classifier_success,
             steps: e.steps,
             ret: e.ret,
             interventions: self.count.interventions,
@@ -832,6 +1004,7 @@ fn summarize(
         residual: None,
         refined_config: None,
         held_out: None,
+        vision: None,
     };
     Ok(DemoReport {
         dir: dir.to_path_buf(),

@@ -1,0 +1,201 @@
+//! `reflex demo --vision`: the demo learning from pixels. The simulated arm reports only its own
+//! joints and tool pose (`[sim] state = "arm"`) and renders its two cameras; the base policy
+//! reads the cameras; the learner sees through the base policy's frozen encoder (maps computed
+//! inline on the loop's frame, carried with every transition); a success classifier on the same
+//! cameras, not the simulator, gives the reward and ends episodes. The simulated person watches
+//! the scene itself: they demonstrate, take over as in the state demo, and mark a classifier's
+//! success they can see is false as a failure (HIL-SERL's operator does the same; the count is
+//! reported), which is the only way the simulator's truth reaches the learner.
+
+use reflex_agent::config::VisionSection;
+use reflex_agent::{AgentError, error::Result};
+use reflex_contracts::msg::{Image, Observation, RobotSpec, StepFeatures};
+use reflex_contracts::robot::Robot;
+use reflex_policies::features::FeatureEncoder;
+use reflex_policies::onnx_policy::OnnxPolicy;
+use reflex_policies::reward::SuccessClassifier;
+use reflex_runtime::features::{FeatureDriver, LoopFeatures};
+use reflex_runtime::outbox::Transition;
+use reflex_runtime::reward::{ClassifiedReward, RewardRule};
+use reflex_sim::{SimConfig, SimEnv, StateView, TaskKind};
+use std::path::PathBuf;
+
+/// What `reflex demo --vision` reads besides the base policy.
+#[derive(Clone, Debug)]
+pub struct VisionDemo {
+    /// The frozen image encoder the learner sees through (default: the base policy's own,
+    /// `<model>.encoder.onnx` beside it).
+    pub encoder: PathBuf,
+    /// The success classifier whose verdict is the reward (`reflex reward train` writes it).
+    pub classifier: PathBuf,
+    /// Frames in a row the classifier must call success.
+    pub consecutive_frames: u32,
+    /// Probability at or above which a frame counts as success (default: the classifier's).
+    pub threshold: Option<f32>,
+    /// Camera images' size, pixels (width, height): the base policy's, encoder's and classifier's.
+    pub camera_size: (u32, u32),
+}
+
+impl VisionDemo {
+    /// The shipped pixel models: `pick-seeing.onnx`'s encoder and `pick-reward.onnx` beside `model`.
+    pub fn beside(model: &std::path::Path) -> Self {
+        let dir = model.parent().unwrap_or(std::path::Path::new("."));
+        let stem = model
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        VisionDemo {
+            encoder: dir.join(format!("{stem}.encoder.onnx")),
+            classifier: dir.join("pick-reward.onnx"),
+            consecutive_frames: 2,
+            threshold: None,
+            camera_size: (64, 64),
+        }
+    }
+}
+
+/// The simulator of the pixel demo: `pick` with both cameras and the arm's own state only.
+pub fn sim_config(v: &VisionDemo) -> SimConfig {
+    let mut c = SimConfig::for_task(TaskKind::Pick);
+    c.cameras.enabled = true;
+    (c.cameras.width, c.cameras.height) = v.camera_size;
+    c.state = StateView::Arm;
+    c
+}
+
+/// The robot judged by the classifier (inline: the verdict on the frame in hand).
+pub fn judged(env: SimEnv, v: &VisionDemo) -> Result<ClassifiedReward<SimEnv>> {
+    let c = SuccessClassifier::load(&v.classifier, &Default::default())?;
+    check_cameras(
+        env.spec(),
+        &c.cameras(),
+        "the success classifier",
+        &v.classifier,
+    )?;
+    let rule = RewardRule {
+        threshold: v.threshold.unwrap_or(c.spec().threshold),
+        consecutive_frames: v.consecutive_frames,
+    };
+    let driver = FeatureDriver::start(Box::new(c), true, &env.obs().images, 0)
+        .map_err(|e| AgentError::setup("the success classifier", e.to_string()))?;
+    Ok(ClassifiedReward::new(env, driver, rule))
+}
+
+fn check_cameras(
+    spec: &RobotSpec,
+    wanted: &[&str],
+    what: &str,
+    file: &std::path::Path,
+) -> Result<()> {
+    for cam in wanted {
+        if !spec.cameras.iter().any(|k| k.name == *cam) {
+            return Err(AgentError::setup(
+                format!("{what} `{}`", file.display()),
+                format!("it reads camera `{cam}`, which the simulated arm does not render"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The encoder's maps for the loop (inline), the learner's heads, and what each step's maps
+/// say of themselves.
+pub struct Seeing {
+    /// The loop's features: the state then every camera's maps.
+    pub features: LoopFeatures,
+    /// `[learner.vision]` resolved: the heads the learner trains.
+    pub heads: reflex_learn::sac::VisionHeads,
+    /// Encoder identity and map shapes, with empty maps the steps fill.
+    pub header: StepFeatures,
+}
+
+/// Opens the encoder and resolves the learner's heads on it.
+pub fn seeing(v: &VisionDemo, spec: &RobotSpec, images: &[Image]) -> Result<Seeing> {
+    let enc = FeatureEncoder::load(&v.encoder, &Default::default())?;
+    let cams: Vec<&str> = enc
+        .spec()
+        .cameras
+        .iter()
+        .map(|c| c.camera.as_str())
+        .collect();
+    check_cameras(spec, &cams, "the encoder", &v.encoder)?;
+    let heads = VisionSection::with_encoder(v.encoder.clone()).heads()?;
+    let header = StepFeatures {
+        encoder: enc.id().to_string(),
+        shapes: enc.spec().cameras.iter().map(|c| c.shape()).collect(),
+        obs: vec![],
+        next_obs: vec![],
+    };
+    let driver = FeatureDriver::start(Box::new(enc), true, images, 0)
+        .map_err(|e| AgentError::setup("the encoder", e.to_string()))?;
+    Ok(Seeing {
+        features: LoopFeatures::new(driver, spec.state_dim()),
+        heads,
+        header,
+    })
+}
+
+/// The pixel demo's per-step work beside the state demo's: the base policy's action on the
+/// frames a person acted on, the maps each step carries, and the person's verdict on the
+/// classifier's successes.
+pub struct VisionRig {
+    /// What each step's maps say of themselves, reused for every step.
+    pub header: StepFeatures,
+    /// A copy of the base policy: what it would have done where the person drove (ResFiT's
+    /// relabelling; the learner's own relabeller reads no images).
+    relabel: OnnxPolicy,
+    chunk: Vec<f32>,
+    /// The base action of the state the person just acted in.
+    pub person_base: Option<Vec<f32>>,
+    /// The classifier's successes the person saw were false and marked as failures.
+    pub vetoed: u64,
+    /// The classifier's successes the scene confirmed.
+    pub confirmed: u64,
+}
+
+impl VisionRig {
+    /// The per-step work for the base policy `relabel` reads.
+    pub fn new(header: StepFeatures, relabel: OnnxPolicy, act_dim: usize) -> Self {
+        let n = relabel.spec().chunk_len * act_dim;
+        VisionRig {
+            header,
+            relabel,
+            chunk: vec![0.0; n],
+            person_base: None,
+            vetoed: 0,
+            confirmed: 0,
+        }
+    }
+
+    /// Before a step the person drives: what the base policy would have done on `obs` (with the
+    /// camera frames the person saw).
+    pub fn note_person(&mut self, obs: &Observation, act_dim: usize) -> Result<()> {
+        self.relabel.infer_chunk(obs, &mut self.chunk)?;
+        let base = self.person_base.get_or_insert_with(|| vec![0.0; act_dim]);
+        base.copy_from_slice(&self.chunk[..act_dim]);
+        Ok(())
+    }
+
+    /// The person's verdict on a step that ends an episode: a classifier's success the scene
+    /// did not show is marked a failure (reward 0, label false, still the episode's end).
+    pub fn judge_end(&mut self, tr: &mut Transition, scene_success: Option<bool>) {
+        if !(tr.ends_episode() && tr.success && tr.label.is_none()) {
+            return;
+        }
+        if scene_success == Some(false) {
+            tr.reward = 0.0;
+            tr.success = false;
+            tr.label = Some(false);
+            self.vetoed += 1;
+        } else {
+            self.confirmed += 1;
+        }
+    }
+
+    /// The step's maps into `step` (the learner's rows are state then maps).
+    pub fn maps_into(&mut self, tr: &Transition, step: &mut reflex_contracts::msg::WireStep) {
+        let f = step.features.get_or_insert_with(|| self.header.clone());
+        f.obs.clone_from(&tr.features);
+        f.next_obs.clone_from(&tr.next_features);
+    }
+}
