@@ -3,7 +3,8 @@
 //! reward; a simulated person corrects the robot when it stalls or strays. Lockstep and
 //! single-threaded in simulated time, so a seed reproduces a run exactly: after every environment
 //! step the learner does its updates and, at episode ends, publishes new residual weights, which
-//! the loop swaps in atomically.
+//! the loop swaps in atomically. With `--vision` ([`VisionDemo`]) the same run learns from the
+//! simulator's cameras with a success classifier's reward (module `vision`).
 #![warn(missing_docs)]
 
 mod vision;
