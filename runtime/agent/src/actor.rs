@@ -384,6 +384,21 @@ impl<R: Robot + 'static> ActorBuilder<R> {
                 (enc, max_age)
             }
         };
+        loop_features(enc, spec, matches!(self.clock, ClockChoice::Sim), max_age)
+    }
+}
+
+/// The loop's features from the frozen encoder `enc` on `spec`'s cameras: run inline on the frame
+/// in hand (simulated time) or on its own thread, maps older than `max_age` frames unused (real
+/// time); with what every step's maps say of themselves. An encoder reading a camera the robot
+/// lacks is refused, naming both.
+pub fn loop_features(
+    enc: FeatureEncoder,
+    spec: &RobotSpec,
+    inline: bool,
+    max_age: u32,
+) -> Result<(LoopFeatures, StepFeatureHeader)> {
+    {
         for c in &enc.spec().cameras {
             if !spec.cameras.iter().any(|k| k.name == c.camera) {
                 return Err(AgentError::setup(
@@ -402,23 +417,34 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             shapes: enc.spec().cameras.iter().map(|c| c.shape()).collect(),
             len: enc.features_len(),
         };
-        let driver = FeatureDriver::start(
-            Box::new(enc),
-            matches!(self.clock, ClockChoice::Sim),
-            &obs_template(spec).images,
-            max_age,
-        )
-        .map_err(|e| AgentError::setup("the encoder thread", e.to_string()))?;
+        let driver =
+            FeatureDriver::start(Box::new(enc), inline, &obs_template(spec).images, max_age)
+                .map_err(|e| AgentError::setup("the encoder thread", e.to_string()))?;
         Ok((LoopFeatures::new(driver, spec.state_dim()), header))
     }
 }
 
 /// What the link says of every step's maps, and how many values they are.
 #[derive(Clone, Debug)]
-struct StepFeatureHeader {
-    encoder: String,
-    shapes: Vec<[u32; 3]>,
-    len: usize,
+pub struct StepFeatureHeader {
+    /// The encoder's identity (file name and digest).
+    pub encoder: String,
+    /// Each camera's map shape, [C, H, W].
+    pub shapes: Vec<[u32; 3]>,
+    /// Values of all maps of one frame.
+    pub len: usize,
+}
+
+impl StepFeatureHeader {
+    /// A step's features with this header and no maps yet.
+    pub fn empty_features(&self) -> reflex_contracts::msg::StepFeatures {
+        reflex_contracts::msg::StepFeatures {
+            encoder: self.encoder.clone(),
+            shapes: self.shapes.clone(),
+            obs: vec![],
+            next_obs: vec![],
+        }
+    }
 }
 
 /// Everything around the loop, started before it: the recorder, trace and learner link behind
@@ -1490,16 +1516,40 @@ pub fn with_reward<R: Robot>(
     robot: R,
     cfg: &RunConfig,
 ) -> Result<reflex_runtime::reward::ClassifiedReward<R>> {
-    use reflex_runtime::reward::{ClassifiedReward, RewardRule};
     let Some(r) = &cfg.reward else {
-        return Ok(ClassifiedReward::passthrough(robot));
+        return Ok(reflex_runtime::reward::ClassifiedReward::passthrough(robot));
     };
-    let c = reflex_policies::reward::SuccessClassifier::load(&r.classifier, &onnx_options(cfg))?;
+    judged_by(
+        robot,
+        &r.classifier,
+        r.threshold,
+        r.consecutive_frames,
+        cfg.run.clock == ClockKind::Sim,
+        r.max_age_frames,
+        &onnx_options(cfg),
+    )
+}
+
+/// `robot` judged by the success classifier in file `classifier`: success at `threshold` (default
+/// the classifier's own, from its spec) for `consecutive_frames` frames in a row, judged inline
+/// or on the classifier's own thread (verdicts more than `max_age` frames old unused). A
+/// classifier reading a camera the robot lacks is refused.
+pub fn judged_by<R: Robot>(
+    robot: R,
+    classifier: &std::path::Path,
+    threshold: Option<f32>,
+    consecutive_frames: u32,
+    inline: bool,
+    max_age: u32,
+    opts: &reflex_policies::onnx_policy::RunOptions,
+) -> Result<reflex_runtime::reward::ClassifiedReward<R>> {
+    use reflex_runtime::reward::{ClassifiedReward, RewardRule};
+    let c = reflex_policies::reward::SuccessClassifier::load(classifier, opts)?;
     let spec = robot.spec();
     for cam in c.cameras() {
         if !spec.cameras.iter().any(|k| k.name == cam) {
             return Err(AgentError::setup(
-                format!("[reward] classifier `{}`", r.classifier.display()),
+                format!("[reward] classifier `{}`", classifier.display()),
                 format!(
                     "it reads camera `{cam}`, which robot `{}` does not have (cameras: {:?}; a simulator's need [sim.cameras] enabled = true)",
                     spec.name,
@@ -1509,22 +1559,17 @@ pub fn with_reward<R: Robot>(
         }
     }
     let rule = RewardRule {
-        threshold: r.threshold.unwrap_or(c.spec().threshold),
-        consecutive_frames: r.consecutive_frames,
+        threshold: threshold.unwrap_or(c.spec().threshold),
+        consecutive_frames,
     };
     tracing::info!(
         "reward: classifier `{}`, success at p >= {} for {} frame(s) in a row",
-        r.classifier.display(),
+        classifier.display(),
         rule.threshold,
         rule.consecutive_frames
     );
-    let driver = FeatureDriver::start(
-        Box::new(c),
-        cfg.run.clock == ClockKind::Sim,
-        &obs_template(spec).images,
-        r.max_age_frames,
-    )
-    .map_err(|e| AgentError::setup("the reward classifier's thread", e.to_string()))?;
+    let driver = FeatureDriver::start(Box::new(c), inline, &obs_template(spec).images, max_age)
+        .map_err(|e| AgentError::setup("the reward classifier's thread", e.to_string()))?;
     Ok(ClassifiedReward::new(robot, driver, rule))
 }
 

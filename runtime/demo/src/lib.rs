@@ -291,9 +291,7 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
         Some(v) => vision::sim_config(v),
         None => SimConfig::for_task(TaskKind::Pick),
     })?;
-    let seeing = v
-        .map(|v| vision::seeing(v, env.spec(), &env.obs().images))
-        .transpose()?;
+    let seeing = v.map(|v| vision::seeing(v, env.spec())).transpose()?;
     let robot = match v {
         Some(v) => vision::judged(env, v)?,
         None => ClassifiedReward::passthrough(env),

@@ -8,15 +8,13 @@
 //! reported), which is the only way the simulator's truth reaches the learner.
 
 use reflex_agent::config::VisionSection;
-use reflex_agent::{AgentError, error::Result};
-use reflex_contracts::msg::{Image, Observation, RobotSpec, StepFeatures};
-use reflex_contracts::robot::Robot;
+use reflex_agent::error::Result;
+use reflex_contracts::msg::{Observation, RobotSpec, StepFeatures};
 use reflex_policies::features::FeatureEncoder;
 use reflex_policies::onnx_policy::OnnxPolicy;
-use reflex_policies::reward::SuccessClassifier;
-use reflex_runtime::features::{FeatureDriver, LoopFeatures};
+use reflex_runtime::features::LoopFeatures;
 use reflex_runtime::outbox::Transition;
-use reflex_runtime::reward::{ClassifiedReward, RewardRule};
+use reflex_runtime::reward::ClassifiedReward;
 use reflex_sim::{SimConfig, SimEnv, StateView, TaskKind};
 use std::path::PathBuf;
 
@@ -65,37 +63,15 @@ pub fn sim_config(v: &VisionDemo) -> SimConfig {
 
 /// The robot judged by the classifier (inline: the verdict on the frame in hand).
 pub fn judged(env: SimEnv, v: &VisionDemo) -> Result<ClassifiedReward<SimEnv>> {
-    let c = SuccessClassifier::load(&v.classifier, &Default::default())?;
-    check_cameras(
-        env.spec(),
-        &c.cameras(),
-        "the success classifier",
+    reflex_agent::actor::judged_by(
+        env,
         &v.classifier,
-    )?;
-    let rule = RewardRule {
-        threshold: v.threshold.unwrap_or(c.spec().threshold),
-        consecutive_frames: v.consecutive_frames,
-    };
-    let driver = FeatureDriver::start(Box::new(c), true, &env.obs().images, 0)
-        .map_err(|e| AgentError::setup("the success classifier", e.to_string()))?;
-    Ok(ClassifiedReward::new(env, driver, rule))
-}
-
-fn check_cameras(
-    spec: &RobotSpec,
-    wanted: &[&str],
-    what: &str,
-    file: &std::path::Path,
-) -> Result<()> {
-    for cam in wanted {
-        if !spec.cameras.iter().any(|k| k.name == *cam) {
-            return Err(AgentError::setup(
-                format!("{what} `{}`", file.display()),
-                format!("it reads camera `{cam}`, which the simulated arm does not render"),
-            ));
-        }
-    }
-    Ok(())
+        v.threshold,
+        v.consecutive_frames,
+        true,
+        0,
+        &Default::default(),
+    )
 }
 
 /// The encoder's maps for the loop (inline), the learner's heads, and what each step's maps
@@ -110,28 +86,13 @@ pub struct Seeing {
 }
 
 /// Opens the encoder and resolves the learner's heads on it.
-pub fn seeing(v: &VisionDemo, spec: &RobotSpec, images: &[Image]) -> Result<Seeing> {
+pub fn seeing(v: &VisionDemo, spec: &RobotSpec) -> Result<Seeing> {
     let enc = FeatureEncoder::load(&v.encoder, &Default::default())?;
-    let cams: Vec<&str> = enc
-        .spec()
-        .cameras
-        .iter()
-        .map(|c| c.camera.as_str())
-        .collect();
-    check_cameras(spec, &cams, "the encoder", &v.encoder)?;
-    let heads = VisionSection::with_encoder(v.encoder.clone()).heads()?;
-    let header = StepFeatures {
-        encoder: enc.id().to_string(),
-        shapes: enc.spec().cameras.iter().map(|c| c.shape()).collect(),
-        obs: vec![],
-        next_obs: vec![],
-    };
-    let driver = FeatureDriver::start(Box::new(enc), true, images, 0)
-        .map_err(|e| AgentError::setup("the encoder", e.to_string()))?;
+    let (features, header) = reflex_agent::actor::loop_features(enc, spec, true, 0)?;
     Ok(Seeing {
-        features: LoopFeatures::new(driver, spec.state_dim()),
-        heads,
-        header,
+        features,
+        heads: VisionSection::with_encoder(v.encoder.clone()).heads()?,
+        header: header.empty_features(),
     })
 }
 
