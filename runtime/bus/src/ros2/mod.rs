@@ -1,0 +1,886 @@
+//! reflex inside ROS 2: the robot appears as a ROS 2 node on rmw_zenoh (Jazzy 0.2.4 and later,
+//! Kilted, Lyrical), on the Zenoh session reflex already has, with no ROS 2 code linked
+//! (docs/ros2.md).
+//!
+//! - [`RobotTopics`] runs on the outbox's consumer thread (never the loop's): every step's
+//!   `sensor_msgs/JointState` on `<ns>/joint_states` and the arm's links on `/tf`
+//!   (`tf2_msgs/TFMessage`, posed from the URDF by forward kinematics), and each camera's
+//!   `sensor_msgs/Image` and `CameraInfo` on `<ns>/<camera>/image_raw` and `.../camera_info`.
+//! - [`Ros2Node`] holds the node's liveliness tokens (what `ros2 node list` and `ros2 topic list`
+//!   read), the loop's `diagnostic_msgs/DiagnosticArray` on `/diagnostics` (from the actor's own
+//!   status), and the two inputs: `std_msgs/Bool` on `<ns>/estop` raises reflex's e-stop (`true`
+//!   only: releasing stays a deliberate act on reflex's operator key), and
+//!   `geometry_msgs/TwistStamped` on `<ns>/servo/twist` drives an `ee_delta` robot as a teleop
+//!   device (MoveIt Servo's input), handing control back when twists stop coming.
+//!
+//! Everything that arrives is checked (attachment, CDR, frame, finite values) and counted in the
+//! key's [`Rejects`].
+
+pub mod cdr;
+pub mod msgs;
+pub mod wire;
+
+use crate::Rejects;
+use msgs::{RosType, Time, Transform};
+use reflex_contracts::keys::Keys;
+use reflex_contracts::msg::{self, ActionKind, RobotSpec, StatusMsg, TeleopMsg};
+use reflex_contracts::stop::StopSwitch;
+use reflex_runtime::kinematics::Chain;
+use reflex_runtime::outbox::{Frames, Transition};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use wire::{EntityKind, Graph, Qos};
+use zenoh::Wait;
+use zenoh::sample::Locality;
+
+/// `[ros2]` of a run config (docs/ros2.md).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ros2Config {
+    /// `ROS_DOMAIN_ID`.
+    pub domain: u32,
+    /// The node's namespace; its topics are relative to it (`/so101` -> `/so101/joint_states`).
+    pub namespace: String,
+    /// The node's name.
+    pub node: String,
+    /// Joint states and TF at most this often, Hz (every step of a slower robot).
+    pub state_hz: f64,
+    /// Camera images at most this often, Hz.
+    pub image_hz: f64,
+    /// A twist stream that falls silent this long hands the robot back to its policy, s.
+    pub twist_timeout_s: f64,
+    /// Put before every TF frame name (robot_state_publisher's `frame_prefix`), e.g. `so101/`.
+    pub frame_prefix: String,
+}
+
+impl Ros2Config {
+    /// The defaults for robot `robot`: domain 0, namespace `/<robot>`, node `reflex`, joint
+    /// states at up to 50 Hz, images at up to 10 Hz, twists released after 0.2 s.
+    pub fn for_robot(robot: &str) -> Self {
+        Ros2Config {
+            domain: 0,
+            namespace: format!("/{robot}"),
+            node: "reflex".into(),
+            state_hz: 50.0,
+            image_hz: 10.0,
+            twist_timeout_s: 0.2,
+            frame_prefix: String::new(),
+        }
+    }
+
+    /// Checks names and rates; the error names the key at fault.
+    pub fn check(&self) -> Result<(), Ros2Error> {
+        wire::check_namespace(&self.namespace)?;
+        wire::check_node(&self.node)?;
+        // rmw_zenoh reads ROS_DOMAIN_ID into a size_t; DDS limits it to 232, rmw_zenoh does not.
+        let bad = |key: &str, why: &str| Err(Ros2Error::Config(format!("[ros2] {key}: {why}")));
+        if !(self.state_hz > 0.0 && self.state_hz.is_finite()) {
+            return bad("state_hz", "must be a positive rate, Hz");
+        }
+        if !(self.image_hz > 0.0 && self.image_hz.is_finite()) {
+            return bad("image_hz", "must be a positive rate, Hz");
+        }
+        if !(self.twist_timeout_s > 0.0 && self.twist_timeout_s <= 5.0) {
+            return bad("twist_timeout_s", "must be in (0, 5] s");
+        }
+        if self.frame_prefix.contains(char::is_whitespace) {
+            return bad("frame_prefix", "must not hold whitespace");
+        }
+        Ok(())
+    }
+
+    /// The data key prefix of this node's relative topics, `<domain>/<namespace>` (for access
+    /// rules).
+    pub fn key_prefix(&self) -> String {
+        let ns = self.namespace.trim_start_matches('/');
+        if ns.is_empty() {
+            self.domain.to_string()
+        } else {
+            format!("{}/{ns}", self.domain)
+        }
+    }
+}
+
+/// Errors starting the ROS 2 node.
+#[derive(Debug, thiserror::Error)]
+pub enum Ros2Error {
+    /// A namespace or node name ROS 2 would refuse.
+    #[error(transparent)]
+    Name(#[from] wire::NameError),
+    /// A value of `[ros2]` out of range.
+    #[error("{0}")]
+    Config(String),
+    /// A declaration on the session failed.
+    #[error("ROS 2 over Zenoh, key `{key}`: {message}")]
+    Bus {
+        /// The key expression.
+        key: String,
+        /// Zenoh's message.
+        message: String,
+    },
+    /// The robot's arm model cannot be posed for TF.
+    #[error("ROS 2 TF for robot `{robot}`: {message}")]
+    Model {
+        /// The robot.
+        robot: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn bus_err(key: &str, e: impl std::fmt::Display) -> Ros2Error {
+    Ros2Error::Bus {
+        key: key.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// What the node did, for the run's report and the tests.
+#[derive(Debug, Default)]
+pub struct Ros2Counters {
+    /// Samples published, all topics.
+    pub published: AtomicU64,
+    /// E-stops raised from ROS 2.
+    pub estops: AtomicU64,
+    /// Twists taken as teleop commands.
+    pub twists: AtomicU64,
+    /// Times a twist stream fell silent and the robot went back to its policy.
+    pub twist_timeouts: AtomicU64,
+}
+
+/// Entity ids of the node, from 1 (0 is the node itself).
+struct Ids(AtomicU32);
+
+impl Ids {
+    fn next(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// One ROS 2 publisher: its data key, its liveliness token and its numbered attachments.
+struct Pub {
+    publisher: zenoh::pubsub::Publisher<'static>,
+    _token: zenoh::liveliness::LivelinessToken,
+    gid: [u8; 16],
+    seq: i64,
+    counters: Arc<Ros2Counters>,
+}
+
+impl Pub {
+    fn declare(node: &NodeCtx, topic_fq: &str, ty: &RosType, qos: Qos) -> Result<Self, Ros2Error> {
+        let token =
+            node.graph
+                .entity_token(node.ids.next(), EntityKind::Publisher, topic_fq, ty, qos);
+        let key = wire::data_key(node.graph.domain, topic_fq, ty);
+        let publisher = node
+            .session
+            .declare_publisher(key.clone())
+            .congestion_control(if qos.reliable {
+                zenoh::qos::CongestionControl::Block
+            } else {
+                zenoh::qos::CongestionControl::Drop
+            })
+            .wait()
+            .map_err(|e| bus_err(&key, e))?;
+        let t = node
+            .session
+            .liveliness()
+            .declare_token(token.clone())
+            .wait()
+            .map_err(|e| bus_err(&token, e))?;
+        Ok(Pub {
+            publisher,
+            _token: t,
+            gid: wire::gid(&token),
+            seq: 0,
+            counters: node.counters.clone(),
+        })
+    }
+
+    fn put(&mut self, payload: &[u8]) {
+        self.seq += 1;
+        let att = wire::Attachment {
+            seq: self.seq,
+            source_ns: msgs::unix_ns(),
+            gid: self.gid,
+        }
+        .encode();
+        match self.publisher.put(payload).attachment(att).wait() {
+            Ok(()) => {
+                self.counters.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!("ROS 2 on {}: {e}", self.publisher.key_expr()),
+        }
+    }
+}
+
+/// What every entity of the node is declared with.
+struct NodeCtx {
+    session: zenoh::Session,
+    graph: Graph,
+    ids: Arc<Ids>,
+    counters: Arc<Ros2Counters>,
+    cfg: Ros2Config,
+}
+
+impl NodeCtx {
+    fn topic(&self, relative: &str) -> String {
+        wire::qualify(&self.cfg.namespace, relative)
+    }
+
+    fn frame(&self, name: &str) -> String {
+        format!("{}{name}", self.cfg.frame_prefix)
+    }
+}
+
+const STATE_QOS: Qos = Qos {
+    reliable: true,
+    depth: 10,
+};
+const TF_QOS: Qos = Qos {
+    reliable: true,
+    depth: 100,
+};
+const IMAGE_QOS: Qos = Qos {
+    reliable: false,
+    depth: 5,
+};
+
+struct JointTopic {
+    publisher: Pub,
+    names: Vec<String>,
+    position: Range<usize>,
+    velocity: Option<Range<usize>>,
+}
+
+struct TfTopic {
+    publisher: Pub,
+    chain: Chain,
+    joints: Range<usize>,
+    q: Vec<f64>,
+    poses: Vec<nalgebra::Isometry3<f64>>,
+    /// One per movable joint (its child link in the link before), then the tool, then each
+    /// camera with a known mount.
+    transforms: Vec<Transform>,
+    /// The tool link is not the last joint's child: its transform follows the joints'.
+    tool: bool,
+}
+
+struct CameraTopic {
+    image: Pub,
+    info: Pub,
+    frame: String,
+    pinhole: Option<[f64; 4]>,
+}
+
+/// The publishers fed from the outbox's consumer thread: joint states, TF, camera images.
+pub struct RobotTopics {
+    joints: Option<JointTopic>,
+    tf: Option<TfTopic>,
+    cameras: Vec<CameraTopic>,
+    every: u32,
+    image_period: Duration,
+    last_images: Option<Duration>,
+    w: cdr::Writer,
+    gripper: Option<(usize, Arc<AtomicU32>)>,
+}
+
+fn iso_parts(t: &nalgebra::Isometry3<f64>) -> ([f64; 3], [f64; 4]) {
+    let v = t.translation.vector;
+    let q = t.rotation.coords;
+    ([v.x, v.y, v.z], [q.x, q.y, q.z, q.w])
+}
+
+impl RobotTopics {
+    fn new(node: &NodeCtx, spec: &RobotSpec) -> Result<Self, Ros2Error> {
+        let scene_arm = spec.scene.as_ref().and_then(|s| s.arm.as_ref());
+        let pos_field = scene_arm.map_or("joint_pos", |a| a.joint_field.as_str());
+        let n = spec.joints.len();
+        let joints = match spec.field(pos_field) {
+            Some(r) if n > 0 && r.len() >= n => Some(JointTopic {
+                publisher: Pub::declare(
+                    node,
+                    &node.topic("joint_states"),
+                    &msgs::JOINT_STATE,
+                    STATE_QOS,
+                )?,
+                names: spec.joints.clone(),
+                position: r.start..r.start + n,
+                velocity: spec
+                    .field("joint_vel")
+                    .filter(|v| v.len() >= n)
+                    .map(|v| v.start..v.start + n),
+            }),
+            _ => {
+                tracing::warn!(
+                    "ROS 2: robot `{}` has no state field `{pos_field}` with its {n} joints: no joint_states",
+                    spec.name
+                );
+                None
+            }
+        };
+        let tf = match scene_arm {
+            Some(a) => {
+                let model = |message: String| Ros2Error::Model {
+                    robot: spec.name.clone(),
+                    message,
+                };
+                let chain = Chain::from_urdf_str(&a.urdf, &spec.name, &a.base_link, &a.tool_link)
+                    .map_err(|e| model(e.to_string()))?;
+                let dof = chain.dof();
+                let joints = spec
+                    .field(&a.joint_field)
+                    .filter(|r| r.len() >= dof)
+                    .map(|r| r.start..r.start + dof)
+                    .ok_or_else(|| {
+                        model(format!(
+                            "no state field `{}` of {dof} values",
+                            a.joint_field
+                        ))
+                    })?;
+                let mut transforms = Vec::new();
+                let mut parent = a.base_link.clone();
+                for j in chain.joints() {
+                    transforms.push(Transform {
+                        parent: node.frame(&parent),
+                        child: node.frame(&j.child_link),
+                        translation: [0.0; 3],
+                        rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
+                    });
+                    parent = j.child_link.clone();
+                }
+                let tool = a.tool_link != parent;
+                if tool {
+                    transforms.push(Transform {
+                        parent: node.frame(&parent),
+                        child: node.frame(&a.tool_link),
+                        translation: [0.0; 3],
+                        rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
+                    });
+                }
+                for c in &spec.cameras {
+                    if let Some(m) = &c.mount {
+                        let p = if m.parent == "base" {
+                            a.base_link.as_str()
+                        } else {
+                            m.parent.as_str()
+                        };
+                        transforms.push(Transform {
+                            parent: node.frame(p),
+                            child: node.frame(&format!("{}_optical_frame", c.name)),
+                            translation: m.translation_m,
+                            rotation_xyzw: m.rotation_xyzw,
+                        });
+                    }
+                }
+                Some(TfTopic {
+                    publisher: Pub::declare(node, "/tf", &msgs::TF_MESSAGE, TF_QOS)?,
+                    q: vec![0.0; dof],
+                    poses: vec![nalgebra::Isometry3::identity(); dof],
+                    chain,
+                    joints,
+                    transforms,
+                    tool,
+                })
+            }
+            None => None,
+        };
+        let mut cameras = Vec::new();
+        for c in &spec.cameras {
+            cameras.push(CameraTopic {
+                image: Pub::declare(
+                    node,
+                    &node.topic(&format!("{}/image_raw", c.name)),
+                    &msgs::IMAGE,
+                    IMAGE_QOS,
+                )?,
+                info: Pub::declare(
+                    node,
+                    &node.topic(&format!("{}/camera_info", c.name)),
+                    &msgs::CAMERA_INFO,
+                    IMAGE_QOS,
+                )?,
+                frame: node.frame(&format!("{}_optical_frame", c.name)),
+                pinhole: c.intrinsics,
+            });
+        }
+        Ok(RobotTopics {
+            joints,
+            tf,
+            cameras,
+            every: (spec.control_hz / node.cfg.state_hz).round().max(1.0) as u32,
+            image_period: Duration::from_secs_f64(1.0 / node.cfg.image_hz),
+            last_images: None,
+            w: cdr::Writer::new(),
+            gripper: None,
+        })
+    }
+
+    /// Publishes the step's joint states and TF if they are due (every step that ends an
+    /// episode, and every k-th step for `state_hz`).
+    pub fn offer(&mut self, t: &Transition) {
+        if let Some((i, g)) = &self.gripper
+            && let Some(&v) = t.action.get(*i)
+        {
+            g.store(v.to_bits(), Ordering::Relaxed);
+        }
+        if !t.ends_episode() && !t.step.is_multiple_of(self.every) {
+            return;
+        }
+        let stamp = Time::now();
+        // The state after the step: where the robot is now.
+        let s = &t.next_obs;
+        if let Some(j) = &mut self.joints
+            && s.len() >= j.position.end
+        {
+            msgs::JointState {
+                stamp,
+                frame_id: "",
+                name: &j.names,
+                position: &s[j.position.clone()],
+                velocity: j
+                    .velocity
+                    .clone()
+                    .filter(|v| s.len() >= v.end)
+                    .map_or(&[][..], |v| &s[v]),
+            }
+            .write(&mut self.w);
+            j.publisher.put(self.w.bytes());
+        }
+        if let Some(tf) = &mut self.tf
+            && s.len() >= tf.joints.end
+        {
+            for (q, &v) in tf.q.iter_mut().zip(&s[tf.joints.clone()]) {
+                *q = v as f64;
+            }
+            tf.chain.link_poses(&tf.q, &mut tf.poses);
+            let mut before = nalgebra::Isometry3::identity();
+            for (k, pose) in tf.poses.iter().enumerate() {
+                (tf.transforms[k].translation, tf.transforms[k].rotation_xyzw) =
+                    iso_parts(&(before.inverse() * pose));
+                before = *pose;
+            }
+            if tf.tool {
+                let dof = tf.poses.len();
+                (
+                    tf.transforms[dof].translation,
+                    tf.transforms[dof].rotation_xyzw,
+                ) = iso_parts(&(before.inverse() * tf.chain.fk(&tf.q)));
+            }
+            msgs::write_tf(&mut self.w, stamp, &tf.transforms);
+            tf.publisher.put(self.w.bytes());
+        }
+    }
+
+    /// Publishes the cameras' images and their `CameraInfo` if they are due.
+    pub fn offer_frames(&mut self, f: &Frames) {
+        if self.cameras.is_empty()
+            || self
+                .last_images
+                .is_some_and(|last| f.t >= last && f.t - last < self.image_period)
+        {
+            return;
+        }
+        self.last_images = Some(f.t);
+        let stamp = Time::now();
+        for (c, img) in self.cameras.iter_mut().zip(&f.images) {
+            msgs::write_image(&mut self.w, stamp, &c.frame, img);
+            c.image.put(self.w.bytes());
+            msgs::write_camera_info(
+                &mut self.w,
+                stamp,
+                &c.frame,
+                (img.width, img.height),
+                c.pinhole,
+            );
+            c.info.put(self.w.bytes());
+        }
+    }
+}
+
+/// The node's tokens, subscriptions and diagnostics; dropping it takes the node off the graph.
+pub struct Ros2Node {
+    _tokens: Vec<zenoh::liveliness::LivelinessToken>,
+    _subs: Vec<zenoh::pubsub::Subscriber<()>>,
+    stop: Arc<AtomicBool>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+    /// What it did.
+    pub counters: Arc<Ros2Counters>,
+    /// Rejected messages on the e-stop and twist topics (for the actor's status).
+    pub rejects: Vec<Arc<Rejects>>,
+    /// The node's fully qualified name, e.g. `/so101/reflex`.
+    pub name: String,
+}
+
+impl Drop for Ros2Node {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.watchdog.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A ROS 2 subscription: its token and a subscriber that checks each sample's attachment.
+fn subscribe(
+    node: &NodeCtx,
+    topic_fq: &str,
+    ty: &RosType,
+    rejects: Arc<Rejects>,
+    tokens: &mut Vec<zenoh::liveliness::LivelinessToken>,
+    on_msg: impl Fn(&[u8]) -> Result<(), String> + Send + Sync + 'static,
+) -> Result<zenoh::pubsub::Subscriber<()>, Ros2Error> {
+    let token = node.graph.entity_token(
+        node.ids.next(),
+        EntityKind::Subscription,
+        topic_fq,
+        ty,
+        STATE_QOS,
+    );
+    let key = wire::data_key(node.graph.domain, topic_fq, ty);
+    let sub = node
+        .session
+        .declare_subscriber(key.clone())
+        .allowed_origin(Locality::Remote)
+        .callback(move |s| {
+            let checked = match s.attachment() {
+                None => Err("no attachment (rmw_zenoh always sends one)".to_string()),
+                Some(a) => wire::Attachment::decode(&a.to_bytes()).map(|_| ()),
+            }
+            .and_then(|()| on_msg(&s.payload().to_bytes()));
+            if let Err(why) = checked {
+                rejects.reject(&why);
+            }
+        })
+        .wait()
+        .map_err(|e| bus_err(&key, e))?;
+    tokens.push(
+        node.session
+            .liveliness()
+            .declare_token(token.clone())
+            .wait()
+            .map_err(|e| bus_err(&token, e))?,
+    );
+    Ok(sub)
+}
+
+/// A twist stream turned into teleop messages on the actor's own teleop key.
+struct TwistTeleop {
+    publisher: zenoh::pubsub::Publisher<'static>,
+    kind: ActionKind,
+    low: Vec<f32>,
+    high: Vec<f32>,
+    dt: f64,
+    frames: [String; 2],
+    gripper: Arc<AtomicU32>,
+    last: Option<Instant>,
+    seq: u64,
+    msg: TeleopMsg,
+}
+
+impl TwistTeleop {
+    fn take(&mut self, payload: &[u8]) -> Result<(), String> {
+        let t = msgs::TwistStamped::read(payload).map_err(|e| e.to_string())?;
+        if !t.frame_id.is_empty() && !self.frames.contains(&t.frame_id) {
+            return Err(format!(
+                "twist in frame `{}`: reflex takes twists in `{}` (the arm's base) or with no frame",
+                t.frame_id, self.frames[1]
+            ));
+        }
+        let a = &mut self.msg.action;
+        for i in 0..3 {
+            a[i] = (t.linear[i] * self.dt) as f32;
+        }
+        let grip = match self.kind {
+            ActionKind::EeDeltaYaw => {
+                a[3] = (t.angular[2] * self.dt) as f32;
+                4
+            }
+            _ => 3,
+        };
+        a[grip] = f32::from_bits(self.gripper.load(Ordering::Relaxed));
+        for ((v, lo), hi) in a.iter_mut().zip(&self.low).zip(&self.high) {
+            *v = v.clamp(*lo, *hi);
+        }
+        self.msg.intervene = true;
+        self.send();
+        self.last = Some(Instant::now());
+        Ok(())
+    }
+
+    fn send(&mut self) {
+        self.seq += 1;
+        self.msg.seq = self.seq;
+        if let Err(e) = self.publisher.put(msg::encode(&self.msg)).wait() {
+            tracing::warn!("ROS 2 twist to teleop: {e}");
+        }
+    }
+
+    /// Hands the robot back when the stream has been silent for `timeout`; true if it did.
+    fn expire(&mut self, timeout: Duration) -> bool {
+        if self.last.is_some_and(|l| l.elapsed() >= timeout) {
+            self.last = None;
+            self.msg.intervene = false;
+            self.send();
+            return true;
+        }
+        false
+    }
+}
+
+/// Builds the diagnostics of one status message: the control loop, and the e-stop.
+pub fn diagnostics(s: &StatusMsg, hardware_id: &str) -> Vec<msgs::DiagnosticStatus> {
+    use msgs::{DiagnosticStatus, Level};
+    let f = &s.figures;
+    let kv = |k: &str, v: String| (k.to_string(), v);
+    let mut values = vec![
+        kv("rate_hz", format!("{:.2}", f.rate_hz)),
+        kv("lateness_p50_us", format!("{:.1}", f.lateness_p50_us)),
+        kv("lateness_p99_us", format!("{:.1}", f.lateness_p99_us)),
+        kv("step_p99_us", format!("{:.1}", f.step_p99_us)),
+        kv("missed", f.missed.to_string()),
+        kv("overruns", f.overruns.to_string()),
+        kv("holds_no_chunk", f.holds_no_chunk.to_string()),
+        kv("chunk_age_ms", format!("{:.1}", f.chunk_age_ms)),
+        kv("episode", f.episode.to_string()),
+        kv("intervening", f.intervening.to_string()),
+        kv("residual_version", f.residual_version.to_string()),
+        kv("outbox_dropped", f.outbox_dropped.to_string()),
+        kv("recorder_dropped", s.recorder_dropped.to_string()),
+    ];
+    values.extend(
+        s.safety
+            .iter()
+            .map(|(k, v)| (format!("safety.{k}"), v.to_string())),
+    );
+    values.extend(
+        s.rejected
+            .iter()
+            .map(|(k, v)| (format!("rejected.{k}"), v.to_string())),
+    );
+    let loop_level = if f.missed > 0 || f.outbox_dropped > 0 {
+        Level::Warn
+    } else {
+        Level::Ok
+    };
+    let stop_level = match s.stop.as_str() {
+        "latched" => Level::Error,
+        "paused" => Level::Warn,
+        _ => Level::Ok,
+    };
+    vec![
+        DiagnosticStatus {
+            level: loop_level,
+            name: format!("reflex: {} control loop", s.robot),
+            message: format!("{:.1} Hz, {} missed deadlines", f.rate_hz, f.missed),
+            hardware_id: hardware_id.to_string(),
+            values,
+        },
+        DiagnosticStatus {
+            level: stop_level,
+            name: format!("reflex: {} e-stop", s.robot),
+            message: match s.stop.as_str() {
+                "" => "unknown".to_string(),
+                st if s.stop_by.is_empty() => st.to_string(),
+                st => format!("{st} by {}", s.stop_by),
+            },
+            hardware_id: hardware_id.to_string(),
+            values: vec![kv("estops", f.estops.to_string())],
+        },
+    ]
+}
+
+/// Starts the node for robot `spec` on `session`: its tokens, diagnostics, e-stop and twist
+/// inputs, and the publishers the outbox thread feeds ([`RobotTopics`]).
+pub fn start(
+    session: &zenoh::Session,
+    cfg: &Ros2Config,
+    spec: &RobotSpec,
+    keys: &Keys,
+    stop: Arc<StopSwitch>,
+) -> Result<(Ros2Node, RobotTopics), Ros2Error> {
+    cfg.check()?;
+    let node = NodeCtx {
+        session: session.clone(),
+        graph: Graph {
+            domain: cfg.domain,
+            zid: session.zid().to_string(),
+            namespace: cfg.namespace.clone(),
+            node: cfg.node.clone(),
+        },
+        ids: Arc::new(Ids(AtomicU32::new(1))),
+        counters: Arc::new(Ros2Counters::default()),
+        cfg: cfg.clone(),
+    };
+    let node_token = node.graph.node_token();
+    let mut tokens = vec![
+        session
+            .liveliness()
+            .declare_token(node_token.clone())
+            .wait()
+            .map_err(|e| bus_err(&node_token, e))?,
+    ];
+    let mut topics = RobotTopics::new(&node, spec)?;
+    let mut subs = Vec::new();
+
+    // Diagnostics from the actor's own status, at most once a second.
+    let diag = Mutex::new((
+        Pub::declare(&node, "/diagnostics", &msgs::DIAGNOSTIC_ARRAY, STATE_QOS)?,
+        None::<Instant>,
+        cdr::Writer::new(),
+        String::new(),
+    ));
+    let (status_key, hw) = (keys.status.clone(), spec.name.clone());
+    subs.push(
+        session
+            .declare_subscriber(status_key.clone())
+            .allowed_origin(Locality::SessionLocal)
+            .callback(move |s| {
+                let Ok(m) = msg::decode::<StatusMsg>(&status_key, &s.payload().to_bytes()) else {
+                    return;
+                };
+                let Ok(mut d) = diag.lock() else { return };
+                let (p, last, w, last_stop) = &mut *d;
+                // Once a second, and a change of the e-stop at once.
+                if last.is_some_and(|l| l.elapsed() < Duration::from_secs(1))
+                    && *last_stop == m.stop
+                {
+                    return;
+                }
+                *last = Some(Instant::now());
+                last_stop.clone_from(&m.stop);
+                msgs::write_diagnostics(w, Time::now(), &diagnostics(&m, &hw));
+                p.put(w.bytes());
+            })
+            .wait()
+            .map_err(|e| bus_err(&keys.status, e))?,
+    );
+
+    // The e-stop: `true` raises reflex's own, latching; `false` is no release.
+    let estop_topic = node.topic("estop");
+    let estop_rejects = Rejects::new(&wire::data_key(cfg.domain, &estop_topic, &msgs::BOOL));
+    let (counters, robot) = (node.counters.clone(), spec.name.clone());
+    subs.push(subscribe(
+        &node,
+        &estop_topic,
+        &msgs::BOOL,
+        estop_rejects.clone(),
+        &mut tokens,
+        move |payload| {
+            let raise = msgs::read_bool(payload).map_err(|e| e.to_string())?;
+            if raise {
+                stop.raise("ros2");
+                counters.estops.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "EMERGENCY STOP on `{robot}` raised from ROS 2 (e-stop {}): the robot holds; release it with `reflex estop release --robot {robot}`, then resume",
+                    stop.raises()
+                );
+            } else {
+                tracing::info!(
+                    "ROS 2 e-stop `false` on `{robot}` ignored: an e-stop is released only with `reflex estop release`"
+                );
+            }
+            Ok(())
+        },
+    )?);
+    let mut rejects = vec![estop_rejects];
+
+    // Twists drive an end-effector robot.
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    let mut watchdog = None;
+    if matches!(
+        spec.action.kind,
+        ActionKind::EeDelta | ActionKind::EeDeltaYaw
+    ) {
+        let grip = if spec.action.kind == ActionKind::EeDeltaYaw {
+            4
+        } else {
+            3
+        };
+        let gripper = Arc::new(AtomicU32::new(spec.action.high[grip].to_bits()));
+        topics.gripper = Some((grip, gripper.clone()));
+        let base = spec
+            .scene
+            .as_ref()
+            .and_then(|s| s.arm.as_ref())
+            .map_or("base_link".to_string(), |a| a.base_link.clone());
+        let publisher = session
+            .declare_publisher(keys.teleop.clone())
+            .allowed_destination(Locality::SessionLocal)
+            .wait()
+            .map_err(|e| bus_err(&keys.teleop, e))?;
+        let twist = Arc::new(Mutex::new(TwistTeleop {
+            publisher,
+            kind: spec.action.kind,
+            low: spec.action.low.clone(),
+            high: spec.action.high.clone(),
+            dt: 1.0 / spec.control_hz,
+            frames: [base.clone(), node.frame(&base)],
+            gripper,
+            last: None,
+            seq: 0,
+            msg: TeleopMsg {
+                v: msg::PROTOCOL_VERSION,
+                action: vec![0.0; spec.action.dim()],
+                ..Default::default()
+            },
+        }));
+        let twist_topic = node.topic("servo/twist");
+        let twist_rejects = Rejects::new(&wire::data_key(
+            cfg.domain,
+            &twist_topic,
+            &msgs::TWIST_STAMPED,
+        ));
+        let (t, counters) = (twist.clone(), node.counters.clone());
+        subs.push(subscribe(
+            &node,
+            &twist_topic,
+            &msgs::TWIST_STAMPED,
+            twist_rejects.clone(),
+            &mut tokens,
+            move |payload| {
+                t.lock()
+                    .map_err(|_| "twist state poisoned".to_string())?
+                    .take(payload)?;
+                counters.twists.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            },
+        )?);
+        rejects.push(twist_rejects);
+        let (s, counters) = (stop_flag.clone(), node.counters.clone());
+        let timeout = Duration::from_secs_f64(cfg.twist_timeout_s);
+        watchdog = Some(
+            std::thread::Builder::new()
+                .name("ros2-twist".into())
+                .spawn(move || {
+                    while !s.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(10));
+                        if let Ok(mut t) = twist.lock()
+                            && t.expire(timeout)
+                        {
+                            counters.twist_timeouts.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+                .expect("spawn the ROS 2 twist watchdog"),
+        );
+    }
+    let name = wire::qualify(&cfg.namespace, &cfg.node);
+    tracing::info!(
+        "ROS 2: node `{name}` on domain {} (rmw_zenoh, Jazzy wire format)",
+        cfg.domain
+    );
+    Ok((
+        Ros2Node {
+            _tokens: tokens,
+            _subs: subs,
+            stop: stop_flag,
+            watchdog,
+            counters: node.counters.clone(),
+            rejects,
+            name,
+        },
+        topics,
+    ))
+}
