@@ -589,8 +589,8 @@ impl TwistTeleop {
             ));
         }
         let a = &mut self.msg.action;
-        for i in 0..3 {
-            a[i] = (t.linear[i] * self.dt) as f32;
+        for (v, l) in a.iter_mut().zip(t.linear) {
+            *v = (l * self.dt) as f32;
         }
         let grip = match self.kind {
             ActionKind::EeDeltaYaw => {
