@@ -20,6 +20,7 @@ mod pixels;
 mod policies;
 mod remote;
 mod replay;
+mod ros2;
 mod secure;
 mod servo_bus;
 mod servo_packets;

@@ -99,6 +99,7 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
             learners: vec!["learner".into()],
             teleops: vec!["teleop".into()],
             viewers: vec!["viewer".into()],
+            ros2: None,
         },
     ));
     let (robot, ep) = open_listening_on_a_fresh_tls_port(robot_cfg);
@@ -555,6 +556,7 @@ fn keys_add_signs_a_new_operator_the_robot_accepts_and_a_stranger_authority_is_r
             learners: vec![],
             teleops: vec!["alice".into()],
             viewers: vec![],
+            ros2: None,
         },
     ));
     let (robot, ep) = open_listening_on_a_fresh_tls_port(robot_cfg);

@@ -103,6 +103,7 @@ pub struct ActorBuilder<R: Robot> {
     seed: u64,
     session: Option<zenoh::Session>,
     trace_hz: f64,
+    ros2: Option<reflex_ros2::Ros2Config>,
     record: Option<PathBuf>,
     record_limits: reflex_data::rotate::Limits,
     live: Live,
@@ -131,6 +132,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             seed: 0,
             session: None,
             trace_hz: 0.0,
+            ros2: None,
             record: None,
             record_limits: reflex_data::rotate::Limits::default(),
             live: Live::Off,
@@ -204,6 +206,12 @@ impl<R: Robot + 'static> ActorBuilder<R> {
     /// Joins the bus: status out, teleop and e-stop in (and the learner link, the trace).
     pub fn bus(mut self, session: zenoh::Session) -> Self {
         self.session = Some(session);
+        self
+    }
+
+    /// The robot appears as a ROS 2 node over rmw_zenoh on the bus session (needs the bus).
+    pub fn ros2(mut self, cfg: reflex_ros2::Ros2Config) -> Self {
+        self.ros2 = Some(cfg);
         self
     }
 
@@ -473,6 +481,7 @@ struct Parts {
     _subs: Vec<zenoh::pubsub::Subscriber<()>>,
     _status: Option<reflex_bus::status::StatusPublisher>,
     _spec: Option<zenoh::query::Queryable<()>>,
+    _ros2: Option<reflex_ros2::Ros2Node>,
     _janitor: Option<reflex_data::rotate::Janitor>,
 }
 
@@ -502,6 +511,20 @@ impl Wires {
             )?),
             _ => None,
         };
+        let ros2 = match (&b.ros2, &b.session) {
+            (Some(cfg), Some(s)) => {
+                let (node, topics) = reflex_ros2::start(s, cfg, spec, &keys, b.stop.clone())?;
+                b.rejects.extend(node.rejects.iter().cloned());
+                Some((node, topics))
+            }
+            (Some(_), None) => {
+                return Err(AgentError::setup(
+                    "[ros2]",
+                    "ROS 2 runs on the bus: give the actor a session (`[bus] enabled = true`)",
+                ));
+            }
+            (None, _) => None,
+        };
         let learning = match (&b.learner, &b.session, mode) {
             (Some(setup), Some(session), Some(mode)) => Some(Learning::start(
                 setup, session, spec, &keys, mode, b.seed, header,
@@ -525,6 +548,7 @@ impl Wires {
                 _subs: Vec::new(),
                 _status: None,
                 _spec: None,
+                _ros2: None,
                 _janitor: match &b.record {
                     Some(root) if !b.record_limits.is_none() => {
                         Some(reflex_data::rotate::Janitor::start(
@@ -561,11 +585,17 @@ impl Wires {
             )?),
             None => None,
         };
-        if recorder.is_some() || trace.is_some() || link.is_some() {
+        let (node, topics) = ros2.unzip();
+        w.parts._ros2 = node;
+        let bus = crate::tap::BusOut {
+            trace,
+            ros2: topics,
+        };
+        if recorder.is_some() || bus.trace.is_some() || bus.ros2.is_some() || link.is_some() {
             w.tap(
                 spec,
                 recorder,
-                trace,
+                bus,
                 link,
                 steps,
                 header.map_or(0, |h| h.len),
@@ -589,7 +619,7 @@ impl Wires {
         &mut self,
         spec: &RobotSpec,
         recorder: Option<(Arc<reflex_record::Recorder>, PathBuf)>,
-        trace: Option<reflex_bus::trace::TracePublisher>,
+        bus: crate::tap::BusOut,
         link: Option<ActorLink>,
         steps: Option<reflex_data::steplog::StepLog>,
         features: usize,
@@ -601,7 +631,8 @@ impl Wires {
             features,
         );
         self.outbox = Some(otx);
-        let frx = if (recorder.is_some() || trace.is_some()) && !spec.cameras.is_empty() {
+        let shown = recorder.is_some() || bus.trace.is_some() || bus.ros2.is_some();
+        let frx = if shown && !spec.cameras.is_empty() {
             // A few frame buffers, at up to ~15 frames per second of camera video.
             let (ftx, frx) = reflex_runtime::outbox::frames(8);
             self.frames = Some((ftx, (spec.control_hz / 15.0).round().max(1.0) as u32));
@@ -613,7 +644,7 @@ impl Wires {
             Some((r, d)) => (Some(r), d),
             None => (None, PathBuf::new()),
         };
-        self.parts.tap = Some(RecordingTap::with(rec, dir, trace, link, orx, frx, steps));
+        self.parts.tap = Some(RecordingTap::with(rec, dir, bus, link, orx, frx, steps));
     }
 
     /// Status out, teleop and e-stop in; `rejects` are reported in the status beside the teleop
@@ -1700,6 +1731,12 @@ fn drive<R: Robot + 'static>(
         .seed(cfg.run.seed)
         .live(o.live.clone())
         .trace_hz(o.trace_hz.unwrap_or(cfg.bus.trace_hz));
+    if let Some(r) = cfg.ros2.as_ref().filter(|r| r.enabled) {
+        let c = r
+            .config(b.robot.spec().name.as_str())
+            .map_err(|e| AgentError::setup("[ros2]", e))?;
+        b = b.ros2(c);
+    }
     if let Some(p) = policy {
         b = b.policy(p);
     }

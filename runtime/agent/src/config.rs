@@ -333,6 +333,103 @@ pub struct RunConfig {
     /// `[reward]`: a success classifier on the cameras gives the run's reward.
     #[serde(default)]
     pub reward: Option<RewardSection>,
+    /// `[ros2]`: the robot as a ROS 2 node over rmw_zenoh, on the run's bus.
+    #[serde(default)]
+    pub ros2: Option<Ros2Section>,
+}
+
+/// `[ros2]` (docs/ros2.md); keys left out take [`reflex_ros2::Ros2Config::for_robot`]'s
+/// values, the domain `ROS_DOMAIN_ID` when it is set.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ros2Section {
+    /// Appear in ROS 2 at all.
+    #[serde(default)]
+    pub enabled: bool,
+    /// `ROS_DOMAIN_ID`.
+    #[serde(default)]
+    pub domain: Option<u32>,
+    /// The node's namespace (default `/<robot>`).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The node's name (default `reflex`).
+    #[serde(default)]
+    pub node: Option<String>,
+    /// Joint states and TF at most this often, Hz.
+    #[serde(default)]
+    pub state_hz: Option<f64>,
+    /// Camera images at most this often, Hz.
+    #[serde(default)]
+    pub image_hz: Option<f64>,
+    /// A silent twist stream hands the robot back after this long, s.
+    #[serde(default)]
+    pub twist_timeout_s: Option<f64>,
+    /// Put before every TF frame name.
+    #[serde(default)]
+    pub frame_prefix: Option<String>,
+}
+
+impl Ros2Section {
+    /// The node's settings for robot `robot` (the section is validated with the file); the
+    /// error is a bad `ROS_DOMAIN_ID` in the environment.
+    pub fn config(&self, robot: &str) -> Result<reflex_ros2::Ros2Config, String> {
+        let mut c = reflex_ros2::Ros2Config::for_robot(robot);
+        c.domain = match (self.domain, std::env::var("ROS_DOMAIN_ID")) {
+            (Some(d), _) => d,
+            (None, Ok(v)) => v.trim().parse().map_err(|_| {
+                format!(
+                    "[ros2] domain: the environment's ROS_DOMAIN_ID `{v}` is not a number; set it right or give `domain` in the file"
+                )
+            })?,
+            (None, Err(_)) => 0,
+        };
+        macro_rules! take {
+            ($($k:ident),*) => { $(if let Some(v) = &self.$k { c.$k = v.clone(); })* };
+        }
+        take!(
+            namespace,
+            node,
+            state_hz,
+            image_hz,
+            twist_timeout_s,
+            frame_prefix
+        );
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), Invalid> {
+        use reflex_ros2::wire;
+        let name = |key: &str, value: &str, e: Result<(), wire::NameError>| {
+            e.map_err(|e| Invalid {
+                key: format!("ros2.{key}"),
+                value: format!("{value:?}"),
+                allowed: e.why.to_string(),
+            })
+        };
+        if let Some(ns) = &self.namespace {
+            name("namespace", ns, wire::check_namespace(ns))?;
+        }
+        if let Some(n) = &self.node {
+            name("node", n, wire::check_node(n))?;
+        }
+        if let Some(v) = self.state_hz {
+            in_range("ros2", "state_hz", v, 0.1, 10_000.0)?;
+        }
+        if let Some(v) = self.image_hz {
+            in_range("ros2", "image_hz", v, 0.1, 1_000.0)?;
+        }
+        if let Some(v) = self.twist_timeout_s {
+            in_range("ros2", "twist_timeout_s", v, 0.01, 5.0)?;
+        }
+        match &self.frame_prefix {
+            Some(p) if p.contains(char::is_whitespace) => Err(Invalid {
+                key: "ros2.frame_prefix".into(),
+                value: format!("{p:?}"),
+                allowed: "a prefix without whitespace, e.g. \"so101/\"".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `[reward]`: a reward the robot can see (docs/training.md, "Learning from pixels").
@@ -392,6 +489,12 @@ impl RunConfig {
                         learners: a.learners.clone(),
                         teleops: a.teleops.clone(),
                         viewers: a.viewers.clone(),
+                        ros2: self
+                            .ros2
+                            .as_ref()
+                            .filter(|r| r.enabled)
+                            .and_then(|r| r.config(&self.robot_name()).ok())
+                            .map(|c| (c.domain, c.key_prefix())),
                     },
                 )
             }),
@@ -474,6 +577,7 @@ impl RunConfig {
     /// Whether the actor needs the bus: a remote robot, endpoints, or the file says so.
     pub fn uses_bus(&self, extra: &BusConfig) -> bool {
         self.bus.enabled
+            || self.ros2.as_ref().is_some_and(|r| r.enabled)
             || self.robot.source == RobotSource::Remote
             || !extra.listen.is_empty()
             || !extra.connect.is_empty()
@@ -490,6 +594,9 @@ impl RunConfig {
 
 impl Validate for RunConfig {
     fn validate(&self, _: &str) -> Result<(), Invalid> {
+        if let Some(r) = &self.ros2 {
+            r.validate()?;
+        }
         if self.robot.source == RobotSource::Sim && self.sim.is_none() {
             return Err(Invalid {
                 key: "sim".into(),

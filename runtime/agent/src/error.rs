@@ -26,6 +26,9 @@ pub enum AgentError {
     /// The viz trace.
     #[error(transparent)]
     Trace(#[from] reflex_bus::trace::VizError),
+    /// The robot's ROS 2 node could not start.
+    #[error(transparent)]
+    Ros2(#[from] reflex_ros2::Ros2Error),
     /// The robot.
     #[error(transparent)]
     Robot(#[from] reflex_contracts::robot::RobotError),

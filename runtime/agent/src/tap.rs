@@ -1,5 +1,5 @@
 //! What the loop's outbox feeds, off the loop's thread: the episode recorder, the bus trace for
-//! `reflex viz` and the link to the learner.
+//! `reflex viz`, the robot's ROS 2 topics and the link to the learner.
 
 use reflex_contracts::msg::RobotSpec;
 use reflex_record::{Live, Recorder, RecorderConfig, RecorderError};
@@ -40,6 +40,16 @@ pub struct RecordingTap {
     pub dir: PathBuf,
 }
 
+/// What goes on the bus from the outbox thread: the step trace for `reflex viz`, and the robot's
+/// ROS 2 topics.
+#[derive(Default)]
+pub struct BusOut {
+    /// The trace, when `reflex viz` may watch.
+    pub trace: Option<reflex_bus::trace::TracePublisher>,
+    /// Joint states, TF and camera images for ROS 2, when `[ros2]` is on.
+    pub ros2: Option<reflex_ros2::RobotTopics>,
+}
+
 /// What the outbox thread reports when it ends: steps traced, frame sets dropped, step-log
 /// write errors, the learner link's counters.
 type TapThreadReport = (u64, u64, u64, Option<reflex_bus::learnlink::LinkStats>);
@@ -49,6 +59,7 @@ type TapThreadReport = (u64, u64, u64, Option<reflex_bus::learnlink::LinkStats>)
 struct Consumer {
     recorder: Option<Arc<Recorder>>,
     trace: Option<reflex_bus::trace::TracePublisher>,
+    ros2: Option<reflex_ros2::RobotTopics>,
     link: Option<reflex_bus::learnlink::ActorLink>,
     frames: Option<OutboxReceiver<Frames>>,
     held: Option<Box<Frames>>,
@@ -76,6 +87,9 @@ impl Consumer {
             if let Some(p) = &mut self.trace {
                 p.offer_frames(&f);
             }
+            if let Some(p) = &mut self.ros2 {
+                p.offer_frames(&f);
+            }
             fr.recycle(f);
         }
     }
@@ -86,6 +100,9 @@ impl Consumer {
             r.record(&t);
         }
         if let Some(p) = &mut self.trace {
+            p.offer(&t);
+        }
+        if let Some(p) = &mut self.ros2 {
             p.offer(&t);
         }
         if let Some(l) = &mut self.link {
@@ -139,7 +156,7 @@ impl RecordingTap {
         Ok(Self::with(
             Some(Arc::new(rec)),
             dir,
-            None,
+            BusOut::default(),
             None,
             rx,
             None,
@@ -147,12 +164,12 @@ impl RecordingTap {
         ))
     }
 
-    /// The general form: any of a recorder, a trace publisher, a learner link, a frame source
-    /// and a step log.
+    /// The general form: any of a recorder, the bus's trace and ROS 2 topics, a learner link, a
+    /// frame source and a step log.
     pub fn with(
         recorder: Option<Arc<Recorder>>,
         dir: PathBuf,
-        trace: Option<reflex_bus::trace::TracePublisher>,
+        bus: BusOut,
         link: Option<reflex_bus::learnlink::ActorLink>,
         rx: OutboxReceiver,
         frames: Option<OutboxReceiver<Frames>>,
@@ -161,7 +178,8 @@ impl RecordingTap {
         let stop = Arc::new(AtomicBool::new(false));
         let mut c = Consumer {
             recorder: recorder.clone(),
-            trace,
+            trace: bus.trace,
+            ros2: bus.ros2,
             link,
             frames,
             held: None,

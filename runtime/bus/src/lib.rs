@@ -5,8 +5,6 @@
 //!   [`robot::RobotServer`] serves any [`reflex_contracts::robot::Robot`];
 //! - [`status`], [`teleop`]: the actor's status out, a person's teleop and emergency stops in;
 //! - [`trace`]: the decimated step trace for `reflex viz`, and the watcher that reads it;
-//! - [`ros2`]: the robot as a ROS 2 node on rmw_zenoh (joint states, TF, cameras, diagnostics
-//!   out; an e-stop and a twist in);
 //! - [`learnlink`]: both halves of the actor-learner link: numbered transitions with resend,
 //!   versioned chunked weights, the learner's acknowledgements.
 //!
@@ -15,7 +13,6 @@
 
 pub mod learnlink;
 pub mod robot;
-pub mod ros2;
 pub mod secure;
 pub mod status;
 pub mod teleop;

@@ -77,6 +77,10 @@ pub struct Access {
     pub teleops: Vec<String>,
     /// Peers that may only watch (and raise an e-stop).
     pub viewers: Vec<String>,
+    /// With `[ros2]` on: the ROS 2 domain and the data key prefix of the node's topics
+    /// (`0/so101`). Every peer may then watch the ROS 2 graph and topics and raise the e-stop
+    /// from ROS 2; only teleop peers may drive the robot with a twist.
+    pub ros2: Option<(u32, String)>,
 }
 
 fn json_list(v: &[String]) -> String {
@@ -96,12 +100,44 @@ impl Access {
             .cloned()
             .collect();
         let k = |s: &str| format!("\"reflex/{robot}/{s}\"");
+        // ROS 2 (rmw_zenoh): topics under `<domain>/<namespace>/`, `/tf` and `/diagnostics` at
+        // the domain's root, the graph under `@ros2_lv/<domain>/`; a ROS 2 node declares its
+        // own liveliness tokens, which every peer may.
+        let (mut watch, mut estop, mut teleop) = (
+            vec![k("**")],
+            vec![k("events")],
+            vec![k("teleop"), k("operator")],
+        );
+        let mut graph = String::new();
+        if let Some((domain, prefix)) = &self.ros2 {
+            let q = |s: &str| format!("\"{s}\"");
+            watch.extend([
+                q(&format!("{prefix}/**")),
+                q(&format!("{domain}/tf/**")),
+                q(&format!("{domain}/diagnostics/**")),
+                q(&format!("@ros2_lv/{domain}/**")),
+            ]);
+            estop.push(q(&format!("{prefix}/estop/**")));
+            teleop.push(q(&format!("{prefix}/servo/twist/**")));
+            graph = format!(
+                r#",
+    {{"id": "ros2_graph", "key_exprs": [{}], "flows": ["ingress"], "permission": "allow",
+      "messages": ["liveliness_token"]}}"#,
+                q(&format!("@ros2_lv/{domain}/**"))
+            );
+        }
         let mut subjects = vec![format!(
             r#"{{"id": "peers", "cert_common_names": {}}}"#,
             json_list(&all)
         )];
-        let mut policies =
-            vec![r#"{"rules": ["out", "watch", "estop"], "subjects": ["peers"]}"#.to_string()];
+        let mut policies = vec![
+            if self.ros2.is_some() {
+                r#"{"rules": ["out", "watch", "estop", "ros2_graph"], "subjects": ["peers"]}"#
+            } else {
+                r#"{"rules": ["out", "watch", "estop"], "subjects": ["peers"]}"#
+            }
+            .to_string(),
+        ];
         if !self.teleops.is_empty() {
             subjects.push(format!(
                 r#"{{"id": "teleops", "cert_common_names": {}}}"#,
@@ -124,23 +160,22 @@ impl Access {
     {{"id": "out", "key_exprs": ["**"], "flows": ["egress"], "permission": "allow",
       "messages": ["put", "delete", "declare_subscriber", "query", "declare_queryable", "reply",
                    "liveliness_token", "declare_liveliness_subscriber", "liveliness_query"]}},
-    {{"id": "watch", "key_exprs": [{all_keys}], "flows": ["ingress"], "permission": "allow",
+    {{"id": "watch", "key_exprs": [{watch}], "flows": ["ingress"], "permission": "allow",
       "messages": ["declare_subscriber", "query", "declare_liveliness_subscriber", "liveliness_query"]}},
-    {{"id": "estop", "key_exprs": [{events}], "flows": ["ingress"], "permission": "allow",
+    {{"id": "estop", "key_exprs": [{estop}], "flows": ["ingress"], "permission": "allow",
       "messages": ["put"]}},
-    {{"id": "teleop", "key_exprs": [{teleop}, {operator}], "flows": ["ingress"], "permission": "allow",
+    {{"id": "teleop", "key_exprs": [{teleop}], "flows": ["ingress"], "permission": "allow",
       "messages": ["put"]}},
     {{"id": "learn", "key_exprs": [{state}, {weights}, {alive}], "flows": ["ingress"],
       "permission": "allow",
-      "messages": ["put", "liveliness_token", "declare_queryable", "reply"]}}
+      "messages": ["put", "liveliness_token", "declare_queryable", "reply"]}}{graph}
   ],
   "subjects": [{subjects}],
   "policies": [{policies}]
 }}"#,
-            all_keys = k("**"),
-            events = k("events"),
-            teleop = k("teleop"),
-            operator = k("operator"),
+            watch = watch.join(", "),
+            estop = estop.join(", "),
+            teleop = teleop.join(", "),
             state = k("learn/state"),
             weights = k("learn/weights"),
             alive = k("alive/learner"),

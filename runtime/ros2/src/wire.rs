@@ -230,7 +230,7 @@ impl Attachment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ros2::msgs;
+    use crate::msgs;
 
     #[test]
     fn keys_and_tokens_match_the_design_documents_examples() {

@@ -1,6 +1,6 @@
-//! reflex inside ROS 2: the robot appears as a ROS 2 node on rmw_zenoh (Jazzy 0.2.4 and later,
-//! Kilted, Lyrical), on the Zenoh session reflex already has, with no ROS 2 code linked
-//! (docs/ros2.md).
+//! reflex-ros2: reflex inside ROS 2. The robot appears as a ROS 2 node on rmw_zenoh (Jazzy
+//! 0.2.4 and later, Kilted, Lyrical), on the Zenoh session reflex already has, with no ROS 2 code
+//! linked (docs/ros2.md).
 //!
 //! - [`RobotTopics`] runs on the outbox's consumer thread (never the loop's): every step's
 //!   `sensor_msgs/JointState` on `<ns>/joint_states` and the arm's links on `/tf`
@@ -16,12 +16,14 @@
 //! Everything that arrives is checked (attachment, CDR, frame, finite values) and counted in the
 //! key's [`Rejects`].
 
+#![warn(missing_docs)]
+
 pub mod cdr;
 pub mod msgs;
 pub mod wire;
 
-use crate::Rejects;
 use msgs::{RosType, Time, Transform};
+use reflex_bus::Rejects;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{self, ActionKind, RobotSpec, StatusMsg, TeleopMsg};
 use reflex_contracts::stop::StopSwitch;
