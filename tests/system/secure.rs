@@ -99,19 +99,39 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
             learners: vec!["learner".into()],
             teleops: vec!["teleop".into()],
             viewers: vec!["viewer".into()],
-            ros2: None,
+            // The robot is also the ROS 2 node `/arm` on domain 0 (docs/ros2.md).
+            ros2: Some((0, "0/arm".into())),
         },
     ));
     let (robot, ep) = open_listening_on_a_fresh_tls_port(robot_cfg);
     // What reached the robot: (key, sender named in the payload).
     let got: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let keys = ["teleop", "learn/weights", "events", "operator", "cmd"];
+    let (ros_estop, ros_twist) = (
+        "0/arm/estop/std_msgs::msg::dds_::Bool_/RIHS01_x",
+        "0/arm/servo/twist/geometry_msgs::msg::dds_::TwistStamped_/RIHS01_x",
+    );
+    let keys = [
+        "teleop",
+        "learn/weights",
+        "events",
+        "operator",
+        "cmd",
+        ros_estop,
+        ros_twist,
+    ];
+    let full = |k: &str| {
+        if k.starts_with("0/") {
+            k.to_string()
+        } else {
+            format!("reflex/arm/{k}")
+        }
+    };
     let _subs: Vec<_> = keys
         .iter()
         .map(|k| {
             let (g, k2) = (got.clone(), k.to_string());
             robot
-                .declare_subscriber(format!("reflex/arm/{k}"))
+                .declare_subscriber(full(k))
                 .callback(move |s| {
                     let who = String::from_utf8_lossy(&s.payload().to_bytes()).to_string();
                     g.lock().unwrap().push((k2.clone(), who));
@@ -170,7 +190,7 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
             (&anon, "anonymous"),
         ] {
             for k in keys {
-                s.put(format!("reflex/arm/{k}"), who).wait().unwrap();
+                s.put(full(k), who).wait().unwrap();
             }
         }
         robot.put("reflex/arm/status", "ok").wait().unwrap();
@@ -182,6 +202,10 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
         ("events", "teleop"),
         ("events", "viewer"),
         ("operator", "teleop"),
+        (ros_estop, "learner"),
+        (ros_estop, "teleop"),
+        (ros_estop, "viewer"),
+        (ros_twist, "teleop"),
     ];
     let has = |k: &str, who: &str| got.lock().unwrap().iter().any(|(a, b)| a == k && b == who);
     crate::common::wait_until(
@@ -236,6 +260,16 @@ fn over_tls_only_certified_peers_get_in_and_each_does_only_what_its_role_allows(
         from("events"),
         ["learner", "teleop", "viewer"],
         "every authenticated operator may raise an e-stop; the expired and the anonymous peer are not in"
+    );
+    assert_eq!(
+        from(ros_estop),
+        ["learner", "teleop", "viewer"],
+        "so may they from ROS 2"
+    );
+    assert_eq!(
+        from(ros_twist),
+        ["teleop"],
+        "only the teleop device drives the arm with a ROS 2 twist"
     );
     assert_eq!(
         from("operator"),
