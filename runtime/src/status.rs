@@ -22,6 +22,7 @@ pub fn to_msg(robot: &str, s: &LoopStatus) -> StatusMsg {
         stop_by: String::new(),
         estop_raised_unix_ns: 0,
         cameras: Vec::new(),
+        learner: None,
     }
 }
 

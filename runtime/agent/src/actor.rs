@@ -683,6 +683,7 @@ impl Wires {
                 rejects,
                 stop: Some(self.stop.clone()),
                 cameras,
+                learner: self.parts.link_progress.clone(),
             },
         ));
         let (tw, tr) = reflex_runtime::teleop::teleop_channel(spec.action.dim());

@@ -27,6 +27,8 @@ pub struct StatusExtras {
     pub stop: Option<Arc<StopSwitch>>,
     /// The robot's cameras' figures, when it has cameras that report them.
     pub cameras: Option<Box<dyn Fn() -> Vec<msg::CameraFigures> + Send>>,
+    /// The learner link's progress, when the actor learns.
+    pub learner: Option<Arc<crate::learnlink::LinkProgress>>,
 }
 
 impl StatusExtras {
@@ -146,6 +148,14 @@ pub fn spawn_publisher(
                     }
                     if let Some(sw) = &extras.stop {
                         fill_stop(&mut m, sw);
+                    }
+                    if let Some(p) = &extras.learner {
+                        let lag = p.lag();
+                        let offered = p.offered.load(Ordering::Relaxed);
+                        m.learner = Some(msg::LearnerLag {
+                            offered,
+                            taken: offered - lag,
+                        });
                     }
                     if let Err(e) = publisher.put(msg::encode(&m)).wait() {
                         tracing::warn!("status on {}: {e}", keys.status);

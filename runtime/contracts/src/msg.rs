@@ -587,6 +587,19 @@ pub struct StatusMsg {
     /// replaced unseen, errors, and the age of the frame last used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cameras: Vec<CameraFigures>,
+    /// The link to the learner, when the actor learns: steps handed to it and steps it has
+    /// taken (their difference is how far the learner is behind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learner: Option<LearnerLag>,
+}
+
+/// How far the learner is behind the actor, in steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LearnerLag {
+    /// Steps the actor handed to the link.
+    pub offered: u64,
+    /// Steps the learner has taken.
+    pub taken: u64,
 }
 
 /// One camera's figures in the status.

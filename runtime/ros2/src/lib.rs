@@ -631,7 +631,8 @@ impl TwistTeleop {
     }
 }
 
-/// Builds the diagnostics of one status message: the control loop, and the e-stop.
+/// Builds the diagnostics of one status message: the control loop, the e-stop, and the learner
+/// when the actor learns.
 pub fn diagnostics(s: &StatusMsg, hardware_id: &str) -> Vec<msgs::DiagnosticStatus> {
     use msgs::{DiagnosticStatus, Level};
     let f = &s.figures;
@@ -671,7 +672,7 @@ pub fn diagnostics(s: &StatusMsg, hardware_id: &str) -> Vec<msgs::DiagnosticStat
         "paused" => Level::Warn,
         _ => Level::Ok,
     };
-    vec![
+    let mut out = vec![
         DiagnosticStatus {
             level: loop_level,
             name: format!("reflex: {} control loop", s.robot),
@@ -690,7 +691,27 @@ pub fn diagnostics(s: &StatusMsg, hardware_id: &str) -> Vec<msgs::DiagnosticStat
             hardware_id: hardware_id.to_string(),
             values: vec![kv("estops", f.estops.to_string())],
         },
-    ]
+    ];
+    if let Some(l) = s.learner {
+        let behind = l.offered.saturating_sub(l.taken);
+        out.push(DiagnosticStatus {
+            // About where a learner starts shedding updates (docs/learner.md, shed_updates_above).
+            level: if behind > 5_000 {
+                Level::Warn
+            } else {
+                Level::Ok
+            },
+            name: format!("reflex: {} learner", s.robot),
+            message: format!("{behind} steps behind"),
+            hardware_id: hardware_id.to_string(),
+            values: vec![
+                kv("steps_offered", l.offered.to_string()),
+                kv("steps_taken", l.taken.to_string()),
+                kv("steps_behind", behind.to_string()),
+            ],
+        });
+    }
+    out
 }
 
 /// Starts the node for robot `spec` on `session`: its tokens, diagnostics, e-stop and twist
@@ -885,4 +906,42 @@ pub fn start(
         },
         topics,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diagnostics_say_what_is_wrong_at_the_level_ros_2_tools_colour() {
+        let mut s = StatusMsg {
+            robot: "arm".into(),
+            stop: "latched".into(),
+            stop_by: "ros2".into(),
+            ..Default::default()
+        };
+        let d = diagnostics(&s, "arm");
+        assert_eq!(d.len(), 2, "no learner, no learner status");
+        assert_eq!(d[0].level, msgs::Level::Ok);
+        assert_eq!(
+            (d[1].level, d[1].message.as_str()),
+            (msgs::Level::Error, "latched by ros2")
+        );
+        s.figures.missed = 3;
+        s.stop = "running".into();
+        s.stop_by.clear();
+        s.learner = Some(reflex_contracts::msg::LearnerLag {
+            offered: 9_000,
+            taken: 1_000,
+        });
+        let d = diagnostics(&s, "arm");
+        assert_eq!(d[0].level, msgs::Level::Warn);
+        assert_eq!(d[1].level, msgs::Level::Ok);
+        assert_eq!(d[2].name, "reflex: arm learner");
+        assert_eq!(d[2].level, msgs::Level::Warn);
+        assert!(
+            d[2].values
+                .contains(&("steps_behind".to_string(), "8000".to_string()))
+        );
+    }
 }
