@@ -178,11 +178,10 @@ impl Pub {
         let publisher = node
             .session
             .declare_publisher(key.clone())
-            .congestion_control(if qos.reliable {
-                zenoh::qos::CongestionControl::Block
-            } else {
-                zenoh::qos::CongestionControl::Drop
-            })
+            // Never wait for a slow ROS 2 subscriber: these puts run on the outbox's thread (which
+            // also feeds the recorder and the learner) and on the status path. Under congestion
+            // a sample is dropped, which a reliable ROS 2 subscriber sees as a sequence gap.
+            .congestion_control(zenoh::qos::CongestionControl::Drop)
             .wait()
             .map_err(|e| bus_err(&key, e))?;
         let t = node
