@@ -56,6 +56,7 @@ fn a_ros_2_node_sees_the_robot_drives_it_with_a_twist_and_latches_its_e_stop() {
         "MP /so101/joint_states",
         "MP /tf",
         "MP /diagnostics",
+        "MP /so101/robot_description",
         "MP /so101/front/image_raw",
         "MP /so101/wrist/camera_info",
         "MS /so101/estop",
@@ -67,6 +68,11 @@ fn a_ros_2_node_sees_the_robot_drives_it_with_a_twist_and_latches_its_e_stop() {
     let tf = v["tf_frames"].as_object().unwrap();
     assert_eq!(tf["shoulder"], "base");
     assert_eq!(tf["tcp"], "gripper");
+    assert_eq!(
+        tf["finger_left"], "gripper",
+        "the URDF's joints outside the chain too"
+    );
+    assert_eq!(v["urdf_links"], 9);
     assert!(tf.contains_key("front_optical_frame") && tf.contains_key("wrist_optical_frame"));
     assert_eq!(v["images"]["front"][0], 64);
     assert_eq!(v["images"]["front"][1], 64);

@@ -12,6 +12,7 @@ an e-stop without an attachment (which a ROS 2 subscriber would drop), `false`, 
 
 import argparse
 import json
+import xml.etree.ElementTree as ET
 import math
 import struct
 import sys
@@ -174,6 +175,7 @@ def main():
         f"{ns}/joint_states": "sensor_msgs/msg/JointState",
         "/tf": "tf2_msgs/msg/TFMessage",
         "/diagnostics": "diagnostic_msgs/msg/DiagnosticArray",
+        f"{ns}/robot_description": "std_msgs/msg/String",
     }
     for c in cams:
         pubs[f"{ns}/{c}/image_raw"] = "sensor_msgs/msg/Image"
@@ -241,6 +243,13 @@ def main():
     if roots != {args.base_frame}:
         fail(f"TF tree roots {roots}, expected {args.base_frame}: {frames}")
     out["tf_frames"] = frames
+    # Every link of the robot's model is in the tree (what RViz's robot model needs).
+    urdf = snap[f"{ns}/robot_description"][-1][1].data
+    links = {l.get("name") for l in ET.fromstring(urdf).iter("link")}
+    missing = links - set(frames) - roots
+    if missing:
+        fail(f"links of robot_description missing from TF: {sorted(missing)}")
+    out["urdf_links"] = len(links)
     for c in cams:
         img = snap[f"{ns}/{c}/image_raw"][-1][1]
         info = snap[f"{ns}/{c}/camera_info"][-1][1]

@@ -266,6 +266,82 @@ struct TfTopic {
     transforms: Vec<Transform>,
     /// The tool link is not the last joint's child: its transform follows the joints'.
     tool: bool,
+    /// The URDF's other joints (fingers, fixed parts), after the cameras.
+    extras: Vec<Extra>,
+}
+
+/// A URDF joint outside the chain, so that every link of the robot's model is in TF (RViz's
+/// robot model needs them all).
+struct Extra {
+    /// Its transform's place in [`TfTopic::transforms`].
+    at: usize,
+    origin: nalgebra::Isometry3<f64>,
+    /// A moving joint: prismatic (else revolute), its axis, and where its value comes from:
+    /// a state index and a scale (the value is 0 when the state does not say).
+    motion: Option<(
+        bool,
+        nalgebra::Unit<nalgebra::Vector3<f64>>,
+        Option<(usize, f64)>,
+    )>,
+}
+
+fn urdf_iso(p: &urdf_rs::Pose) -> nalgebra::Isometry3<f64> {
+    // URDF rpy: fixed-axis roll about x, then pitch about y, then yaw about z.
+    nalgebra::Isometry3::from_parts(
+        nalgebra::Translation3::new(p.xyz[0], p.xyz[1], p.xyz[2]),
+        nalgebra::UnitQuaternion::from_euler_angles(p.rpy[0], p.rpy[1], p.rpy[2]),
+    )
+}
+
+/// The URDF's joints whose child link the chain does not publish, appended to `transforms`.
+/// A moving joint takes its value from the spec's joint of the same name, or, for a prismatic
+/// finger of a parallel gripper (the scene's `gripper`), half the gripper's opening.
+fn extra_joints(
+    urdf: &urdf_rs::Robot,
+    spec: &RobotSpec,
+    node: &NodeCtx,
+    transforms: &mut Vec<Transform>,
+) -> Vec<Extra> {
+    let arm = spec.scene.as_ref().and_then(|s| s.arm.as_ref());
+    let pos = arm.and_then(|a| spec.field(&a.joint_field));
+    let opening = arm
+        .and_then(|a| a.gripper.as_ref())
+        .map(|g| g.opening_index as usize);
+    let mut out = Vec::new();
+    for j in &urdf.joints {
+        let child = node.frame(&j.child.link);
+        if transforms.iter().any(|t| t.child == child) {
+            continue;
+        }
+        let named = spec.joints.iter().position(|n| *n == j.name);
+        let source = match (named, &pos, opening) {
+            (Some(i), Some(r), _) if i < r.len() => Some((r.start + i, 1.0)),
+            (_, _, Some(o)) if j.joint_type == urdf_rs::JointType::Prismatic => Some((o, 0.5)),
+            _ => None,
+        };
+        let axis = nalgebra::Vector3::new(j.axis.xyz[0], j.axis.xyz[1], j.axis.xyz[2]);
+        let motion = match j.joint_type {
+            urdf_rs::JointType::Fixed => None,
+            urdf_rs::JointType::Prismatic => {
+                Some((true, nalgebra::Unit::new_normalize(axis), source))
+            }
+            _ => Some((false, nalgebra::Unit::new_normalize(axis), source)),
+        };
+        let origin = urdf_iso(&j.origin);
+        let (translation, rotation_xyzw) = iso_parts(&origin);
+        out.push(Extra {
+            at: transforms.len(),
+            origin,
+            motion,
+        });
+        transforms.push(Transform {
+            parent: node.frame(&j.parent.link),
+            child,
+            translation,
+            rotation_xyzw,
+        });
+    }
+    out
 }
 
 struct CameraTopic {
@@ -375,8 +451,11 @@ impl RobotTopics {
                         });
                     }
                 }
+                let urdf = urdf_rs::read_from_string(&a.urdf).map_err(|e| model(e.to_string()))?;
+                let extras = extra_joints(&urdf, spec, node, &mut transforms);
                 Some(TfTopic {
                     publisher: Pub::declare(node, "/tf", &msgs::TF_MESSAGE, TF_QOS)?,
+                    extras,
                     q: vec![0.0; dof],
                     poses: vec![nalgebra::Isometry3::identity(); dof],
                     chain,
@@ -468,6 +547,25 @@ impl RobotTopics {
                     tf.transforms[dof].translation,
                     tf.transforms[dof].rotation_xyzw,
                 ) = iso_parts(&(before.inverse() * tf.chain.fk(&tf.q)));
+            }
+            for e in &tf.extras {
+                let Some((prismatic, axis, source)) = &e.motion else {
+                    continue;
+                };
+                let q = source.map_or(0.0, |(i, k)| s.get(i).map_or(0.0, |&v| v as f64 * k));
+                let motion = if *prismatic {
+                    nalgebra::Isometry3::from_parts(
+                        nalgebra::Translation3::from(axis.into_inner() * q),
+                        nalgebra::UnitQuaternion::identity(),
+                    )
+                } else {
+                    nalgebra::Isometry3::from_parts(
+                        nalgebra::Translation3::identity(),
+                        nalgebra::UnitQuaternion::from_axis_angle(axis, q),
+                    )
+                };
+                let t = &mut tf.transforms[e.at];
+                (t.translation, t.rotation_xyzw) = iso_parts(&(e.origin * motion));
             }
             msgs::write_tf(&mut self.w, stamp, &tf.transforms);
             tf.publisher.put(self.w.bytes());
@@ -810,7 +908,7 @@ pub fn start(
 
     // Twists drive an end-effector robot.
     let stop_flag = Arc::new(AtomicBool::new(false));
-    let mut watchdog = None;
+    let mut twist_teleop = None;
     if matches!(
         spec.action.kind,
         ActionKind::EeDelta | ActionKind::EeDeltaYaw
@@ -870,24 +968,48 @@ pub fn start(
             },
         )?);
         rejects.push(twist_rejects);
-        let (s, counters) = (stop_flag.clone(), node.counters.clone());
-        let timeout = Duration::from_secs_f64(cfg.twist_timeout_s);
-        watchdog = Some(
-            std::thread::Builder::new()
-                .name("ros2-twist".into())
-                .spawn(move || {
-                    while !s.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(10));
-                        if let Ok(mut t) = twist.lock()
-                            && t.expire(timeout)
-                        {
-                            counters.twist_timeouts.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                })
-                .expect("spawn the ROS 2 twist watchdog"),
-        );
+        twist_teleop = Some(twist);
     }
+    // The robot's URDF on `<ns>/robot_description` every 2 s, as robot_state_publisher offers it
+    // (rmw_zenoh matches on key, not on durability: a late RViz has it within 2 s).
+    let mut description = match spec.scene.as_ref().and_then(|s| s.arm.as_ref()) {
+        Some(a) => {
+            let qos = Qos {
+                reliable: true,
+                depth: 1,
+            };
+            let p = Pub::declare(&node, &node.topic("robot_description"), &msgs::STRING, qos)?;
+            let mut w = cdr::Writer::new();
+            w.start().string(&a.urdf);
+            Some((p, w))
+        }
+        None => None,
+    };
+    let (s, counters) = (stop_flag.clone(), node.counters.clone());
+    let timeout = Duration::from_secs_f64(cfg.twist_timeout_s);
+    let watchdog = Some(
+        std::thread::Builder::new()
+            .name("ros2".into())
+            .spawn(move || {
+                let mut described = None::<Instant>;
+                while !s.load(Ordering::Relaxed) {
+                    if let Some((p, w)) = &mut description
+                        && described.is_none_or(|t| t.elapsed() >= Duration::from_secs(2))
+                    {
+                        p.put(w.bytes());
+                        described = Some(Instant::now());
+                    }
+                    if let Some(twist) = &twist_teleop
+                        && let Ok(mut t) = twist.lock()
+                        && t.expire(timeout)
+                    {
+                        counters.twist_timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+            .expect("spawn the ROS 2 node's thread"),
+    );
     let name = wire::qualify(&cfg.namespace, &cfg.node);
     tracing::info!(
         "ROS 2: node `{name}` on domain {} (rmw_zenoh, Jazzy wire format)",

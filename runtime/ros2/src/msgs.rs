@@ -28,6 +28,11 @@ impl RosType {
     }
 }
 
+/// `std_msgs/msg/String` (the robot's URDF on `robot_description`).
+pub const STRING: RosType = RosType {
+    name: "std_msgs/msg/String",
+    hash: "RIHS01_df668c740482bbd48fb39d76a70dfd4bd59db1288021743503259e948f6b1a18",
+};
 /// `sensor_msgs/msg/JointState`.
 pub const JOINT_STATE: RosType = RosType {
     name: "sensor_msgs/msg/JointState",
@@ -65,7 +70,8 @@ pub const TWIST_STAMPED: RosType = RosType {
 };
 
 /// Every type reflex publishes or subscribes to.
-pub const ALL: [RosType; 7] = [
+pub const ALL: [RosType; 8] = [
+    STRING,
     JOINT_STATE,
     TF_MESSAGE,
     IMAGE,
