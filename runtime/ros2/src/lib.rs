@@ -276,13 +276,17 @@ struct Extra {
     /// Its transform's place in [`TfTopic::transforms`].
     at: usize,
     origin: nalgebra::Isometry3<f64>,
-    /// A moving joint: prismatic (else revolute), its axis, and where its value comes from:
-    /// a state index and a scale (the value is 0 when the state does not say).
-    motion: Option<(
-        bool,
-        nalgebra::Unit<nalgebra::Vector3<f64>>,
-        Option<(usize, f64)>,
-    )>,
+    /// How it moves; none for a fixed joint.
+    motion: Option<Motion>,
+}
+
+/// A moving joint outside the chain.
+struct Motion {
+    /// Prismatic, else revolute.
+    prismatic: bool,
+    axis: nalgebra::Unit<nalgebra::Vector3<f64>>,
+    /// Where its value comes from: a state index and a scale (0 when the state does not say).
+    source: Option<(usize, f64)>,
 }
 
 fn urdf_iso(p: &urdf_rs::Pose) -> nalgebra::Isometry3<f64> {
@@ -320,13 +324,11 @@ fn extra_joints(
             _ => None,
         };
         let axis = nalgebra::Vector3::new(j.axis.xyz[0], j.axis.xyz[1], j.axis.xyz[2]);
-        let motion = match j.joint_type {
-            urdf_rs::JointType::Fixed => None,
-            urdf_rs::JointType::Prismatic => {
-                Some((true, nalgebra::Unit::new_normalize(axis), source))
-            }
-            _ => Some((false, nalgebra::Unit::new_normalize(axis), source)),
-        };
+        let motion = (j.joint_type != urdf_rs::JointType::Fixed).then(|| Motion {
+            prismatic: j.joint_type == urdf_rs::JointType::Prismatic,
+            axis: nalgebra::Unit::new_normalize(axis),
+            source,
+        });
         let origin = urdf_iso(&j.origin);
         let (translation, rotation_xyzw) = iso_parts(&origin);
         out.push(Extra {
@@ -549,19 +551,21 @@ impl RobotTopics {
                 ) = iso_parts(&(before.inverse() * tf.chain.fk(&tf.q)));
             }
             for e in &tf.extras {
-                let Some((prismatic, axis, source)) = &e.motion else {
+                let Some(m) = &e.motion else {
                     continue;
                 };
-                let q = source.map_or(0.0, |(i, k)| s.get(i).map_or(0.0, |&v| v as f64 * k));
-                let motion = if *prismatic {
+                let q = m
+                    .source
+                    .map_or(0.0, |(i, k)| s.get(i).map_or(0.0, |&v| v as f64 * k));
+                let motion = if m.prismatic {
                     nalgebra::Isometry3::from_parts(
-                        nalgebra::Translation3::from(axis.into_inner() * q),
+                        nalgebra::Translation3::from(m.axis.into_inner() * q),
                         nalgebra::UnitQuaternion::identity(),
                     )
                 } else {
                     nalgebra::Isometry3::from_parts(
                         nalgebra::Translation3::identity(),
-                        nalgebra::UnitQuaternion::from_axis_angle(axis, q),
+                        nalgebra::UnitQuaternion::from_axis_angle(&m.axis, q),
                     )
                 };
                 let t = &mut tf.transforms[e.at];
