@@ -95,11 +95,28 @@ pub struct Chain {
     tip_link: String,
 }
 
-fn urdf_pose(p: &urdf_rs::Pose) -> Isometry3<f64> {
+/// A URDF `<origin>` as a pose (rpy: fixed-axis roll about x, then pitch about y, then yaw
+/// about z).
+pub fn urdf_pose(p: &urdf_rs::Pose) -> Isometry3<f64> {
     let t = Translation3::new(p.xyz[0], p.xyz[1], p.xyz[2]);
     // URDF rpy: fixed-axis roll about x, then pitch about y, then yaw about z.
     let r = UnitQuaternion::from_euler_angles(p.rpy[0], p.rpy[1], p.rpy[2]);
     Isometry3::from_parts(t, r)
+}
+
+/// The motion of a joint of `kind` about or along `axis` at position `q` (rad or m), in its
+/// joint frame.
+pub fn joint_motion(kind: JointKind, axis: &Unit<Vector3<f64>>, q: f64) -> Isometry3<f64> {
+    match kind {
+        JointKind::Revolute => Isometry3::from_parts(
+            Translation3::identity(),
+            UnitQuaternion::from_axis_angle(axis, q),
+        ),
+        JointKind::Prismatic => Isometry3::from_parts(
+            Translation3::from(axis.into_inner() * q),
+            UnitQuaternion::identity(),
+        ),
+    }
 }
 
 impl Chain {
@@ -238,16 +255,7 @@ impl Chain {
     }
 
     fn joint_motion(j: &ChainJoint, q: f64) -> Isometry3<f64> {
-        match j.kind {
-            JointKind::Revolute => Isometry3::from_parts(
-                Translation3::identity(),
-                UnitQuaternion::from_axis_angle(&j.axis, q),
-            ),
-            JointKind::Prismatic => Isometry3::from_parts(
-                Translation3::from(j.axis.into_inner() * q),
-                UnitQuaternion::identity(),
-            ),
-        }
+        joint_motion(j.kind, &j.axis, q)
     }
 
     /// Pose of the tip, `T_base_tip`, for joint positions `q` (one per movable joint).

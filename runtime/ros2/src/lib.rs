@@ -27,7 +27,7 @@ use reflex_bus::Rejects;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{self, ActionKind, RobotSpec, StatusMsg, TeleopMsg};
 use reflex_contracts::stop::StopSwitch;
-use reflex_runtime::kinematics::Chain;
+use reflex_runtime::kinematics::{Chain, JointKind, joint_motion, urdf_pose};
 use reflex_runtime::outbox::{Frames, Transition};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -282,19 +282,10 @@ struct Extra {
 
 /// A moving joint outside the chain.
 struct Motion {
-    /// Prismatic, else revolute.
-    prismatic: bool,
+    kind: JointKind,
     axis: nalgebra::Unit<nalgebra::Vector3<f64>>,
     /// Where its value comes from: a state index and a scale (0 when the state does not say).
     source: Option<(usize, f64)>,
-}
-
-fn urdf_iso(p: &urdf_rs::Pose) -> nalgebra::Isometry3<f64> {
-    // URDF rpy: fixed-axis roll about x, then pitch about y, then yaw about z.
-    nalgebra::Isometry3::from_parts(
-        nalgebra::Translation3::new(p.xyz[0], p.xyz[1], p.xyz[2]),
-        nalgebra::UnitQuaternion::from_euler_angles(p.rpy[0], p.rpy[1], p.rpy[2]),
-    )
 }
 
 /// The URDF's joints whose child link the chain does not publish, appended to `transforms`.
@@ -325,11 +316,15 @@ fn extra_joints(
         };
         let axis = nalgebra::Vector3::new(j.axis.xyz[0], j.axis.xyz[1], j.axis.xyz[2]);
         let motion = (j.joint_type != urdf_rs::JointType::Fixed).then(|| Motion {
-            prismatic: j.joint_type == urdf_rs::JointType::Prismatic,
+            kind: if j.joint_type == urdf_rs::JointType::Prismatic {
+                JointKind::Prismatic
+            } else {
+                JointKind::Revolute
+            },
             axis: nalgebra::Unit::new_normalize(axis),
             source,
         });
-        let origin = urdf_iso(&j.origin);
+        let origin = urdf_pose(&j.origin);
         let (translation, rotation_xyzw) = iso_parts(&origin);
         out.push(Extra {
             at: transforms.len(),
@@ -557,19 +552,9 @@ impl RobotTopics {
                 let q = m
                     .source
                     .map_or(0.0, |(i, k)| s.get(i).map_or(0.0, |&v| v as f64 * k));
-                let motion = if m.prismatic {
-                    nalgebra::Isometry3::from_parts(
-                        nalgebra::Translation3::from(m.axis.into_inner() * q),
-                        nalgebra::UnitQuaternion::identity(),
-                    )
-                } else {
-                    nalgebra::Isometry3::from_parts(
-                        nalgebra::Translation3::identity(),
-                        nalgebra::UnitQuaternion::from_axis_angle(&m.axis, q),
-                    )
-                };
                 let t = &mut tf.transforms[e.at];
-                (t.translation, t.rotation_xyzw) = iso_parts(&(e.origin * motion));
+                (t.translation, t.rotation_xyzw) =
+                    iso_parts(&(e.origin * joint_motion(m.kind, &m.axis, q)));
             }
             msgs::write_tf(&mut self.w, stamp, &tf.transforms);
             tf.publisher.put(self.w.bytes());
