@@ -370,19 +370,10 @@ pub struct Ros2Section {
 }
 
 impl Ros2Section {
-    /// The node's settings for robot `robot` (the section is validated with the file); the
-    /// error is a bad `ROS_DOMAIN_ID` in the environment.
-    pub fn config(&self, robot: &str) -> Result<reflex_ros2::Ros2Config, String> {
+    /// The file's settings over the defaults for robot `robot`, domain 0 unless given.
+    fn settings(&self, robot: &str) -> reflex_ros2::Ros2Config {
         let mut c = reflex_ros2::Ros2Config::for_robot(robot);
-        c.domain = match (self.domain, std::env::var("ROS_DOMAIN_ID")) {
-            (Some(d), _) => d,
-            (None, Ok(v)) => v.trim().parse().map_err(|_| {
-                format!(
-                    "[ros2] domain: the environment's ROS_DOMAIN_ID `{v}` is not a number; set it right or give `domain` in the file"
-                )
-            })?,
-            (None, Err(_)) => 0,
-        };
+        c.domain = self.domain.unwrap_or(0);
         macro_rules! take {
             ($($k:ident),*) => { $(if let Some(v) = &self.$k { c.$k = v.clone(); })* };
         }
@@ -394,41 +385,23 @@ impl Ros2Section {
             twist_timeout_s,
             frame_prefix
         );
-        Ok(c)
+        c
     }
 
-    fn validate(&self) -> Result<(), Invalid> {
-        use reflex_ros2::wire;
-        let name = |key: &str, value: &str, e: Result<(), wire::NameError>| {
-            e.map_err(|e| Invalid {
-                key: format!("ros2.{key}"),
-                value: format!("{value:?}"),
-                allowed: e.why.to_string(),
-            })
-        };
-        if let Some(ns) = &self.namespace {
-            name("namespace", ns, wire::check_namespace(ns))?;
+    /// The node's settings for robot `robot` (the section is validated with the file), the
+    /// domain `ROS_DOMAIN_ID` when the file gives none; the error is a bad `ROS_DOMAIN_ID`.
+    pub fn config(&self, robot: &str) -> Result<reflex_ros2::Ros2Config, String> {
+        let mut c = self.settings(robot);
+        if self.domain.is_none()
+            && let Ok(v) = std::env::var("ROS_DOMAIN_ID")
+        {
+            c.domain = v.trim().parse().map_err(|_| {
+                format!(
+                    "[ros2] domain: the environment's ROS_DOMAIN_ID `{v}` is not a number; set it right or give `domain` in the file"
+                )
+            })?;
         }
-        if let Some(n) = &self.node {
-            name("node", n, wire::check_node(n))?;
-        }
-        if let Some(v) = self.state_hz {
-            in_range("ros2", "state_hz", v, 0.1, 10_000.0)?;
-        }
-        if let Some(v) = self.image_hz {
-            in_range("ros2", "image_hz", v, 0.1, 1_000.0)?;
-        }
-        if let Some(v) = self.twist_timeout_s {
-            in_range("ros2", "twist_timeout_s", v, 0.01, 5.0)?;
-        }
-        match &self.frame_prefix {
-            Some(p) if p.contains(char::is_whitespace) => Err(Invalid {
-                key: "ros2.frame_prefix".into(),
-                value: format!("{p:?}"),
-                allowed: "a prefix without whitespace, e.g. \"so101/\"".into(),
-            }),
-            _ => Ok(()),
-        }
+        Ok(c)
     }
 }
 
@@ -594,8 +567,9 @@ impl RunConfig {
 
 impl Validate for RunConfig {
     fn validate(&self, _: &str) -> Result<(), Invalid> {
-        if let Some(r) = &self.ros2 {
-            r.validate()?;
+        if let Some(r) = self.ros2.as_ref().filter(|r| r.enabled) {
+            // With the robot's own name: the default namespace must be a ROS 2 name too.
+            r.settings(&self.robot_name()).validate("ros2")?;
         }
         if self.robot.source == RobotSource::Sim && self.sim.is_none() {
             return Err(Invalid {

@@ -24,6 +24,7 @@ pub mod wire;
 
 use msgs::{RosType, Time, Transform};
 use reflex_bus::Rejects;
+use reflex_contracts::config::Invalid;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{self, ActionKind, RobotSpec, StatusMsg, TeleopMsg};
 use reflex_contracts::stop::StopSwitch;
@@ -71,27 +72,6 @@ impl Ros2Config {
         }
     }
 
-    /// Checks names and rates; the error names the key at fault.
-    pub fn check(&self) -> Result<(), Ros2Error> {
-        wire::check_namespace(&self.namespace)?;
-        wire::check_node(&self.node)?;
-        // rmw_zenoh reads ROS_DOMAIN_ID into a size_t; DDS limits it to 232, rmw_zenoh does not.
-        let bad = |key: &str, why: &str| Err(Ros2Error::Config(format!("[ros2] {key}: {why}")));
-        if !(self.state_hz > 0.0 && self.state_hz.is_finite()) {
-            return bad("state_hz", "must be a positive rate, Hz");
-        }
-        if !(self.image_hz > 0.0 && self.image_hz.is_finite()) {
-            return bad("image_hz", "must be a positive rate, Hz");
-        }
-        if !(self.twist_timeout_s > 0.0 && self.twist_timeout_s <= 5.0) {
-            return bad("twist_timeout_s", "must be in (0, 5] s");
-        }
-        if self.frame_prefix.contains(char::is_whitespace) {
-            return bad("frame_prefix", "must not hold whitespace");
-        }
-        Ok(())
-    }
-
     /// The data key prefix of this node's relative topics, `<domain>/<namespace>` (for access
     /// rules).
     pub fn key_prefix(&self) -> String {
@@ -104,15 +84,43 @@ impl Ros2Config {
     }
 }
 
+impl reflex_contracts::config::Validate for Ros2Config {
+    /// Names as ROS 2 allows them, rates and the twist timeout in range; the error names the key.
+    fn validate(&self, p: &str) -> Result<(), Invalid> {
+        use reflex_contracts::config::{in_range, key};
+        let name = |k: &str, value: &str, e: Result<(), wire::NameError>| {
+            e.map_err(|e| Invalid {
+                key: key(p, k),
+                value: format!("{value:?}"),
+                allowed: e.why.to_string(),
+            })
+        };
+        name(
+            "namespace",
+            &self.namespace,
+            wire::check_namespace(&self.namespace),
+        )?;
+        name("node", &self.node, wire::check_node(&self.node))?;
+        in_range(p, "state_hz", self.state_hz, 0.1, 10_000.0)?;
+        in_range(p, "image_hz", self.image_hz, 0.1, 1_000.0)?;
+        in_range(p, "twist_timeout_s", self.twist_timeout_s, 0.01, 5.0)?;
+        if self.frame_prefix.contains(char::is_whitespace) {
+            return Err(Invalid {
+                key: key(p, "frame_prefix"),
+                value: format!("{:?}", self.frame_prefix),
+                allowed: "a prefix without whitespace, e.g. \"so101/\"".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Errors starting the ROS 2 node.
 #[derive(Debug, thiserror::Error)]
 pub enum Ros2Error {
-    /// A namespace or node name ROS 2 would refuse.
-    #[error(transparent)]
-    Name(#[from] wire::NameError),
-    /// A value of `[ros2]` out of range.
-    #[error("{0}")]
-    Config(String),
+    /// A value of `[ros2]` ROS 2 or reflex would refuse.
+    #[error("[ros2] {} = {} is refused; allowed: {}", .0.key, .0.value, .0.allowed)]
+    Config(Invalid),
     /// A declaration on the session failed.
     #[error("ROS 2 over Zenoh, key `{key}`: {message}")]
     Bus {
@@ -809,7 +817,7 @@ pub fn start(
     keys: &Keys,
     stop: Arc<StopSwitch>,
 ) -> Result<(Ros2Node, RobotTopics), Ros2Error> {
-    cfg.check()?;
+    reflex_contracts::config::Validate::validate(cfg, "ros2").map_err(Ros2Error::Config)?;
     let node = NodeCtx {
         session: session.clone(),
         graph: Graph {
