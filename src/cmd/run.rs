@@ -1,6 +1,7 @@
 //! `reflex run --config FILE`: arguments and the run's report.
 
 use crate::cli::{Bars, BusArgs, print_json};
+use anyhow::Context;
 use clap::Args;
 use reflex_agent::actor::{RunOptions, RunReport, run_config};
 use reflex_agent::config::RunConfig;
@@ -31,12 +32,26 @@ pub struct RunArgs {
     /// Rate of the step trace on the bus for `reflex viz`, Hz (0: off; default `[bus] trace_hz`).
     #[arg(long, value_name = "HZ")]
     trace_hz: Option<f64>,
+    /// The robot's name on the bus (overrides `[robot] name`): one config for every robot of a
+    /// fleet (docs/deploy.md).
+    #[arg(long, value_name = "NAME")]
+    robot_name: Option<String>,
+    /// Seed of the run (overrides `[run] seed`): each robot of a fleet its own episodes.
+    #[arg(long)]
+    seed: Option<u64>,
     #[command(flatten)]
     bus: BusArgs,
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let cfg = RunConfig::load(&a.config)?;
+    let mut cfg = RunConfig::load(&a.config)?;
+    if let Some(n) = &a.robot_name {
+        reflex_contracts::keys::Keys::new(n).context("--robot-name")?;
+        cfg.robot.name = Some(n.clone());
+    }
+    if let Some(s) = a.seed {
+        cfg.run.seed = s;
+    }
     let o = RunOptions {
         bus: a.bus.config(),
         episodes: if a.until_stopped {

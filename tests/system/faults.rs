@@ -4,7 +4,7 @@
 use crate::common::{json_output, matching, reflex, repo};
 use reflex_bench::workloads::NullRobot;
 use reflex_bus::learnlink::{
-    ActorLink, LearnerLink, LinkConfig, LinkPosition, StepShape, WeightsShape,
+    ActorLink, Fleet, LearnerLink, LinkConfig, LinkPosition, StepShape, WeightsShape,
 };
 use reflex_bus::robot::{RemoteRobot, RobotServer, ServeMode};
 use reflex_bus::{BusConfig, Keys};
@@ -180,7 +180,12 @@ fn link_pair(
         shape,
     )
     .unwrap();
-    let learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    let learner = LearnerLink::new(
+        &b,
+        &Fleet::one(&keys.robot).unwrap(),
+        LinkPosition::default(),
+    )
+    .unwrap();
     ((a, b), actor, learner, r)
 }
 
@@ -233,7 +238,12 @@ fn the_learner_leaves_out_steps_that_do_not_fit_the_robot() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = pair(&dir);
     let keys = Keys::new("s").unwrap();
-    let mut learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    let mut learner = LearnerLink::new(
+        &b,
+        &Fleet::one(&keys.robot).unwrap(),
+        LinkPosition::default(),
+    )
+    .unwrap();
     learner.expect_steps(StepShape {
         obs: 3,
         act: 2,
@@ -262,6 +272,7 @@ fn the_learner_leaves_out_steps_that_do_not_fit_the_robot() {
             step(vec![1.0; 3]),
         ],
         flush: false,
+        offered: 0,
     };
     crate::common::wait_for_subscriber(&a, &keys.learn_transitions);
     publisher.put(msg::encode(&batch)).wait().unwrap();
@@ -270,7 +281,7 @@ fn the_learner_leaves_out_steps_that_do_not_fit_the_robot() {
         .expect("the batch arrives");
     assert_eq!(got.steps.len(), 2, "two good steps");
     assert_eq!(
-        learner.position().received,
+        learner.position().received(),
         4,
         "the bad ones keep their numbers"
     );
@@ -284,7 +295,12 @@ fn a_learner_that_sees_refuses_steps_whose_features_another_encoder_or_shape_mad
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = pair(&dir);
     let keys = Keys::new("f").unwrap();
-    let mut learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    let mut learner = LearnerLink::new(
+        &b,
+        &Fleet::one(&keys.robot).unwrap(),
+        LinkPosition::default(),
+    )
+    .unwrap();
     let expect = FeatureExpect {
         encoder: "front.encoder.onnx#1a2b".into(),
         shapes: vec![[2, 2, 3]],
@@ -371,6 +387,7 @@ fn a_learner_that_sees_refuses_steps_whose_features_another_encoder_or_shape_mad
         held_from: 0,
         steps,
         flush: false,
+        offered: 0,
     };
     crate::common::wait_for_subscriber(&a, &keys.learn_transitions);
     publisher.put(msg::encode(&batch)).wait().unwrap();
@@ -380,7 +397,7 @@ fn a_learner_that_sees_refuses_steps_whose_features_another_encoder_or_shape_mad
     assert_eq!(got.steps.len(), 2, "the two good steps");
     assert!(got.steps.iter().all(|s| s.features.as_ref() == Some(&good)));
     assert_eq!(
-        learner.position().received,
+        learner.position().received(),
         7,
         "the bad ones keep their numbers"
     );
@@ -1271,7 +1288,12 @@ fn the_learners_queue_is_bounded_and_the_actor_sends_no_further_ahead_than_its_w
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = pair(&dir);
     let keys = Keys::new("q").unwrap();
-    let learner = LearnerLink::new(&b, &keys, LinkPosition::default()).unwrap();
+    let learner = LearnerLink::new(
+        &b,
+        &Fleet::one(&keys.robot).unwrap(),
+        LinkPosition::default(),
+    )
+    .unwrap();
     // Blocking on a full transport queue, as the actor's link publishes: every batch of the
     // flood reaches the learner (Zenoh's default, Drop, loses some on a loaded machine, and the
     // count below would never reach 3000).
@@ -1296,6 +1318,7 @@ fn the_learners_queue_is_bounded_and_the_actor_sends_no_further_ahead_than_its_w
             held_from: 0,
             steps: vec![step.clone()],
             flush: false,
+            offered: 0,
         };
         flood.put(msg::encode(&batch)).wait().unwrap();
     }

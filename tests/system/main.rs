@@ -12,6 +12,7 @@ mod control;
 mod dataset;
 mod demo;
 mod faults;
+mod fleet;
 mod gym_bridge;
 mod layers;
 mod learn;

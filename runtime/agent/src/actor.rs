@@ -776,6 +776,9 @@ impl Learning {
         let stop = Arc::new(AtomicBool::new(false));
         let cfg = LearnerConfig {
             robot: spec.name.clone(),
+            // The actor's own robot: an in-process learner serves no fleet.
+            fleet: reflex_bus::learnlink::Fleet::one(&keys.robot)
+                .map_err(reflex_bus::BusError::from)?,
             section: setup.section.clone(),
             mode,
             base_model: setup.base_model.clone(),

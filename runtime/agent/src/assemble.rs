@@ -9,15 +9,15 @@ use reflex_learn::sac::replay::Transition as LTransition;
 use reflex_learn::sac::{Mode, Sac};
 use reflex_policies::onnx_policy::OnnxPolicy;
 
-/// Turns a stream of steps into stored transitions.
+/// Turns streams of steps into stored transitions: one stream per actor (a fleet's learner
+/// takes several at once; `reflex demo` has one), each with its own held step and episode.
 pub struct Assembler {
     mode: Mode,
     norm: ActionNorm,
     relabel: Option<OnnxPolicy>,
     rlif: bool,
-    pending: Option<LTransition>,
-    pending_episode: u64,
-    prev_teleop: bool,
+    whole_episodes: bool,
+    streams: std::collections::HashMap<u64, Stream>,
     chunk: Vec<f32>,
     act_dim: usize,
     /// Transitions pushed into the buffers.
@@ -25,6 +25,14 @@ pub struct Assembler {
     /// Episodes whose last step carried no end (an e-stop raised between a lockstep robot's
     /// steps, an actor that died mid-episode): their last step was stored as a truncation.
     pub unterminated: u64,
+}
+
+/// One actor's steps not stored yet.
+#[derive(Default)]
+struct Stream {
+    held: Vec<LTransition>,
+    episode: u64,
+    prev_teleop: bool,
 }
 
 impl Assembler {
@@ -42,9 +50,8 @@ impl Assembler {
             norm,
             relabel,
             rlif,
-            pending: None,
-            pending_episode: 0,
-            prev_teleop: false,
+            whole_episodes: false,
+            streams: Default::default(),
             chunk: Vec::new(),
             act_dim,
             stored: 0,
@@ -52,36 +59,65 @@ impl Assembler {
         }
     }
 
-    /// Forgets the held step (a new actor's numbering starts afresh).
-    pub fn reset(&mut self) {
-        self.pending = None;
-        self.prev_teleop = false;
+    /// Stores each episode whole at its end, so that its transitions sit together in the
+    /// buffers although several actors' steps interleave (n-step returns walk an episode's
+    /// consecutive rows).
+    pub fn whole_episodes(mut self, yes: bool) -> Self {
+        self.whole_episodes = yes;
+        self
     }
 
-    /// The last step is held until the next one arrives (its `next_base` is that step's base);
-    /// `true` when a step is held.
-    pub fn holds_one(&self) -> bool {
-        self.pending.is_some()
+    /// Forgets what `stream` holds (a new actor's numbering starts afresh).
+    pub fn reset(&mut self, stream: u64) {
+        self.streams.remove(&stream);
     }
 
-    /// Takes one step; stores the one before it (and this one if it ends the episode).
+    /// Steps of `stream` taken but not stored yet: its last step waits for the next (its
+    /// `next_base` is that step's base), or its whole episode with [`Self::whole_episodes`].
+    pub fn held(&self, stream: u64) -> u64 {
+        self.streams.get(&stream).map_or(0, |s| s.held.len() as u64)
+    }
+
+    /// Takes one step of the only stream.
     pub fn push(&mut self, sac: &mut Sac, s: &WireStep) -> crate::error::Result<()> {
-        if s.episode != self.pending_episode
-            && let Some(mut p) = self.pending.take()
+        self.push_from(sac, 0, s)
+    }
+
+    /// Takes one step of `stream`; stores what it completes.
+    pub fn push_from(
+        &mut self,
+        sac: &mut Sac,
+        stream: u64,
+        s: &WireStep,
+    ) -> crate::error::Result<()> {
+        let mut st = self.streams.remove(&stream).unwrap_or_default();
+        let r = self.push_into(sac, &mut st, s);
+        self.streams.insert(stream, st);
+        r
+    }
+
+    fn push_into(
+        &mut self,
+        sac: &mut Sac,
+        st: &mut Stream,
+        s: &WireStep,
+    ) -> crate::error::Result<()> {
+        let residual = self.mode == Mode::Residual;
+        if s.episode != st.episode
+            && let Some(p) = st.held.last_mut()
         {
-            // The held step's episode ended without saying so: it is stored as cut short,
+            // The held episode ended without saying so: its last step is stored as cut short,
             // bootstrapping from its own base action rather than the next episode's.
-            if self.mode == Mode::Residual {
+            if residual {
                 p.next_base.clone_from(&p.base);
             }
             p.truncated = true;
-            self.store(sac, &p);
+            self.store_all(sac, &mut st.held);
             self.unterminated += 1;
-            self.prev_teleop = false;
+            st.prev_teleop = false;
         }
-        self.pending_episode = s.episode;
+        st.episode = s.episode;
         let person = s.teleop;
-        let residual = self.mode == Mode::Residual;
         let mut base_n = s.base.clone();
         if person
             && residual
@@ -103,11 +139,11 @@ impl Assembler {
             *v = v.clamp(-1.0, 1.0);
         }
         // RLIF: the policy step right before a takeover gets -1.
-        let takeover = person && !self.prev_teleop;
-        self.prev_teleop = person;
+        let takeover = person && !st.prev_teleop;
+        st.prev_teleop = person;
         if self.rlif
             && takeover
-            && let Some(p) = &mut self.pending
+            && let Some(p) = st.held.last_mut()
         {
             p.reward -= 1.0;
         }
@@ -130,24 +166,25 @@ impl Assembler {
             truncated: s.truncated,
             intervention: person,
         };
-        if let Some(mut p) = self.pending.take() {
-            if residual {
-                p.next_base.copy_from_slice(&t.base);
-            }
-            self.store(sac, &p);
+        if residual && let Some(p) = st.held.last_mut() {
+            p.next_base.copy_from_slice(&t.base);
         }
+        if !self.whole_episodes {
+            self.store_all(sac, &mut st.held);
+        }
+        st.held.push(t);
         if s.ends_episode() {
-            self.store(sac, &t);
-            self.prev_teleop = false;
-        } else {
-            self.pending = Some(t);
+            self.store_all(sac, &mut st.held);
+            st.prev_teleop = false;
         }
         Ok(())
     }
 
-    fn store(&mut self, sac: &mut Sac, t: &LTransition) {
-        reflex_learn::sac::hil::route(sac, t);
-        self.stored += 1;
+    fn store_all(&mut self, sac: &mut Sac, held: &mut Vec<LTransition>) {
+        for t in held.drain(..) {
+            reflex_learn::sac::hil::route(sac, &t);
+            self.stored += 1;
+        }
     }
 }
 
@@ -311,6 +348,37 @@ mod tests {
     }
 
     #[test]
+    fn two_actors_interleaved_keep_their_own_held_steps_and_whole_episodes_stay_together() {
+        let cfg = SacConfig {
+            mode: Mode::Full,
+            hidden: vec![8],
+            ..Default::default()
+        };
+        let mut sac = Sac::new(cfg, 2, 2).unwrap();
+        let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], 0.0);
+        let mut asm = Assembler::new(Mode::Full, norm, None, false, 2).whole_episodes(true);
+        // Actor 7's steps carry obs[1] = 7, actor 9's obs[1] = 9; each episode is 3 steps.
+        for i in 0..3u32 {
+            for actor in [7u64, 9] {
+                let mut s = step(i, false, 0.0, i == 2);
+                s.obs[1] = actor as f32;
+                asm.push_from(&mut sac, actor, &s).unwrap();
+                let held = asm.held(actor);
+                assert_eq!(held, if i == 2 { 0 } else { i as u64 + 1 });
+            }
+        }
+        assert_eq!(asm.stored, 6);
+        let tag: Vec<f32> = (0..6).map(|k| sac.online.get(k).obs[1]).collect();
+        assert_eq!(
+            tag,
+            [7.0, 7.0, 7.0, 9.0, 9.0, 9.0],
+            "each episode's rows together"
+        );
+        let steps: Vec<f32> = (0..3).map(|k| sac.online.get(k).obs[0]).collect();
+        assert_eq!(steps, [0.0, 1.0, 2.0], "in order");
+    }
+
+    #[test]
     fn an_episode_that_ended_without_saying_so_is_stored_as_cut_short_not_joined_to_the_next() {
         let cfg = SacConfig {
             mode: Mode::Full,
@@ -340,7 +408,7 @@ mod tests {
         s.estop = true;
         asm.push(&mut sac, &s).unwrap();
         assert_eq!(asm.stored, 5);
-        assert!(!asm.holds_one());
+        assert_eq!(asm.held(0), 0);
     }
 
     #[test]

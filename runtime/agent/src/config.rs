@@ -471,9 +471,11 @@ impl RunConfig {
                     },
                 )
             }),
+            router: false,
         };
         bus.listen.extend(extra.listen.iter().cloned());
         bus.connect.extend(extra.connect.iter().cloned());
+        bus.router = extra.router;
         bus
     }
 
@@ -742,6 +744,11 @@ pub struct LearnerSection {
     /// and the image heads the learner trains on them (docs/learner.md, "Learning from pixels").
     #[serde(default)]
     pub vision: Option<VisionSection>,
+    /// The robots a `reflex learn` serves at once (fleet learning: every robot's steps feed one
+    /// replay, every robot gets the same weights); `["*"]` takes every robot on the bus. Empty
+    /// (the default): the config's own robot. `reflex learn --robot` overrides it.
+    #[serde(default)]
+    pub fleet: Vec<String>,
 }
 
 /// `[learner.vision]`.

@@ -1,19 +1,20 @@
 //! The learner as a service on the bus: in its own process (`reflex learn`, on the robot or a
-//! GPU workstation) or on a thread of the actor's (`[learner] in_process = true`).
+//! GPU workstation, for one robot or a fleet) or on a thread of the actor's (`[learner]
+//! in_process = true`).
 //!
-//! It takes the actor's numbered transitions through [`LearnerLink`] (only the next number, so
-//! resends after a reconnect are dropped and gaps refused), stores them as `reflex demo` does
-//! ([`crate::assemble`]: relabelling, RLIF, both buffers for a person's steps), trains, publishes
-//! versioned weights, and checkpoints everything atomically, link position included. After a
-//! crash it resumes from the checkpoint and tells the actor where to resend from: no transition is
-//! lost or stored twice.
+//! It takes each actor's numbered transitions through [`LearnerLink`] (per actor only the next
+//! number, so resends after a reconnect are dropped and gaps refused), stores them as `reflex
+//! demo` does ([`crate::assemble`]: relabelling, RLIF, both buffers for a person's steps; one
+//! stream per actor into one replay), trains, publishes versioned weights to every robot, and
+//! checkpoints everything atomically, every actor's position included. After a crash it resumes
+//! from the checkpoint and tells each actor where to resend from: no transition is lost or stored
+//! twice.
 
 use crate::assemble::Assembler;
 use crate::config::{BadCheckpoint, LearnerSection, ObsNormSource, RunConfig};
 use crate::progress::Progress;
 use crate::{AgentError, error::Result};
-use reflex_bus::learnlink::{LearnerLink, LinkPosition};
-use reflex_contracts::keys::Keys;
+use reflex_bus::learnlink::{ActorPosition, ActorStatus, Fleet, LearnerLink, LinkPosition};
 use reflex_contracts::msg::RobotSpec;
 use reflex_learn::sac::hook::{ActionNorm, actor_shape, export_actor};
 use reflex_learn::sac::{Mode, Sac};
@@ -23,6 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// Checkpoint tags of the link: `link.actor.<robot>.<actor hex>` = the steps of that actor
+/// stored; the newest weights version. (`link.actor` and `link.received` alone: a checkpoint of a
+/// learner that followed one actor of the config's robot.)
 const TAG_ACTOR: &str = "link.actor";
 const TAG_RECEIVED: &str = "link.received";
 const TAG_VERSION: &str = "link.weights_version";
@@ -30,8 +34,11 @@ const TAG_VERSION: &str = "link.weights_version";
 /// What a learner learns: for which robot, in which mode, with which settings.
 #[derive(Clone, Debug)]
 pub struct LearnerConfig {
-    /// The robot's name on the bus.
+    /// The robot's name on the bus (a fleet's: the one a checkpoint of a single-robot learner
+    /// was about).
     pub robot: String,
+    /// The robots it serves: the config's robot, or `[learner] fleet`.
+    pub fleet: Fleet,
     /// `[learner]`.
     pub section: LearnerSection,
     /// Residual on a base policy, or the whole action.
@@ -50,8 +57,23 @@ impl LearnerConfig {
             .learner
             .clone()
             .ok_or_else(|| AgentError::setup("the run config", "it has no [learner] table"))?;
+        let robot = cfg.robot_name();
+        let names = if section.fleet.is_empty() {
+            vec![robot.clone()]
+        } else {
+            section.fleet.clone()
+        };
+        let fleet = Fleet::from_names(&names).map_err(|e| {
+            AgentError::setup(
+                "[learner] fleet",
+                format!(
+                    "{e}: robot names are letters, digits, `-` and `_`, or \"*\" for every robot"
+                ),
+            )
+        })?;
         Ok(LearnerConfig {
-            robot: cfg.robot_name(),
+            robot,
+            fleet,
             section,
             mode: cfg.learner_mode(),
             base_model: cfg.policy.model.clone(),
@@ -76,15 +98,15 @@ pub struct ServeOptions {
 /// What a learner did.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LearnerReport {
-    /// The robot.
-    pub robot: String,
-    /// The actor it followed (hex).
-    pub actor: String,
-    /// Steps already received when it started (from its checkpoint).
+    /// The robots it served.
+    pub fleet: String,
+    /// Each actor it knew at the end: steps received, persisted, behind, when last seen.
+    pub actors: Vec<ActorStatus>,
+    /// Steps already received when it started (from its checkpoint; all actors).
     pub resumed_at: u64,
-    /// Steps received.
+    /// Steps received (all actors, counting from each one's first step).
     pub received: u64,
-    /// Steps in its last checkpoint.
+    /// Steps in its last checkpoint (all actors).
     pub persisted: u64,
     /// Steps dropped as duplicates (resends).
     pub duplicates_dropped: u64,
@@ -92,6 +114,8 @@ pub struct LearnerReport {
     pub gaps_refused: u64,
     /// Steps left out because they did not fit the robot.
     pub rejected_steps: u64,
+    /// Batches refused because their robot's spec is not the fleet's.
+    pub refused_spec: u64,
     /// Episodes seen.
     pub episodes: u64,
     /// Newest weights version published.
@@ -255,7 +279,7 @@ fn resume_or_start(
         tracing::info!(
             "resuming from {} ({} steps received)",
             ckpt.display(),
-            s.tags.get(TAG_RECEIVED).copied().unwrap_or(0)
+            position_in(&s, &cfg.robot).received()
         );
         return Ok(s);
     }
@@ -265,12 +289,17 @@ fn resume_or_start(
     Ok(Sac::new(sc, obs_dim, act_dim)?)
 }
 
-/// Writes the checkpoint with the link position in its tags, keeping the one before as
-/// `<file>.prev` (each is written atomically: a crash leaves one of the two whole).
-fn save(sac: &mut Sac, ckpt: &Path, pos: &LinkPosition, stored_upto: u64) -> Result<()> {
-    sac.tags.insert(TAG_ACTOR.into(), pos.actor);
-    sac.tags.insert(TAG_RECEIVED.into(), stored_upto);
-    sac.tags.insert(TAG_VERSION.into(), pos.weights_version);
+/// Writes the checkpoint with every actor's position (`stored`: steps stored of each) in its
+/// tags, keeping the one before as `<file>.prev` (each is written atomically: a crash leaves one
+/// of the two whole).
+fn save(sac: &mut Sac, ckpt: &Path, stored: &LinkPosition) -> Result<()> {
+    sac.tags
+        .retain(|k, _| !k.starts_with(TAG_ACTOR) && k != TAG_RECEIVED);
+    for a in &stored.actors {
+        sac.tags
+            .insert(format!("{TAG_ACTOR}.{}.{:x}", a.robot, a.actor), a.received);
+    }
+    sac.tags.insert(TAG_VERSION.into(), stored.weights_version);
     if let Some(d) = ckpt.parent() {
         std::fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
     }
@@ -279,6 +308,40 @@ fn save(sac: &mut Sac, ckpt: &Path, pos: &LinkPosition, stored_upto: u64) -> Res
     }
     sac.save(ckpt)?;
     Ok(())
+}
+
+/// The link position a checkpoint's tags hold (see [`TAG_ACTOR`]).
+fn position_in(sac: &Sac, robot: &str) -> LinkPosition {
+    let mut actors: Vec<ActorPosition> = sac
+        .tags
+        .iter()
+        .filter_map(|(k, v)| {
+            let (robot, hex) = k
+                .strip_prefix(TAG_ACTOR)?
+                .strip_prefix('.')?
+                .split_once('.')?;
+            Some(ActorPosition {
+                robot: robot.into(),
+                actor: u64::from_str_radix(hex, 16).ok()?,
+                received: *v,
+                persisted: *v,
+            })
+        })
+        .collect();
+    if let (Some(&actor), Some(&n)) = (sac.tags.get(TAG_ACTOR), sac.tags.get(TAG_RECEIVED))
+        && actor != 0
+    {
+        actors.push(ActorPosition {
+            robot: robot.into(),
+            actor,
+            received: n,
+            persisted: n,
+        });
+    }
+    LinkPosition {
+        actors,
+        weights_version: sac.tags.get(TAG_VERSION).copied().unwrap_or(0),
+    }
 }
 
 /// The learner's working state between batches.
@@ -303,8 +366,10 @@ impl Session<'_> {
         let Some(batch) = self.link.next_batch(timeout) else {
             return Ok(false);
         };
+        // One assembling stream per actor (ids are random 64-bit numbers per actor process).
+        let stream = batch.actor;
         if batch.new_actor {
-            self.asm.reset();
+            self.asm.reset(stream);
         }
         let flush = batch.flush;
         // Behind the robot: store this batch without training on it, so the queue stays
@@ -312,7 +377,7 @@ impl Session<'_> {
         let shed =
             self.link.queued() * batch.steps.len().max(1) > self.cfg.section.shed_updates_above;
         for s in &batch.steps {
-            self.asm.push(&mut self.sac, s)?;
+            self.asm.push_from(&mut self.sac, stream, s)?;
             if shed {
                 self.updates_shed += 1;
             } else {
@@ -334,7 +399,7 @@ impl Session<'_> {
             // The actor is stopping and waits for this: persist everything stored now.
             self.checkpoint(true)?;
         }
-        self.link.publish_state();
+        self.link.publish_state(&batch.robot, batch.actor);
         Ok(true)
     }
 
@@ -353,7 +418,7 @@ impl Session<'_> {
             provenance: format!(
                 "learner checkpoint {} after {} steps, {} updates",
                 self.ckpt.display(),
-                self.link.position().persisted,
+                self.link.position().persisted(),
                 self.sac.counters.critic_updates
             ),
         };
@@ -361,16 +426,21 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Checkpoints what is stored (a step held for its successor is not stored yet).
+    /// Checkpoints what is stored of every actor (steps held for their successor, or for their
+    /// episode's end, are not stored yet).
     fn checkpoint(&mut self, force: bool) -> Result<()> {
-        let pos = self.link.position();
-        let stored_upto = pos.received - self.asm.holds_one() as u64;
+        let mut stored = self.link.position();
+        for a in &mut stored.actors {
+            a.received -= self.asm.held(a.actor);
+        }
         let due =
             force || self.last_ckpt.elapsed().as_secs_f64() >= self.cfg.section.checkpoint_every_s;
-        if pos.actor != 0 && stored_upto > pos.persisted && due {
-            save(&mut self.sac, &self.ckpt, &pos, stored_upto)?;
+        if due && stored.actors.iter().any(|a| a.received > a.persisted) {
+            save(&mut self.sac, &self.ckpt, &stored)?;
             self.keep_residual()?;
-            self.link.persisted(stored_upto);
+            for a in &stored.actors {
+                self.link.persisted(&a.robot, a.actor, a.received);
+            }
             self.checkpoints += 1;
             self.last_ckpt = Instant::now();
         }
@@ -385,14 +455,14 @@ fn start<'a>(
     cfg: &'a LearnerConfig,
     o: &ServeOptions,
 ) -> Result<Session<'a>> {
-    let keys = Keys::new(&cfg.robot).map_err(reflex_bus::BusError::from)?;
     let threads = reflex_learn::sac::gemm::set_threads(cfg.section.learner_threads());
     tracing::info!(
-        "learner for `{}`: waiting for the actor's spec ({threads} thread{} for its matrix products)",
-        cfg.robot,
+        "learner for {}: waiting for a robot's spec ({threads} thread{} for its matrix products)",
+        cfg.fleet,
         if threads == 1 { "" } else { "s" }
     );
-    let spec = reflex_bus::trace::fetch_spec(session, &keys, Duration::from_secs_f64(o.wait_s))?;
+    let (first, spec) =
+        reflex_bus::learnlink::first_spec(session, &cfg.fleet, Duration::from_secs_f64(o.wait_s))?;
     spec.validate()?;
     let relabel = match (cfg.mode, &cfg.base_model) {
         (Mode::Residual, Some(m)) => Some(OnnxPolicy::load(m, &spec, &RunOptions::default())?),
@@ -412,14 +482,10 @@ fn start<'a>(
         cfg.section.checkpoint.clone()
     };
     let sac = resume_or_start(cfg, &ckpt, &spec, relabel.as_ref())?;
-    let tag = |k: &str| sac.tags.get(k).copied().unwrap_or(0);
-    let pos = LinkPosition {
-        actor: tag(TAG_ACTOR),
-        received: tag(TAG_RECEIVED),
-        persisted: tag(TAG_RECEIVED),
-        weights_version: tag(TAG_VERSION),
-    };
-    let mut link = LearnerLink::new(session, &keys, pos)?;
+    let pos = position_in(&sac, &cfg.robot);
+    let (resumed_at, weights_version) = (pos.received(), pos.weights_version);
+    let mut link = LearnerLink::new(session, &cfg.fleet, pos)?;
+    link.expect_spec(&first, spec.clone())?;
     link.expect_steps(reflex_bus::learnlink::StepShape {
         obs: spec.state_dim(),
         act: spec.action.dim(),
@@ -436,22 +502,20 @@ fn start<'a>(
                     .collect(),
             }),
     });
-    if pos.weights_version > 0 {
-        link.publish_weights(
-            pos.weights_version,
-            &export_actor(&sac)?,
-            actor_shape(&sac).1,
-        );
+    if weights_version > 0 {
+        link.publish_weights(weights_version, &export_actor(&sac)?, actor_shape(&sac).1);
     }
     let norm = action_norm(&spec, &sac);
-    let asm = Assembler::new(cfg.mode, norm, relabel, cfg.section.rlif, spec.action.dim());
+    // Several actors' steps interleave: n-step returns need each episode's rows together.
+    let asm = Assembler::new(cfg.mode, norm, relabel, cfg.section.rlif, spec.action.dim())
+        .whole_episodes(sac.cfg.n_step > 1);
     Ok(Session {
         cfg,
         ckpt,
         sac,
         link,
         asm,
-        resumed_at: pos.received,
+        resumed_at,
         episodes: 0,
         checkpoints: 0,
         last_ckpt: Instant::now(),
@@ -480,11 +544,7 @@ pub fn serve(
         }
         s.checkpoint(false)?;
         s.link.tick();
-        let p = s.link.position();
-        progress.message(&format!(
-            "received {}, checkpointed {}, {} episodes, weights v{}, {} updates",
-            p.received, p.persisted, s.episodes, p.weights_version, s.sac.counters.critic_updates
-        ));
+        progress.message(&s.status_lines());
         if !got {
             let alive = s.link.actor_alive(session);
             actor_seen |= alive;
@@ -511,18 +571,50 @@ pub fn serve(
 }
 
 impl Session<'_> {
+    /// The learner's status: a line for the whole, then one per actor (received, persisted,
+    /// behind, rate, last seen).
+    fn status_lines(&self) -> String {
+        let p = self.link.position();
+        let mut text = format!(
+            "{}: received {}, checkpointed {}, {} episodes, weights v{}, {} updates",
+            self.cfg.fleet,
+            p.received(),
+            p.persisted(),
+            self.episodes,
+            p.weights_version,
+            self.sac.counters.critic_updates
+        );
+        for a in self.link.actors() {
+            text.push_str(&format!(
+                "\n  {} {}: received {}, persisted {}, behind {}, {:.0} steps/s, {}",
+                a.robot,
+                a.actor,
+                a.received,
+                a.persisted,
+                a.behind,
+                a.steps_per_s,
+                match a.last_seen_s {
+                    Some(t) => format!("seen {t:.1} s ago"),
+                    None => "not seen since the start".into(),
+                }
+            ));
+        }
+        text
+    }
+
     fn report(&self, wall_s: f64) -> LearnerReport {
         let p = self.link.position();
         let st = self.link.stats();
         LearnerReport {
-            robot: self.cfg.robot.clone(),
-            actor: format!("{:x}", p.actor),
+            fleet: self.cfg.fleet.to_string(),
+            actors: self.link.actors(),
             resumed_at: self.resumed_at,
-            received: p.received,
-            persisted: p.persisted,
+            received: p.received(),
+            persisted: p.persisted(),
             duplicates_dropped: st.duplicates_dropped,
             gaps_refused: st.gaps_refused,
             rejected_steps: st.rejected_steps,
+            refused_spec: st.refused_spec,
             episodes: self.episodes,
             weights_version: p.weights_version,
             checkpoints: self.checkpoints,

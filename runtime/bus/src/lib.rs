@@ -156,6 +156,9 @@ pub struct BusConfig {
     pub tls: Option<secure::TlsFiles>,
     /// Access control on the robot's key space (the robot's side): who may do what.
     pub access: Option<(String, secure::Access)>,
+    /// Zenoh's router mode (a fleet's learner on a workstation, `reflex learn --router`): the
+    /// peers connected to it reach each other through it. Otherwise a peer.
+    pub router: bool,
 }
 
 impl BusConfig {
@@ -180,7 +183,8 @@ impl BusConfig {
             c.insert_json5(k, &v)
                 .map_err(|e| BusError::Config(format!("{k} = {v}: {e}")))
         };
-        set(&mut c, "mode", "\"peer\"".into())?;
+        let mode = if self.router { "router" } else { "peer" };
+        set(&mut c, "mode", format!("{mode:?}"))?;
         let json_list = |v: &[String]| serde_json_list(v);
         if !self.listen.is_empty() {
             set(&mut c, "listen/endpoints", json_list(&self.listen))?;

@@ -84,6 +84,7 @@ fn corpus() -> Vec<Vec<u8>> {
             held_from: 2,
             steps: vec![step.clone(), step],
             flush: false,
+            offered: 0,
         }),
         encode(&ResetRequest {
             v: PROTOCOL_VERSION,

@@ -762,6 +762,9 @@ pub struct TransitionBatch {
     /// The actor is stopping: persist what you hold now (it waits for that before it exits).
     #[serde(default)]
     pub flush: bool,
+    /// Steps the actor has numbered so far (sent or not): how far a learner is behind it.
+    #[serde(default)]
+    pub offered: u64,
 }
 
 /// What the learner holds. Published on `reflex/<robot>/learn/state` after every batch and twice
@@ -788,6 +791,10 @@ pub struct LearnerState {
     /// Batches waiting in the learner's queue: while it is busy, silence is not loss.
     #[serde(default)]
     pub queued: u64,
+    /// Why the learner refuses this actor's steps (a robot of another spec than the fleet's);
+    /// empty when it takes them.
+    #[serde(default)]
+    pub refused: String,
 }
 
 /// A piece of a residual weight vector. Published on `reflex/<robot>/learn/weights`.

@@ -18,6 +18,9 @@
 //!
 //! This all runs on the outbox's consumer thread and Zenoh's callback threads, never the loop's.
 
+mod learner;
+pub use learner::*;
+
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{
     self, LearnerState, PROTOCOL_VERSION, StepFeatures, TransitionBatch, WeightsChunk, WireStep,
@@ -118,6 +121,9 @@ pub struct LinkStats {
     pub learner_instances: u64,
     /// Weight messages rejected (another architecture, out of range, not finite, undecodable).
     pub rejected_weights: u64,
+    /// Why a fleet's learner refused this actor's steps, if one did (its robot's spec differs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused_by_learner: Option<String>,
 }
 
 /// How far the learner is behind the actor, readable from any thread.
@@ -151,6 +157,7 @@ pub struct WeightsShape {
 /// What the Zenoh callbacks share with the link.
 struct Shared {
     state: Option<(LearnerState, Instant)>,
+    refused: Option<String>,
     instances: u64,
     shape: WeightsShape,
     // Weight assembly: the version being assembled and which values have arrived.
@@ -236,7 +243,15 @@ fn state_subscriber(
         &keys.learn_state,
         rejects,
         move |m: LearnerState| {
-            if m.actor == id || m.actor == 0 {
+            if m.actor == id && !m.refused.is_empty() {
+                // A fleet's learner that will not take this robot's steps: said once per
+                // reason; the steps stay held as if no learner were there.
+                let mut g = shared.lock().expect("link state");
+                if g.refused.as_deref() != Some(m.refused.as_str()) {
+                    tracing::error!("the learner refuses this actor's steps: {}", m.refused);
+                    g.refused = Some(m.refused);
+                }
+            } else if m.actor == id || m.actor == 0 {
                 let mut g = shared.lock().expect("link state");
                 if g.state
                     .as_ref()
@@ -291,7 +306,7 @@ pub struct LinkError {
     pub message: String,
 }
 
-fn err(key: &str, e: impl std::fmt::Display) -> LinkError {
+pub(crate) fn err(key: &str, e: impl std::fmt::Display) -> LinkError {
     LinkError {
         key: key.to_string(),
         message: e.to_string(),
@@ -319,6 +334,7 @@ impl ActorLink {
         let rejects = crate::Rejects::new(&keys.learn_weights);
         let shared = Arc::new(Mutex::new(Shared {
             state: None,
+            refused: None,
             instances: 0,
             shape,
             asm_version: 0,
@@ -530,6 +546,7 @@ impl ActorLink {
             let n = ((self.next.min(limit) - self.sent) as usize).min(self.cfg.batch_steps);
             self.batch.first_seq = self.sent;
             self.batch.held_from = self.base;
+            self.batch.offered = self.next;
             self.batch.steps.clear();
             self.batch
                 .steps
@@ -549,6 +566,7 @@ impl ActorLink {
     fn request_flush(&mut self) {
         self.batch.first_seq = self.sent;
         self.batch.held_from = self.base;
+        self.batch.offered = self.next;
         self.batch.steps.clear();
         self.batch.flush = true;
         msg::encode_into(&self.batch, &mut self.buf);
@@ -595,473 +613,8 @@ impl ActorLink {
             weights_version: g.in_use,
             learner_instances: g.instances,
             rejected_weights: g.rejects.count(),
+            refused_by_learner: g.refused.clone(),
             ..self.stats.clone()
         }
-    }
-}
-
-/// Batches the learner's receive queue holds. An actor sends at most `max_in_flight` (16,384)
-/// steps ahead of the learner, in batches of up to 64 steps and usually at least a few (a batch
-/// goes out at an episode's end or after `flush_ms`): 1024 batches cover that with room to spare.
-pub const LEARNER_QUEUE_BATCHES: usize = 1024;
-
-/// Floats per weight chunk on the wire (64 KiB of payload).
-pub const WEIGHTS_CHUNK: usize = 16 * 1024;
-
-/// Where a learner's link stands: which actor's numbering it follows, how far it has received
-/// and persisted, and its newest weights version. A checkpoint keeps it, so a restarted learner
-/// tells the actor exactly where to resend from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct LinkPosition {
-    /// The actor (0: none yet).
-    pub actor: u64,
-    /// Next sequence number accepted.
-    pub received: u64,
-    /// Everything before this is in a checkpoint.
-    pub persisted: u64,
-    /// Newest weights version published.
-    pub weights_version: u64,
-}
-
-/// Counters of the learner's side of the link.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct LearnerLinkStats {
-    /// Steps dropped because they had been received before (resends).
-    pub duplicates_dropped: u64,
-    /// Batches refused because one before them was missing.
-    pub gaps_refused: u64,
-    /// Batches that did not decode.
-    pub undecodable: u64,
-    /// Steps left out because they did not fit the robot (lengths, non-finite values).
-    pub rejected_steps: u64,
-    /// Batches dropped because the learner's queue was full (the actor resends them).
-    pub queue_full: u64,
-}
-
-/// Steps a learner should take, in order.
-#[derive(Debug, Default)]
-pub struct Accepted {
-    /// A new actor started this batch (the learner forgets any half-assembled step).
-    pub new_actor: bool,
-    /// The steps not received before, consecutive (malformed ones left out and counted).
-    pub steps: Vec<WireStep>,
-    /// The actor is stopping: persist now.
-    pub flush: bool,
-}
-
-/// The sizes a learner expects of every step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepShape {
-    /// Observation length.
-    pub obs: usize,
-    /// Action length (the base action's too).
-    pub act: usize,
-    /// Learning from pixels: the encoder and map shapes every step's features must have; `None`:
-    /// steps carry no features.
-    pub features: Option<FeatureExpect>,
-}
-
-/// The features a learner that sees expects with every step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FeatureExpect {
-    /// The encoder's identity.
-    pub encoder: String,
-    /// Each camera's map, `[channels, height, width]`.
-    pub shapes: Vec<[u32; 3]>,
-}
-
-impl FeatureExpect {
-    /// Values in one step's maps (every camera).
-    pub fn len(&self) -> usize {
-        self.shapes
-            .iter()
-            .map(|s| s.iter().map(|d| *d as usize).product::<usize>())
-            .sum()
-    }
-
-    /// No values.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Why a step does not fit the robot.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum StepError {
-    /// A vector of the wrong length.
-    #[error("step {step} of episode {episode}: `{field}` has {got} values, the robot {want}")]
-    Length {
-        /// Episode of the step.
-        episode: u64,
-        /// Step index.
-        step: u32,
-        /// `obs`, `next_obs`, `action` or `base`.
-        field: &'static str,
-        /// Values sent.
-        got: usize,
-        /// Values the robot has.
-        want: usize,
-    },
-    /// A value that is not finite.
-    #[error("step {step} of episode {episode}: `{field}`[{index}] is {value}")]
-    NotFinite {
-        /// Episode of the step.
-        episode: u64,
-        /// Step index.
-        step: u32,
-        /// `obs`, `next_obs`, `action`, `base` or `reward`.
-        field: &'static str,
-        /// Position in the vector.
-        index: usize,
-        /// The value.
-        value: f32,
-    },
-    /// Features that are not the ones the learner reads: missing, unexpected, from another
-    /// encoder, or of other shapes.
-    #[error("step {step} of episode {episode}: features {problem}")]
-    Features {
-        /// Episode of the step.
-        episode: u64,
-        /// Step index.
-        step: u32,
-        /// What is wrong.
-        problem: String,
-    },
-}
-
-impl StepShape {
-    /// What is wrong with `s`, if anything: a length that is not the robot's, or a value that is
-    /// not finite.
-    pub fn check(&self, s: &WireStep) -> Result<(), StepError> {
-        let (episode, step) = (s.episode, s.step);
-        for (field, v, want) in [
-            ("obs", &s.obs, self.obs),
-            ("next_obs", &s.next_obs, self.obs),
-            ("action", &s.action, self.act),
-            ("base", &s.base, self.act),
-        ] {
-            if v.len() != want {
-                return Err(StepError::Length {
-                    episode,
-                    step,
-                    field,
-                    got: v.len(),
-                    want,
-                });
-            }
-            if let Some(index) = v.iter().position(|x| !x.is_finite()) {
-                return Err(StepError::NotFinite {
-                    episode,
-                    step,
-                    field,
-                    index,
-                    value: v[index],
-                });
-            }
-        }
-        if !s.reward.is_finite() {
-            return Err(StepError::NotFinite {
-                episode,
-                step,
-                field: "reward",
-                index: 0,
-                value: s.reward,
-            });
-        }
-        self.check_features(s)
-    }
-
-    fn check_features(&self, s: &WireStep) -> Result<(), StepError> {
-        let (episode, step) = (s.episode, s.step);
-        let problem = |p: String| StepError::Features {
-            episode,
-            step,
-            problem: p,
-        };
-        let (want, got) = match (&self.features, &s.features) {
-            (None, None) => return Ok(()),
-            (Some(w), None) => {
-                return Err(problem(format!(
-                    "missing: this learner reads encoder `{}`'s maps with every step",
-                    w.encoder
-                )));
-            }
-            (None, Some(g)) => {
-                return Err(problem(format!(
-                    "from encoder `{}` sent to a learner without [learner.vision]",
-                    g.encoder
-                )));
-            }
-            (Some(w), Some(g)) => (w, g),
-        };
-        if got.encoder != want.encoder {
-            return Err(problem(format!(
-                "made by encoder `{}`, this learner's heads read encoder `{}`",
-                got.encoder, want.encoder
-            )));
-        }
-        if got.shapes != want.shapes {
-            return Err(problem(format!(
-                "of shapes {:?}, this learner's heads read {:?}",
-                got.shapes, want.shapes
-            )));
-        }
-        let n = want.len();
-        for (field, v) in [("obs", &got.obs), ("next_obs", &got.next_obs)] {
-            if v.len() != n {
-                return Err(problem(format!(
-                    "`{field}` has {} values where the shapes make {n}",
-                    v.len()
-                )));
-            }
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(problem(format!("`{field}`[{i}] is {}", v[i])));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The learner's end of the link: takes the actor's numbered batches (only the next expected
-/// number: duplicates are dropped, gaps refused so the actor resends), reports what it holds on
-/// `learn/state`, publishes versioned weights in chunks on `learn/weights`, and holds the
-/// learner's liveliness token.
-pub struct LearnerLink {
-    keys: Keys,
-    rx: crossbeam::channel::Receiver<TransitionBatch>,
-    state_pub: zenoh::pubsub::Publisher<'static>,
-    weights_pub: zenoh::pubsub::Publisher<'static>,
-    instance: u64,
-    pos: LinkPosition,
-    stats: LearnerLinkStats,
-    undecodable: Arc<crate::Rejects>,
-    queue_full: Arc<crate::Rejects>,
-    weights: Vec<f32>,
-    arch: u64,
-    shape: Option<StepShape>,
-    step_rejects: Arc<crate::Rejects>,
-    last_state: Instant,
-    last_weights: Instant,
-    _sub: zenoh::pubsub::Subscriber<()>,
-    _token: zenoh::liveliness::LivelinessToken,
-}
-
-impl LearnerLink {
-    /// Declares the learner on the bus, resuming from `pos` (a checkpoint's, or the default).
-    pub fn new(
-        session: &zenoh::Session,
-        keys: &Keys,
-        pos: LinkPosition,
-    ) -> Result<Self, LinkError> {
-        let token = session
-            .liveliness()
-            .declare_token(keys.alive_learner.clone())
-            .wait()
-            .map_err(|e| err(&keys.alive_learner, e))?;
-        // Bounded: an actor keeps at most `max_in_flight` steps ahead of what the learner took
-        // (back-pressure on its side), so in normal operation the queue never fills; a batch
-        // that finds it full (a flood from a broken or hostile peer) is dropped and counted,
-        // and a real actor resends it when the learner reports the gap.
-        let (tx, rx) = crossbeam::channel::bounded::<TransitionBatch>(LEARNER_QUEUE_BATCHES);
-        let undecodable = crate::Rejects::new(&keys.learn_transitions);
-        let queue_full =
-            crate::Rejects::new(&format!("{} (learner queue full)", keys.learn_transitions));
-        let full = queue_full.clone();
-        let sub = crate::subscribe_decoded(
-            session,
-            &keys.learn_transitions,
-            undecodable.clone(),
-            move |b: TransitionBatch| {
-                if let Err(crossbeam::channel::TrySendError::Full(b)) = tx.try_send(b) {
-                    full.reject(&format_args!(
-                        "{LEARNER_QUEUE_BATCHES} batches wait already: dropped a batch of {} steps from {}",
-                        b.steps.len(),
-                        b.first_seq
-                    ));
-                }
-            },
-        )
-        .map_err(|e| err(&keys.learn_transitions, e))?;
-        // Block: a state that tells the actor what is persisted must not be dropped under load
-        // (the weights share the session's queue); this is the learner's thread, not the loop's.
-        let state_pub = session
-            .declare_publisher(keys.learn_state.clone())
-            .congestion_control(zenoh::qos::CongestionControl::Block)
-            .wait()
-            .map_err(|e| err(&keys.learn_state, e))?;
-        let weights_pub = session
-            .declare_publisher(keys.learn_weights.clone())
-            .congestion_control(zenoh::qos::CongestionControl::Block)
-            .wait()
-            .map_err(|e| err(&keys.learn_weights, e))?;
-        let now = Instant::now();
-        Ok(LearnerLink {
-            keys: keys.clone(),
-            rx,
-            state_pub,
-            weights_pub,
-            instance: rand::random::<u64>() | 1,
-            pos: LinkPosition {
-                persisted: pos.received,
-                ..pos
-            },
-            stats: LearnerLinkStats::default(),
-            undecodable,
-            queue_full,
-            weights: Vec::new(),
-            arch: 0,
-            shape: None,
-            step_rejects: crate::Rejects::new(&keys.learn_transitions),
-            last_state: now,
-            last_weights: now,
-            _sub: sub,
-            _token: token,
-        })
-    }
-
-    /// Checks every step against `shape` from now on (the robot's sizes).
-    pub fn expect_steps(&mut self, shape: StepShape) {
-        self.shape = Some(shape);
-    }
-
-    /// Where the link stands.
-    pub fn position(&self) -> LinkPosition {
-        self.pos
-    }
-
-    /// Counters so far.
-    pub fn stats(&self) -> LearnerLinkStats {
-        LearnerLinkStats {
-            undecodable: self.undecodable.count(),
-            rejected_steps: self.step_rejects.count(),
-            queue_full: self.queue_full.count(),
-            ..self.stats
-        }
-    }
-
-    /// Batches waiting to be taken.
-    pub fn queued(&self) -> usize {
-        self.rx.len()
-    }
-
-    /// Waits up to `timeout` for a batch; returns the steps of it this learner has not had,
-    /// marking them received. `None` when nothing arrived.
-    pub fn next_batch(&mut self, timeout: Duration) -> Option<Accepted> {
-        let b = self.rx.recv_timeout(timeout).ok()?;
-        let mut out = Accepted::default();
-        if b.actor != self.pos.actor {
-            // An actor this learner has no record of: it takes everything the actor still holds
-            // (the steps before were persisted by another learner); a batch after that is
-            // refused as a gap and the actor resends from there.
-            tracing::info!(
-                "actor {:x} joined; it holds steps from {}",
-                b.actor,
-                b.held_from
-            );
-            self.pos.actor = b.actor;
-            self.pos.received = b.held_from;
-            self.pos.persisted = b.held_from;
-            out.new_actor = true;
-        }
-        let end = b.first_seq + b.steps.len() as u64;
-        if b.first_seq > self.pos.received {
-            self.stats.gaps_refused += 1; // the actor resends from `received`
-        } else if end <= self.pos.received {
-            self.stats.duplicates_dropped += b.steps.len() as u64;
-        } else {
-            let skip = (self.pos.received - b.first_seq) as usize;
-            self.stats.duplicates_dropped += skip as u64;
-            let shape = self.shape.as_ref();
-            let rejects = &self.step_rejects;
-            // A malformed step keeps its number (the actor does not resend it) but is not stored.
-            out.steps = b
-                .steps
-                .into_iter()
-                .skip(skip)
-                .filter(|s| match shape.map(|sh| sh.check(s)) {
-                    Some(Err(e)) => {
-                        rejects.reject(&e);
-                        false
-                    }
-                    _ => true,
-                })
-                .collect();
-            self.pos.received = end;
-        }
-        out.flush = b.flush;
-        Some(out)
-    }
-
-    /// Everything before `upto` is now in a checkpoint: the actor may forget it.
-    pub fn persisted(&mut self, upto: u64) {
-        self.pos.persisted = upto.min(self.pos.received);
-        self.publish_state();
-    }
-
-    /// Reports what the learner holds on `learn/state`.
-    pub fn publish_state(&mut self) {
-        let m = LearnerState {
-            v: PROTOCOL_VERSION,
-            instance: self.instance,
-            actor: self.pos.actor,
-            received: self.pos.received,
-            persisted: self.pos.persisted,
-            weights_version: self.pos.weights_version,
-            gaps: self.stats.gaps_refused,
-            queued: self.rx.len() as u64,
-        };
-        if let Err(e) = self.state_pub.put(msg::encode(&m)).wait() {
-            tracing::debug!("learner state on {}: {e}", self.keys.learn_state);
-        }
-        self.last_state = Instant::now();
-    }
-
-    /// Publishes a new weights version of the architecture `arch` (and keeps it for late
-    /// actors).
-    pub fn publish_weights(&mut self, version: u64, w: &[f32], arch: u64) {
-        self.arch = arch;
-        self.pos.weights_version = version;
-        self.weights.clear();
-        self.weights.extend_from_slice(w);
-        self.send_weights();
-    }
-
-    fn send_weights(&mut self) {
-        for (i, c) in self.weights.chunks(WEIGHTS_CHUNK).enumerate() {
-            let m = WeightsChunk {
-                v: PROTOCOL_VERSION,
-                version: self.pos.weights_version,
-                offset: (i * WEIGHTS_CHUNK) as u32,
-                total: self.weights.len() as u32,
-                arch: self.arch,
-                values: c.to_vec(),
-            };
-            if let Err(e) = self.weights_pub.put(msg::encode(&m)).wait() {
-                tracing::debug!("weights on {}: {e}", self.keys.learn_weights);
-            }
-        }
-        self.last_weights = Instant::now();
-    }
-
-    /// Periodic duties: the state twice a second, the newest weights again every 5 s (for an
-    /// actor that started late or lost a chunk).
-    pub fn tick(&mut self) {
-        if self.last_state.elapsed() > Duration::from_millis(500) {
-            self.publish_state();
-        }
-        if !self.weights.is_empty() && self.last_weights.elapsed() > Duration::from_secs(5) {
-            self.send_weights();
-        }
-    }
-
-    /// Whether an actor holds its liveliness token on the bus now (waits up to 200 ms).
-    pub fn actor_alive(&self, session: &zenoh::Session) -> bool {
-        session
-            .liveliness()
-            .get(self.keys.alive_actor.clone())
-            .timeout(Duration::from_millis(200))
-            .wait()
-            .map(|r| r.recv().is_ok())
-            .unwrap_or(false)
     }
 }
