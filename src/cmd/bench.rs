@@ -1,8 +1,8 @@
-//! `reflex bench bus|loop|learner|pixels`: arguments and what they print.
+//! `reflex bench bus|loop|learner|pixels|fleet`: arguments and what they print.
 
 use crate::cli::{BusArgs, print_json};
 use clap::{Args, Subcommand};
-use reflex_bench::{bus_bench, learner_bench, loop_bench, pixels_bench};
+use reflex_bench::{bus_bench, fleet_bench, learner_bench, loop_bench, pixels_bench};
 use reflex_runtime::rt::RtConfig;
 
 #[derive(Subcommand)]
@@ -18,6 +18,24 @@ pub enum BenchCommand {
     /// Each stage of learning from pixels: rendering, the frozen encoder, the actor's image
     /// heads, a learner update.
     Pixels(PixelsBenchArgs),
+    /// One learner's ingest and training rates with several actors at once (fleet learning).
+    Fleet(FleetBenchArgs),
+}
+
+#[derive(Args)]
+pub struct FleetBenchArgs {
+    /// Fleet sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    actors: Vec<usize>,
+    /// Steps each actor hands over.
+    #[arg(long, default_value_t = 600)]
+    steps: u64,
+    /// Threads of the learner's matrix products (0: one fewer than the cores, as `reflex learn`).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -268,6 +286,35 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 print_json(&out);
             } else {
                 print_loop(&out, &o);
+            }
+        }
+        BenchCommand::Fleet(a) => {
+            let dir = std::env::temp_dir().join(reflex_agent::run_id("bench-fleet"));
+            std::fs::create_dir_all(&dir)?;
+            let o = fleet_bench::FleetBenchOptions {
+                actors: a.actors,
+                steps_per_actor: a.steps,
+                threads: a.threads,
+                dir: dir.clone(),
+            };
+            let out = fleet_bench::run(&o);
+            let _ = std::fs::remove_dir_all(&dir);
+            let out = out?;
+            if a.json {
+                print_json(&out);
+            } else {
+                println!("{} ({} threads)", out.learner, out.threads);
+                for p in &out.points {
+                    println!(
+                        "{:>2} actors: {:>7.0} steps/s ingested, {:>7.0} trained on ({} shed), {:>7.0} updates/s: {:.1} robots at 20 Hz",
+                        p.actors,
+                        p.steps_per_s,
+                        p.trained_steps_per_s,
+                        p.updates_shed,
+                        p.updates_per_s,
+                        p.robots_at_20hz
+                    );
+                }
             }
         }
         BenchCommand::Learner(a) => {

@@ -316,3 +316,27 @@ fn one_learner_serves_three_robots_through_its_own_restart_and_every_step_is_per
     // One replay: every robot's every step stored once.
     assert_eq!(bv["online_buffer"].as_u64().unwrap(), total, "{bv}");
 }
+
+#[test]
+fn bench_fleet_reports_each_fleet_sizes_rates_with_every_step_persisted() {
+    let mut c = reflex();
+    c.env("ORT_DYLIB_PATH", project_onnxruntime()).args([
+        "bench", "fleet", "--actors", "1,2", "--steps", "300", "--json",
+    ]);
+    let v = crate::common::json_output(&mut c);
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2, "{v}");
+    for (p, n) in points.iter().zip([1u64, 2]) {
+        assert_eq!(p["actors"], n, "{p}");
+        assert_eq!(p["steps"], 300 * n, "{p}");
+        assert_eq!(p["persisted"], 300 * n, "every step persisted: {p}");
+        for k in [
+            "steps_per_s",
+            "trained_steps_per_s",
+            "updates_per_s",
+            "robots_at_20hz",
+        ] {
+            assert!(p[k].as_f64().unwrap() > 0.0, "{k}: {p}");
+        }
+    }
+}

@@ -395,6 +395,8 @@ impl Session<'_> {
                 }
             }
         }
+        let trained = if shed { 0 } else { batch.steps.len() as u64 };
+        self.link.trained(&batch.robot, batch.actor, trained);
         if flush {
             // The actor is stopping and waits for this: persist everything stored now.
             self.checkpoint(true)?;
@@ -586,13 +588,14 @@ impl Session<'_> {
         );
         for a in self.link.actors() {
             text.push_str(&format!(
-                "\n  {} {}: received {}, persisted {}, behind {}, {:.0} steps/s, {}",
+                "\n  {} {}: received {}, persisted {}, behind {}, {:.0} steps/s, {:.0} updates/s, {}",
                 a.robot,
                 a.actor,
                 a.received,
                 a.persisted,
                 a.behind,
                 a.steps_per_s,
+                a.trained_per_s * self.sac.cfg.utd as f64,
                 match a.last_seen_s {
                     Some(t) => format!("seen {t:.1} s ago"),
                     None => "not seen since the start".into(),

@@ -8,12 +8,14 @@
 //!   bus round trip, a servo bus, the SAC learner (beside Pendulum);
 //! - [`pixels_bench`]: each stage of learning from pixels (rendering, the frozen encoder, the
 //!   actor's image heads, a learner update);
+//! - [`fleet_bench`]: one learner's ingest and training rates with 1, 2, 4, 8 actors;
 //! - [`soak`]: the actor and its learner for a long run with faults injected;
 //! - [`workloads`]: a robot and a policy that do no work (what is measured is the runtime);
 //! - [`pendulum`], [`pendulum_run`]: Gymnasium's Pendulum-v1 in Rust and its SAC runs.
 #![warn(missing_docs)]
 
 pub mod bus_bench;
+pub mod fleet_bench;
 pub mod learner_bench;
 pub mod loop_bench;
 pub mod pendulum;

@@ -235,6 +235,11 @@ pub struct ActorStatus {
     pub gaps_refused: u64,
     /// Steps received per second over the last few seconds.
     pub steps_per_s: f64,
+    /// Steps the learner trained on (the rest were stored without updates while it was behind).
+    pub trained: u64,
+    /// Steps trained on per second over the last few seconds (times the update-to-data ratio:
+    /// this actor's share of the updates).
+    pub trained_per_s: f64,
     /// Seconds since its last batch (`None`: not heard since this learner started).
     pub last_seen_s: Option<f64>,
 }
@@ -476,8 +481,10 @@ struct Actor {
     heard: Option<Instant>,
     /// Known since (this learner's start for one from the checkpoint).
     since: Instant,
-    window: (u64, Instant),
+    window: (u64, u64, Instant),
     rate: f64,
+    trained: u64,
+    trained_rate: f64,
 }
 
 impl Actor {
@@ -491,8 +498,10 @@ impl Actor {
             gaps: 0,
             heard: None,
             since: now,
-            window: (at, now),
+            window: (at, 0, now),
             rate: 0.0,
+            trained: 0,
+            trained_rate: 0.0,
         }
     }
 }
@@ -759,6 +768,8 @@ impl LearnerLink {
                 duplicates_dropped: a.duplicates,
                 gaps_refused: a.gaps,
                 steps_per_s: a.rate,
+                trained: a.trained,
+                trained_per_s: a.trained_rate,
                 last_seen_s: a.heard.map(|t| t.elapsed().as_secs_f64()),
             })
             .collect()
@@ -851,6 +862,13 @@ impl LearnerLink {
             a.received = end;
         }
         out
+    }
+
+    /// The learner trained on `n` more steps of `actor` of `robot` (for its rates).
+    pub fn trained(&mut self, robot: &str, actor: u64, n: u64) {
+        if let Some(a) = self.actors.get_mut(&(robot.to_string(), actor)) {
+            a.trained += n;
+        }
     }
 
     /// Everything `actor` of `robot` sent before `upto` is now in a checkpoint: it may forget it.
@@ -974,10 +992,11 @@ impl LearnerLink {
     pub fn tick(&mut self) {
         let now = Instant::now();
         for a in self.actors.values_mut() {
-            let dt = now.duration_since(a.window.1).as_secs_f64();
+            let dt = now.duration_since(a.window.2).as_secs_f64();
             if dt >= 2.0 {
                 a.rate = (a.received.saturating_sub(a.window.0)) as f64 / dt;
-                a.window = (a.received, now);
+                a.trained_rate = (a.trained.saturating_sub(a.window.1)) as f64 / dt;
+                a.window = (a.received, a.trained, now);
             }
         }
         self.actors.retain(|(robot, id), a| {
