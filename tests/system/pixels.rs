@@ -485,8 +485,21 @@ fn reflex_run_with_learner_vision_sends_maps_a_learner_in_another_process_takes_
     let sent = v["learner_link"]["steps"].as_u64().unwrap();
     eprintln!("separate: features {} learner {lv}", v["features"]);
     assert!(lv["resumed_at"].as_u64().unwrap() > 100, "{lv}");
-    // A new actor: the learner counts its steps afresh, on top of the buffer it resumed.
-    assert_eq!(lv["received"].as_u64(), Some(sent), "{lv}");
+    // A new actor: its own stream, counted from its first step beside the earlier actor's
+    // position from the checkpoint, into the buffer the learner resumed.
+    let fresh: Vec<&serde_json::Value> = lv["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["resumed_at"] == 0)
+        .collect();
+    assert_eq!(fresh.len(), 1, "{lv}");
+    assert_eq!(fresh[0]["received"].as_u64(), Some(sent), "{lv}");
+    assert_eq!(
+        lv["received"].as_u64().unwrap(),
+        lv["resumed_at"].as_u64().unwrap() + sent,
+        "{lv}"
+    );
     assert_eq!(
         lv["online_buffer"].as_u64().unwrap(),
         lv["resumed_at"].as_u64().unwrap() + sent,

@@ -487,12 +487,15 @@ learners = ["learner"]
     let cfg = dir.path().join("hil.toml");
     std::fs::write(&cfg, text).unwrap();
     // The learner listens on a port the OS chooses; the actor connects to the one it reports.
+    // As a fleet's learner on a workstation runs: a Zenoh router the robot connects to
+    // (docs/deploy.md), so the robot's access rules see the router's certificate.
     let mut l = reflex();
     l.args([
         "learn",
         "--json",
         "--exit-when-actor-leaves",
         "--no-multicast",
+        "--router",
         "--wait-s",
         "60",
     ])
