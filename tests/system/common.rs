@@ -80,6 +80,40 @@ pub fn json_output(cmd: &mut Command) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Waits (bounded) for child `what` to exit, and asserts it succeeded (showing its stderr if not).
+pub fn wait_exit(g: &mut ChildGuard, what: &str, dir: &tempfile::TempDir, secs: u64) {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(s) = g.0.try_wait().unwrap() {
+            assert!(s.success(), "{what} failed: {}", child_stderr(dir, what));
+            return;
+        }
+        assert!(
+            t0.elapsed().as_secs() < secs,
+            "{what} did not finish: {}",
+            child_stderr(dir, what)
+        );
+        // Paces the polling of the child's exit.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Episodes a `reflex run --record RUNS` has finished: a summary is written beside each
+/// recording as its episode ends.
+pub fn episodes_finished(runs: &std::path::Path) -> usize {
+    std::fs::read_dir(runs)
+        .into_iter()
+        .flatten()
+        .flat_map(|run| std::fs::read_dir(run.unwrap().path().join("episodes")))
+        .flatten()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("episode_") && name.ends_with(".json")
+        })
+        .count()
+}
+
 /// Waits (bounded, so a broken run fails instead of hanging) until `ok`.
 pub fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
     let t0 = std::time::Instant::now();

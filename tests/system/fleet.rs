@@ -2,7 +2,10 @@
 //! learner keeps each actor's position across a restart, weights reach every robot, and a robot
 //! of another spec is refused and told why.
 
-use crate::common::{child_stderr, reflex, repo, spawn, unix_endpoint, wait_until};
+use crate::common::{
+    child_stderr, episodes_finished as finished, reflex, repo, spawn, unix_endpoint, wait_exit,
+    wait_until,
+};
 use reflex_bus::learnlink::{
     ActorLink, Fleet, LearnerLink, LinkConfig, LinkPosition, StepShape, WeightsShape,
 };
@@ -135,38 +138,6 @@ fn one_learner_keeps_each_actors_numbering_and_refuses_a_robot_of_another_spec()
     assert!(report.iter().all(|a| a.behind == 0), "{report:?}");
 }
 
-/// Episodes a robot's run has finished (a summary is written beside each recording as it ends).
-fn finished(runs: &std::path::Path) -> usize {
-    std::fs::read_dir(runs)
-        .into_iter()
-        .flatten()
-        .flat_map(|run| std::fs::read_dir(run.unwrap().path().join("episodes")))
-        .flatten()
-        .filter(|e| {
-            let name = e.as_ref().unwrap().file_name();
-            let name = name.to_string_lossy();
-            name.starts_with("episode_") && name.ends_with(".json")
-        })
-        .count()
-}
-
-fn wait_exit(g: &mut crate::common::ChildGuard, what: &str, dir: &tempfile::TempDir, secs: u64) {
-    let t0 = std::time::Instant::now();
-    loop {
-        if let Some(s) = g.0.try_wait().unwrap() {
-            assert!(s.success(), "{what} failed: {}", child_stderr(dir, what));
-            return;
-        }
-        assert!(
-            t0.elapsed().as_secs() < secs,
-            "{what} did not finish: {}",
-            child_stderr(dir, what)
-        );
-        // Paces the polling.
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The ONNX Runtime library of the project's .venv (`make test` makes it): the learner below runs
 /// in a scratch directory, where reflex's own search (working directory and its parents) does not
 /// reach the checkout.
@@ -192,7 +163,7 @@ fn one_learner_serves_three_robots_through_its_own_restart_and_every_step_is_per
     let dir = tempfile::tempdir().unwrap();
     let cfg = repo().join("configs/run/fleet-pick.toml");
     let router = unix_endpoint(&dir, "router");
-    let learner = |name: &str| {
+    let learner = |name: &str, robots: &[&str]| {
         let mut c = reflex();
         // In the scratch directory: the config's checkpoint path is relative to it.
         c.current_dir(dir.path())
@@ -211,10 +182,14 @@ fn one_learner_serves_three_robots_through_its_own_restart_and_every_step_is_per
                 "--config",
             ]);
         c.arg(&cfg);
+        for r in robots {
+            c.args(["--robot", r]);
+        }
         spawn(c, &dir, name)
     };
     let socket = |name: &str| dir.path().join(format!("{name}.sock"));
-    let mut a = learner("learner-a");
+    // A serves the robots the config's `[learner] fleet` names.
+    let mut a = learner("learner-a", &[]);
     wait_until("the learner's router listens", 30, || {
         socket("router").exists()
     });
@@ -257,8 +232,9 @@ fn one_learner_serves_three_robots_through_its_own_restart_and_every_step_is_per
     });
     a.0.kill().unwrap();
     a.0.wait().unwrap();
-    // Learner B resumes from A's checkpoint on the same endpoint; every robot reconnects.
-    let mut b = learner("learner-b");
+    // Learner B resumes from A's checkpoint on the same endpoint and takes every robot that
+    // shows up (`--robot '*'`); every robot reconnects.
+    let mut b = learner("learner-b", &["*"]);
     for (i, r) in runs.iter_mut().enumerate() {
         wait_exit(r, &format!("arm-{}", i + 1), &dir, 600);
     }

@@ -159,23 +159,6 @@ fn learner(cfg: &std::path::Path, ep: &str) -> std::process::Command {
     c
 }
 
-fn wait_exit(g: &mut crate::common::ChildGuard, what: &str, dir: &tempfile::TempDir, secs: u64) {
-    let t0 = std::time::Instant::now();
-    loop {
-        if let Some(s) = g.0.try_wait().unwrap() {
-            assert!(s.success(), "{what} failed: {}", child_stderr(dir, what));
-            return;
-        }
-        assert!(
-            t0.elapsed().as_secs() < secs,
-            "{what} did not finish: {}",
-            child_stderr(dir, what)
-        );
-        // Paces the polling.
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_lost_or_duplicated()
 {
@@ -199,21 +182,7 @@ fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_
         .arg("--config")
         .arg(&cfg);
     let mut actor = spawn(actor_cmd, &dir, "actor");
-    // Episodes the actor has finished: a summary is written beside each recording as it ends.
-    let finished = || {
-        let runs = dir.path().join("runs");
-        std::fs::read_dir(&runs)
-            .into_iter()
-            .flatten()
-            .flat_map(|run| std::fs::read_dir(run.unwrap().path().join("episodes")))
-            .flatten()
-            .filter(|e| {
-                let name = e.as_ref().unwrap().file_name();
-                let name = name.to_string_lossy();
-                name.starts_with("episode_") && name.ends_with(".json")
-            })
-            .count()
-    };
+    let finished = || crate::common::episodes_finished(&dir.path().join("runs"));
     // Let A checkpoint and take a whole episode of the run, then kill it hard.
     let t0 = std::time::Instant::now();
     while !ckpt.exists() || finished() < 1 {
@@ -244,8 +213,8 @@ fn the_actor_survives_its_learner_being_killed_and_restarted_with_no_transition_
     });
     // Learner B resumes from A's checkpoint on the same endpoint; the actor reconnects.
     let mut b = spawn(learner(&cfg, &ep), &dir, "learner-b");
-    wait_exit(&mut actor, "actor", &dir, 180);
-    wait_exit(&mut b, "learner-b", &dir, 60);
+    crate::common::wait_exit(&mut actor, "actor", &dir, 180);
+    crate::common::wait_exit(&mut b, "learner-b", &dir, 60);
     let av: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
             .unwrap();

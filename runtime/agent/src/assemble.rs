@@ -347,16 +347,24 @@ mod tests {
         assert_eq!(t.next_obs, [1.0, 0.0, 0.4, 0.5, 0.6]);
     }
 
-    #[test]
-    fn two_actors_interleaved_keep_their_own_held_steps_and_whole_episodes_stay_together() {
+    /// A small full-mode learner for 2 state and 2 action values, and its assembler.
+    fn full_sac_and_assembler() -> (Sac, Assembler) {
         let cfg = SacConfig {
             mode: Mode::Full,
             hidden: vec![8],
             ..Default::default()
         };
-        let mut sac = Sac::new(cfg, 2, 2).unwrap();
         let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], 0.0);
-        let mut asm = Assembler::new(Mode::Full, norm, None, false, 2).whole_episodes(true);
+        (
+            Sac::new(cfg, 2, 2).unwrap(),
+            Assembler::new(Mode::Full, norm, None, false, 2),
+        )
+    }
+
+    #[test]
+    fn two_actors_interleaved_keep_their_own_held_steps_and_whole_episodes_stay_together() {
+        let (mut sac, asm) = full_sac_and_assembler();
+        let mut asm = asm.whole_episodes(true);
         // Actor 7's steps carry obs[1] = 7, actor 9's obs[1] = 9; each episode is 3 steps.
         for i in 0..3u32 {
             for actor in [7u64, 9] {
@@ -380,14 +388,7 @@ mod tests {
 
     #[test]
     fn an_episode_that_ended_without_saying_so_is_stored_as_cut_short_not_joined_to_the_next() {
-        let cfg = SacConfig {
-            mode: Mode::Full,
-            hidden: vec![8],
-            ..Default::default()
-        };
-        let mut sac = Sac::new(cfg, 2, 2).unwrap();
-        let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], 0.0);
-        let mut asm = Assembler::new(Mode::Full, norm, None, false, 2);
+        let (mut sac, mut asm) = full_sac_and_assembler();
         // Episode 1's last step carries no end (an e-stop between two lockstep steps); episode 2
         // follows.
         for (episode, i) in [(1, 0), (1, 1), (2, 0), (2, 1)] {

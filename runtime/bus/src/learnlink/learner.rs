@@ -34,6 +34,13 @@ pub const WEIGHTS_CHUNK: usize = 16 * 1024;
 /// taken from what it still holds, which is exactly what was persisted).
 pub const FORGET_ACTOR_AFTER: Duration = Duration::from_secs(3600);
 
+/// Robots one learner keeps records of at most, and actors: batches from more are refused and
+/// counted (`too_many`), so a peer that invents names or actor ids cannot grow the learner
+/// without bound (nor make it read a spec for each).
+pub const MAX_ROBOTS: usize = 256;
+/// See [`MAX_ROBOTS`].
+pub const MAX_ACTORS: usize = 4096;
+
 /// The robots a learner serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fleet {
@@ -261,6 +268,9 @@ pub struct LearnerLinkStats {
     pub refused_spec: u64,
     /// Batches put off because their robot's spec could not be read yet (the actor resends).
     pub spec_unknown: u64,
+    /// Batches refused because the learner already knows [`MAX_ROBOTS`] robots or
+    /// [`MAX_ACTORS`] actors.
+    pub too_many: u64,
 }
 
 /// Steps a learner should take, in order.
@@ -618,6 +628,12 @@ impl LearnerLink {
     /// The record of `robot`, made (with the learner's liveliness token) on first use.
     fn robot(&mut self, robot: &str) -> Result<&mut Robot, LinkError> {
         if !self.robots.contains_key(robot) {
+            if self.robots.len() >= MAX_ROBOTS {
+                return Err(err(
+                    robot,
+                    format!("this learner already serves {MAX_ROBOTS} robots"),
+                ));
+            }
             let keys = Keys::new(robot).map_err(|e| err(robot, e))?;
             let token = self
                 .session
@@ -662,7 +678,11 @@ impl LearnerLink {
     fn admit(&mut self, robot: &str, actor: u64) -> bool {
         let now = Instant::now();
         let (keys, due, refused) = match self.robot(robot) {
-            Err(_) => return false,
+            Err(e) => {
+                self.stats.too_many += 1;
+                self.refused.reject(&e);
+                return false;
+            }
             Ok(r) => match &r.verdict {
                 Verdict::Accepted => return true,
                 Verdict::Refused(why) => (r.keys.clone(), false, Some(why.clone())),
@@ -801,6 +821,16 @@ impl LearnerLink {
         let deadline = Instant::now() + timeout;
         loop {
             let (robot, b) = self.rx.recv_deadline(deadline).ok()?;
+            let key = (robot, b.actor);
+            if self.actors.len() >= MAX_ACTORS && !self.actors.contains_key(&key) {
+                self.stats.too_many += 1;
+                self.refused.reject(&format_args!(
+                    "actor {:x} of `{}`: this learner already follows {MAX_ACTORS} actors",
+                    key.1, key.0
+                ));
+                continue;
+            }
+            let robot = key.0;
             if self.admit(&robot, b.actor) {
                 return Some(self.take(robot, b));
             }
