@@ -199,7 +199,8 @@ pub struct TrainArgs {
     #[arg(long, value_delimiter = ',')]
     state_fields: Vec<String>,
     /// A camera the policy reads (repeat for several), from demos recorded with
-    /// `reflex sim demos --cameras`.
+    /// `reflex sim demos --cameras`, or a LeRobot dataset's H.264 video feature
+    /// (`observation.images.NAME`).
     #[arg(long = "camera", value_name = "NAME")]
     cameras: Vec<String>,
     /// Size the policy reads images at, WIDTHxHEIGHT (default: the recorded size).

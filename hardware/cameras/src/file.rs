@@ -6,6 +6,7 @@
 //! do.
 
 use super::pixels::{PixelFormat, jpeg_size};
+use super::recorded::Pace;
 use super::{CameraError, FrameSource};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -17,9 +18,8 @@ pub struct FileCamera {
     format: PixelFormat,
     size: (u32, u32),
     frames: Vec<Vec<u8>>,
-    period: Duration,
+    pace: Pace,
     next: usize,
-    due: Option<Instant>,
     /// Round and round (true), or once, then newer files as they appear.
     repeat: bool,
     /// The last file loaded (the watch reads only files whose names sort after it).
@@ -143,19 +143,13 @@ impl FileCamera {
             }
             frames.push(bytes);
         }
-        if !(fps > 0.0 && fps.is_finite()) {
-            return Err(open_err(format!(
-                "frame rate {fps} is not a positive number"
-            )));
-        }
         Ok(FileCamera {
             dir: dir.to_path_buf(),
             format,
             size: size.expect("at least one frame"),
             frames,
-            period: Duration::from_secs_f64(1.0 / fps),
+            pace: Pace::new(fps, &device)?,
             next: 0,
-            due: None,
             repeat,
             last: paths.last().cloned().expect("at least one frame"),
         })
@@ -212,15 +206,7 @@ impl FrameSource for FileCamera {
 
     fn next_frame(&mut self, buf: &mut Vec<u8>) -> Result<(), CameraError> {
         // Paces the frames as a camera would: one every period, on a fixed schedule.
-        let due = *self.due.get_or_insert_with(Instant::now);
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
-        }
-        // A late frame moves the schedule on instead of bursting to catch up, as a camera
-        // drops frames rather than queueing them.
-        let next = due + self.period;
-        self.due = Some(next.max(now));
+        self.pace.wait();
         if !self.repeat && self.next == self.frames.len() {
             // Played out: wait for newer files, looking once a period, for up to a second.
             self.frames.clear();
@@ -232,14 +218,14 @@ impl FrameSource for FileCamera {
                     break;
                 }
                 if t0.elapsed() > Duration::from_secs(1) {
-                    self.due = None;
+                    self.pace.restart();
                     return Err(CameraError::Frame(format!(
                         "no new image in {} for a second",
                         self.dir.display()
                     )));
                 }
                 // Paces the folder watch.
-                std::thread::sleep(self.period);
+                std::thread::sleep(self.pace.period());
             }
         }
         buf.clear();

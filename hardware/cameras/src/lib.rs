@@ -14,10 +14,12 @@
 
 pub mod file;
 pub mod pixels;
+pub mod recorded;
 pub mod v4l2;
 
 pub use file::FileCamera;
 pub use pixels::{PixelFormat, Roi};
+pub use recorded::{EpisodeCamera, VideoCamera};
 
 use reflex_calibration::camera::{CameraModel, UndistortMap};
 use reflex_calibration::hand_eye::HandEyeFile;
@@ -58,7 +60,9 @@ pub trait FrameSource: Send {
     fn next_frame(&mut self, buf: &mut Vec<u8>) -> Result<(), CameraError>;
 }
 
-/// Prefix of a [`CameraConfig::device`] that names a folder of images.
+/// Prefix of a [`CameraConfig::device`] that names something recorded: a folder of images, an
+/// H.264 MP4 video, or a recorded episode (`files:EPISODE.msgpack`, or `#CAMERA` after it for
+/// another camera's frames than the one of the config's name).
 pub const FILES_PREFIX: &str = "files:";
 
 /// A camera of the robot: `[[cameras]]` in the robot's config.
@@ -67,7 +71,9 @@ pub const FILES_PREFIX: &str = "files:";
 pub struct CameraConfig {
     /// Name, as policies and recordings know it (`front`, `wrist`).
     pub name: String,
-    /// `/dev/video0` or `/dev/v4l/by-id/...` (V4L2), or `files:DIR` for a folder of images.
+    /// `/dev/video0` or `/dev/v4l/by-id/...` (V4L2); or `files:DIR` for a folder of images,
+    /// `files:VIDEO.mp4` for an H.264 video, `files:EPISODE.msgpack[#CAMERA]` for a camera's
+    /// frames of a recorded episode.
     pub device: String,
     /// Width the camera captures at, pixels.
     pub width: u32,
@@ -246,14 +252,10 @@ impl CameraConfig {
         Ok(CameraCalibration { lens, mount })
     }
 
-    /// Opens the device: a folder of images (`files:DIR`) or a V4L2 camera.
+    /// Opens the device: something recorded (`files:...`) or a V4L2 camera.
     pub fn open(&self) -> Result<Box<dyn FrameSource>, CameraError> {
         let source: Box<dyn FrameSource> = match self.device.strip_prefix(FILES_PREFIX) {
-            Some(dir) => Box::new(FileCamera::open(
-                std::path::Path::new(dir),
-                self.fps,
-                self.repeat,
-            )?),
+            Some(what) => self.open_recorded(what)?,
             None => Box::new(v4l2::V4l2Camera::open(self)?),
         };
         let (_, w, h) = source.format();
@@ -267,6 +269,35 @@ impl CameraConfig {
             });
         }
         Ok(source)
+    }
+}
+
+impl CameraConfig {
+    /// A folder of images, an MP4 video or a recorded episode's frames, by what `what` names.
+    fn open_recorded(&self, what: &str) -> Result<Box<dyn FrameSource>, CameraError> {
+        let (path, camera) = match what.rsplit_once('#') {
+            Some((p, c)) if p.ends_with(".msgpack") => (std::path::Path::new(p), c),
+            _ => (std::path::Path::new(what), self.name.as_str()),
+        };
+        let ext = path
+            .extension()
+            .and_then(|x| x.to_str())
+            .map(str::to_ascii_lowercase);
+        Ok(match ext.as_deref() {
+            _ if path.is_dir() => Box::new(FileCamera::open(path, self.fps, self.repeat)?),
+            Some("mp4") => Box::new(VideoCamera::open(path, self.fps, self.repeat)?),
+            Some("msgpack") => Box::new(EpisodeCamera::open(path, camera, self.fps, self.repeat)?),
+            _ => {
+                return Err(CameraError::Open {
+                    device: self.device.clone(),
+                    message: format!(
+                        "`{}` is not a folder of PNG or JPEG images, an H.264 `.mp4` video or a \
+                         recorded episode (`.msgpack`)",
+                        path.display()
+                    ),
+                });
+            }
+        })
     }
 }
 

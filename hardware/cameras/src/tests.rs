@@ -442,3 +442,124 @@ fn a_calibrated_camera_publishes_the_pinhole_of_its_cropped_scaled_undistorted_f
     let e = bad.validate("cameras[0]").unwrap_err();
     assert_eq!(e.key, "cameras[0].undistort", "{e:?}");
 }
+
+/// The mean colour of a frame.
+fn mean_colour(rgb: &[u8]) -> [f64; 3] {
+    let mut m = [0.0; 3];
+    for px in rgb.chunks_exact(3) {
+        for c in 0..3 {
+            m[c] += px[c] as f64;
+        }
+    }
+    m.map(|v| v / (rgb.len() / 3) as f64)
+}
+
+fn near(a: [f64; 3], b: [u8; 3]) -> bool {
+    (0..3).all(|c| (a[c] - b[c] as f64).abs() < 4.0)
+}
+
+#[test]
+fn an_h264_video_plays_as_a_camera_round_and_round_or_once_then_goes_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let colours = [
+        [200u8, 40, 40],
+        [40, 200, 40],
+        [40, 40, 200],
+        [120, 120, 120],
+    ];
+    let frames: Vec<Vec<u8>> = colours.iter().map(|c| c.repeat(32 * 24)).collect();
+    let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+    let path = dir.path().join("clip.mp4");
+    reflex_video::write_video(&path, 32, 24, 20, &refs).unwrap();
+    let mut cfg = config("front", format!("files:{}", path.display()), 32, 24);
+    let epoch = Instant::now();
+    let mut cap = Capture::spawn(&cfg, cfg.open().unwrap(), epoch).unwrap();
+    // Round and round: more frames than the file holds, every one of its colours.
+    wait_for(&mut cap, epoch, "ten frames", |c| c.stats().frames >= 10);
+    let f = cap.latest(epoch.elapsed()).unwrap();
+    let m = mean_colour(&f.image.data);
+    assert!(colours.iter().any(|c| near(m, *c)), "{m:?}");
+    assert_eq!(cap.stats().errors, 0, "{:?}", cap.stats());
+    drop(cap);
+    // Once: its four frames, then it says it has played out and the camera goes stale.
+    cfg.repeat = false;
+    cfg.timeout_ms = 50.0;
+    let mut cap = Capture::spawn(&cfg, cfg.open().unwrap(), epoch).unwrap();
+    wait_for(&mut cap, epoch, "played out", |c| {
+        c.stats().errors >= 1 && c.is_stale(epoch.elapsed())
+    });
+    assert_eq!(cap.stats().frames, 4, "{:?}", cap.stats());
+    // A size other than the config's is refused, naming both.
+    let small = config("front", format!("files:{}", path.display()), 64, 48);
+    let e = small.open().err().unwrap().to_string();
+    assert!(e.contains("32x24") && e.contains("width = 64"), "{e}");
+    // A file of another kind is named with the kinds there are.
+    let txt = dir.path().join("notes.txt");
+    std::fs::write(&txt, "x").unwrap();
+    let e = config("front", format!("files:{}", txt.display()), 32, 24)
+        .open()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("notes.txt") && e.contains(".mp4") && e.contains(".msgpack"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_recorded_episodes_camera_frames_play_as_a_camera() {
+    // An episode file as reflex writes it (MessagePack, named fields; fields a camera does not
+    // need are skipped).
+    #[derive(serde::Serialize)]
+    struct Stream {
+        camera: &'static str,
+        width: u32,
+        height: u32,
+        encoding: &'static str,
+        frames: Vec<serde_bytes::ByteBuf>,
+    }
+    #[derive(serde::Serialize)]
+    struct Ep {
+        observations: Vec<Vec<f32>>,
+        cameras: Vec<Stream>,
+    }
+    let stream = |camera, c: [u8; 3]| Stream {
+        camera,
+        width: 8,
+        height: 6,
+        encoding: "rgb8",
+        frames: (0..3u8)
+            .map(|k| serde_bytes::ByteBuf::from(c.map(|v| v + 10 * k).repeat(48)))
+            .collect(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("episode_000000.msgpack");
+    let ep = Ep {
+        observations: vec![vec![0.0]; 3],
+        cameras: vec![stream("front", [100, 0, 0]), stream("wrist", [0, 100, 0])],
+    };
+    std::fs::write(&path, rmp_serde::to_vec_named(&ep).unwrap()).unwrap();
+    // The camera of the config's name, or another one after `#`.
+    for (name, device, first) in [
+        ("front", format!("files:{}", path.display()), 100u8),
+        ("side", format!("files:{}#wrist", path.display()), 0),
+    ] {
+        let cfg = config(name, device, 8, 6);
+        let mut src = cfg.open().unwrap();
+        let mut buf = vec![];
+        src.next_frame(&mut buf).unwrap();
+        assert_eq!((buf.len(), buf[0]), (144, first), "{name}");
+        src.next_frame(&mut buf).unwrap();
+        assert_eq!(buf[0], first + 10, "{name}");
+    }
+    let e = config("top", format!("files:{}", path.display()), 8, 6)
+        .open()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("`top`") && e.contains("front") && e.contains("#NAME"),
+        "{e}"
+    );
+}

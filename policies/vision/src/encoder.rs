@@ -378,22 +378,29 @@ impl Frames {
 
     /// Appends one frame per camera (in `cameras` order), resizing and normalising it.
     pub fn push(&mut self, images: &[reflex_runtime::msg::Image]) {
+        for (c, img) in images.iter().enumerate() {
+            self.push_camera(c, img);
+        }
+    }
+
+    /// Appends one frame of camera `c` (index in `cameras`), resizing and normalising it: a
+    /// camera's frames can be added one camera after another (each in sample order).
+    pub fn push_camera(&mut self, c: usize, image: &reflex_runtime::msg::Image) {
         let n = self.frame_len();
-        if self.data.len() < images.len() {
-            self.data.resize(images.len(), vec![]);
+        if self.data.len() <= c {
+            self.data.resize(c + 1, vec![]);
         }
-        for (d, img) in self.data.iter_mut().zip(images) {
-            let start = d.len();
-            d.resize(start + n, 0.0);
-            reflex_policies::vla::image_to_nchw(
-                img,
-                self.width as u32,
-                self.height as u32,
-                &MEAN,
-                &STD,
-                &mut d[start..],
-            );
-        }
+        let d = &mut self.data[c];
+        let start = d.len();
+        d.resize(start + n, 0.0);
+        reflex_policies::vla::image_to_nchw(
+            image,
+            self.width as u32,
+            self.height as u32,
+            &MEAN,
+            &STD,
+            &mut d[start..],
+        );
     }
 }
 

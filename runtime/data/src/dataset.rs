@@ -66,6 +66,8 @@ pub struct ExportReport {
     pub frames: usize,
     /// Data files.
     pub data_files: usize,
+    /// Video files (one camera's frames of many episodes each).
+    pub video_files: usize,
     /// Features, by name.
     pub features: Vec<String>,
 }
@@ -348,10 +350,13 @@ pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
     let m = read_manifest(&o.demos)?;
     let spec = &m.spec;
     let mut episodes = Vec::with_capacity(m.episodes.len());
+    let mut files = Vec::with_capacity(m.episodes.len());
     for e in &m.episodes {
         let ep = read_episode(&o.demos, e)?;
-        check_episode(spec, &ep, &o.demos.join(&e.file))?;
+        let file = o.demos.join(&e.file);
+        check_episode(spec, &ep, &file)?;
         episodes.push(ep);
+        files.push(file);
     }
     if episodes.iter().all(|e| e.actions.is_empty()) {
         return Err(bad(&o.demos, "has no steps to export"));
@@ -382,20 +387,27 @@ pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
         from = to;
     }
     write_data(&o.out, file, &schema, &cols, file_from, from)?;
+    let videos = crate::videos::write_videos(&o.out, &episodes, &files, fps)?;
     let task = o.task.clone().unwrap_or_else(|| spec.kind.clone());
-    write_episodes(&o.out, &ep_rows, &task)?;
+    write_episodes(&o.out, &ep_rows, &videos, &task)?;
     write_tasks(&o.out, &task)?;
     let stats: serde_json::Map<String, serde_json::Value> = cols
         .iter()
         .filter_map(|c| Some((c.name.clone(), c.stats()?)))
+        .chain(videos.iter().map(|v| (v.key.clone(), v.stats.clone())))
         .collect();
     let stats_path = o.out.join("meta/stats.json");
     write_file(
         &stats_path,
         &serde_json::to_vec_pretty(&stats).expect("plain values"),
     )?;
-    let features: serde_json::Map<String, serde_json::Value> =
-        cols.iter().map(|c| (c.name.clone(), c.info(fps))).collect();
+    let features: serde_json::Map<String, serde_json::Value> = cols
+        .iter()
+        .map(|c| (c.name.clone(), c.info(fps)))
+        .chain(videos.iter().map(|v| (v.key.clone(), v.info())))
+        .collect();
+    let video_path = (!videos.is_empty())
+        .then_some("videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4");
     let info = serde_json::json!({
         "codebase_version": CODEBASE_VERSION,
         "robot_type": spec.kind,
@@ -404,11 +416,11 @@ pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
         "total_tasks": 1,
         "chunks_size": CHUNK_SIZE,
         "data_files_size_in_mb": DATA_FILE_MB,
-        "video_files_size_in_mb": 200,
+        "video_files_size_in_mb": crate::videos::VIDEO_FILE_MB,
         "fps": fps,
         "splits": {"train": format!("0:{}", episodes.len())},
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
-        "video_path": null,
+        "video_path": video_path,
         "features": features,
         "reflex": {"source": o.demos.display().to_string(), "command": m.command},
     });
@@ -421,7 +433,12 @@ pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
         episodes: episodes.len(),
         frames,
         data_files: file + 1,
-        features: cols.iter().map(|c| c.name.clone()).collect(),
+        video_files: videos.iter().map(|v| v.files).sum(),
+        features: cols
+            .iter()
+            .map(|c| c.name.clone())
+            .chain(videos.iter().map(|v| v.key.clone()))
+            .collect(),
     })
 }
 
@@ -449,7 +466,12 @@ struct EpisodeRow {
 }
 
 /// `meta/episodes/chunk-000/file-000.parquet`: each episode's frame range and where it lives.
-fn write_episodes(out: &Path, rows: &[EpisodeRow], task: &str) -> Result<()> {
+fn write_episodes(
+    out: &Path,
+    rows: &[EpisodeRow],
+    videos: &[crate::videos::VideoFeature],
+    task: &str,
+) -> Result<()> {
     let path = out.join(chunk_file("meta/episodes", 0));
     let int = |f: &dyn Fn(&EpisodeRow) -> usize| -> ArrayRef {
         Arc::new(Int64Array::from(
@@ -461,7 +483,7 @@ fn write_episodes(out: &Path, rows: &[EpisodeRow], task: &str) -> Result<()> {
         tasks.values().append_value(task);
         tasks.append(true);
     }
-    let cols: Vec<(&str, ArrayRef)> = vec![
+    let mut cols: Vec<(String, ArrayRef)> = vec![
         ("episode_index", int(&|r| r.episode)),
         ("tasks", Arc::new(tasks.finish())),
         ("length", int(&|r| r.to - r.from)),
@@ -471,7 +493,13 @@ fn write_episodes(out: &Path, rows: &[EpisodeRow], task: &str) -> Result<()> {
         ("dataset_to_index", int(&|r| r.to)),
         ("meta/episodes/chunk_index", int(&|_| 0)),
         ("meta/episodes/file_index", int(&|_| 0)),
-    ];
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for v in videos {
+        cols.extend(v.columns());
+    }
     let batch = RecordBatch::try_from_iter(cols).map_err(|e| bad(&path, e.to_string()))?;
     write_file(&path, &parquet_bytes(&batch, &path)?)
 }

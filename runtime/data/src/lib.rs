@@ -6,6 +6,7 @@
 //! - [`steplog`]: every step of a run in that format, with who acted;
 //! - [`dataset`]: LeRobotDataset v3.0 out (`reflex dataset export`) and in (`reflex bc train
 //!   --dataset`);
+//! - [`videos`]: the dataset's camera frames as H.264 MP4 video features, out and in;
 //! - [`plot`]: learning curves and camera snapshots as PNG;
 //! - [`rotate`]: a records directory kept within a size and an age.
 #![warn(missing_docs)]
@@ -15,6 +16,7 @@ pub mod demos;
 pub mod plot;
 pub mod rotate;
 pub mod steplog;
+pub mod videos;
 
 /// Errors of the data formats: each names the file or directory at fault.
 #[derive(Debug, thiserror::Error)]

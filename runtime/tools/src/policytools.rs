@@ -280,10 +280,10 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
             let origin = format!("demos {}: {}", dir.display(), m.command);
             (eps, m.spec.action.dim(), Some(m.spec.kind.clone()), origin)
         }
-        TrainSource::LeRobot { dir, .. } if !o.cameras.is_empty() || !o.state_fields.is_empty() => {
+        TrainSource::LeRobot { dir, .. } if !o.state_fields.is_empty() => {
             return Err(reflex_agent::error::bail(format!(
-                "{}: --camera and --state-fields read reflex's demos (--demos); a LeRobot dataset's \
-                 state is one feature (--state-key) and its video features are not read yet",
+                "{}: --state-fields reads reflex's demos (--demos); a LeRobot dataset's state is \
+                 one feature (--state-key)",
                 dir.display()
             )));
         }
@@ -292,10 +292,18 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
             state_key,
             action_key,
         } => {
-            let d = reflex_data::dataset::read_lerobot(dir, state_key, action_key)?;
+            let mut d = reflex_data::dataset::read_lerobot(dir, state_key, action_key)?;
+            d.episodes.truncate(o.episodes.unwrap_or(d.episodes.len()));
+            if !o.cameras.is_empty() {
+                frames = Some(lerobot_frames(dir, &o.cameras, o.image_size, &d.episodes)?);
+            }
             let origin = format!(
-                "LeRobot dataset {} ({state_key} -> {action_key})",
-                dir.display()
+                "LeRobot dataset {} ({state_key}{} -> {action_key})",
+                dir.display(),
+                o.cameras
+                    .iter()
+                    .map(|c| format!(", camera {c}"))
+                    .collect::<String>()
             );
             (d.episodes, d.action_dim, d.robot_type, origin)
         }
@@ -434,6 +442,51 @@ fn add_frames<'a>(
         f.push(&images);
     }
     Ok(f)
+}
+
+/// The frames of `cameras` from a LeRobot dataset's video features, one per frame of `eps` (the
+/// dataset's rows, episode by episode); every episode must have as many frames as rows.
+fn lerobot_frames(
+    dir: &Path,
+    cameras: &[String],
+    size: Option<(u32, u32)>,
+    eps: &[reflex_data::dataset::EpisodeData],
+) -> Result<Frames> {
+    let mut frames: Option<Frames> = None;
+    for (c, camera) in cameras.iter().enumerate() {
+        let mut per_episode = vec![0usize; eps.len()];
+        let key = reflex_data::videos::read_camera(dir, camera, eps.len(), |e, rgb, w, h| {
+            let f = frames.get_or_insert_with(|| {
+                let (fw, fh) = size.unwrap_or((w, h));
+                Frames {
+                    cameras: cameras.to_vec(),
+                    width: fw as usize,
+                    height: fh as usize,
+                    data: vec![],
+                }
+            });
+            let image = reflex_runtime::msg::Image {
+                camera: camera.clone(),
+                width: w,
+                height: h,
+                encoding: "rgb8".into(),
+                data: rgb.to_vec(),
+                seq: 0,
+            };
+            f.push_camera(c, &image);
+            per_episode[e] += 1;
+            Ok(())
+        })?;
+        if let Some(e) = (0..eps.len()).find(|e| per_episode[*e] != eps[*e].0.len()) {
+            return Err(reflex_agent::error::bail(format!(
+                "{}: episode {e} has {} frames of `{key}` and {} rows of data",
+                dir.display(),
+                per_episode[e],
+                eps[e].0.len()
+            )));
+        }
+    }
+    frames.ok_or_else(|| reflex_agent::error::bail(format!("{}: no frames", dir.display())))
 }
 
 /// What `reflex reward train` asks for.
