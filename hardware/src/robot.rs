@@ -570,6 +570,10 @@ impl ArmRobot {
                 img.data.copy_from_slice(&f.image.data);
                 img.seq = f.seq;
             }
+            // The frame's capture time on the loop's clock, as its age at this observation.
+            img.age_ns = cap
+                .captured()
+                .map_or(0, |t| now.saturating_sub(t).as_nanos() as u64);
             if stale.is_none() && cap.is_stale(now) {
                 stale = Some(i);
             }

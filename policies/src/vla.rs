@@ -128,6 +128,7 @@ mod tests {
             height: 2,
             encoding: "rgb8".into(),
             seq: 0,
+            age_ns: 0,
             data,
         };
         let mut out = vec![0.0; 3 * 2];

@@ -441,6 +441,7 @@ mod tests {
             encoding: "rgb8".into(),
             data: [red, 0, 0].repeat(8),
             seq: 0,
+            age_ns: 0,
         }
     }
 

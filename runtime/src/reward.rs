@@ -226,6 +226,7 @@ mod tests {
                 encoding: "rgb8".into(),
                 data: vec![0; 6],
                 seq: 0,
+                age_ns: 0,
             }],
             ..Default::default()
         };

@@ -155,6 +155,7 @@ impl Renderer {
                     height: 0,
                     encoding: "rgb8".into(),
                     seq: 0,
+                    age_ns: 0,
                     data: Vec::new(),
                 });
             }

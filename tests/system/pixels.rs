@@ -590,6 +590,7 @@ impl CameraRobot {
                 encoding: "rgb8".into(),
                 data: vec![0; 8 * 4 * 3],
                 seq: 0,
+                age_ns: 0,
             }],
             ..Default::default()
         };

@@ -145,6 +145,7 @@ fn an_image_policy_through_onnxruntime_matches_candle_within_1e_4() {
                 .map(|i| ((i as u64 * 7 + seed * 31) % 251) as u8)
                 .collect(),
             seq: 0,
+            age_ns: 0,
         };
         let mut pixels = vec![0.0f32; 3 * 48 * 32];
         reflex_policies::vla::image_to_nchw(&image, 48, 32, &MEAN, &STD, &mut pixels);

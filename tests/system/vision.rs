@@ -199,6 +199,7 @@ fn the_frozen_encoder_file_gives_through_onnxruntime_the_feature_maps_candle_com
             .map(|i| ((i * 7 + k * 31) % 251) as u8)
             .collect(),
         seq: 0,
+        age_ns: 0,
     };
     let images = [image("wrist", 20, 20, 1), image("front", 40, 30, 2)];
     let mut got = vec![0.0; enc.features_len()];

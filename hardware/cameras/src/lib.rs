@@ -174,6 +174,7 @@ impl CameraConfig {
             height,
             encoding: "rgb8".into(),
             seq: 0,
+            age_ns: 0,
             data: vec![0; (width * height * 3) as usize],
         }
     }
@@ -640,6 +641,12 @@ impl Capture {
         let age = now.saturating_sub(f.captured).as_micros() as u64;
         c.age_at_use_us.store(age, Ordering::Relaxed);
         Some(f)
+    }
+
+    /// When the newest frame taken was captured, on the clock the capture was started with
+    /// (`None` before the first).
+    pub fn captured(&self) -> Option<Duration> {
+        (self.seen != 0).then(|| self.reader.get().captured)
     }
 
     /// Whether the newest frame taken is older than the camera's timeout at `now` (or none has

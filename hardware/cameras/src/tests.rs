@@ -146,6 +146,9 @@ fn a_folder_of_pngs_plays_as_a_camera_cropped_and_resized_newest_first() {
         "the crop is one colour"
     );
     assert!(f.captured <= epoch.elapsed());
+    let captured = f.captured;
+    // What the arm stamps the observation's image with (its age: now less this).
+    assert_eq!(cap.captured(), Some(captured));
     let s = cap.stats();
     assert_eq!(s.errors, 0, "{s:?}");
     assert!(s.used >= 1 && s.used + s.skipped <= s.frames, "{s:?}");

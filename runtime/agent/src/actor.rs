@@ -829,6 +829,7 @@ fn obs_template(spec: &RobotSpec) -> Observation {
                 height: c.height,
                 encoding: "rgb8".into(),
                 seq: 0,
+                age_ns: 0,
                 data: vec![0; (c.width * c.height * 3) as usize],
             })
             .collect(),

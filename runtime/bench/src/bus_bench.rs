@@ -295,6 +295,7 @@ fn run_one(iters: usize, listen: Option<String>, keys: Option<&std::path::Path>)
             height: 128,
             encoding: "rgb8".into(),
             seq: 0,
+            age_ns: 0,
             data: (0..128 * 128 * 3).map(|i| (i % 251) as u8).collect(),
         }],
         ..Default::default()

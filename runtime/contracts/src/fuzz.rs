@@ -38,6 +38,7 @@ fn observation() -> Observation {
             height: 2,
             encoding: "rgb8".into(),
             seq: 0,
+            age_ns: 0,
             data: vec![7; 12],
         }],
         ..Default::default()

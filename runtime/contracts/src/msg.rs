@@ -324,6 +324,11 @@ pub struct Image {
     /// the same non-zero counter hold the same pixels, so copies can skip them.
     #[serde(default)]
     pub seq: u64,
+    /// How long before the observation the frame was captured, ns, on the robot's one
+    /// monotonic clock (the frame's capture time is the observation's `time_ns` less this).
+    /// 0: rendered with the observation (the simulator) or not known.
+    #[serde(default)]
+    pub age_ns: u64,
 }
 
 impl Image {
@@ -342,6 +347,7 @@ impl Image {
             self.data.clone_from(&src.data);
         }
         self.seq = src.seq;
+        self.age_ns = src.age_ns;
     }
 }
 
@@ -918,6 +924,7 @@ mod tests {
             encoding: "rgb8".into(),
             data: vec![v; 6],
             seq,
+            age_ns: 0,
         };
         let mut dst = frame(0, 0);
         dst.copy_from(&frame(5, 9));
@@ -959,6 +966,7 @@ mod tests {
                 height: 1,
                 encoding: "rgb8".into(),
                 seq: 0,
+                age_ns: 0,
                 data: vec![1, 2, 3, 4, 5, 6],
             }],
             success_score: Some(0.75),

@@ -392,6 +392,7 @@ mod tests {
             height: 0,
             encoding: "rgb8".into(),
             seq: 0,
+            age_ns: 0,
             data: vec![],
         }];
         assert!(

@@ -97,6 +97,7 @@ impl CameraStream {
             encoding: self.encoding.clone(),
             data: self.frames[i].to_vec(),
             seq: 0,
+            age_ns: 0,
         }
     }
 

@@ -472,6 +472,7 @@ fn lerobot_frames(
                 encoding: "rgb8".into(),
                 data: rgb.to_vec(),
                 seq: 0,
+                age_ns: 0,
             };
             f.push_camera(c, &image);
             per_episode[e] += 1;
