@@ -25,8 +25,9 @@ fn check_lerobot_frames(dir: &Path, demos: &Path) -> serde_json::Value {
     )
 }
 
-/// Success rate of `model` alone on the pick task, 20 held-out episodes (`reflex eval`).
-fn success_of(model: &Path, dir: &Path) -> f64 {
+/// `reflex eval --json` of `model` alone on the pick task, `episodes` held-out episodes, the
+/// `[sim]` table given `sim_extra` (e.g. the cameras a policy that sees needs).
+fn eval_pick(model: &Path, dir: &Path, sim_extra: &str, episodes: u32) -> serde_json::Value {
     let cfg = dir.join(format!(
         "{}.toml",
         model
@@ -39,19 +40,24 @@ fn success_of(model: &Path, dir: &Path) -> f64 {
     std::fs::write(
         &cfg,
         format!(
-            "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[policy]\nkind = \"onnx\"\nmodel = {:?}\n[run]\nseed = 5\n",
+            "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n{sim_extra}[policy]\nkind = \"onnx\"\nmodel = {:?}\n[run]\nseed = 5\n",
             model.display().to_string()
         ),
     )
     .unwrap();
-    let v = crate::common::json_output(reflex().current_dir(repo()).args([
+    crate::common::json_output(reflex().current_dir(repo()).args([
         "eval",
         "--config",
         cfg.to_str().unwrap(),
         "--episodes",
-        "20",
+        &episodes.to_string(),
         "--json",
-    ]));
+    ]))
+}
+
+/// Success rate of `model` alone on the pick task, 20 held-out episodes.
+fn success_of(model: &Path, dir: &Path) -> f64 {
+    let v = eval_pick(model, dir, "", 20);
     assert_eq!(v["takeovers"], 0, "{v}");
     v["success_rate"].as_f64().unwrap()
 }
@@ -235,23 +241,12 @@ fn camera_frames_export_as_h264_video_lerobot_decodes_and_a_policy_that_sees_tra
             && spec.contains("LeRobot dataset"),
         "{spec}"
     );
-    let cfg = dir.path().join("seeing.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[sim.cameras]\nenabled = true\nwidth = 64\nheight = 48\n[policy]\nkind = \"onnx\"\nmodel = {:?}\n[run]\nseed = 5\n",
-            model.display().to_string()
-        ),
-    )
-    .unwrap();
-    let v = crate::common::json_output(reflex().current_dir(repo()).args([
-        "eval",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--episodes",
-        "2",
-        "--json",
-    ]));
+    let v = eval_pick(
+        &model,
+        dir.path(),
+        "[sim.cameras]\nenabled = true\nwidth = 64\nheight = 48\n",
+        2,
+    );
     assert_eq!(v["episodes"], 2, "{v}");
     // A camera the dataset has no video of is named with the ones it has.
     let out = reflex()

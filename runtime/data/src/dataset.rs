@@ -603,6 +603,25 @@ fn float_rows(col: &ArrayRef, key: &str, path: &Path) -> Result<Vec<Vec<f32>>> {
         .ok_or_else(unsupported)
 }
 
+/// The `*.parquet` files of `root`'s chunk directories (`chunk-*/file-*.parquet`), in name
+/// order.
+pub(crate) fn chunk_files(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = vec![];
+    for chunk in std::fs::read_dir(root).map_err(|e| DataError::io(root, e))? {
+        let chunk = chunk.map_err(|e| DataError::io(root, e))?.path();
+        if chunk.is_dir() {
+            for f in std::fs::read_dir(&chunk).map_err(|e| DataError::io(&chunk, e))? {
+                let f = f.map_err(|e| DataError::io(&chunk, e))?.path();
+                if f.extension().is_some_and(|x| x == "parquet") {
+                    files.push(f);
+                }
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
 /// Reads the frames of a LeRobotDataset v3.0 at `dir`: the `state_key` and `action_key`
 /// features of every frame, grouped into episodes by `episode_index`, in `index` order.
 pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeRobotData> {
@@ -645,20 +664,7 @@ pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeR
         }
     };
     let (state_dim, action_dim) = (size(state_key)?, size(action_key)?);
-    let mut files = vec![];
-    let data = dir.join("data");
-    for chunk in std::fs::read_dir(&data).map_err(|e| DataError::io(&data, e))? {
-        let chunk = chunk.map_err(|e| DataError::io(&data, e))?.path();
-        if chunk.is_dir() {
-            for f in std::fs::read_dir(&chunk).map_err(|e| DataError::io(&chunk, e))? {
-                let f = f.map_err(|e| DataError::io(&chunk, e))?.path();
-                if f.extension().is_some_and(|x| x == "parquet") {
-                    files.push(f);
-                }
-            }
-        }
-    }
-    files.sort();
+    let files = chunk_files(&dir.join("data"))?;
     if files.is_empty() {
         return Err(bad(dir, "has no data/chunk-*/file-*.parquet files"));
     }

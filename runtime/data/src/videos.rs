@@ -345,20 +345,7 @@ fn write_camera(
 
 /// The episodes table (every `meta/episodes/chunk-*/file-*.parquet`, in name order).
 fn episode_tables(dir: &Path) -> Result<Vec<(PathBuf, RecordBatch)>> {
-    let root = dir.join("meta/episodes");
-    let mut files = vec![];
-    for chunk in std::fs::read_dir(&root).map_err(|e| DataError::io(&root, e))? {
-        let chunk = chunk.map_err(|e| DataError::io(&root, e))?.path();
-        if chunk.is_dir() {
-            for f in std::fs::read_dir(&chunk).map_err(|e| DataError::io(&chunk, e))? {
-                let f = f.map_err(|e| DataError::io(&chunk, e))?.path();
-                if f.extension().is_some_and(|x| x == "parquet") {
-                    files.push(f);
-                }
-            }
-        }
-    }
-    files.sort();
+    let files = crate::dataset::chunk_files(&dir.join("meta/episodes"))?;
     let mut out = vec![];
     for f in files {
         let file = std::fs::File::open(&f).map_err(|e| DataError::io(&f, e))?;
