@@ -31,6 +31,9 @@ pub const PIX_FMT: &str = "yuv420p";
 /// Ticks of the track's clock per frame: the clock runs at `fps * TICKS` Hz, so every integer
 /// frame rate gives exact presentation times.
 const TICKS: u32 = 1000;
+/// The largest frame side read (a file's header decides how much memory a frame takes; the
+/// camera config's own limit).
+const MAX_SIDE: u32 = 8192;
 
 /// A video file that could not be written or read, and why.
 #[derive(Debug, thiserror::Error)]
@@ -443,6 +446,14 @@ impl VideoReader {
         }
         let length_size = (avc1.avcc.length_size_minus_one & 3) as usize + 1;
         let (width, height) = (avc1.width as u32, avc1.height as u32);
+        if width == 0 || height == 0 || width > MAX_SIDE || height > MAX_SIDE {
+            return Err(err(
+                path,
+                format!(
+                    "its frames are {width}x{height}; reflex reads 1 to {MAX_SIDE} pixels a side"
+                ),
+            ));
+        }
         let (samples, timescale) = (t.sample_count(), t.timescale());
         if samples == 0 || timescale == 0 {
             return Err(err(path, "the video track holds no frames"));
