@@ -2,7 +2,7 @@
 //! be saved and restored exactly (checkpoints must resume training as if never interrupted).
 
 use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var};
+use candle_core::{CpuStorage, InplaceOp1, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var};
 
 fn contiguous<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
     match (s, l.contiguous_offsets()) {
@@ -68,6 +68,26 @@ impl<F: Fn(&mut f32, f32, f32)> InplaceOp3 for Inplace3<F> {
         }
         for ((x, y), z) in d.iter_mut().zip(a).zip(b) {
             (self.1)(x, *y, *z);
+        }
+        Ok(())
+    }
+}
+
+/// `f(dst, s)` element by element, in place on `dst`, with `s` a slice outside candle (the
+/// gradients of the learner's hand-written update).
+struct WithSlice<'a, F: Fn(&mut f32, f32)>(&'static str, &'a [f32], F);
+
+impl<F: Fn(&mut f32, f32)> InplaceOp1 for WithSlice<'_, F> {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+        let d = contiguous_mut(s, l, self.0)?;
+        if d.len() != self.1.len() {
+            candle_core::bail!("{}: {} values against {}", self.0, d.len(), self.1.len());
+        }
+        for (x, y) in d.iter_mut().zip(self.1) {
+            (self.2)(x, *y);
         }
         Ok(())
     }
@@ -206,6 +226,71 @@ impl Adam {
                     };
                 }),
             )?;
+        }
+        Ok(norm)
+    }
+
+    /// One step from gradients held outside candle, one slice per variable in this
+    /// optimiser's order (each of its variable's size); the arithmetic of [`Self::step`] to the
+    /// bit. Returns the gradient norm before clipping (0 when clipping is off).
+    pub fn step_slices<'g>(
+        &mut self,
+        grads: impl Iterator<Item = &'g [f32]> + Clone,
+    ) -> Result<f64> {
+        let norm = if self.cfg.max_grad_norm.is_some() {
+            grads
+                .clone()
+                .map(|g| g.iter().map(|x| x * x).sum::<f32>() as f64)
+                .sum::<f64>()
+                .sqrt()
+        } else {
+            0.0
+        };
+        let scale = match self.cfg.max_grad_norm {
+            Some(max) if norm > max => (max / (norm + 1e-6)) as f32,
+            _ => 1.0,
+        };
+        self.t += 1;
+        let c = self.cfg;
+        let bc1 = 1.0 - c.beta1.powi(self.t as i32);
+        let bc2 = 1.0 - c.beta2.powi(self.t as i32);
+        let f = |x: f64| x as f32;
+        let (b1, ob1, b2, ob2) = (f(c.beta1), f(1.0 - c.beta1), f(c.beta2), f(1.0 - c.beta2));
+        let (ibc1, ibc2, eps, lr) = (f(1.0 / bc1), f(1.0 / bc2), f(c.eps), f(c.lr));
+        let decay = (c.weight_decay > 0.0).then(|| f(1.0 - c.lr * c.weight_decay));
+        let mut used = 0;
+        for (((var, m), v), g) in self
+            .vars
+            .iter()
+            .zip(self.m.iter_mut())
+            .zip(self.v.iter_mut())
+            .zip(grads)
+        {
+            used += 1;
+            // `(g * scale)` in the tensor form is `g * scale + 0`.
+            let sc = |g: f32| if scale != 1.0 { g * scale + 0.0 } else { g };
+            m.inplace_op1(&WithSlice("adam m", g, |m: &mut f32, g: f32| {
+                *m = (*m * b1 + 0.0) + (sc(g) * ob1 + 0.0)
+            }))?;
+            v.inplace_op1(&WithSlice("adam v", g, |v: &mut f32, g: f32| {
+                let g = sc(g);
+                *v = (*v * b2 + 0.0) + ((g * g) * ob2 + 0.0)
+            }))?;
+            var.as_tensor().inplace_op3(
+                m,
+                v,
+                &Inplace3("adam step", |p: &mut f32, m: f32, v: f32| {
+                    let upd = (m * ibc1 + 0.0) / ((v * ibc2 + 0.0).sqrt() + eps);
+                    let step = upd * lr + 0.0;
+                    *p = match decay {
+                        Some(d) => (*p * d + 0.0) - step,
+                        None => *p - step,
+                    };
+                }),
+            )?;
+        }
+        if used != self.vars.len() {
+            candle_core::bail!("{used} gradients for {} variables", self.vars.len());
         }
         Ok(norm)
     }

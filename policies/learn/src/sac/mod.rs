@@ -12,9 +12,10 @@
 //! from one seeded generator, so the same seed gives the same parameters.
 
 pub mod adam;
+mod byhand;
 pub mod checkpoint;
 pub mod export;
-pub mod gemm;
+pub use reflex_mlp::gemm;
 pub mod hil;
 pub mod hook;
 pub mod nets;
@@ -373,6 +374,10 @@ pub struct Sac {
     /// consistent with the buffers (the learner link keeps its sequence numbers here).
     pub tags: std::collections::BTreeMap<String, u64>,
     batch: Batch,
+    /// Updates and actions by hand ([`byhand`]) when the learner reads the state only (true
+    /// unless a test compares the two paths); learning from pixels always goes through candle.
+    pub by_hand: bool,
+    scratch: byhand::Scratch,
     dev: Device,
     /// `(center, 1 / half)` as `[1, obs_dim]` tensors when the state is scaled.
     obs_scale: Option<(Tensor, Tensor)>,
@@ -523,6 +528,8 @@ impl Sac {
             counters: Counters::default(),
             tags: Default::default(),
             batch: Batch::default(),
+            by_hand: true,
+            scratch: byhand::Scratch::default(),
             dev,
             obs_scale,
             cfg,
@@ -575,6 +582,9 @@ impl Sac {
     /// The action for one observation (and base action in residual mode), `[act_dim]`:
     /// deterministic (the mean) or sampled for exploration.
     pub fn act(&mut self, obs: &[f32], base: &[f32], deterministic: bool) -> Result<Vec<f32>> {
+        if self.hand_written() {
+            return self.act_by_hand(obs, base, deterministic);
+        }
         let o = self.encode(
             &Tensor::from_slice(obs, (1, self.obs_dim), &self.dev)?,
             Heads::Detached,
@@ -658,6 +668,9 @@ impl Sac {
 
     /// One critic update on `batch`; returns (loss, mean Q).
     pub fn critic_update(&mut self, batch: &Batch) -> Result<(f32, f32)> {
+        if self.hand_written() {
+            return self.critic_update_by_hand(batch);
+        }
         let [rows, base, act, rew, nrows, nbase, disc] = self.tensors(batch)?;
         let n = batch.size;
         let alpha = self.log_alpha.as_tensor().exp()?.detach();
@@ -708,6 +721,9 @@ impl Sac {
 
     /// One actor and temperature update on `batch`; returns (actor loss, entropy, temperature).
     pub fn actor_update(&mut self, batch: &Batch) -> Result<(f32, f32, f32)> {
+        if self.hand_written() {
+            return self.actor_update_by_hand(batch);
+        }
         let [rows, base, act, ..] = self.tensors(batch)?;
         let n = batch.size;
         // SERL: the actor's loss does not train the shared heads.
@@ -758,6 +774,7 @@ impl Sac {
     /// `actor_every` steps) one actor and temperature update on the last batch.
     pub fn train_step(&mut self) -> Result<Option<UpdateInfo>> {
         self.observe_step();
+        let _flush = reflex_mlp::denormal::FlushDenormals::new();
         if (self.counters.env_steps as usize) < self.cfg.warmup_steps
             || (self.online.is_empty() && self.demo.is_empty())
         {

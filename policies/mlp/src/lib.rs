@@ -1,0 +1,19 @@
+//! reflex mlp: the arithmetic under the SAC learner's state-only update.
+//!
+//! - [`gemm`]: matrix products split over the learner's threads (also candle's products in the
+//!   learner, through its `Gemm` op), with the same bits for any thread count;
+//! - [`ensemble`]: N MLPs of one shape (ReLU, optional LayerNorm) forward and backward by hand,
+//!   reading the parameters in the layout of the learner's candle networks;
+//! - [`denormal`]: denormal floats flushed to zero while the learner computes;
+//! - [`squash`]: the tanh-squashed Gaussian of the actor, sample and backward;
+//! - [`ops`]: the same layers as candle operations (a product computing only needed gradients,
+//!   fused bias + ReLU) for the learner that trains image heads through candle's autograd.
+//!
+//! Nothing here knows about SAC: `reflex_learn::sac` puts the pieces together and keeps the
+//! parameters (candle `Var`s, so checkpoints and the ONNX export read them as before).
+
+pub mod denormal;
+pub mod ensemble;
+pub mod gemm;
+pub mod ops;
+pub mod squash;
