@@ -193,8 +193,11 @@ fn demo_summary(mode: &str, episodes: u32) -> (tempfile::TempDir, serde_json::Va
 
 #[test]
 fn the_demo_lifts_the_base_within_100_episodes() {
-    // The full budget on seed 0. Measured on seeds 0-3 (docs/training.md): 45, 45, 40, 55% in the
-    // first 20 episodes, 95% in the last 20 on each.
+    // The full budget on seed 0. Measured on seeds 0-5 (docs/training.md) with the hand-written
+    // update: 25, 45, 35, 25, 55, 35% in the first 20 episodes (candle's autograd, equal to
+    // rounding per update: 45, 45, 40, 55, 40, 45%), 80-100% in the last 20. The first 20 are
+    // already learning (the demonstrations fill the warm-up), so rounding alone moves them by
+    // several episodes.
     let (_dir, v) = demo_summary("residual", 100);
     let f64_of = |k: &str| v[k].as_f64().unwrap();
     let (first, last) = (
@@ -202,7 +205,7 @@ fn the_demo_lifts_the_base_within_100_episodes() {
         f64_of("success_rate_last_20"),
     );
     // The base's level at the start (the person's takeovers included), >= 85% at the end.
-    assert!((0.3..=0.6).contains(&first), "first 20: {first}: {v}");
+    assert!((0.2..=0.6).contains(&first), "first 20: {first}: {v}");
     assert!(last >= 0.85, "last 20: {last}: {v}");
     assert!(
         f64_of("intervention_rate_last_20") <= 0.15,
