@@ -423,3 +423,184 @@ pub fn backward(
     }
     tape.grad = [cur, prev];
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vals(seed: usize, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let h = ((i + seed * 1000 + 1) as u64 * 2_654_435_761) % 10_007;
+                (h as f32 / 10_007.0 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    /// Every parameter's and the input's gradient against central differences (in f64 sums of
+    /// f32 passes), for two members with and without LayerNorm, reading a prefix of wider rows.
+    #[test]
+    fn gradients_match_finite_differences() {
+        for layer_norm in [false, true] {
+            let shape = Shape {
+                members: 2,
+                dims: vec![3, 5, 4, 2],
+                layer_norm,
+            };
+            let mut w: Vec<Vec<f32>> = (0..3).map(|l| vals(l, shape.sizes(l).0, 0.8)).collect();
+            let mut b: Vec<Vec<f32>> = (0..3)
+                .map(|l| vals(10 + l, shape.sizes(l).1, 0.3))
+                .collect();
+            let mut ln: Vec<(Vec<f32>, Vec<f32>)> = if layer_norm {
+                (0..2)
+                    .map(|l| {
+                        let g = vals(20 + l, shape.sizes(l).1, 0.3);
+                        (
+                            g.iter().map(|v| 1.0 + v).collect(),
+                            vals(30 + l, shape.sizes(l).1, 0.2),
+                        )
+                    })
+                    .collect()
+            } else {
+                vec![]
+            };
+            let rows = 4;
+            // Rows of 4 values of which the network reads the first 3.
+            let mut x = vals(40, rows * 4, 1.0);
+            let dout = vals(50, 2 * rows * 2, 1.0);
+            let loss = |w: &[Vec<f32>], b: &[Vec<f32>], ln: &[(Vec<f32>, Vec<f32>)], x: &[f32]| {
+                let p = Params {
+                    w: w.iter().map(Vec::as_slice).collect(),
+                    b: b.iter().map(Vec::as_slice).collect(),
+                    ln: ln
+                        .iter()
+                        .map(|(g, o)| (g.as_slice(), o.as_slice()))
+                        .collect(),
+                };
+                let mut t = Tape::default();
+                forward(
+                    &shape,
+                    &p,
+                    Input {
+                        data: x,
+                        start: 0,
+                        stride: 4,
+                        rows,
+                    },
+                    &mut t,
+                );
+                let l = t
+                    .out
+                    .iter()
+                    .zip(&dout)
+                    .map(|(o, d)| (o * d) as f64)
+                    .sum::<f64>();
+                // Which ReLUs pass: a difference across a kink is not a derivative.
+                let active: Vec<bool> = t.act.iter().flatten().map(|a| *a > 0.0).collect();
+                (l, active)
+            };
+            let mut grads = Grads::new(&shape);
+            let mut dx = vec![0f32; rows * 3];
+            {
+                let p = Params {
+                    w: w.iter().map(Vec::as_slice).collect(),
+                    b: b.iter().map(Vec::as_slice).collect(),
+                    ln: ln
+                        .iter()
+                        .map(|(g, o)| (g.as_slice(), o.as_slice()))
+                        .collect(),
+                };
+                let input = Input {
+                    data: &x,
+                    start: 0,
+                    stride: 4,
+                    rows,
+                };
+                let mut t = Tape::default();
+                forward(&shape, &p, input, &mut t);
+                let dx_cols = InputGrad {
+                    data: &mut dx,
+                    cols: (0, 3),
+                };
+                backward(
+                    &shape,
+                    &p,
+                    input,
+                    &mut t,
+                    &dout,
+                    Some(&mut grads),
+                    Some(dx_cols),
+                );
+            }
+            // Small: LayerNorm over five units of small spread bends sharply (3e-3 was off by 7%
+            // on a bias); f32 noise at this step is ~3e-4 against the 2e-3 tolerance.
+            let h = 5e-4f32;
+            let at_start = loss(&w, &b, &ln, &x).1;
+            let mut skipped = 0;
+            let mut check = |what: String,
+                             analytic: f32,
+                             plus: (f64, Vec<bool>),
+                             minus: (f64, Vec<bool>)| {
+                if plus.1 != at_start || minus.1 != at_start {
+                    skipped += 1;
+                    return;
+                }
+                let fd = (plus.0 - minus.0) / (2.0 * h as f64);
+                assert!(
+                    (fd - analytic as f64).abs() < 2e-3 * (1.0 + fd.abs()),
+                    "{what} (layer norm {layer_norm}): finite difference {fd}, backward {analytic}"
+                );
+            };
+            for l in 0..3 {
+                for k in 0..w[l].len() {
+                    let v = w[l][k];
+                    w[l][k] = v + h;
+                    let p = loss(&w, &b, &ln, &x);
+                    w[l][k] = v - h;
+                    let m = loss(&w, &b, &ln, &x);
+                    w[l][k] = v;
+                    check(format!("w[{l}][{k}]"), grads.w[l][k], p, m);
+                }
+                for k in 0..b[l].len() {
+                    let v = b[l][k];
+                    b[l][k] = v + h;
+                    let p = loss(&w, &b, &ln, &x);
+                    b[l][k] = v - h;
+                    let m = loss(&w, &b, &ln, &x);
+                    b[l][k] = v;
+                    check(format!("b[{l}][{k}]"), grads.b[l][k], p, m);
+                }
+            }
+            for l in 0..ln.len() {
+                for k in 0..ln[l].0.len() {
+                    let v = ln[l].0[k];
+                    ln[l].0[k] = v + h;
+                    let p = loss(&w, &b, &ln, &x);
+                    ln[l].0[k] = v - h;
+                    let m = loss(&w, &b, &ln, &x);
+                    ln[l].0[k] = v;
+                    check(format!("gain[{l}][{k}]"), grads.ln[l].0[k], p, m);
+                    let v = ln[l].1[k];
+                    ln[l].1[k] = v + h;
+                    let p = loss(&w, &b, &ln, &x);
+                    ln[l].1[k] = v - h;
+                    let m = loss(&w, &b, &ln, &x);
+                    ln[l].1[k] = v;
+                    check(format!("offset[{l}][{k}]"), grads.ln[l].1[k], p, m);
+                }
+            }
+            for r in 0..rows {
+                for c in 0..3 {
+                    let v = x[r * 4 + c];
+                    x[r * 4 + c] = v + h;
+                    let p = loss(&w, &b, &ln, &x);
+                    x[r * 4 + c] = v - h;
+                    let m = loss(&w, &b, &ln, &x);
+                    x[r * 4 + c] = v;
+                    check(format!("x[{r}][{c}]"), dx[r * 3 + c], p, m);
+                }
+            }
+            assert!(skipped < 10, "{skipped} coordinates crossed a ReLU kink");
+        }
+    }
+}

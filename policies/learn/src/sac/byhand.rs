@@ -11,7 +11,7 @@
 
 use super::nets::Ensemble;
 use super::replay::Batch;
-use super::{Mode, Result, Sac, draw_subset};
+use super::{Mode, Result, Sac, SacConfig, draw_subset};
 use candle_core::{CpuStorage, Layout, Storage, StorageRef, Var};
 use rand_distr::{Distribution, StandardNormal};
 use reflex_mlp::ensemble::{self, Grads, Input, InputGrad, Params, Tape};
@@ -39,9 +39,8 @@ pub struct Scratch {
     d_head: Vec<f32>,
     critic_grads: Option<Grads>,
     actor_grads: Option<Grads>,
-    /// `obs_norm` as `(center, 1 / half)`, read from the learner's tensors once.
+    /// `obs_norm` as `(center, 1 / half)`.
     scale: Option<(Vec<f32>, Vec<f32>)>,
-    scale_read: bool,
 }
 
 type Guard<'a> = (StorageRef<'a>, &'a Layout);
@@ -107,20 +106,26 @@ fn clamp_grad(x: f32, lo: f32, hi: f32) -> f32 {
 }
 
 impl Scratch {
-    fn read_scale(
-        &mut self,
-        sac_scale: &Option<(candle_core::Tensor, candle_core::Tensor)>,
-    ) -> Result<()> {
-        if !self.scale_read {
-            self.scale = match sac_scale {
-                Some((c, inv)) => {
-                    Some((c.flatten_all()?.to_vec1()?, inv.flatten_all()?.to_vec1()?))
-                }
-                None => None,
-            };
-            self.scale_read = true;
+    /// Buffers for a learner whose state is scaled by `(center, 1 / half)` when given.
+    pub fn new(scale: Option<(Vec<f32>, Vec<f32>)>) -> Self {
+        Scratch {
+            scale,
+            ..Default::default()
         }
-        Ok(())
+    }
+}
+
+/// `to_action` on one value: the learner's action from the squashed `a` and the base `b`
+/// (`clamp(b + scale a)`, `a`, `bound a` by mode), with its derivative in `a`.
+fn to_action_1(cfg: &SacConfig, a: f32, b: f32) -> (f32, f32) {
+    match cfg.mode {
+        Mode::Residual => {
+            let s = cfg.action_scale;
+            let x = b + (a * s + 0.0);
+            (x.clamp(-1.0, 1.0), s * clamp_grad(x, -1.0, 1.0))
+        }
+        Mode::Full => (a, 1.0),
+        Mode::Noise => (a * cfg.noise_bound + 0.0, cfg.noise_bound),
     }
 }
 
@@ -165,20 +170,6 @@ impl Sac {
         }
     }
 
-    /// `to_action` on one value: the learner's action from the squashed `a` and the base `b`,
-    /// with its derivative in `a`.
-    fn to_action_1(&self, a: f32, b: f32) -> (f32, f32) {
-        match self.cfg.mode {
-            Mode::Residual => {
-                let s = self.cfg.action_scale;
-                let x = b + (a * s + 0.0);
-                (x.clamp(-1.0, 1.0), s * clamp_grad(x, -1.0, 1.0))
-            }
-            Mode::Full => (a, 1.0),
-            Mode::Noise => (a * self.cfg.noise_bound + 0.0, self.cfg.noise_bound),
-        }
-    }
-
     fn draw_eps(&mut self, rows: usize) {
         let n = rows * self.act_dim;
         let s = &mut self.scratch.eps;
@@ -192,7 +183,6 @@ impl Sac {
         let (obs_dim, base_dim, act_dim) = (self.obs_dim, self.base_dim, self.act_dim);
         let actor_in = obs_dim + base_dim;
         let width = actor_in + act_dim;
-        self.scratch.read_scale(&self.obs_scale)?;
         let alpha = scalar(&self.log_alpha)?.exp();
         let dims = (n, obs_dim, base_dim);
         fill_input(
@@ -233,9 +223,7 @@ impl Sac {
                 } else {
                     0.0
                 };
-                let a = self
-                    .to_action_1(self.scratch.sample.action[r * act_dim + i], b)
-                    .0;
+                let a = to_action_1(&self.cfg, self.scratch.sample.action[r * act_dim + i], b).0;
                 self.scratch.next[r * width + actor_in + i] = a;
             }
         }
@@ -320,7 +308,6 @@ impl Sac {
         let (obs_dim, base_dim, act_dim) = (self.obs_dim, self.base_dim, self.act_dim);
         let actor_in = obs_dim + base_dim;
         let width = actor_in + act_dim;
-        self.scratch.read_scale(&self.obs_scale)?;
         let alpha = scalar(&self.log_alpha)?.exp();
         fill_input(
             &mut self.scratch.now,
@@ -356,8 +343,11 @@ impl Sac {
         to_act_grad.resize(n * act_dim, 0.0);
         for r in 0..n {
             for i in 0..act_dim {
-                let (a, da) =
-                    self.to_action_1(self.scratch.sample.action[r * act_dim + i], base_at(r, i));
+                let (a, da) = to_action_1(
+                    &self.cfg,
+                    self.scratch.sample.action[r * act_dim + i],
+                    base_at(r, i),
+                );
                 self.scratch.now[r * width + actor_in + i] = a;
                 to_act_grad[r * act_dim + i] = da;
             }
@@ -427,18 +417,7 @@ impl Sac {
                 let mut row = 0f32;
                 for i in 0..act_dim {
                     let t = out[r * 2 * act_dim + i].tanh();
-                    let (a, da) = {
-                        let b = base_at(r, i);
-                        match self.cfg.mode {
-                            Mode::Residual => {
-                                let s = self.cfg.action_scale;
-                                let v = b + (t * s + 0.0);
-                                (v.clamp(-1.0, 1.0), s * clamp_grad(v, -1.0, 1.0))
-                            }
-                            Mode::Full => (t, 1.0),
-                            Mode::Noise => (t * self.cfg.noise_bound + 0.0, self.cfg.noise_bound),
-                        }
-                    };
+                    let (a, da) = to_action_1(&self.cfg, t, base_at(r, i));
                     let e = a - batch.action[r * act_dim + i];
                     row += e * e;
                     sc.d_head[r * 2 * act_dim + i] += w * 2.0 * e / d as f32 * da * (1.0 - t * t);
@@ -484,7 +463,6 @@ impl Sac {
     ) -> Result<Vec<f32>> {
         let (obs_dim, base_dim, act_dim) = (self.obs_dim, self.base_dim, self.act_dim);
         let width = obs_dim + base_dim;
-        self.scratch.read_scale(&self.obs_scale)?;
         let zeros = [0f32; 0];
         let b: &[f32] = if base_dim > 0 { base } else { &zeros };
         if obs.len() != obs_dim || b.len() != base_dim {
@@ -522,7 +500,7 @@ impl Sac {
         }
         for (i, a) in out.iter_mut().enumerate() {
             let bi = if base_dim > 0 { b[i] } else { 0.0 };
-            *a = self.to_action_1(*a, bi).0;
+            *a = to_action_1(&self.cfg, *a, bi).0;
         }
         Ok(out)
     }

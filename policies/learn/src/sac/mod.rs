@@ -484,11 +484,16 @@ impl Sac {
                     );
                 }
                 let inv: Vec<f32> = n.half.iter().map(|h| 1.0 / h.max(1e-6)).collect();
-                Some((
-                    Tensor::from_slice(&n.center, (1, state_dim), &dev)?,
-                    Tensor::from_slice(&inv, (1, state_dim), &dev)?,
-                ))
+                Some((n.center.clone(), inv))
             }
+            None => None,
+        };
+        let scratch = byhand::Scratch::new(obs_scale.clone());
+        let obs_scale = match obs_scale {
+            Some((c, inv)) => Some((
+                Tensor::from_slice(&c, (1, state_dim), &dev)?,
+                Tensor::from_slice(&inv, (1, state_dim), &dev)?,
+            )),
             None => None,
         };
         // Both buffers are sized for their capacity up front (the memory is taken as rows are
@@ -529,7 +534,7 @@ impl Sac {
             tags: Default::default(),
             batch: Batch::default(),
             by_hand: true,
-            scratch: byhand::Scratch::default(),
+            scratch,
             dev,
             obs_scale,
             cfg,
