@@ -193,10 +193,10 @@ fn demo_summary(mode: &str, episodes: u32) -> (tempfile::TempDir, serde_json::Va
 
 #[test]
 fn the_demo_lifts_the_base_within_100_episodes() {
-    // The full budget on seed 0. Measured (docs/training.md): 45, 55, 35, 45% in the first 20
-    // episodes on seeds 0-3 and 90-95% in the last 20. The first 20 already learn (the
+    // The full budget on seed 0. Measured (docs/training.md): 40, 40, 50, 45% in the first 20
+    // episodes on seeds 0-3 and 95-100% in the last 20. The first 20 already learn (the
     // demonstrations fill the warm-up), so the last bits of the updates move them by a few
-    // episodes: 25-55% over seeds 0-5 on the previous build's products, 40-55% through candle.
+    // episodes: 25-55% over seeds 0-5 on an earlier build's products, 40-55% through candle.
     let (_dir, v) = demo_summary("residual", 100);
     let f64_of = |k: &str| v[k].as_f64().unwrap();
     let (first, last) = (

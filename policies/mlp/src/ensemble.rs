@@ -226,14 +226,14 @@ pub fn forward(shape: &Shape, p: &Params<'_>, x: Input<'_>, tape: &mut Tape) {
                 {
                     let j = k / rows;
                     let (g, beta) = (&g[j * o..(j + 1) * o], &beta[j * o..(j + 1) * o]);
-                    let mean = row.iter().sum::<f32>() / o as f32;
-                    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / o as f32;
+                    let mean = sum_lanes(row, row, |x, _| x) / o as f32;
+                    let var = sum_lanes(row, row, |x, _| (x - mean) * (x - mean)) / o as f32;
                     let s = 1.0 / (var + LN_EPS).sqrt();
                     inv[k] = s;
-                    for c in 0..o {
-                        let xh = (row[c] - mean) * s;
-                        row[c] = xh;
-                        out[c] = (xh * g[c] + beta[c]).max(0.0);
+                    for (((x, a), g), b) in row.iter_mut().zip(out.iter_mut()).zip(g).zip(beta) {
+                        let xh = (*x - mean) * s;
+                        *x = xh;
+                        *a = (xh * g + b).max(0.0);
                     }
                 }
             }
@@ -244,6 +244,26 @@ pub fn forward(shape: &Shape, p: &Params<'_>, x: Input<'_>, tape: &mut Tape) {
             }
         }
     }
+}
+
+/// `sum f(a_k, b_k)` in sixteen interleaved partial sums: the lanes of vector registers, where
+/// a single running sum would be a chain of dependent additions (the compiler may not reorder
+/// float sums by itself).
+#[inline(always)]
+fn sum_lanes(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..16 {
+            acc[k] += f(x[k], y[k]);
+        }
+    }
+    let mut total: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        total += f(*x, *y);
+    }
+    total
 }
 
 fn add_bias(h: &mut [f32], b: &[f32], rows: usize, o: usize) {
@@ -393,22 +413,27 @@ pub fn backward(
                     let (g, b) = (&gain[j * i..(j + 1) * i], &beta[j * i..(j + 1) * i]);
                     // d holds dL/da; through the ReLU (passing where z >= 0) to dL/dz, then
                     // dL/dx_hat = dz * g; the gain's and offset's gradients on the way.
-                    let (mut m1, mut m2) = (0f32, 0f32);
-                    for c in 0..i {
-                        let z = xh[c] * g[c] + b[c];
-                        let dz = if z >= 0.0 { d[c] } else { 0.0 };
-                        if let Some((dg, db)) = lng.as_mut() {
-                            dg[j * i + c] += dz * xh[c];
-                            db[j * i + c] += dz;
-                        }
-                        let dxh = dz * g[c];
-                        d[c] = dxh;
-                        m1 += dxh;
-                        m2 += dxh * xh[c];
+                    for ((dv, x), (gc, bc)) in d.iter_mut().zip(xh).zip(g.iter().zip(b)) {
+                        let z = x * gc + bc;
+                        *dv = if z >= 0.0 { *dv } else { 0.0 };
                     }
-                    let (m1, m2) = (m1 / i as f32, m2 / i as f32);
-                    for c in 0..i {
-                        d[c] = inv[k] * (d[c] - m1 - xh[c] * m2);
+                    if let Some((dg, db)) = lng.as_mut() {
+                        let (dg, db) = (&mut dg[j * i..(j + 1) * i], &mut db[j * i..(j + 1) * i]);
+                        for (((dgc, dbc), dz), x) in
+                            dg.iter_mut().zip(db.iter_mut()).zip(&*d).zip(xh)
+                        {
+                            *dgc += dz * x;
+                            *dbc += dz;
+                        }
+                    }
+                    for (dv, gc) in d.iter_mut().zip(g) {
+                        *dv *= gc;
+                    }
+                    let m1 = sum_lanes(d, d, |x, _| x) / i as f32;
+                    let m2 = sum_lanes(d, xh, |x, y| x * y) / i as f32;
+                    let s = inv[k];
+                    for (dv, x) in d.iter_mut().zip(xh) {
+                        *dv = s * (*dv - m1 - x * m2);
                     }
                 }
             }
