@@ -93,6 +93,39 @@ impl<F: Fn(&mut f32, f32)> InplaceOp1 for WithSlice<'_, F> {
     }
 }
 
+/// One step's constants, in f32 as the tensor form computed them.
+struct StepConsts {
+    b1: f32,
+    ob1: f32,
+    b2: f32,
+    ob2: f32,
+    ibc1: f32,
+    ibc2: f32,
+    eps: f32,
+    lr: f32,
+    decay: Option<f32>,
+}
+
+impl StepConsts {
+    /// The parameter's step from its moments, in place: `p -= lr m_hat / (sqrt(v_hat) + eps)`,
+    /// after the decoupled weight decay when there is one.
+    fn apply(&self, var: &Var, m: &Tensor, v: &Tensor) -> Result<()> {
+        let (ibc1, ibc2, eps, lr, decay) = (self.ibc1, self.ibc2, self.eps, self.lr, self.decay);
+        var.as_tensor().inplace_op3(
+            m,
+            v,
+            &Inplace3("adam step", |p: &mut f32, m: f32, v: f32| {
+                let upd = (m * ibc1 + 0.0) / ((v * ibc2 + 0.0).sqrt() + eps);
+                let step = upd * lr + 0.0;
+                *p = match decay {
+                    Some(d) => (*p * d + 0.0) - step,
+                    None => *p - step,
+                };
+            }),
+        )
+    }
+}
+
 /// Optimiser settings.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamConfig {
@@ -155,6 +188,26 @@ impl Adam {
         })
     }
 
+    /// Counts a step and returns its constants (bias corrections for the new step count).
+    fn next_step(&mut self) -> StepConsts {
+        self.t += 1;
+        let c = self.cfg;
+        let bc1 = 1.0 - c.beta1.powi(self.t as i32);
+        let bc2 = 1.0 - c.beta2.powi(self.t as i32);
+        let f = |x: f64| x as f32;
+        StepConsts {
+            b1: f(c.beta1),
+            ob1: f(1.0 - c.beta1),
+            b2: f(c.beta2),
+            ob2: f(1.0 - c.beta2),
+            ibc1: f(1.0 / bc1),
+            ibc2: f(1.0 / bc2),
+            eps: f(c.eps),
+            lr: f(c.lr),
+            decay: (c.weight_decay > 0.0).then(|| f(1.0 - c.lr * c.weight_decay)),
+        }
+    }
+
     /// Global norm of the gradients of this optimiser's variables.
     pub fn grad_norm(&self, grads: &GradStore) -> Result<f64> {
         let mut sq = 0.0f64;
@@ -177,17 +230,11 @@ impl Adam {
             Some(max) if norm > max => max / (norm + 1e-6),
             _ => 1.0,
         };
-        self.t += 1;
-        let c = self.cfg;
-        let bc1 = 1.0 - c.beta1.powi(self.t as i32);
-        let bc2 = 1.0 - c.beta2.powi(self.t as i32);
         // The arithmetic of the tensor form it replaces, operation for operation in f32
         // (`x * c` is `x * c + 0` there), so results are the same to the bit; three passes per
         // variable, in place, instead of a dozen tensors allocated and freed.
-        let f = |x: f64| x as f32;
-        let (b1, ob1, b2, ob2) = (f(c.beta1), f(1.0 - c.beta1), f(c.beta2), f(1.0 - c.beta2));
-        let (ibc1, ibc2, eps, lr) = (f(1.0 / bc1), f(1.0 / bc2), f(c.eps), f(c.lr));
-        let decay = (c.weight_decay > 0.0).then(|| f(1.0 - c.lr * c.weight_decay));
+        let k = self.next_step();
+        let (b1, ob1, b2, ob2) = (k.b1, k.ob1, k.b2, k.ob2);
         for ((var, m), v) in self
             .vars
             .iter()
@@ -214,18 +261,7 @@ impl Adam {
                     *v = (*v * b2 + 0.0) + ((g * g) * ob2 + 0.0)
                 }),
             )?;
-            var.as_tensor().inplace_op3(
-                m,
-                v,
-                &Inplace3("adam step", |p: &mut f32, m: f32, v: f32| {
-                    let upd = (m * ibc1 + 0.0) / ((v * ibc2 + 0.0).sqrt() + eps);
-                    let step = upd * lr + 0.0;
-                    *p = match decay {
-                        Some(d) => (*p * d + 0.0) - step,
-                        None => *p - step,
-                    };
-                }),
-            )?;
+            k.apply(var, m, v)?;
         }
         Ok(norm)
     }
@@ -250,14 +286,8 @@ impl Adam {
             Some(max) if norm > max => (max / (norm + 1e-6)) as f32,
             _ => 1.0,
         };
-        self.t += 1;
-        let c = self.cfg;
-        let bc1 = 1.0 - c.beta1.powi(self.t as i32);
-        let bc2 = 1.0 - c.beta2.powi(self.t as i32);
-        let f = |x: f64| x as f32;
-        let (b1, ob1, b2, ob2) = (f(c.beta1), f(1.0 - c.beta1), f(c.beta2), f(1.0 - c.beta2));
-        let (ibc1, ibc2, eps, lr) = (f(1.0 / bc1), f(1.0 / bc2), f(c.eps), f(c.lr));
-        let decay = (c.weight_decay > 0.0).then(|| f(1.0 - c.lr * c.weight_decay));
+        let k = self.next_step();
+        let (b1, ob1, b2, ob2) = (k.b1, k.ob1, k.b2, k.ob2);
         let mut used = 0;
         for (((var, m), v), g) in self
             .vars
@@ -276,18 +306,7 @@ impl Adam {
                 let g = sc(g);
                 *v = (*v * b2 + 0.0) + ((g * g) * ob2 + 0.0)
             }))?;
-            var.as_tensor().inplace_op3(
-                m,
-                v,
-                &Inplace3("adam step", |p: &mut f32, m: f32, v: f32| {
-                    let upd = (m * ibc1 + 0.0) / ((v * ibc2 + 0.0).sqrt() + eps);
-                    let step = upd * lr + 0.0;
-                    *p = match decay {
-                        Some(d) => (*p * d + 0.0) - step,
-                        None => *p - step,
-                    };
-                }),
-            )?;
+            k.apply(var, m, v)?;
         }
         if used != self.vars.len() {
             candle_core::bail!("{used} gradients for {} variables", self.vars.len());
