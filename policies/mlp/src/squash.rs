@@ -30,6 +30,19 @@ pub struct Sample {
     clamp: Vec<f32>,
 }
 
+/// d clamp(x, lo, hi) / dx as candle's `clamp` (a maximum, then a minimum) differentiates it:
+/// 1 inside the bounds, 0 outside, 1/2 where `x` equals a bound (both sides of the tie share
+/// the gradient).
+pub fn clamp_grad(x: f32, lo: f32, hi: f32) -> f32 {
+    if x > lo && x < hi {
+        1.0
+    } else if x == lo || x == hi {
+        0.5
+    } else {
+        0.0
+    }
+}
+
 const HALF_LN_2PI: f64 = 0.918_938_533_204_672_8; // ln(2 pi) / 2
 
 fn softplus(x: f32) -> f32 {
@@ -60,15 +73,7 @@ impl Squash {
                 let k = r * a + i;
                 let raw = head[a + i];
                 let ls = raw.clamp(lo, hi);
-                s.clamp[k] = if raw > lo && raw < hi {
-                    1.0
-                } else if raw == lo || raw == hi {
-                    // Where the clamp's bound equals its input both sides share the gradient
-                    // (candle's maximum/minimum convention).
-                    0.5
-                } else {
-                    0.0
-                };
+                s.clamp[k] = clamp_grad(raw, lo, hi);
                 let std = ls.exp();
                 let e = eps[k];
                 let u = head[i] + std * e;

@@ -15,7 +15,7 @@ use super::{Mode, Result, Sac, SacConfig, draw_subset};
 use candle_core::{CpuStorage, Layout, Storage, StorageRef, Var};
 use rand_distr::{Distribution, StandardNormal};
 use reflex_mlp::ensemble::{self, Grads, Input, InputGrad, Params, Tape};
-use reflex_mlp::squash::{Sample, Squash};
+use reflex_mlp::squash::{Sample, Squash, clamp_grad};
 
 /// Buffers of the hand-written update, sized on first use and reused.
 #[derive(Default)]
@@ -91,18 +91,6 @@ fn rows_of(data: &[f32], width: usize, rows: usize) -> Input<'_> {
 fn scalar(v: &Var) -> Result<f32> {
     let g = lock(v);
     Ok(values(&g)?[0])
-}
-
-/// d clamp(x, lo, hi) / dx as candle's `clamp` (a maximum then a minimum) differentiates it:
-/// 1 inside, 0 outside, 1/2 where `x` equals a bound.
-fn clamp_grad(x: f32, lo: f32, hi: f32) -> f32 {
-    if x > lo && x < hi {
-        1.0
-    } else if x == lo || x == hi {
-        0.5
-    } else {
-        0.0
-    }
 }
 
 impl Scratch {
