@@ -516,3 +516,45 @@ fn hw_cameras_lists_the_v4l2_devices_or_says_there_are_none() {
         assert!(out.contains(c["path"].as_str().unwrap()), "{out}");
     }
 }
+
+/// `reflex bench learner --json` the way docs/benchmarks.md and benches/peers/run.sh run it
+/// (the real binary, both cores): every configuration reports a rate, the threads in effect, and
+/// the Pendulum run its steps, updates and final return. Rates are printed, not judged here.
+#[test]
+fn reflex_bench_learner_reports_every_configuration_and_the_pendulum_run() {
+    let v = crate::common::json_output(reflex().args([
+        "bench",
+        "learner",
+        "--updates",
+        "5",
+        "--pendulum-steps",
+        "300",
+        "--threads",
+        "2",
+        "--json",
+    ]));
+    assert_eq!(v["threads"], 2, "{v}");
+    for (key, hidden, batch, critics) in [
+        ("a_64x64_b100_2critics", 64, 100, 2),
+        ("b_256x256_b256_2critics", 256, 256, 2),
+        ("c_256x256_b256_10critics", 256, 256, 10),
+    ] {
+        let c = &v[key];
+        assert!(c["updates_per_s"].as_f64().unwrap() > 0.0, "{key}: {v}");
+        assert_eq!(
+            (&c["hidden"], &c["batch"], &c["critics"]),
+            (
+                &serde_json::json!(hidden),
+                &serde_json::json!(batch),
+                &serde_json::json!(critics)
+            ),
+            "{key}: {v}"
+        );
+    }
+    let p = &v["pendulum"];
+    assert_eq!(p["steps"], 300, "{v}");
+    // One update per step after the 100 warm-up steps.
+    assert_eq!(p["updates"], 201, "{v}");
+    assert!(p["final_return"].as_f64().unwrap().is_finite(), "{v}");
+    assert!(p["wall_s"].as_f64().unwrap() > 0.0, "{v}");
+}
