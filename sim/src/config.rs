@@ -47,6 +47,10 @@ fn default_action() -> ActionKind {
 fn default_control_hz() -> f64 {
     20.0
 }
+/// The slowest solver rate (physics steps per second times solver iterations) the arm's servos and
+/// contacts are stable and faithful at, Hz.
+pub const MIN_SOLVER_HZ: f64 = 80.0;
+
 fn default_physics_hz() -> f64 {
     200.0
 }
@@ -154,7 +158,7 @@ impl Validate for SimConfig {
             });
         }
         in_range(p, "control_hz", self.control_hz, 1.0, 100.0)?;
-        in_range(p, "physics_hz", self.physics_hz, 200.0, 2000.0)?;
+        in_range(p, "physics_hz", self.physics_hz, self.control_hz, 2000.0)?;
         let ratio = self.physics_hz / self.control_hz;
         if (ratio - ratio.round()).abs() > 1e-9 {
             return Err(Invalid {
@@ -186,6 +190,21 @@ impl Validate for SimConfig {
         in_range(&s, "finger_damping", self.servo.finger_damping, 0.0, 1000.0)?;
         let v = key(p, "solver");
         in_range(&v, "iterations", self.solver.iterations, 1, 32)?;
+        // rapier integrates the arm once per solver iteration: the servos (about 12 Hz closed-loop
+        // on the heaviest joint) and the finger contacts need that step to be 12.5 ms or shorter.
+        // Below it the experts start to fail (docs/sim.md, "Speed").
+        let solver_hz = self.physics_hz * self.solver.iterations as f64;
+        if solver_hz < MIN_SOLVER_HZ {
+            return Err(Invalid {
+                key: key(&v, "iterations"),
+                value: self.solver.iterations.to_string(),
+                allowed: format!(
+                    "physics_hz x iterations >= {MIN_SOLVER_HZ} (physics_hz = {}: iterations >= {})",
+                    self.physics_hz,
+                    (MIN_SOLVER_HZ / self.physics_hz).ceil()
+                ),
+            });
+        }
         in_range(
             &v,
             "prediction_distance_m",

@@ -151,13 +151,24 @@ fn cameras_render_the_scene_and_the_target() {
 #[test]
 fn bad_sim_config_is_rejected_with_key_and_range() {
     let mut cfg = SimConfig::for_task(TaskKind::Reach);
-    cfg.physics_hz = 100.0;
+    cfg.physics_hz = 10.0;
     let e = SimEnv::new(cfg)
         .err()
-        .expect("100 Hz physics must be rejected")
+        .expect("physics slower than control must be rejected")
         .to_string();
     assert!(
-        e.contains("sim.physics_hz") && e.contains("200 ..= 2000"),
+        e.contains("sim.physics_hz") && e.contains("20 ..= 2000"),
+        "{e}"
+    );
+    // 40 Hz physics with one solver iteration integrates the servos at 25 ms: too coarse.
+    let mut cfg = SimConfig::for_task(TaskKind::Reach);
+    cfg.physics_hz = 40.0;
+    let e = SimEnv::new(cfg)
+        .err()
+        .expect("a 40 Hz solver must be rejected")
+        .to_string();
+    assert!(
+        e.contains("sim.solver.iterations") && e.contains("iterations >= 2"),
         "{e}"
     );
     let mut cfg = SimConfig::for_task(TaskKind::Reach);
