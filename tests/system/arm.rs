@@ -991,24 +991,30 @@ fn reflex_run_on_the_emulated_so101_runs_a_policy_that_sees_through_a_file_camer
         .unwrap_or_else(|e| panic!("{}: {e}", frozen.display()));
     assert_eq!(enc.spec().cameras[0].camera, "front");
     assert_eq!(enc.spec().cameras[0].shape(), [8, 8, 8]);
-    // A camera made of three 32x24 PNG frames; the policy sees a 16x16 crop of each.
-    let frames = dir.path().join("frames");
-    std::fs::create_dir(&frames).unwrap();
-    for k in 0..3u8 {
-        let rgb: Vec<u8> = (0..24u8)
-            .flat_map(|y| (0..32u8).flat_map(move |x| [x * 8, y * 10, 60 * k]))
-            .collect();
-        let f = std::fs::File::create(frames.join(format!("{k:02}.png"))).unwrap();
-        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), 32, 24);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        enc.write_header().unwrap().write_image_data(&rgb).unwrap();
-    }
+    // The camera is a video file: the simulator's front camera from those demonstrations, as
+    // `reflex dataset export` writes it (LeRobot's H.264 `.mp4`); the policy sees a 16x16 crop of
+    // each 32x32 frame. (A folder of images as a camera goes through the binary in the tests
+    // below.)
+    let ds = dir.path().join("dataset");
+    let o = reflex()
+        .args(["dataset", "export", "--demos"])
+        .arg(&demos)
+        .arg("--out")
+        .arg(&ds)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let videos = ds.join("videos/observation.images.front/chunk-000");
+    let clip = std::fs::read_dir(&videos)
+        .unwrap_or_else(|e| panic!("{}: {e}", videos.display()))
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "mp4"))
+        .unwrap_or_else(|| panic!("no .mp4 in {}", videos.display()));
     // Its calibration as `reflex calibrate camera` and `hand-eye` write it: a lens at the
     // capture size and a mount in the base frame.
     let lens = reflex_calibration::camera::CameraModel {
         dist: [-0.1, 0.0, 0.0, 0.0, 0.0],
-        ..reflex_calibration::camera::CameraModel::pinhole(32, 24, 30.0, 30.0, 15.5, 11.5)
+        ..reflex_calibration::camera::CameraModel::pinhole(32, 32, 30.0, 30.0, 15.5, 15.5)
     };
     std::fs::write(dir.path().join("front.yaml"), lens.to_opencv_yaml(None)).unwrap();
     std::fs::write(
@@ -1017,8 +1023,8 @@ fn reflex_run_on_the_emulated_so101_runs_a_policy_that_sees_through_a_file_camer
     )
     .unwrap();
     let camera = format!(
-        "\nee_step_m = 0.008\n\n[[arm.cameras]]\nname = \"front\"\ndevice = \"files:{}\"\nwidth = 32\nheight = 24\nfps = 30\ncrop = {{ x = 8, y = 4, w = 16, h = 16 }}\nintrinsics = \"front.yaml\"\nundistort = true\nhand_eye = \"front_hand_eye.json\"\n",
-        frames.display()
+        "\nee_step_m = 0.008\n\n[[arm.cameras]]\nname = \"front\"\ndevice = \"files:{}\"\nwidth = 32\nheight = 32\nfps = 30\ncrop = {{ x = 8, y = 4, w = 16, h = 16 }}\nintrinsics = \"front.yaml\"\nundistort = true\nhand_eye = \"front_hand_eye.json\"\n",
+        clip.display()
     );
     let cfg = config(
         &dir,
