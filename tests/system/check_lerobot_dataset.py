@@ -181,3 +181,9 @@ print(json.dumps({
     "people": int(sum(hf["reflex.person"])) if "reflex.person" in feats else None,
     "first_state": hf[0]["observation.state"],
 }))
+# The verdict is out. Leave without the interpreter's teardown: in one `make test` run
+# (2026-11-25) a library's native threads aborted the process there ("terminate called without an
+# active exception") after this report was printed, which failed a correct dataset; the same test
+# passed on its own right after. Failures above still exit 1 through `fail`.
+sys.stdout.flush()
+os._exit(0)
