@@ -996,14 +996,13 @@ fn reflex_run_on_the_emulated_so101_runs_a_policy_that_sees_through_a_file_camer
     // each 32x32 frame. (A folder of images as a camera goes through the binary in the tests
     // below.)
     let ds = dir.path().join("dataset");
-    let o = reflex()
-        .args(["dataset", "export", "--demos"])
-        .arg(&demos)
-        .arg("--out")
-        .arg(&ds)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    crate::common::json_output(
+        reflex()
+            .args(["dataset", "export", "--json", "--demos"])
+            .arg(&demos)
+            .arg("--out")
+            .arg(&ds),
+    );
     let videos = ds.join("videos/observation.images.front/chunk-000");
     let clip = std::fs::read_dir(&videos)
         .unwrap_or_else(|e| panic!("{}: {e}", videos.display()))
