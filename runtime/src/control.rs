@@ -246,6 +246,15 @@ struct PersonInput {
     reset: bool,
 }
 
+impl PersonInput {
+    /// Whether the step `after` closes is its episode's last (the robot's end, or the person's
+    /// label or reset): that observation's frames are kept whatever the frame rate, since a
+    /// success is seen there.
+    fn ends(&self, after: &Observation) -> bool {
+        after.terminated || after.truncated || self.label.is_some() || self.reset
+    }
+}
+
 /// The part of the observation that closes a step (state, reward, end flags), copied without
 /// the images.
 #[derive(Clone, Debug, Default)]
@@ -654,6 +663,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         self.outbox.as_ref()
     }
 
+    /// The camera frames' pool, when frames are handed out.
+    pub fn frame_pool(&self) -> Option<&OutboxSender<Frames>> {
+        self.frames.as_ref().map(|(f, _)| f)
+    }
+
     /// Episodes finished so far.
     pub fn episodes(&self) -> &[EpisodeSummary] {
         &self.finished
@@ -865,7 +879,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             return self.hold_tick(t, lateness);
         }
         let person = self.read_teleop(t);
-        if !self.spec.lockstep && self.close_free_running(person)? {
+        if !self.spec.lockstep && self.close_free_running(person, t)? {
             self.finish_tick(t, lateness);
             return Ok(());
         }
@@ -887,6 +901,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             if let Some(f) = &mut self.features {
                 let key = (after.episode, after.step, after.seq, after.time_ns);
                 f.after_lockstep(key, &after.images, t);
+            }
+            if let Some((fo, _)) = &mut self.frames
+                && person.ends(after)
+            {
+                send_frames(fo, after, t);
             }
             // An e-stop raised while the robot stepped: this step is the episode's last.
             let estop = self.stop.raises() != self.seen_raises;
@@ -1031,8 +1050,13 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
 
     /// Free-running robots: the newest observation closes the step left open by the last tick.
     /// Returns `true` when the episode ended (the robot has been reset).
-    fn close_free_running(&mut self, person: PersonInput) -> Result<bool, LoopError> {
+    fn close_free_running(&mut self, person: PersonInput, t: Duration) -> Result<bool, LoopError> {
         let done = if self.step_open {
+            if let Some((fo, _)) = &mut self.frames
+                && person.ends(&self.obs)
+            {
+                send_frames(fo, &self.obs, t);
+            }
             self.after.copy_from(&self.obs);
             self.close_step(person, false)
         } else {
@@ -1198,25 +1222,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// Camera frames of the state the action was chosen in, ahead of the step's transition.
     fn send_frames(&mut self, t: Duration) {
         if let Some((fo, every)) = &mut self.frames
-            && !self.obs.images.is_empty()
             && self.obs.step.is_multiple_of(*every)
-            && let Some(mut f) = fo.slot()
         {
-            f.episode = self.obs.episode;
-            f.step = self.obs.step;
-            f.t = t;
-            // Reuses the buffer's image vectors: no allocation once each buffer has been used.
-            f.images.truncate(self.obs.images.len());
-            for (i, img) in self.obs.images.iter().enumerate() {
-                match f.images.get_mut(i) {
-                    Some(d) => d.copy_from(img),
-                    None => f.images.push(img.clone()),
-                }
-            }
-            fo.send(f);
+            send_frames(fo, &self.obs, t);
         }
     }
-
     fn finish_tick(&mut self, t: Duration, lateness: Duration) {
         let end = self.clock.now();
         self.stats.lateness.record(lateness);
@@ -1291,4 +1301,24 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         }
         Ok(self.finished[start..start + n].to_vec())
     }
+}
+
+/// Hands `obs`'s camera frames to the outbox's frame pool (none when it is empty: counted there).
+/// Reuses the buffer's image vectors: no allocation once each buffer has been used.
+fn send_frames(fo: &mut OutboxSender<Frames>, obs: &Observation, t: Duration) {
+    if obs.images.is_empty() {
+        return;
+    }
+    let Some(mut f) = fo.slot() else { return };
+    f.episode = obs.episode;
+    f.step = obs.step;
+    f.t = t;
+    f.images.truncate(obs.images.len());
+    for (i, img) in obs.images.iter().enumerate() {
+        match f.images.get_mut(i) {
+            Some(d) => d.copy_from(img),
+            None => f.images.push(img.clone()),
+        }
+    }
+    fo.send(f);
 }

@@ -312,6 +312,11 @@ impl<T> OutboxSender<T> {
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
+
+    /// Free buffers now (the consumer returns them as it finishes with them).
+    pub fn free(&self) -> usize {
+        self.free.len()
+    }
 }
 
 impl<T> OutboxReceiver<T> {

@@ -32,11 +32,17 @@ pub enum RewardCommand {
 }
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("frames").required(true).args(["demos", "runs"])))]
 pub struct RewardTrainArgs {
     /// A directory written by `reflex sim demos --cameras`: frames labelled by the task's
     /// success.
     #[arg(long)]
-    demos: PathBuf,
+    demos: Option<PathBuf>,
+    /// Recorded runs: one run (`runs/<id>`) or a directory of them (`runs/`), recorded with
+    /// cameras (`reflex run --record`); frames labelled by each episode's end:
+    /// the person's success or failure key where pressed, else the robot's verdict.
+    #[arg(long)]
+    runs: Option<PathBuf>,
     /// A camera the classifier reads (repeat for several).
     #[arg(long = "camera", value_name = "NAME", required = true)]
     cameras: Vec<String>,
@@ -75,7 +81,11 @@ pub struct RewardTrainArgs {
 pub fn reward(cmd: RewardCommand) -> anyhow::Result<()> {
     let RewardCommand::Train(a) = cmd;
     let o = policytools::RewardTrainOptions {
-        demos: a.demos,
+        source: match (a.demos, a.runs) {
+            (Some(d), _) => policytools::RewardSource::Demos(d),
+            (None, Some(r)) => policytools::RewardSource::Runs(r),
+            (None, None) => unreachable!("clap requires --demos or --runs"),
+        },
         cameras: a.cameras,
         image_size: a.image_size,
         holdout: a.holdout,

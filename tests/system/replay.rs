@@ -428,8 +428,8 @@ fn camera_images_are_recorded_at_every_step_of_an_episode() {
     let rec = PathBuf::from(v["recording"]["dir"].as_str().unwrap());
     let frames_dropped = v["recording"]["frames_dropped"].as_u64().unwrap();
     // At 20 Hz every step's frames are kept (up to ~15 frames per second of control: 20/15
-    // rounds to every step), except what the frame pool dropped and counted: lockstep
-    // simulation can outrun the recorder.
+    // rounds to every step) and each episode's last observation's, except what the frame pool
+    // dropped and counted (in simulated time the actor waits for the recorder, so none).
     let (mut steps, mut rows) = (0, [0u64; 2]);
     for id in [1, 2] {
         let f = rec.join(format!("episode_00000{id}.rrd"));
@@ -470,8 +470,8 @@ fn camera_images_are_recorded_at_every_step_of_an_episode() {
         );
         assert_eq!(
             rows[k] + frames_dropped,
-            steps,
-            "camera {cam}: frames recorded + dropped = steps"
+            steps + 2,
+            "camera {cam}: frames recorded + dropped = one per step and the last of each episode"
         );
     }
 }

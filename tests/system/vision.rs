@@ -519,3 +519,111 @@ fn the_shipped_pixel_models_and_config_run_as_documented() {
     assert!(r["frames"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["unjudged"], 0, "{r}");
 }
+
+/// HIL-SERL's loop for a classifier, through the binary: runs recorded with the cameras keep every
+/// frame in their step log (the last observation's too, where a success shows), and `reflex reward
+/// train --runs` learns from them with each episode's own verdict as the label, from one run or a
+/// directory of runs.
+#[test]
+fn a_success_classifier_trains_on_recorded_runs_with_their_frames_and_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let mut outcomes = vec![];
+    for seed in ["2", "3"] {
+        let cfg = dir.path().join(format!("run{seed}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[sim.cameras]\nenabled = true\nwidth = 32\nheight = 32\n[policy]\nkind = \"onnx\"\nmodel = {:?}\n[run]\nepisodes = 12\nseed = {seed}\nclock = \"sim\"\n",
+                repo().join("models/pick.onnx").display().to_string()
+            ),
+        )
+        .unwrap();
+        let v = json_output(
+            reflex()
+                .args(["run", "--json", "--record"])
+                .arg(&runs)
+                .arg("--config")
+                .arg(&cfg),
+        );
+        outcomes.push(v);
+    }
+    // Every observation kept its frames of both cameras, the last included.
+    let mut observations = 0;
+    let mut successes = 0;
+    let mut run_dirs: Vec<_> = std::fs::read_dir(&runs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    run_dirs.sort();
+    for r in &run_dirs {
+        let steps = r.join("steps");
+        let m = reflex_data::demos::read_manifest(&steps).unwrap();
+        assert_eq!(m.episodes.len(), 12);
+        for e in &m.episodes {
+            let ep = reflex_data::demos::read_episode(&steps, e).unwrap();
+            assert!(ep.frame_observations.is_empty(), "episode {}", e.index);
+            let names: Vec<_> = ep.cameras.iter().map(|c| c.camera.as_str()).collect();
+            assert_eq!(names, ["front", "wrist"]);
+            for c in &ep.cameras {
+                assert_eq!(c.frames.len(), ep.observations.len());
+            }
+            observations += ep.observations.len();
+            successes += ep.success as usize;
+        }
+    }
+    let ran: u64 = outcomes
+        .iter()
+        .map(|v| (v["success_rate"].as_f64().unwrap() * 12.0).round() as u64)
+        .sum();
+    assert_eq!(successes as u64, ran, "{outcomes:?}");
+    assert!(
+        (1..24).contains(&successes),
+        "the base policy gives both kinds of episode: {successes} of 24"
+    );
+    let train = |source: &Path, holdout: &str, out: &str| {
+        json_output(
+            reflex()
+                .args(["reward", "train", "--runs"])
+                .arg(source)
+                .args(["--camera", "front", "--camera", "wrist", "--steps", "200"])
+                .args(["--holdout", holdout, "--seed", "1", "--json", "--out"])
+                .arg(dir.path().join(out)),
+        )
+    };
+    // A directory of runs: every frame, one success frame per successful episode (the
+    // simulator's reward and the episode's end fall on the same, last, observation).
+    let r = train(&runs, "0.25", "all.onnx");
+    let frames = r["train"]["frames"].as_u64().unwrap() + r["held_out"]["frames"].as_u64().unwrap();
+    assert_eq!(frames, observations as u64, "{r}");
+    let labelled =
+        r["train"]["successes"].as_u64().unwrap() + r["held_out"]["successes"].as_u64().unwrap();
+    assert_eq!(labelled, successes as u64, "{r}");
+    assert_eq!(r["held_out"]["episodes"], 6, "{r}");
+    let spec = std::fs::read_to_string(dir.path().join("all.reward.toml")).unwrap();
+    assert!(spec.contains("(runs "), "{spec}");
+    // One run (one with a success: nothing held out, all of it trains).
+    let with_success = outcomes
+        .iter()
+        .position(|v| v["success_rate"].as_f64().unwrap() > 0.0)
+        .unwrap();
+    let one = train(&run_dirs[with_success], "0", "one.onnx");
+    assert_eq!(
+        one["train"]["episodes"].as_u64().unwrap() + one["held_out"]["episodes"].as_u64().unwrap(),
+        12,
+        "{one}"
+    );
+    // A directory without runs is refused, naming it.
+    let o = reflex()
+        .args(["reward", "train", "--camera", "front", "--runs"])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("x.onnx"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no run with a step log"),
+        "{err}"
+    );
+}

@@ -31,7 +31,7 @@ pub enum BcError {
     #[error("dataset: {0}")]
     Data(String),
     /// The image encoder failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Vision(#[from] reflex_vision::VisionError),
 }
 

@@ -349,6 +349,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             lp,
             parts,
             pace: matches!(self.clock, ClockChoice::Sim),
+            pace_frames: true,
             run_id,
             recording: self.record.is_some(),
             done: Vec::new(),
@@ -362,6 +363,9 @@ impl<R: Robot + 'static> ActorBuilder<R> {
         })
     }
 }
+
+/// How long, in simulated time, the actor waits for the camera frames' consumer before a step.
+const FRAME_PACE_LIMIT: Duration = Duration::from_secs(1);
 
 /// Frames a kept residual's maps may lag in real time when nothing says otherwise.
 const DEFAULT_MAP_AGE: u32 = 2;
@@ -934,6 +938,8 @@ pub struct Actor<R: Robot> {
     lp: ControlLoop<R, Box<dyn Clock>>,
     parts: Parts,
     pace: bool,
+    /// In simulated time, wait for room in the camera frames' pool before each step.
+    pace_frames: bool,
     run_id: String,
     recording: bool,
     done: Vec<EpisodeSummary>,
@@ -992,6 +998,9 @@ impl<R: Robot> Actor<R> {
             if asked(self.stop_when) && !self.lp.in_episode() {
                 tracing::info!("asked to stop while the robot is held: ending the run");
                 break;
+            }
+            if self.pace && self.pace_frames {
+                self.pace_frames();
             }
             self.lp.step()?;
             self.note_stop_change(progress);
@@ -1137,6 +1146,29 @@ impl<R: Robot> Actor<R> {
         self.eval.extend_from_slice(&self.done[start..]);
         self.done.truncate(start);
         Ok(&self.eval)
+    }
+
+    /// Simulated time only: waits, before the loop's next tick, until the camera frames' pool
+    /// has room for this step's frames and an episode's last, so the recording and the step log
+    /// keep every frame handed out (in real time the loop never waits: a full pool is a counted
+    /// drop). Bounded: a consumer that stops returning buffers for [`FRAME_PACE_LIMIT`] is not
+    /// waited for again in this run; it costs drops, not a hung run.
+    fn pace_frames(&mut self) {
+        let Some(pool) = self.lp.frame_pool() else {
+            return;
+        };
+        let t0 = Instant::now();
+        while pool.free() < 2 {
+            if t0.elapsed() > FRAME_PACE_LIMIT {
+                tracing::warn!(
+                    "the camera frames' consumer has held every buffer for {FRAME_PACE_LIMIT:?}; \
+                     going on without waiting for it (frames it misses are counted as dropped)"
+                );
+                self.pace_frames = false;
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     fn pace_learner(&mut self) -> Result<()> {

@@ -90,12 +90,18 @@ impl Consumer {
             if let Some(p) = &mut self.ros2 {
                 p.offer_frames(&f);
             }
+            if let Some(log) = &mut self.steps {
+                log.push_frames(&f);
+            }
             fr.recycle(f);
         }
     }
 
     fn step(&mut self, t: Box<Transition>, rx: &OutboxReceiver) {
-        self.frames_up_to(Some((t.episode, t.step)));
+        // The frames of an episode's last observation (sent just before its last transition)
+        // go with that transition: the step log writes the episode when it ends.
+        let upto = t.step + u32::from(t.ends_episode());
+        self.frames_up_to(Some((t.episode, upto)));
         if let Some(r) = &self.recorder {
             r.record(&t);
         }
@@ -132,7 +138,8 @@ pub struct TapReport {
     pub episodes: u64,
     /// Steps published on the bus trace.
     pub traced: u64,
-    /// Camera-frame sets dropped (the frame pool was empty, or the recorder behind).
+    /// Camera-frame sets dropped (the frame pool was empty, the recorder behind, or the step
+    /// log could not place them on an observation).
     pub frames_dropped: u64,
     /// Errors writing recordings.
     pub write_errors: u64,
@@ -206,7 +213,8 @@ impl RecordingTap {
                     }
                 }
                 c.frames_up_to(None);
-                let pool_drops = c.frames.as_ref().map_or(0, |f| f.dropped());
+                let pool_drops = c.frames.as_ref().map_or(0, |f| f.dropped())
+                    + c.steps.as_ref().map_or(0, |l| l.frames_rejected);
                 let link = c.link.map(|l| l.finish());
                 (
                     c.trace.map_or(0, |p| p.published),

@@ -54,6 +54,71 @@ pub struct Episode {
     /// A success classifier's probability after each step, when it gave the run's reward.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub success_scores: Vec<f32>,
+    /// The observation each camera frame belongs to, strictly increasing, when the cameras were
+    /// kept at some observations only (a run's step log keeps about 15 a second and the last);
+    /// empty: one frame per observation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frame_observations: Vec<u32>,
+    /// The person's success (true) or failure (false) key that ended the episode, when one did;
+    /// it overrides the robot's or a classifier's verdict on the last observation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub person_label: Option<bool>,
+}
+
+impl Episode {
+    /// Frames each camera stream should hold.
+    pub fn frame_count(&self) -> usize {
+        if self.frame_observations.is_empty() {
+            self.observations.len()
+        } else {
+            self.frame_observations.len()
+        }
+    }
+
+    /// The observation frame `j` belongs to.
+    pub fn frame_observation(&self, j: usize) -> usize {
+        if self.frame_observations.is_empty() {
+            j
+        } else {
+            self.frame_observations[j] as usize
+        }
+    }
+
+    /// The frame to show at observation `i`: its own, else the newest before it, else the first
+    /// (a sample-and-hold of sparsely kept frames, as a display would show them).
+    pub fn frame_at(&self, i: usize) -> usize {
+        if self.frame_observations.is_empty() {
+            return i;
+        }
+        self.frame_observations
+            .partition_point(|&o| o as usize <= i)
+            .saturating_sub(1)
+    }
+
+    /// Checks every camera stream against the observations (and `frame_observations`); the
+    /// error says which camera or index is wrong.
+    pub fn check_cameras(&self) -> Result<(), String> {
+        let n = self.observations.len();
+        if let Some(w) = self
+            .frame_observations
+            .windows(2)
+            .position(|w| w[0] >= w[1])
+        {
+            return Err(format!(
+                "frame_observations are not increasing at index {}",
+                w + 1
+            ));
+        }
+        if let Some(&o) = self.frame_observations.last()
+            && o as usize >= n
+        {
+            return Err(format!("frame_observations name observation {o} of {n}"));
+        }
+        for c in &self.cameras {
+            c.check(self.frame_count())?;
+        }
+        Ok(())
+    }
 }
 
 /// One camera's frames through an episode.
@@ -101,18 +166,20 @@ impl CameraStream {
         }
     }
 
-    /// Checks that every frame holds `width * height * 3` bytes of rgb8 and that there is one per
-    /// observation; the error says which frame is wrong.
-    pub fn check(&self, observations: usize) -> Result<(), String> {
+    /// Checks that every frame holds `width * height * 3` bytes of rgb8 and that there are
+    /// `frames` of them (one per observation, or per entry of the episode's
+    /// `frame_observations`); the error says which frame is wrong.
+    pub fn check(&self, frames: usize) -> Result<(), String> {
         if self.encoding != "rgb8" {
             return Err(format!(
                 "camera `{}`: encoding `{}`, only rgb8 is read",
                 self.camera, self.encoding
             ));
         }
-        if self.frames.len() != observations {
+        if self.frames.len() != frames {
             return Err(format!(
-                "camera `{}`: {} frames for {observations} observations",
+                "camera `{}`: {} frames where the episode has {frames} (one per observation, or \
+                 per entry of frame_observations)",
                 self.camera,
                 self.frames.len()
             ));
@@ -276,8 +343,6 @@ pub fn read_episode(dir: &Path, entry: &EpisodeEntry) -> Result<Episode, DemoErr
         message,
     };
     let ep: Episode = rmp_serde::from_slice(&bytes).map_err(|e| format(e.to_string()))?;
-    for c in &ep.cameras {
-        c.check(ep.observations.len()).map_err(format)?;
-    }
+    ep.check_cameras().map_err(format)?;
     Ok(ep)
 }

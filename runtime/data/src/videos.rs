@@ -255,9 +255,9 @@ pub fn write_videos(
                     ),
                 ));
             }
-            s.check(ep.observations.len())
-                .map_err(|m| bad(file, format!("episode {}: {m}", ep.index)))?;
         }
+        ep.check_cameras()
+            .map_err(|m| bad(file, format!("episode {}: {m}", ep.index)))?;
     }
     if cameras.is_empty() {
         return Ok(vec![]);
@@ -316,7 +316,9 @@ fn write_camera(
             writer = open(index)?;
         }
         let from = writer.frames();
-        for frame in &ep.cameras[c].frames[..ep.actions.len()] {
+        // One frame per row; a run that kept frames at some steps only holds each until the next.
+        for i in 0..ep.actions.len() {
+            let frame = &ep.cameras[c].frames[ep.frame_at(i)];
             writer.push(frame).map_err(video_err)?;
             hist.add(frame);
         }

@@ -259,6 +259,16 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
             for e in &m.episodes[..take] {
                 let ep = reflex_data::demos::read_episode(dir, e)?;
                 if !o.cameras.is_empty() && !ep.actions.is_empty() {
+                    if !ep.frame_observations.is_empty() {
+                        return Err(reflex_agent::error::bail(format!(
+                            "{}: episode {} kept camera frames at some steps only (a run's step \
+                             log above 15 Hz); behaviour cloning needs the frame of every step: \
+                             record with `reflex sim demos --cameras`, or export the run with \
+                             `reflex dataset export` and train from the dataset",
+                            dir.join(&e.file).display(),
+                            e.index
+                        )));
+                    }
                     let f = add_frames(&mut frames, &ep, &o.cameras, o.image_size, dir, e)?;
                     // One frame per sample: the observations that have an action.
                     f.truncate_to(f.len() - 1);
@@ -404,8 +414,8 @@ fn state_ranges(
     Ok(Some(ranges))
 }
 
-/// Appends an episode's frames of `cameras` to `frames`, one per observation; the first episode
-/// fixes the size unless `size` does.
+/// Appends an episode's frames of `cameras` to `frames` (one per observation, or one per entry of
+/// its `frame_observations`); the first episode fixes the size unless `size` does.
 fn add_frames<'a>(
     frames: &'a mut Option<Frames>,
     ep: &reflex_data::demos::Episode,
@@ -437,7 +447,7 @@ fn add_frames<'a>(
             data: vec![],
         }
     });
-    for t in 0..ep.observations.len() {
+    for t in 0..ep.frame_count() {
         let images: Vec<_> = streams.iter().map(|s| s.image(t)).collect();
         f.push(&images);
     }
@@ -493,8 +503,8 @@ fn lerobot_frames(
 /// What `reflex reward train` asks for.
 #[derive(Clone, Debug)]
 pub struct RewardTrainOptions {
-    /// A directory written by `reflex sim demos --cameras` (or a recording with frames).
-    pub demos: PathBuf,
+    /// Where the labelled frames come from.
+    pub source: RewardSource,
     /// Cameras the classifier reads.
     pub cameras: Vec<String>,
     /// Size it reads images at, (width, height) (default: the recorded size).
@@ -509,6 +519,59 @@ pub struct RewardTrainOptions {
     pub out: PathBuf,
     /// The command that trains it (recorded as its provenance).
     pub command: String,
+}
+
+/// Where `reflex reward train` finds labelled frames.
+#[derive(Clone, Debug)]
+pub enum RewardSource {
+    /// A directory written by `reflex sim demos --cameras`: labels from the task's success.
+    Demos(PathBuf),
+    /// Recorded runs: a run directory (`runs/<id>`, its step log in `steps/`) or a directory of
+    /// them (`runs/`), written by `reflex run --record` with cameras. Labels from each step's
+    /// reward and each episode's end: the person's success or failure key where one was pressed,
+    /// else the robot's (or a classifier's) verdict.
+    Runs(PathBuf),
+}
+
+impl RewardSource {
+    /// The episode directories (each a manifest and its episode files), in order.
+    pub fn episode_dirs(&self) -> Result<Vec<PathBuf>> {
+        let runs = match self {
+            RewardSource::Demos(d) => return Ok(vec![d.clone()]),
+            RewardSource::Runs(d) => d,
+        };
+        let has_log = |d: &Path| d.join("steps").join("manifest.json").is_file();
+        if has_log(runs) {
+            return Ok(vec![runs.join("steps")]);
+        }
+        let entries = std::fs::read_dir(runs).map_err(|e| {
+            reflex_agent::error::bail(format!(
+                "--runs {}: {e}; name one run (runs/<id>) or a directory of runs (runs/)",
+                runs.display()
+            ))
+        })?;
+        let mut dirs: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|d| has_log(d))
+            .map(|d| d.join("steps"))
+            .collect();
+        dirs.sort();
+        if dirs.is_empty() {
+            return Err(reflex_agent::error::bail(format!(
+                "{}: no run with a step log here (a run keeps one in <run>/steps/ when it is \
+                 recorded with cameras: `reflex run --record DIR`)",
+                runs.display()
+            )));
+        }
+        Ok(dirs)
+    }
+
+    /// The directory named on the command line.
+    pub fn dir(&self) -> &Path {
+        match self {
+            RewardSource::Demos(d) | RewardSource::Runs(d) => d,
+        }
+    }
 }
 
 /// Frames and how many of them show success.
@@ -557,13 +620,17 @@ pub struct RewardTrainReport {
 pub const NEAR_FRAMES: usize = 2;
 
 /// Whether each observation of `ep` shows success: the one after a step that the task rewarded
-/// (the simulator's sparse reward is 1 on success), or the last of a successful episode.
+/// (the simulator's sparse reward is 1 on success), or the last of a successful episode; a
+/// person's success or failure key at the end decides the last one.
 pub fn success_labels(ep: &reflex_data::demos::Episode) -> Vec<bool> {
     let last = ep.observations.len().saturating_sub(1);
     (0..ep.observations.len())
-        .map(|i| {
-            (i >= 1 && ep.rewards.get(i - 1).is_some_and(|r| *r >= 1.0))
-                || (i == last && ep.success)
+        .map(|i| match ep.person_label {
+            Some(label) if i == last => label,
+            _ => {
+                (i >= 1 && ep.rewards.get(i - 1).is_some_and(|r| *r >= 1.0))
+                    || (i == last && ep.success)
+            }
         })
         .collect()
 }
@@ -583,15 +650,30 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
             o.holdout
         )));
     }
-    let m = reflex_data::demos::read_manifest(&o.demos)?;
-    let n_eps = m.episodes.len();
+    let dirs = o.source.episode_dirs()?;
+    let mut entries = vec![];
+    let mut commands = vec![];
+    for d in &dirs {
+        let m = reflex_data::demos::read_manifest(d)?;
+        entries.extend(m.episodes.into_iter().map(|e| (d.clone(), e)));
+        commands.push(m.command);
+    }
+    let n_eps = entries.len();
     let n_held = ((n_eps as f64 * o.holdout).ceil() as usize).min(n_eps.saturating_sub(1));
     let (mut train_f, mut held_f) = (None, None);
     let (mut train_y, mut held_y) = (vec![], vec![]);
     // Held-out frames a few frames before a success frame of their episode.
     let mut held_near = vec![];
-    for (k, e) in m.episodes.iter().enumerate() {
-        let ep = reflex_data::demos::read_episode(&o.demos, e)?;
+    let mut without_frames = 0;
+    let (mut train_eps, mut held_eps) = (0, 0);
+    for (k, (dir, e)) in entries.iter().enumerate() {
+        let ep = reflex_data::demos::read_episode(dir, e)?;
+        // A run's episode that kept no frame (ended before its first, or every frame set
+        // dropped) has nothing to learn from; demos recorded without cameras are an error below.
+        if ep.cameras.is_empty() && matches!(o.source, RewardSource::Runs(_)) {
+            without_frames += 1;
+            continue;
+        }
         let held = k >= n_eps - n_held;
         // Held-out frames are read at the size the training frames were.
         let size = o.image_size.or_else(|| {
@@ -600,18 +682,26 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
                 .map(|f: &Frames| (f.width as u32, f.height as u32))
         });
         let (f, y) = if held {
+            held_eps += 1;
             (&mut held_f, &mut held_y)
         } else {
+            train_eps += 1;
             (&mut train_f, &mut train_y)
         };
-        add_frames(f, &ep, &o.cameras, size, &o.demos, e)?;
+        add_frames(f, &ep, &o.cameras, size, dir, e)?;
         let labels = success_labels(&ep);
+        let frames = (0..ep.frame_count()).map(|j| ep.frame_observation(j));
         if held {
-            held_near.extend((0..labels.len()).map(|i| {
+            held_near.extend(frames.clone().map(|i| {
                 !labels[i] && labels[i + 1..(i + 1 + NEAR_FRAMES).min(labels.len())].contains(&true)
             }));
         }
-        y.extend(labels);
+        y.extend(frames.map(|i| labels[i]));
+    }
+    if without_frames > 0 {
+        tracing::warn!(
+            "{without_frames} of {n_eps} recorded episodes kept no camera frame and are not used"
+        );
     }
     let count = |f: &Option<Frames>, y: &[bool], episodes| FrameCount {
         episodes,
@@ -619,12 +709,26 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
         successes: y.iter().filter(|&&l| l).count(),
     };
     let (train_c, held_c) = (
-        count(&train_f, &train_y, n_eps - n_held),
-        count(&held_f, &held_y, n_held),
+        count(&train_f, &train_y, train_eps),
+        count(&held_f, &held_y, held_eps),
     );
     let train_f = train_f.ok_or_else(|| {
-        reflex_agent::error::bail(format!("{}: no episodes to train on", o.demos.display()))
+        reflex_agent::error::bail(format!(
+            "{}: no episodes with frames to train on",
+            o.source.dir().display()
+        ))
     })?;
+    if train_c.successes == 0 || train_c.successes == train_c.frames {
+        return Err(reflex_agent::error::bail(format!(
+            "{}: the {} training episodes (the last {n_held} are held out) give {} success \
+             and {} failure frames; a classifier needs both: record more episodes, with \
+             successes and failures, or hold out fewer (--holdout)",
+            o.source.dir().display(),
+            train_c.episodes,
+            train_c.successes,
+            train_c.frames - train_c.successes
+        )));
+    }
     tracing::info!(
         "training a success classifier on {} frames ({} success) of {} episodes, cameras {:?} at {}x{}; {} episodes held out",
         train_c.frames,
@@ -672,10 +776,14 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
         .unwrap_or_else(|| "reward".into());
     let mut spec = net.spec(&name, o.threshold);
     spec.provenance = Some(format!(
-        "{} (demos {}: {}; {} frames of {} episodes, {} success; held out {} episodes, {} frames: accuracy {:.3}, precision {:.3}, recall {:.3}, {} of {} false positives within {NEAR_FRAMES} frames before a success; trained in {:.0} s)",
+        "{} ({} {}: {}; {} frames of {} episodes, {} success; held out {} episodes, {} frames: accuracy {:.3}, precision {:.3}, recall {:.3}, {} of {} false positives within {NEAR_FRAMES} frames before a success; trained in {:.0} s)",
         o.command,
-        o.demos.display(),
-        m.command,
+        match o.source {
+            RewardSource::Demos(_) => "demos",
+            RewardSource::Runs(_) => "runs",
+        },
+        o.source.dir().display(),
+        commands.join("; "),
         train_c.frames,
         train_c.episodes,
         train_c.successes,
