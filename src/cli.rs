@@ -4,10 +4,14 @@ use clap::Args;
 use reflex_bus::BusConfig;
 use std::path::PathBuf;
 
-/// Logs go to stderr through `tracing`; `RUST_LOG` selects levels (default `info`).
+/// Logs go to stderr through `tracing`; `RUST_LOG` selects levels (default `info`). The
+/// ChArUco detector warns of every candidate it turns down while trying its settings in turn,
+/// which is how reflex uses it: only its errors are shown.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,zenoh=warn,zenoh_transport=warn,ort=warn")
+        tracing_subscriber::EnvFilter::new(
+            "info,zenoh=warn,zenoh_transport=warn,ort=warn,calib_targets_charuco=error,calib_targets_aruco=error,calib_targets_chessboard=error",
+        )
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)

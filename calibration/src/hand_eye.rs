@@ -41,7 +41,7 @@ pub enum Setup {
 pub struct HandEyeView {
     /// `T_base_gripper`.
     pub gripper: Isometry3<f64>,
-    /// The board's corners, in [`Board::object_points`]' order.
+    /// The board's corners seen.
     pub corners: Corners,
 }
 
@@ -83,7 +83,7 @@ pub enum HandEyeError {
     NoBoardPose(usize),
     /// A board whose frame is ambiguous.
     #[error(
-        "board {0} looks the same after a half turn, so its frame can flip between views; use one with an odd and an even count of inner corners (e.g. 9x6)"
+        "board {0} looks the same after a half turn, so its frame can flip between views; use a chessboard with an odd and an even count of inner corners (e.g. 9x6), or a ChArUco board"
     )]
     SymmetricBoard(String),
 }
@@ -206,8 +206,16 @@ pub fn calibrate_hand_eye(
             .map(|(hi, ci)| hi.inverse() * x0 * ci)
             .collect::<Vec<_>>(),
     );
-    let object = board.object_points();
-    let per_view = 2 * object.len();
+    let objects: Vec<Vec<nalgebra::Point3<f64>>> = views
+        .iter()
+        .map(|v| board.object_points_of(&v.corners))
+        .collect();
+    let mut starts = Vec::with_capacity(views.len() + 1);
+    starts.push(0);
+    for o in &objects {
+        starts.push(starts.last().unwrap() + 2 * o.len());
+    }
+    let m = starts[views.len()];
     let mut p = DVector::zeros(12);
     write(&mut p, 0, &x0);
     write(&mut p, 6, &y0);
@@ -215,27 +223,28 @@ pub fn calibrate_hand_eye(
         let (x, y) = (read(p, 0), read(p, 6));
         for (v, (hi, view)) in h.iter().zip(views).enumerate() {
             let c = x.inverse() * hi * y;
-            for (k, (o, s)) in object.iter().zip(&view.corners).enumerate() {
+            let seen = view.corners.pixels();
+            for (k, (o, s)) in objects[v].iter().zip(seen).enumerate() {
                 let e = model
                     .project(&(c * o))
                     .map(|px| px - s)
                     .unwrap_or_else(|| nalgebra::Vector2::new(1e6, 1e6));
-                r[v * per_view + 2 * k] = e.x;
-                r[v * per_view + 2 * k + 1] = e.y;
+                r[starts[v] + 2 * k] = e.x;
+                r[starts[v] + 2 * k + 1] = e.y;
             }
         }
     };
-    let m = per_view * views.len();
     lm::minimise(&mut p, m, 200, residual);
     let (x, y) = (read(&p, 0), read(&p, 6));
     let mut r = DVector::zeros(m);
     residual(&p, &mut r);
-    let view_rms_px: Vec<f64> = r
-        .as_slice()
-        .chunks(per_view)
-        .map(|c| (c.iter().map(|e| e * e).sum::<f64>() / object.len() as f64).sqrt())
+    let view_rms_px: Vec<f64> = (0..views.len())
+        .map(|v| {
+            let e = &r.as_slice()[starts[v]..starts[v + 1]];
+            (e.iter().map(|e| e * e).sum::<f64>() / (e.len() / 2) as f64).sqrt()
+        })
         .collect();
-    let rms_px = (r.norm_squared() / (object.len() * views.len()) as f64).sqrt();
+    let rms_px = (r.norm_squared() / (m / 2) as f64).sqrt();
     let view_board_error = h
         .iter()
         .zip(&boards)
@@ -421,25 +430,21 @@ mod tests {
                 Setup::EyeToHand => g,
             };
             let c = x.inverse() * h * y;
-            let Some(corners) = project_board(&model(), &board(), &c) else {
+            let Some(mut corners) = project_board(&model(), &board(), &c) else {
                 continue;
             };
             if !corners
+                .pixels()
                 .iter()
                 .all(|p| p.x > 10.0 && p.y > 10.0 && p.x < 630.0 && p.y < 470.0)
             {
                 continue;
             }
-            let corners = corners
-                .into_iter()
-                .map(|p| {
-                    if sigma > 0.0 {
-                        p + nalgebra::Vector2::new(noise.sample(&mut rng), noise.sample(&mut rng))
-                    } else {
-                        p
-                    }
-                })
-                .collect();
+            if sigma > 0.0 {
+                for p in corners.pixels_mut() {
+                    *p += nalgebra::Vector2::new(noise.sample(&mut rng), noise.sample(&mut rng));
+                }
+            }
             out.push(HandEyeView {
                 gripper: g,
                 corners,

@@ -120,10 +120,11 @@ fn refine(
     height: u32,
     views: &[&Corners],
 ) -> Result<Intrinsics, CalibrateError> {
-    let object = board.object_points();
+    let objects: Vec<Vec<Point3<f64>>> = views.iter().map(|c| board.object_points_of(c)).collect();
     let homographies: Vec<Matrix3<f64>> = views
         .iter()
-        .map(|c| homography(&object, c))
+        .zip(&objects)
+        .map(|(c, o)| homography(o, c.pixels()))
         .collect::<Option<_>>()
         .ok_or_else(|| CalibrateError::Degenerate("a view's homography is singular".into()))?;
     let k = zhang_k(&homographies)?;
@@ -138,8 +139,13 @@ fn refine(
         let pose = pose_from_homography(&k, h);
         write_pose(&mut p, 9 + 6 * v, &pose);
     }
-    let per_view = 2 * object.len();
-    let m = per_view * n_views;
+    // Each view's residuals start where the views before it end (ChArUco views differ in size).
+    let mut starts = Vec::with_capacity(n_views + 1);
+    starts.push(0);
+    for o in &objects {
+        starts.push(starts.last().unwrap() + 2 * o.len());
+    }
+    let m = starts[n_views];
     let residuals = |p: &DVector<f64>, r: &mut DVector<f64>| {
         let model = model_of(p, width, height);
         for (v, c) in views.iter().enumerate() {
@@ -147,25 +153,25 @@ fn refine(
             view_residuals(
                 &model,
                 &pose,
-                &object,
-                c,
-                &mut r.as_mut_slice()[v * per_view..],
+                &objects[v],
+                c.pixels(),
+                &mut r.as_mut_slice()[starts[v]..starts[v + 1]],
             );
         }
     };
     let report = lm::minimise(&mut p, m, 200, residuals);
     let model = model_of(&p, width, height);
     let mut fits = Vec::with_capacity(n_views);
-    let mut r = vec![0.0; per_view];
     let mut total = 0.0;
     for (v, c) in views.iter().enumerate() {
         let pose = read_pose(&p, 9 + 6 * v);
-        view_residuals(&model, &pose, &object, c, &mut r);
+        let mut r = vec![0.0; 2 * c.len()];
+        view_residuals(&model, &pose, &objects[v], c.pixels(), &mut r);
         let ss: f64 = r.iter().map(|x| x * x).sum();
         total += ss;
         fits.push(ViewFit {
             index: v,
-            rms_px: (ss / object.len() as f64).sqrt(),
+            rms_px: (ss / c.len() as f64).sqrt(),
             pose,
         });
     }
@@ -177,7 +183,7 @@ fn refine(
     }
     Ok(Intrinsics {
         model,
-        rms_px: (total / (object.len() * n_views) as f64).sqrt(),
+        rms_px: (total / (m / 2) as f64).sqrt(),
         views: fits,
         rejected: Vec::new(),
         iterations: report.iterations,
@@ -377,30 +383,67 @@ pub fn board_pose(
     board: &Board,
     seen: &Corners,
 ) -> Option<(Isometry3<f64>, f64)> {
-    let object = board.object_points();
-    let normalised: Vec<Vector2<f64>> = seen.iter().map(|c| model.undistort(c.x, c.y)).collect();
+    let object = board.object_points_of(seen);
+    let normalised: Vec<Vector2<f64>> = seen
+        .pixels()
+        .iter()
+        .map(|c| model.undistort(c.x, c.y))
+        .collect();
     let h = homography(&object, &normalised)?;
     let start = pose_from_homography(&Matrix3::identity(), &h);
     let mut p = DVector::zeros(6);
     write_pose(&mut p, 0, &start);
     let m = 2 * object.len();
     lm::minimise(&mut p, m, 100, |p, r| {
-        view_residuals(model, &read_pose(p, 0), &object, seen, r.as_mut_slice())
+        view_residuals(
+            model,
+            &read_pose(p, 0),
+            &object,
+            seen.pixels(),
+            r.as_mut_slice(),
+        )
     });
     let pose = read_pose(&p, 0);
     let mut r = vec![0.0; m];
-    view_residuals(model, &pose, &object, seen, &mut r);
+    view_residuals(model, &pose, &object, seen.pixels(), &mut r);
     let rms = (r.iter().map(|x| x * x).sum::<f64>() / object.len() as f64).sqrt();
     Some((pose, rms))
 }
 
-/// Projects the board's corners through a pose and a camera (for synthetic views and checks).
+/// Projects every corner of the board through a pose and a camera (for synthetic views and
+/// checks); `None` when one falls behind the camera.
 pub fn project_board(model: &CameraModel, board: &Board, pose: &Isometry3<f64>) -> Option<Corners> {
     board
         .object_points()
         .iter()
         .map(|o| model.project(&(pose * o)))
-        .collect()
+        .collect::<Option<Vec<_>>>()
+        .map(Corners::whole)
+}
+
+/// The corners of the board a camera sees through a pose: those in front of it and at least
+/// `margin_px` inside the image.
+pub fn visible_corners(
+    model: &CameraModel,
+    board: &Board,
+    pose: &Isometry3<f64>,
+    margin_px: f64,
+) -> Corners {
+    let (w, h) = (model.width as f64, model.height as f64);
+    let (ids, pixels) = board
+        .object_points()
+        .iter()
+        .enumerate()
+        .filter_map(|(id, o)| {
+            let p = model.project(&(pose * o))?;
+            let inside = p.x >= margin_px - 0.5
+                && p.y >= margin_px - 0.5
+                && p.x <= w - 0.5 - margin_px
+                && p.y <= h - 0.5 - margin_px;
+            inside.then_some((id as u32, p))
+        })
+        .unzip();
+    Corners::new(ids, pixels)
 }
 
 #[cfg(test)]
@@ -442,7 +485,7 @@ mod tests {
             // Board centre at t, rotated about its centre.
             let pose = Isometry3::from_parts(Translation3::from(t - rot * centre), rot);
             if let Some(c) = project_board(model, board, &pose) {
-                let inside = c.iter().all(|p| {
+                let inside = c.pixels().iter().all(|p| {
                     p.x > 20.0
                         && p.y > 20.0
                         && p.x < model.width as f64 - 20.0
@@ -462,19 +505,55 @@ mod tests {
         (0..n)
             .map(|_| {
                 let pose = random_view(&mut rng, &m, &b);
-                project_board(&m, &b, &pose)
-                    .unwrap()
-                    .into_iter()
-                    .map(|p| {
-                        if sigma > 0.0 {
-                            p + Vector2::new(noise.sample(&mut rng), noise.sample(&mut rng))
-                        } else {
-                            p
-                        }
-                    })
-                    .collect()
+                let mut c = project_board(&m, &b, &pose).unwrap();
+                if sigma > 0.0 {
+                    for p in c.pixels_mut() {
+                        *p += Vector2::new(noise.sample(&mut rng), noise.sample(&mut rng));
+                    }
+                }
+                c
             })
             .collect()
+    }
+
+    #[test]
+    fn charuco_views_of_part_of_the_board_give_back_the_camera() {
+        // A large ChArUco board seen from close by: no view holds every corner, each holds a
+        // different part, and the corners' ids place them on the board.
+        let b: Board = "charuco:14x10:0.03:0.022:DICT_5X5_100".parse().unwrap();
+        let m = truth();
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut views = Vec::new();
+        while views.len() < 12 {
+            let tilt = Vector3::new(
+                rng.random_range(-0.6..0.6),
+                rng.random_range(-0.6..0.6),
+                rng.random_range(-0.5..0.5),
+            );
+            let rot = UnitQuaternion::from_scaled_axis(tilt);
+            // Some point of the board in front of the camera, 0.25-0.4 m away.
+            let on_board = Vector3::new(
+                rng.random_range(0.05..0.37),
+                rng.random_range(0.05..0.25),
+                0.0,
+            );
+            let t = Vector3::new(0.0, 0.0, rng.random_range(0.25..0.4));
+            let pose = Isometry3::from_parts(Translation3::from(t - rot * on_board), rot);
+            let seen = visible_corners(&m, &b, &pose, 10.0);
+            if seen.len() >= 20 && seen.len() < b.corners() {
+                views.push(seen);
+            }
+        }
+        let fit = calibrate(&b, 640, 480, &views).unwrap();
+        assert!(fit.rms_px < 1e-6, "rms {}", fit.rms_px);
+        let t = truth();
+        for (got, want) in [(fit.model.fx, t.fx), (fit.model.cy, t.cy)] {
+            assert!((got - want).abs() < 1e-6 * want, "{got} vs {want}");
+        }
+        // And each view's pose alone, from the recovered camera.
+        let (pose, rms) = board_pose(&fit.model, &b, &views[3]).unwrap();
+        assert!(rms < 1e-6);
+        assert!((pose.translation.vector - fit.views[3].pose.translation.vector).norm() < 1e-7);
     }
 
     #[test]
@@ -516,7 +595,7 @@ mod tests {
         let b: Board = "chessboard:9x6:0.025".parse().unwrap();
         let mut views = noisy_views(7, 10, 0.1);
         // Two corners of view 4 swapped: the detector labelled them wrong.
-        views[4].swap(10, 30);
+        views[4].pixels_mut().swap(10, 30);
         let fit = calibrate(&b, 640, 480, &views).unwrap();
         assert_eq!(fit.rejected.len(), 1, "{:?}", fit.rejected);
         assert_eq!(fit.rejected[0].0, 4);

@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use reflex_calibration::board::Board;
 use reflex_calibration::camera::CameraModel;
-use reflex_calibration::intrinsics::project_board;
+use reflex_calibration::intrinsics::{project_board, visible_corners};
 use reflex_runtime::kinematics::{Chain, IkOptions, top_down};
 
 /// Rays cast per pixel along each axis.
@@ -143,15 +143,15 @@ fn board_in_view(
     border: f64,
 ) -> bool {
     let s = board.square_m;
-    let (w, h) = (board.cols as f64 * s, board.rows as f64 * s);
+    let (x0, y0, x1, y1) = board.squares_extent();
     let outline = [
-        (-2.0 * s, -2.0 * s),
-        (w + s, -2.0 * s),
-        (-2.0 * s, h + s),
-        (w + s, h + s),
+        (x0 - s, y0 - s),
+        (x1 + s, y0 - s),
+        (x0 - s, y1 + s),
+        (x1 + s, y1 + s),
     ];
     let corners_in = project_board(lens, board, camera_board).is_some_and(|c| {
-        c.iter().all(|p| {
+        c.pixels().iter().all(|p| {
             p.x > border
                 && p.y > border
                 && p.x < lens.width as f64 - border
@@ -170,15 +170,33 @@ fn board_in_view(
         })
 }
 
+/// Whether a view is one a person would keep: a chessboard whole in the picture; a ChArUco
+/// board with at least half its corners well inside (the rest may be out of the picture, which
+/// its markers allow).
+fn usable_view(lens: &CameraModel, board: &Board, camera_board: &Isometry3<f64>) -> bool {
+    if board.is_charuco() {
+        visible_corners(lens, board, camera_board, 8.0).len() * 2 >= board.corners()
+    } else {
+        board_in_view(lens, board, camera_board, 8.0)
+    }
+}
+
+/// The middle of the board's squares, in its frame.
+fn board_centre(board: &Board) -> Vector3<f64> {
+    let (x0, y0, x1, y1) = board.squares_extent();
+    Vector3::new((x0 + x1) / 2.0, (y0 + y1) / 2.0, 0.0)
+}
+
 /// Views of a board held in front of a camera at `n` seeded poses: the board's centre 1.2-2.5
-/// board-widths away, turned up to 40 degrees about its axes and 30 about the view axis, the
-/// whole board inside the picture (the views a person takes for intrinsics).
+/// board-widths away (a ChArUco board also closer, down to 0.8), turned up to 40 degrees about
+/// its axes and 30 about the view axis, the whole chessboard inside the picture, or at least
+/// half of a ChArUco board's corners (the views a person takes for intrinsics).
 pub fn intrinsics_views(lens: &CameraModel, board: &Board, n: usize, seed: u64) -> Vec<BoardView> {
     let renderer = BoardRenderer::new(lens);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let centre =
-        Vector3::new(board.cols as f64 - 1.0, board.rows as f64 - 1.0, 0.0) * board.square_m / 2.0;
+    let centre = board_centre(board);
     let width_m = (board.cols + 1) as f64 * board.square_m;
+    let nearest = if board.is_charuco() { 0.6 } else { 0.9 };
     // Distance at which the board spans about 60 % of the image's width.
     let near = lens.fx * width_m / (0.6 * lens.width as f64);
     let mut views = Vec::with_capacity(n);
@@ -188,14 +206,14 @@ pub fn intrinsics_views(lens: &CameraModel, board: &Board, n: usize, seed: u64) 
             rng.random_range(-0.7..0.7),
             rng.random_range(-0.5..0.5),
         ));
-        let z = near * rng.random_range(0.9..2.0);
+        let z = near * rng.random_range(nearest..2.0);
         let t = Vector3::new(
             rng.random_range(-0.38..0.38) * z * lens.width as f64 / lens.fx,
             rng.random_range(-0.38..0.38) * z * lens.height as f64 / lens.fy,
             z,
         );
         let pose = Isometry3::from_parts(Translation3::from(t - rot * centre), rot);
-        if !board_in_view(lens, board, &pose, 8.0) {
+        if !usable_view(lens, board, &pose) {
             continue;
         }
         let mut image = vec![0u8; (lens.width * lens.height * 3) as usize];
@@ -212,7 +230,7 @@ pub fn intrinsics_views(lens: &CameraModel, board: &Board, n: usize, seed: u64) 
 /// The wrist camera's hand-eye views: a board lying printed side up on the table at
 /// `base_board`, the arm above it at `n` seeded joint positions (top-down IK over the board,
 /// then every arm joint turned by up to 0.3 rad), kept when the wrist camera sees the whole
-/// board. Returns the views and `T_gripper_camera`, the truth.
+/// chessboard (half a ChArUco board). Returns the views and `T_gripper_camera`, the truth.
 pub fn hand_eye_views(
     arm: &ArmModel,
     camera: &RigCamera,
@@ -232,12 +250,7 @@ pub fn hand_eye_views(
         Chain::from_urdf(&arm.urdf, "so101.urdf", "base", link).map_err(|e| e.to_string())?;
     let renderer = BoardRenderer::new(lens);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let centre = base_board
-        * nalgebra::Point3::new(
-            (board.cols - 1) as f64 * board.square_m / 2.0,
-            (board.rows - 1) as f64 * board.square_m / 2.0,
-            0.0,
-        );
+    let centre = base_board * nalgebra::Point3::from(board_centre(board));
     let mut views = Vec::with_capacity(n);
     let mut tries = 0;
     while views.len() < n {
@@ -266,7 +279,7 @@ pub fn hand_eye_views(
         }
         let base_camera = to_link.fk(&q) * offset;
         let camera_board = base_camera.inverse() * base_board;
-        if !board_in_view(lens, board, &camera_board, 8.0) {
+        if !usable_view(lens, board, &camera_board) {
             continue;
         }
         let mut image = vec![0u8; (lens.width * lens.height * 3) as usize];
@@ -307,7 +320,8 @@ mod tests {
         for view in intrinsics_views(&lens, &board, 4, 9) {
             let found = detect(&board, &gray_from_rgb(&view.image), 640, 480).expect("board found");
             let truth = project_board(&lens, &board, &view.camera_board).unwrap();
-            for (f, t) in found.iter().zip(&truth) {
+            assert_eq!(found.ids(), truth.ids());
+            for (f, t) in found.pixels().iter().zip(truth.pixels()) {
                 worst = worst.max((f - t).norm());
                 sum += (f - t).norm();
                 n += 1.0;
@@ -315,6 +329,49 @@ mod tests {
         }
         eprintln!("corner error: mean {:.3} px, worst {worst:.3} px", sum / n);
         // The detector's sub-pixel corners on anti-aliased edges.
+        assert!(
+            worst < 0.25 && sum / n < 0.08,
+            "corners {:.3} px from the truth on average, {worst:.3} px at worst",
+            sum / n
+        );
+    }
+
+    #[test]
+    fn charuco_corners_are_found_by_id_where_the_lens_projects_them_in_part_views_too() {
+        // The markers are drawn as OpenCV draws them: every corner found carries the id whose
+        // board point projects there, whole board in view or not.
+        let rig = CameraRig::default_rig();
+        let lens = CameraModel {
+            dist: [-0.15, 0.04, 0.0, 0.0, 0.0],
+            ..rig.cameras[0].lens(640, 480)
+        };
+        let board: Board = "charuco:9x7:0.03:0.022".parse().unwrap();
+        let (mut worst, mut sum, mut n): (f64, f64, f64) = (0.0, 0.0, 0.0);
+        let mut partial = 0;
+        for view in intrinsics_views(&lens, &board, 8, 4) {
+            let found = detect(&board, &gray_from_rgb(&view.image), 640, 480).expect("board found");
+            let truth = visible_corners(&lens, &board, &view.camera_board, 0.0);
+            partial += usize::from(truth.len() < board.corners());
+            assert!(
+                found.len() * 10 >= truth.len() * 8,
+                "{} of {}",
+                found.len(),
+                truth.len()
+            );
+            for (id, f) in found.iter() {
+                let t = truth
+                    .get(id)
+                    .unwrap_or_else(|| panic!("corner {id} found, not in view"));
+                worst = worst.max((f - t).norm());
+                sum += (f - t).norm();
+                n += 1.0;
+            }
+        }
+        eprintln!(
+            "ChArUco corner error: mean {:.3} px, worst {worst:.3} px, {partial} of 8 views partial",
+            sum / n
+        );
+        assert!(partial >= 2, "some views show part of the board: {partial}");
         assert!(
             worst < 0.25 && sum / n < 0.08,
             "corners {:.3} px from the truth on average, {worst:.3} px at worst",

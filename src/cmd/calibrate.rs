@@ -16,7 +16,7 @@ pub enum CalibrateCommand {
     /// Guided joint calibration: middle pose, then a sweep of every joint; writes the homing
     /// offsets and limits to the servos and LeRobot's calibration file.
     Joints(CalibrateArgs),
-    /// A camera's intrinsics and distortion from a folder of chessboard images (OpenCV's YAML,
+    /// A camera's intrinsics and distortion from a folder of board images (OpenCV's YAML,
     /// or JSON when --out ends in .json).
     Camera(CameraArgs),
     /// Where a camera sits on the robot, from board images and the arm's pose for each
@@ -28,7 +28,8 @@ pub enum CalibrateCommand {
 
 #[derive(Args)]
 pub struct BoardArgs {
-    /// The board: chessboard:COLSxROWS:SQUARE_M (inner corners, square side in metres).
+    /// The board: chessboard:COLSxROWS:SQUARE_M (inner corners, square side in metres) or
+    /// charuco:SQUARES_XxSQUARES_Y:SQUARE_M:MARKER_M[:DICT_4X4_50] (OpenCV's CharucoBoard).
     #[arg(long, default_value = "chessboard:9x6:0.025")]
     board: Board,
     /// Printer resolution, dots per inch.
@@ -46,7 +47,7 @@ pub struct CameraArgs {
     #[arg(long)]
     images: PathBuf,
     /// Capture the views now from this camera (/dev/videoN, or files:DIR): views are kept when
-    /// the whole board is seen, sharp, and unlike those already kept.
+    /// the board is seen (a chessboard whole), sharp, and unlike those already kept.
     #[arg(long, value_name = "DEVICE")]
     live: Option<String>,
     /// With --live: views to keep.
@@ -64,7 +65,8 @@ pub struct CameraArgs {
     /// With --live: give up after this many seconds.
     #[arg(long, default_value_t = 300.0)]
     seconds: f64,
-    /// The board, by inner corners and square side in metres: chessboard:COLSxROWS:SQUARE_M.
+    /// The board: chessboard:COLSxROWS:SQUARE_M (inner corners, square side in metres) or
+    /// charuco:SQUARES_XxSQUARES_Y:SQUARE_M:MARKER_M[:DICT_4X4_50] (OpenCV's CharucoBoard).
     #[arg(long)]
     board: Board,
     /// The camera file written.

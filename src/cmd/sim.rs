@@ -21,8 +21,9 @@ pub enum SimCommand {
     Expert(ExpertArgs),
     /// Write the camera images (PNG) after N expert steps of a seeded episode.
     Snapshot(SnapshotArgs),
-    /// Render a chessboard through a simulated camera from seeded poses (PNG), with the truth
-    /// (truth.json): try `reflex calibrate camera|hand-eye` without a camera.
+    /// Render a calibration board (chessboard or ChArUco) through a simulated camera from
+    /// seeded poses (PNG), with the truth (truth.json): try `reflex calibrate camera|hand-eye`
+    /// without a camera.
     BoardViews(BoardViewsArgs),
 }
 

@@ -82,12 +82,12 @@ fn a_lerobot_calibration_file_reads_in_reflex_and_writes_back_byte_for_byte() {
     );
 }
 
-/// The commands of docs/hardware.md's "Without a camera" block, exactly as written.
-fn documented_camera_commands() -> Vec<Vec<String>> {
+/// The commands of docs/hardware.md's block after `heading`, exactly as written.
+fn documented_commands(heading: &str) -> Vec<Vec<String>> {
     let doc = std::fs::read_to_string(crate::common::repo().join("docs/hardware.md")).unwrap();
     let start = doc
-        .find("**Without a camera.**")
-        .expect("docs/hardware.md has its \"Without a camera\" part");
+        .find(heading)
+        .unwrap_or_else(|| panic!("docs/hardware.md has its {heading} part"));
     let block = &doc[start..];
     let open = block.find("```sh\n").expect("a sh block") + 6;
     let close = open + block[open..].find("```").unwrap();
@@ -140,7 +140,7 @@ fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agr
     use reflex_tools::calibrate::TruthFile;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let commands = documented_camera_commands();
+    let commands = documented_commands("**Without a camera.**");
     assert_eq!(commands.len(), 7, "{commands:?}");
     let mut printed = Vec::new();
     for line in &commands {
@@ -288,14 +288,244 @@ fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agr
     )
     .unwrap();
     let square_px = 0.025 / 0.0254 * 300.0;
-    assert!(((corners[1] - corners[0]).norm() - square_px).abs() < 0.5);
-    assert!(((corners[9] - corners[0]).norm() - square_px).abs() < 0.5);
+    let c = corners.pixels();
+    assert!(((c[1] - c[0]).norm() - square_px).abs() < 0.5);
+    assert!(((c[9] - c[0]).norm() - square_px).abs() < 0.5);
     assert_eq!(
         (w, h),
         (
             (11.0 * square_px).round() as u32,
             (8.0 * square_px).round() as u32
         )
+    );
+}
+
+/// The ChArUco chain as docs/hardware.md runs it: intrinsics and distortion from views that
+/// include parts of the board against the lens they were rendered with, the wrist camera's
+/// mount, OpenCV's `calibrateCamera` and `calibrateHandEye` on the same corners (with OpenCV's
+/// own object points for the board), and OpenCV's own ChArUco detector on the rendered views and
+/// the printed board: the same corner ids where reflex finds them, so reflex's board is OpenCV's.
+#[test]
+fn charuco_calibration_on_simulated_boards_recovers_the_truth_and_agrees_with_opencv() {
+    use reflex_calibration::camera::CameraModel;
+    use reflex_calibration::hand_eye::HandEyeFile;
+    use reflex_tools::calibrate::{CornersFile, TruthFile};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let commands = documented_commands("**Without a camera, with a ChArUco board.**");
+    assert_eq!(commands.len(), 7, "{commands:?}");
+    for line in &commands {
+        run_documented(d, line);
+    }
+    let read_truth = |p: &str| -> TruthFile {
+        serde_json::from_str(&std::fs::read_to_string(d.join(p)).unwrap()).unwrap()
+    };
+    let read_corners = |p: &str| -> CornersFile {
+        serde_json::from_str(&std::fs::read_to_string(d.join(p)).unwrap()).unwrap()
+    };
+    let board: reflex_calibration::board::Board =
+        "charuco:12x9:0.02:0.015:DICT_5X5_100".parse().unwrap();
+
+    // Intrinsics within 0.2 % of the rendered lens; some views held part of the board only.
+    let truth = read_truth("charuco_views/truth.json").camera.model();
+    let got = CameraModel::load(&d.join("front_charuco.yaml")).unwrap();
+    let rel = |a: f64, b: f64| ((a - b) / b).abs();
+    assert!(
+        rel(got.fx, truth.fx) < 0.002 && rel(got.fy, truth.fy) < 0.002,
+        "{got:?} vs {truth:?}"
+    );
+    assert!(
+        (got.cx - truth.cx).abs() < 0.002 * truth.cx
+            && (got.cy - truth.cy).abs() < 0.002 * truth.cy
+    );
+    let corners = read_corners("charuco_corners.json");
+    let partial = corners
+        .views
+        .iter()
+        .filter(|v| v.ids.len() < board.corners())
+        .count();
+    assert!(
+        partial >= 3 && corners.views.len() >= 15,
+        "{partial} partial views of {}",
+        corners.views.len()
+    );
+    let mut worst: f64 = 0.0;
+    for view in &corners.views {
+        for c in &view.corners {
+            let ray = truth.undistort(c[0], c[1]);
+            let back = got
+                .project(&nalgebra::Point3::new(ray.x, ray.y, 1.0))
+                .unwrap();
+            worst = worst.max((back - nalgebra::Vector2::new(c[0], c[1])).norm());
+        }
+    }
+    assert!(
+        worst < 0.3,
+        "the recovered lens puts a corner {worst} px from the true lens"
+    );
+
+    // OpenCV on the same corners, its own board's object points.
+    let cv = peer(&[
+        "intrinsics".as_ref(),
+        d.join("charuco_corners.json").as_os_str(),
+        d.join("front_charuco.yaml").as_os_str(),
+    ]);
+    let f = |k: &str| cv[k].as_f64().unwrap();
+    assert!(
+        rel(f("fx"), got.fx) < 0.001 && rel(f("fy"), got.fy) < 0.001,
+        "{cv}"
+    );
+    assert!(
+        (f("cx") - got.cx).abs() < 0.5 && (f("cy") - got.cy).abs() < 0.5,
+        "{cv}"
+    );
+
+    // OpenCV's detector on the rendered views: the corners it finds carry the ids reflex gives
+    // them (the same corner: within a fraction of a square), and both are judged against where
+    // the true lens puts each id.
+    let truth_views = read_truth("charuco_views/truth.json");
+    let true_px = |image: &str, id: u32| -> nalgebra::Vector2<f64> {
+        let view = truth_views.views.iter().find(|v| v.image == image).unwrap();
+        truth
+            .project(&(view.camera_board.iso() * board.object_point(id)))
+            .unwrap()
+    };
+    let mut images: Vec<std::ffi::OsString> =
+        vec!["charuco-detect".into(), board.to_string().into()];
+    for v in &corners.views {
+        images.push(d.join("charuco_views").join(&v.image).into_os_string());
+    }
+    let args: Vec<&std::ffi::OsStr> = images.iter().map(|a| a.as_os_str()).collect();
+    let cv_found = peer(&args);
+    let (mut shared, mut opencv_only, mut gap_worst) = (0usize, 0usize, 0.0f64);
+    let (mut ours_err, mut theirs_err, mut ours_n, mut theirs_n) = (0.0f64, 0.0f64, 0.0, 0.0);
+    for (ours, theirs) in corners
+        .views
+        .iter()
+        .zip(cv_found["images"].as_array().unwrap())
+    {
+        for (id, c) in ours.ids.iter().zip(&ours.corners) {
+            ours_err += (nalgebra::Vector2::new(c[0], c[1]) - true_px(&ours.image, *id)).norm();
+            ours_n += 1.0;
+        }
+        let their_px = theirs["corners"].as_array().unwrap();
+        for (k, id) in theirs["ids"].as_array().unwrap().iter().enumerate() {
+            let id = id.as_u64().unwrap() as u32;
+            let p = nalgebra::Vector2::new(
+                their_px[k][0].as_f64().unwrap(),
+                their_px[k][1].as_f64().unwrap(),
+            );
+            theirs_err += (p - true_px(&ours.image, id)).norm();
+            theirs_n += 1.0;
+            match ours.ids.iter().position(|i| *i == id) {
+                Some(j) => {
+                    let q = nalgebra::Vector2::new(ours.corners[j][0], ours.corners[j][1]);
+                    gap_worst = gap_worst.max((p - q).norm());
+                    shared += 1;
+                }
+                None => opencv_only += 1,
+            }
+        }
+    }
+    let (ours_err, theirs_err) = (ours_err / ours_n, theirs_err / theirs_n);
+    assert!(
+        shared > 0 && opencv_only * 20 <= shared && gap_worst < 2.0,
+        "OpenCV found {opencv_only} corners reflex did not, {shared} in common, one {gap_worst:.2} px from reflex's"
+    );
+    assert!(
+        ours_err < 0.1,
+        "reflex's corners are {ours_err:.3} px from the truth on average (OpenCV's {theirs_err:.3})"
+    );
+    // OpenCV's object points are reflex's.
+    let opencv_points = cv_found["object_points"].as_array().unwrap();
+    assert_eq!(opencv_points.len(), board.corners());
+    for (id, p) in opencv_points.iter().enumerate() {
+        let ours = board.object_point(id as u32);
+        for k in 0..3 {
+            assert!(
+                (p[k].as_f64().unwrap() - ours[k]).abs() < 1e-6,
+                "corner {id}: {p}"
+            );
+        }
+    }
+
+    // The printed board: OpenCV finds every corner, each id where the print puts it.
+    let png = d.join("charuco.png");
+    let printed = peer(&[
+        "charuco-detect".as_ref(),
+        board.to_string().as_ref(),
+        png.as_os_str(),
+    ]);
+    let found = &printed["images"][0];
+    let ids = found["ids"].as_array().unwrap();
+    assert_eq!(ids.len(), board.corners(), "{found}");
+    let px_per_m = 300.0 / 0.0254;
+    for (id, c) in ids.iter().zip(found["corners"].as_array().unwrap()) {
+        // The print starts half a square before the squares; pixel centres at integers.
+        let o = board.object_point(id.as_u64().unwrap() as u32);
+        let (u, v) = ((o.x + 0.01) * px_per_m - 0.5, (o.y + 0.01) * px_per_m - 0.5);
+        assert!(
+            (c[0].as_f64().unwrap() - u).abs() < 1.0 && (c[1].as_f64().unwrap() - v).abs() < 1.0,
+            "corner {id} at {c}, printed at ({u:.1}, {v:.1})"
+        );
+    }
+
+    // Hand-eye: the wrist camera's mount within 1 mm and 0.1 degree, OpenCV within 1 mm.
+    let he_truth = read_truth("charuco_hand_eye_views/truth.json");
+    let mount = he_truth.gripper_camera.unwrap().iso();
+    let fit: HandEyeFile = serde_json::from_str(
+        &std::fs::read_to_string(d.join("wrist_charuco_hand_eye.json")).unwrap(),
+    )
+    .unwrap();
+    let (mm, deg) = reflex_calibration::hand_eye::pose_error(&fit.camera.iso(), &mount);
+    assert!(
+        mm < 1.0 && deg < 0.1,
+        "mount off by {mm} mm and {deg} degrees"
+    );
+    let report = crate::common::json_output(crate::common::reflex().current_dir(d).args([
+        "calibrate",
+        "hand-eye",
+        "--images",
+        "charuco_hand_eye_views",
+        "--camera",
+        "wrist_charuco.yaml",
+        "--board",
+        "charuco:9x7:0.02:0.015",
+        "--out",
+        "again.json",
+        "--json",
+    ]));
+    let report_path = d.join("charuco_hand_eye_report.json");
+    std::fs::write(&report_path, report.to_string()).unwrap();
+    let cv = peer(&[
+        "hand-eye".as_ref(),
+        d.join("charuco_hand_eye_corners.json").as_os_str(),
+        d.join("wrist_charuco.yaml").as_os_str(),
+        report_path.as_os_str(),
+    ]);
+    let t: Vec<f64> = cv["park"]["translation_m"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let ours = fit.camera.translation_m;
+    let gap_mm = ((t[0] - ours[0]).powi(2) + (t[1] - ours[1]).powi(2) + (t[2] - ours[2]).powi(2))
+        .sqrt()
+        * 1e3;
+    assert!(
+        gap_mm < 1.0,
+        "OpenCV's Park-Martin is {gap_mm} mm from reflex's: {cv}"
+    );
+    eprintln!(
+        "charuco: fx {:.3} vs {:.3} ({:.4} %), {} views ({partial} partial), lens gap {worst:.3} px; OpenCV fx {:.3}; corners from the truth: reflex {ours_err:.3} px ({} corners), OpenCV's detector {theirs_err:.3} px ({} corners, {shared} shared, {opencv_only} only OpenCV's, {gap_worst:.3} px apart at worst); mount {mm:.3} mm, {deg:.4} deg, OpenCV hand-eye gap {gap_mm:.3} mm",
+        got.fx,
+        truth.fx,
+        100.0 * rel(got.fx, truth.fx),
+        corners.views.len(),
+        f("fx"),
+        ours_n,
+        theirs_n
     );
 }
 

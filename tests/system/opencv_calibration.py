@@ -7,6 +7,13 @@
         each view's board pose by cv2.solvePnP with the camera file's intrinsics, the gripper's
         pose from reflex's report (forward kinematics), then cv2.calibrateHandEye (Park-Martin
         and Tsai-Lenz).
+    opencv_calibration.py charuco-detect BOARD IMAGE...
+        OpenCV's own ChArUco detector (cv2.aruco.CharucoDetector) on images: per image, the ids
+        and pixels of the corners it finds, and the board's corners in its frame as OpenCV
+        places them (getChessboardCorners).
+
+A ChArUco board's object points are OpenCV's (cv2.aruco.CharucoBoard.getChessboardCorners,
+indexed by corner id), so reflex's board frame is checked too.
 
 Prints one JSON object.
 """
@@ -18,7 +25,22 @@ import cv2
 import numpy as np
 
 
+def charuco_board(board):
+    """cv2.aruco.CharucoBoard of a reflex name charuco:SXxSY:SQUARE:MARKER[:DICT]."""
+    fields = board.split(":")
+    assert fields[0] == "charuco", board
+    sx, sy = (int(v) for v in fields[1].split("x"))
+    dictionary = fields[4] if len(fields) > 4 else "DICT_4X4_50"
+    d = cv2.aruco.getPredefinedDictionary(getattr(cv2.aruco, dictionary))
+    b = cv2.aruco.CharucoBoard((sx, sy), float(fields[2]), float(fields[3]), d)
+    b.setLegacyPattern(False)
+    return b
+
+
 def object_points(board):
+    """Every corner in the board's frame, indexed by id."""
+    if board.startswith("charuco:"):
+        return np.array(charuco_board(board).getChessboardCorners(), np.float64).reshape(-1, 3)
     kind, size, square = board.split(":")
     assert kind == "chessboard", board
     cols, rows = (int(v) for v in size.split("x"))
@@ -27,6 +49,22 @@ def object_points(board):
         for i in range(cols):
             grid[j * cols + i] = (i * float(square), j * float(square), 0.0)
     return grid
+
+
+def charuco_detect(board, images):
+    b = charuco_board(board)
+    detector = cv2.aruco.CharucoDetector(b)
+    out = {"opencv": cv2.__version__, "object_points": object_points(board).tolist(), "images": []}
+    for path in images:
+        gray = cv2.imread(path, cv2.IMREAD_GRAYSCALE)
+        assert gray is not None, path
+        corners, ids, _, _ = detector.detectBoard(gray)
+        found = {"image": path, "ids": [], "corners": []}
+        if ids is not None:
+            found["ids"] = [int(i) for i in np.asarray(ids).ravel()]
+            found["corners"] = np.asarray(corners, np.float64).reshape(-1, 2).tolist()
+        out["images"].append(found)
+    print(json.dumps(out))
 
 
 def read_camera(path):
@@ -69,17 +107,21 @@ def rotation_from_xyzw(q):
 
 
 def main():
+    if sys.argv[1] == "charuco-detect":
+        charuco_detect(sys.argv[2], sys.argv[3:])
+        return
     mode, corners_path, camera_path = sys.argv[1:4]
     corners = json.load(open(corners_path))
-    obj = object_points(corners["board"])
+    every = object_points(corners["board"])
     views = corners["views"]
+    objs = [every[np.array(v["ids"], np.int64)] for v in views]
     img = [np.array(v["corners"], np.float64).reshape(-1, 1, 2).astype(np.float32) for v in views]
     k_reflex, d_reflex, size = read_camera(camera_path)
     assert size == (corners["image_width"], corners["image_height"]), (size, corners["image_width"])
     if mode == "intrinsics":
         criteria = (cv2.TERM_CRITERIA_COUNT + cv2.TERM_CRITERIA_EPS, 200, 1e-12)
         rms, k, d, _, _ = cv2.calibrateCamera(
-            [obj.astype(np.float32)] * len(img), img, size, None, None, criteria=criteria
+            [o.astype(np.float32) for o in objs], img, size, None, None, criteria=criteria
         )
         d = d.reshape(-1)
         print(
@@ -100,7 +142,7 @@ def main():
         report = json.load(open(sys.argv[4]))
         gripper = {v["image"]: v["gripper"] for v in report["views"] if v.get("gripper")}
         r_g2b, t_g2b, r_t2c, t_t2c = [], [], [], []
-        for v, pts in zip(views, img):
+        for v, obj, pts in zip(views, objs, img):
             ok, rvec, tvec = cv2.solvePnP(obj, pts.astype(np.float64), k_reflex, d_reflex)
             assert ok, v["image"]
             g = gripper[v["image"]]

@@ -64,7 +64,7 @@ pub struct CameraCalibrationReport {
     pub live: Option<LiveCapture>,
 }
 
-/// The corners of every image where the whole board was found: what `--corners` writes.
+/// The corners of every image where the board was found: what `--corners` writes.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CornersFile {
@@ -84,8 +84,21 @@ pub struct CornersFile {
 pub struct CornerView {
     /// File name.
     pub image: String,
-    /// `[u, v]`, px.
+    /// Each corner's id: `j cols + i` for inner corner `(i, j)` (a chessboard's views hold
+    /// every id; OpenCV's ChArUco ids).
+    pub ids: Vec<u32>,
+    /// `[u, v]`, px, in the order of `ids`.
     pub corners: Vec<[f64; 2]>,
+}
+
+impl CornerView {
+    fn new(image: String, c: &Corners) -> Self {
+        CornerView {
+            image,
+            ids: c.ids().to_vec(),
+            corners: c.pixels().iter().map(|p| [p.x, p.y]).collect(),
+        }
+    }
 }
 
 fn image_files(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -182,16 +195,27 @@ pub struct LiveCapture {
 }
 
 /// Where a board sits in a view, for telling new views from ones already kept: its centre and
-/// size relative to the image, its two axes' lengths' ratio (tilt) and its rotation.
+/// size relative to the image, its two axes' lengths' ratio (tilt) and its rotation. A corner
+/// not seen (part of a ChArUco board) is placed by the homography of those seen.
 fn pose_signature(c: &Corners, board: &Board, w: u32, h: u32) -> [f64; 5] {
+    let object = board.object_points_of(c);
+    let plane = reflex_calibration::intrinsics::homography(&object, c.pixels());
+    let at = |id: u32| -> nalgebra::Vector2<f64> {
+        c.get(id)
+            .or_else(|| {
+                let o = board.object_point(id);
+                let p = plane? * nalgebra::Vector3::new(o.x, o.y, 1.0);
+                Some(nalgebra::Vector2::new(p.x / p.z, p.y / p.z))
+            })
+            .unwrap_or_default()
+    };
     let n = c.len() as f64;
-    let centre = c.iter().sum::<nalgebra::Vector2<f64>>() / n;
-    let cols = board.cols as usize;
-    let last_row = (board.rows as usize - 1) * cols;
-    let along = c[cols - 1] - c[0];
-    let down = c[last_row] - c[0];
+    let centre = c.pixels().iter().sum::<nalgebra::Vector2<f64>>() / n;
+    let (cols, rows) = (board.cols, board.rows);
+    let along = at(cols - 1) - at(0);
+    let down = at((rows - 1) * cols) - at(0);
     let size = (along.norm() + down.norm()) / (w as f64 + h as f64);
-    let tilt = (along.norm() / board.cols as f64) / (down.norm() / board.rows as f64).max(1e-9);
+    let tilt = (along.norm() / cols as f64) / (down.norm() / rows as f64).max(1e-9);
     [
         centre.x / w as f64,
         centre.y / h as f64,
@@ -204,7 +228,7 @@ fn pose_signature(c: &Corners, board: &Board, w: u32, h: u32) -> [f64; 5] {
 /// Sharpness: the mean absolute Laplacian over the board's bounding box.
 fn sharpness(gray: &[u8], w: usize, h: usize, c: &Corners) -> f64 {
     let (mut x0, mut y0, mut x1, mut y1) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
-    for p in c {
+    for p in c.pixels() {
         x0 = x0.min(p.x);
         y0 = y0.min(p.y);
         x1 = x1.max(p.x);
@@ -308,7 +332,7 @@ pub fn capture_live(
         kept.push(sig);
         sharp.push(s);
         out.kept += 1;
-        for c in &corners {
+        for c in corners.pixels() {
             let (cx, cy) = (
                 (c.x / w as f64 * 4.0) as usize,
                 (c.y / h as f64 * 3.0) as usize,
@@ -373,10 +397,7 @@ pub fn calibrate_camera(
             views: fit
                 .views
                 .iter()
-                .map(|v| CornerView {
-                    image: found[usable[v.index].0].0.clone(),
-                    corners: views[v.index].iter().map(|c| [c.x, c.y]).collect(),
-                })
+                .map(|v| CornerView::new(found[usable[v.index].0].0.clone(), &views[v.index]))
                 .collect(),
         };
         write_json(path, &file)?;
@@ -563,10 +584,7 @@ pub fn calibrate_hand_eye_folder(
             image_height: h,
             views: used_views
                 .zip(&views)
-                .map(|(o, v)| CornerView {
-                    image: o.image.clone(),
-                    corners: v.corners.iter().map(|c| [c.x, c.y]).collect(),
-                })
+                .map(|(o, v)| CornerView::new(o.image.clone(), &v.corners))
                 .collect(),
         };
         write_json(path, &file)?;
@@ -605,8 +623,9 @@ pub fn calibrate_hand_eye_folder(
 }
 
 /// `reflex calibrate board`: the board as a PNG to print at `dpi` (100 % scale, no "fit to
-/// page"): the squares and a white margin of half a square around them (a 9x6 board of 25 mm
-/// squares is 27.5 x 20 cm: A4 or US letter in landscape). Returns the image's size in pixels.
+/// page"): the squares (and a ChArUco board's markers) and a white margin of half a square around
+/// them (a 9x6 chessboard of 25 mm squares is 27.5 x 20 cm: A4 or US letter in landscape).
+/// Returns the image's size in pixels.
 pub fn write_board_png(board: &Board, dpi: f64, out: &Path) -> Result<(u32, u32)> {
     if !(50.0..=2400.0).contains(&dpi) {
         return Err(bail(format!(
@@ -615,11 +634,10 @@ pub fn write_board_png(board: &Board, dpi: f64, out: &Path) -> Result<(u32, u32)
     }
     let px_per_m = dpi / 0.0254;
     let s = board.square_m;
-    // From 1.5 squares before the first corner to 1.5 after the last (corner (0, 0) sits one
-    // square into the squares).
-    let (x0, y0) = (-1.5 * s, -1.5 * s);
-    let w = ((board.cols as f64 + 2.0) * s * px_per_m).round() as u32;
-    let h = ((board.rows as f64 + 2.0) * s * px_per_m).round() as u32;
+    let (x0, y0, x1, y1) = board.squares_extent();
+    let (x0, y0) = (x0 - 0.5 * s, y0 - 0.5 * s);
+    let w = ((x1 - x0 + 0.5 * s) * px_per_m).round() as u32;
+    let h = ((y1 - y0 + 0.5 * s) * px_per_m).round() as u32;
     let mut rgb = vec![255u8; (w * h * 3) as usize];
     for v in 0..h {
         for u in 0..w {
