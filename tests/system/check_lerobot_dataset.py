@@ -141,7 +141,9 @@ if videos:
                 need(os.path.isfile(path), f"{key}: episode {e}'s video {path} does not exist")
                 with av.open(path) as container:
                     stream = container.streams.video[0]
-                    need(stream.codec_context.name == vi["video.codec"], f"{path}: codec {stream.codec_context.name}, info says {vi['video.codec']}")
+                    # LeRobot's get_video_info writes the codec's canonical name ("h264", "av1").
+                    codec = stream.codec_context.codec.canonical_name
+                    need(codec == vi["video.codec"], f"{path}: codec {codec}, info says {vi['video.codec']}")
                     need(stream.codec_context.pix_fmt == vi["video.pix_fmt"], f"{path}: pix_fmt {stream.codec_context.pix_fmt}")
                     need((stream.width, stream.height) == (w, h), f"{path}: {stream.width}x{stream.height}, shape says {w}x{h}")
                     need(int(stream.base_rate) == vi["video.fps"] == fps, f"{path}: rate {stream.base_rate}, info {vi['video.fps']}, fps {fps}")

@@ -172,8 +172,22 @@ fn an_exported_lerobot_dataset_loads_as_lerobot_reads_it_and_trains_the_same_pol
     );
 }
 
+/// Copies a directory tree.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
 #[test]
-fn camera_frames_export_as_h264_video_lerobot_decodes_and_a_policy_that_sees_trains_on_them() {
+fn camera_frames_export_as_video_lerobot_decodes_and_policies_that_see_train_from_h264_and_av1() {
     let dir = tempfile::tempdir().unwrap();
     let (demos, ds) = (dir.path().join("demos"), dir.path().join("ds"));
     let out = reflex()
@@ -248,6 +262,48 @@ fn camera_frames_export_as_h264_video_lerobot_decodes_and_a_policy_that_sees_tra
         2,
     );
     assert_eq!(v["episodes"], 2, "{v}");
+    // The same dataset as LeRobot writes it by default, its videos AV1 (libsvtav1): LeRobot's
+    // reading of it still holds, and reflex decodes it itself to train the same kind of policy.
+    let av1 = dir.path().join("ds-av1");
+    copy_dir(&ds, &av1);
+    let r = crate::common::json_output(
+        std::process::Command::new(python())
+            .arg(repo().join("tests/system/reencode_av1.py"))
+            .arg(&av1),
+    );
+    assert_eq!(r["files"], 2, "{r}");
+    let c = check_lerobot_frames(&av1, &demos);
+    for key in ["observation.images.front", "observation.images.wrist"] {
+        let v = &c["videos"][key];
+        assert_eq!(
+            (&v["frames"], &v["codec"]),
+            (&e["frames"], &"av1".into()),
+            "{c}"
+        );
+        let diff = v["worst_mean_abs_diff"].as_f64().unwrap();
+        eprintln!(
+            "{key} as AV1: worst frame's mean difference from the recording {diff:.2} levels"
+        );
+        assert!(diff < 10.0, "{key}: {diff} levels: {c}");
+    }
+    let av1_model = dir.path().join("seeing-av1/pick.onnx");
+    let out = reflex()
+        .current_dir(repo())
+        .args(["bc", "train", "--dataset"])
+        .arg(&av1)
+        .args([
+            "--camera", "front", "--steps", "30", "--batch", "16", "--seed", "1",
+        ])
+        .arg("--out")
+        .arg(&av1_model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(av1_model.is_file());
     // A camera the dataset has no video of is named with the ones it has.
     let out = reflex()
         .args(["bc", "train", "--dataset"])

@@ -61,7 +61,7 @@ pub trait FrameSource: Send {
 }
 
 /// Prefix of a [`CameraConfig::device`] that names something recorded: a folder of images, an
-/// H.264 MP4 video, or a recorded episode (`files:EPISODE.msgpack`, or `#CAMERA` after it for
+/// H.264 or AV1 MP4 video, or a recorded episode (`files:EPISODE.msgpack`, or `#CAMERA` after it for
 /// another camera's frames than the one of the config's name).
 pub const FILES_PREFIX: &str = "files:";
 
@@ -72,7 +72,7 @@ pub struct CameraConfig {
     /// Name, as policies and recordings know it (`front`, `wrist`).
     pub name: String,
     /// `/dev/video0` or `/dev/v4l/by-id/...` (V4L2); or `files:DIR` for a folder of images,
-    /// `files:VIDEO.mp4` for an H.264 video, `files:EPISODE.msgpack[#CAMERA]` for a camera's
+    /// `files:VIDEO.mp4` for an H.264 or AV1 video, `files:EPISODE.msgpack[#CAMERA]` for a camera's
     /// frames of a recorded episode.
     pub device: String,
     /// Width the camera captures at, pixels.
@@ -292,7 +292,7 @@ impl CameraConfig {
                 return Err(CameraError::Open {
                     device: self.device.clone(),
                     message: format!(
-                        "`{}` is not a folder of PNG or JPEG images, an H.264 `.mp4` video or a \
+                        "`{}` is not a folder of PNG or JPEG images, an H.264 or AV1 `.mp4` video or a \
                          recorded episode (`.msgpack`)",
                         path.display()
                     ),

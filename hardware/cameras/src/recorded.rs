@@ -1,4 +1,4 @@
-//! Cameras that play something recorded: an H.264 MP4 video (one of a LeRobot dataset's, or any
+//! Cameras that play something recorded: an H.264 or AV1 MP4 video (one of a LeRobot dataset's, or any
 //! `ffmpeg -c:v libx264` file), or one camera's frames of an episode reflex recorded
 //! (`reflex sim demos --cameras`, `episode_NNNNNN.msgpack`). Paced at the configured rate like a
 //! camera, round and round, or once and then silent (the robot then sees a stale camera and
@@ -64,7 +64,7 @@ fn played_out(pace: &mut Pace, what: &str) -> CameraError {
     ))
 }
 
-/// An H.264 MP4 file played as a camera.
+/// An H.264 or AV1 MP4 file played as a camera.
 pub struct VideoCamera {
     path: PathBuf,
     reader: VideoReader,
@@ -80,7 +80,10 @@ impl VideoCamera {
         let device = path.display().to_string();
         let reader = VideoReader::open(path).map_err(|e| CameraError::Open {
             device: device.clone(),
-            message: format!("{} (a video file camera plays H.264 MP4 files)", e.message),
+            message: format!(
+                "{} (a video file camera plays H.264 and AV1 MP4 files)",
+                e.message
+            ),
         })?;
         Ok(VideoCamera {
             path: path.to_path_buf(),

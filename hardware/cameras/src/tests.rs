@@ -511,6 +511,23 @@ fn an_h264_video_plays_as_a_camera_round_and_round_or_once_then_goes_stale() {
 }
 
 #[test]
+fn lerobots_av1_video_plays_as_a_camera() {
+    // A video as LeRobot writes its datasets' by default (FFmpeg's libsvtav1; reflex-video's
+    // fixture): its ten frames, once, then stale.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../runtime/video/fixtures/scene_svtav1.mp4");
+    let mut cfg = config("front", format!("files:{}", path.display()), 64, 48);
+    cfg.repeat = false;
+    cfg.timeout_ms = 50.0;
+    let epoch = Instant::now();
+    let mut cap = Capture::spawn(&cfg, cfg.open().unwrap(), epoch).unwrap();
+    wait_for(&mut cap, epoch, "played out", |c| {
+        c.stats().errors >= 1 && c.is_stale(epoch.elapsed())
+    });
+    assert_eq!(cap.stats().frames, 10, "{:?}", cap.stats());
+}
+
+#[test]
 fn a_recorded_episodes_camera_frames_play_as_a_camera() {
     // An episode file as reflex writes it (MessagePack, named fields; fields a camera does not
     // need are skipped).

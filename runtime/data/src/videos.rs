@@ -8,7 +8,7 @@
 //! `e` is the video frame at `from_timestamp(e) + t / fps`, which LeRobot's loader finds within
 //! 1e-4 s; `from_timestamp` is the sum of the earlier episodes' lengths in the same file over
 //! fps, starting at 0 in every file. Video codec `h264` in `yuv420p` is one LeRobot itself
-//! writes (`vcodec = "h264"`); its default, AV1, is not decoded by reflex.
+//! writes (`vcodec = "h264"`); reading, reflex also decodes LeRobot's default, AV1.
 
 use crate::demos::Episode;
 use crate::{DataError, Result};

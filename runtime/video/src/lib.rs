@@ -4,16 +4,16 @@
 //!   source) in an MP4 file: 4:2:0 chroma, BT.601 limited range (`yuv420p`, what LeRobot asks its
 //!   encoders for) at a fixed quantiser, a key frame every `gop` frames (LeRobot's `g = 2` by default, so any frame
 //!   decodes after at most one other), frame `k` presented at `k / fps` seconds.
-//! - [`VideoReader`] reads an H.264 MP4 back frame by frame into RGB with each frame's
-//!   presentation time; other codecs (LeRobot's default AV1 among them) are refused with what to
-//!   do.
+//! - [`VideoReader`] reads an H.264 or AV1 MP4 (LeRobot's default codec, module `av1`) back
+//!   frame by frame into RGB with each frame's presentation time; other codecs are refused with
+//!   what to do.
 //!
 //! Neither runs on the control loop: the export writes videos, a file camera decodes on its own
 //! capture thread. Every error names the file.
 #![warn(missing_docs)]
 
 use openh264::OpenH264API;
-use openh264::decoder::{DecodedYUV, Decoder, DecoderConfig};
+use openh264::decoder::{DecodedYUV, Decoder, DecoderConfig, Flush};
 use openh264::encoder::{
     Encoder, EncoderConfig, FrameRate, IntraFramePeriod, RateControlMode, VuiConfig,
 };
@@ -129,13 +129,39 @@ impl YUVSource for Yuv420 {
 fn yuv_to_rgb(frame: &DecodedYUV<'_>, rgb: &mut [u8]) {
     let (w, h) = frame.dimensions();
     let (sy, su, sv) = frame.strides();
-    let (yp, up, vp) = (frame.y(), frame.u(), frame.v());
+    yuv420_to_rgb(
+        w,
+        h,
+        (frame.y(), sy),
+        (frame.u(), su),
+        (frame.v(), sv),
+        false,
+        rgb,
+    );
+}
+
+/// Packed RGB8 from three 4:2:0 planes, each with its row stride, BT.601 in limited range
+/// (luma 16-235, chroma 16-240: `yuv420p` as FFmpeg and LeRobot write it) or full range.
+fn yuv420_to_rgb(
+    w: usize,
+    h: usize,
+    (yp, sy): (&[u8], usize),
+    (up, su): (&[u8], usize),
+    (vp, sv): (&[u8], usize),
+    full_range: bool,
+    rgb: &mut [u8],
+) {
+    let (gain, offset, chroma) = if full_range {
+        (1.0, 0.0, 255.0 / 224.0)
+    } else {
+        (1.164_383, 16.0, 1.0)
+    };
     let clamp = |x: f32| x.round().clamp(0.0, 255.0) as u8;
     for row in 0..h {
         for col in 0..w {
-            let l = 1.164_383 * (yp[row * sy + col] as f32 - 16.0);
-            let cb = up[(row / 2) * su + col / 2] as f32 - 128.0;
-            let cr = vp[(row / 2) * sv + col / 2] as f32 - 128.0;
+            let l = gain * (yp[row * sy + col] as f32 - offset);
+            let cb = chroma * (up[(row / 2) * su + col / 2] as f32 - 128.0);
+            let cr = chroma * (vp[(row / 2) * sv + col / 2] as f32 - 128.0);
             let o = (row * w + col) * 3;
             rgb[o] = clamp(l + 1.596_027 * cr);
             rgb[o + 1] = clamp(l - 0.391_762 * cb - 0.812_968 * cr);
@@ -366,8 +392,18 @@ impl Drop for VideoWriter {
     }
 }
 
-/// Reads an H.264 MP4 file frame by frame.
+/// Reads an H.264 or AV1 MP4 file frame by frame.
 pub struct VideoReader {
+    inner: Reader,
+}
+
+enum Reader {
+    H264(Box<H264Reader>),
+    Av1(Box<av1::Av1Track>),
+}
+
+/// The H.264 track of an MP4 file, decoded by OpenH264.
+struct H264Reader {
     path: PathBuf,
     mp4: mp4::Mp4Reader<BufReader<File>>,
     track: u32,
@@ -377,6 +413,9 @@ pub struct VideoReader {
     height: u32,
     /// Bytes of each NAL unit's length field in a sample.
     length_size: usize,
+    /// The media time shown at time 0 (the edit list's: FFmpeg's files with B-frames start
+    /// their composition times one frame or more late and say so there).
+    start_ticks: i64,
     /// The track's parameter sets in Annex B form, fed before the first sample.
     header: Vec<u8>,
     decoder: Decoder,
@@ -391,8 +430,86 @@ pub struct VideoReader {
 }
 
 impl VideoReader {
-    /// Opens the first video track of an MP4 file; it must be H.264.
+    /// Opens the first video track of an MP4 file; it must be H.264 or AV1 (8-bit 4:2:0).
     pub fn open(path: &Path) -> Result<Self> {
+        let inner = match av1::open(path)? {
+            Some(track) => Reader::Av1(Box::new(track)),
+            None => Reader::H264(Box::new(H264Reader::open(path)?)),
+        };
+        Ok(VideoReader { inner })
+    }
+
+    /// Width and height of the frames, pixels.
+    pub fn size(&self) -> (u32, u32) {
+        match &self.inner {
+            Reader::H264(r) => (r.width, r.height),
+            Reader::Av1(r) => (r.width, r.height),
+        }
+    }
+
+    /// Frames in the file.
+    pub fn frames(&self) -> u32 {
+        match &self.inner {
+            Reader::H264(r) => r.samples,
+            Reader::Av1(r) => r.frames(),
+        }
+    }
+
+    /// The codec: [`CODEC`] (`h264`) or `av1`, as LeRobot's `info.json` names them.
+    pub fn codec(&self) -> &'static str {
+        match &self.inner {
+            Reader::H264(_) => CODEC,
+            Reader::Av1(_) => "av1",
+        }
+    }
+
+    /// Frames a second, from the track's length.
+    pub fn fps(&self) -> f64 {
+        let (ticks, timescale) = match &self.inner {
+            Reader::H264(r) => (
+                r.mp4.tracks()[&r.track].trak.mdia.mdhd.duration,
+                r.timescale as u64,
+            ),
+            Reader::Av1(r) => (r.duration, r.timescale),
+        };
+        if ticks == 0 {
+            return 0.0;
+        }
+        self.frames() as f64 * timescale as f64 / ticks as f64
+    }
+
+    /// Starts again from the first frame.
+    pub fn rewind(&mut self) -> Result<()> {
+        match &mut self.inner {
+            Reader::H264(r) => r.rewind(),
+            Reader::Av1(r) => r.rewind(),
+        }
+    }
+
+    /// Decodes the next frame into `rgb` (width x height x 3 bytes) and returns its
+    /// presentation time in seconds; `None` after the last frame.
+    pub fn next_frame(&mut self, rgb: &mut [u8]) -> Result<Option<f64>> {
+        let (w, h) = self.size();
+        let n = w as usize * h as usize * 3;
+        if rgb.len() != n {
+            let path = match &self.inner {
+                Reader::H264(r) => r.path.clone(),
+                Reader::Av1(r) => r.path().to_path_buf(),
+            };
+            return Err(err(
+                &path,
+                format!("an RGB buffer of {} bytes for {n}-byte frames", rgb.len()),
+            ));
+        }
+        match &mut self.inner {
+            Reader::H264(r) => r.next_frame(rgb),
+            Reader::Av1(r) => r.next_frame(rgb),
+        }
+    }
+}
+
+impl H264Reader {
+    fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| err(path, e))?;
         let size = file.metadata().map_err(|e| err(path, e))?.len();
         let mp4 = mp4::Mp4Reader::read_header(BufReader::new(file), size)
@@ -415,9 +532,9 @@ impl VideoReader {
                 path,
                 match other {
                     Some(codec) => format!(
-                        "its video is `{codec}`; reflex reads H.264 (`avc1`) video only. LeRobot \
-                         writes AV1 by default: re-encode it, e.g. `ffmpeg -i IN -c:v libx264 \
-                         -pix_fmt yuv420p -g 2 OUT.mp4`, or record with `vcodec=\"h264\"`"
+                        "its video is `{codec}`; reflex reads H.264 (`avc1`) and AV1 (`av01`) \
+                         video: re-encode it, e.g. `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p \
+                         -g 2 OUT.mp4`"
                     ),
                     None => "no video track".into(),
                 },
@@ -428,8 +545,8 @@ impl VideoReader {
             return Err(err(
                 path,
                 format!(
-                    "its video is `{}`; reflex reads H.264 (`avc1`) video only (re-encode with \
-                     `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p -g 2 OUT.mp4`)",
+                    "its video is `{}`; reflex reads H.264 (`avc1`) and AV1 (`av01`) video \
+                     (re-encode with `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p -g 2 OUT.mp4`)",
                     sample_entry(t)
                 ),
             ));
@@ -455,10 +572,23 @@ impl VideoReader {
             ));
         }
         let (samples, timescale) = (t.sample_count(), t.timescale());
+        // The first edit that shows media (an empty edit, a delay, has media time -1).
+        let start_ticks = t
+            .trak
+            .edts
+            .as_ref()
+            .and_then(|e| e.elst.as_ref())
+            .and_then(|l| {
+                l.entries
+                    .iter()
+                    .map(|e| e.media_time)
+                    .find(|&m| m != u32::MAX as u64 && m != u64::MAX)
+            })
+            .unwrap_or(0) as i64;
         if samples == 0 || timescale == 0 {
             return Err(err(path, "the video track holds no frames"));
         }
-        Ok(VideoReader {
+        Ok(H264Reader {
             path: path.to_path_buf(),
             mp4,
             track,
@@ -467,6 +597,7 @@ impl VideoReader {
             width,
             height,
             length_size,
+            start_ticks,
             header,
             decoder: new_decoder(path)?,
             next: 1,
@@ -476,28 +607,7 @@ impl VideoReader {
         })
     }
 
-    /// Width and height of the frames, pixels.
-    pub fn size(&self) -> (u32, u32) {
-        (self.width, self.height)
-    }
-
-    /// Frames in the file.
-    pub fn frames(&self) -> u32 {
-        self.samples
-    }
-
-    /// Frames a second, from the track's length.
-    pub fn fps(&self) -> f64 {
-        let t = &self.mp4.tracks()[&self.track];
-        let ticks = t.trak.mdia.mdhd.duration;
-        if ticks == 0 {
-            return 0.0;
-        }
-        self.samples as f64 * self.timescale as f64 / ticks as f64
-    }
-
-    /// Starts again from the first frame.
-    pub fn rewind(&mut self) -> Result<()> {
+    fn rewind(&mut self) -> Result<()> {
         self.decoder = new_decoder(&self.path)?;
         self.next = 1;
         self.pending.clear();
@@ -505,16 +615,8 @@ impl VideoReader {
         Ok(())
     }
 
-    /// Decodes the next frame into `rgb` (width x height x 3 bytes) and returns its
-    /// presentation time in seconds; `None` after the last frame.
-    pub fn next_frame(&mut self, rgb: &mut [u8]) -> Result<Option<f64>> {
-        let n = self.width as usize * self.height as usize * 3;
-        if rgb.len() != n {
-            return Err(err(
-                &self.path,
-                format!("an RGB buffer of {} bytes for {n}-byte frames", rgb.len()),
-            ));
-        }
+    fn next_frame(&mut self, rgb: &mut [u8]) -> Result<Option<f64>> {
+        let n = rgb.len();
         loop {
             if let Some((t, frame)) = self.flushed.pop_front() {
                 rgb.copy_from_slice(&frame);
@@ -541,7 +643,8 @@ impl VideoReader {
                 .read_sample(self.track, id)
                 .map_err(|e| err(&self.path, format!("frame {id}: {e}")))?
                 .ok_or_else(|| err(&self.path, format!("frame {id} is missing")))?;
-            let pts = (sample.start_time as i64 + sample.rendering_offset as i64).max(0) as u64;
+            let pts = (sample.start_time as i64 + sample.rendering_offset as i64 - self.start_ticks)
+                .max(0) as u64;
             self.pending.push(Reverse(pts));
             self.annexb.clear();
             if id == 1 {
@@ -583,7 +686,11 @@ impl VideoReader {
 }
 
 fn new_decoder(path: &Path) -> Result<Decoder> {
-    Decoder::with_api_config(OpenH264API::from_source(), DecoderConfig::new())
+    // No flush after each access unit (the crate's default): flushing hands out a frame before
+    // the B-frames that come before it in presentation order have arrived, and OpenH264 then
+    // fails on streams with B-frames (libx264's default, and so LeRobot's `vcodec="h264"`).
+    let config = DecoderConfig::new().flush_after_decode(Flush::NoFlush);
+    Decoder::with_api_config(OpenH264API::from_source(), config)
         .map_err(|e| err(path, format!("the H.264 decoder did not start: {e}")))
 }
 
@@ -606,7 +713,7 @@ fn sample_entry(track: &mp4::Mp4Track) -> String {
     } else if stsd.vp09.is_some() {
         "vp09 (VP9)".into()
     } else {
-        "not H.264 (AV1 or another codec)".into()
+        "neither H.264 nor AV1".into()
     }
 }
 
@@ -636,10 +743,15 @@ fn to_annex_b(sample: &[u8], length_size: usize, out: &mut Vec<u8>) -> Result<()
 
 impl std::fmt::Debug for VideoReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let path = match &self.inner {
+            Reader::H264(r) => r.path.as_path(),
+            Reader::Av1(r) => r.path(),
+        };
         f.debug_struct("VideoReader")
-            .field("path", &self.path)
-            .field("size", &(self.width, self.height))
-            .field("frames", &self.samples)
+            .field("path", &path)
+            .field("codec", &self.codec())
+            .field("size", &self.size())
+            .field("frames", &self.frames())
             .finish()
     }
 }
@@ -659,5 +771,6 @@ pub fn write_video(
     w.finish()
 }
 
+mod av1;
 #[cfg(test)]
 mod tests;
