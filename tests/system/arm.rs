@@ -1054,6 +1054,9 @@ fn reflex_run_on_the_emulated_so101_runs_a_policy_that_sees_through_a_file_camer
     assert!(cam["frames"].as_u64().unwrap() > 0, "{cam}");
     assert!(cam["used"].as_u64().unwrap() > 0, "{cam}");
     assert_eq!(cam["errors"], 0, "{cam}");
+    // Frames are stamped when captured, before an observation takes them: their age at use
+    // is measured, never zero (how old is for the bench to say).
+    assert!(cam["age_at_use_ms"].as_f64().unwrap() > 0.0, "{cam}");
     // The policy's chunks came from the camera's pictures (a policy without its image fails).
     assert!(v["chunks"].as_u64().unwrap() > 0, "{v}");
     // The frames are in the recording, under the camera's name.
