@@ -465,19 +465,104 @@ impl PolicySpec {
 }
 
 impl PolicySpec {
-    /// The bounds of the whole state vector as this policy normalises it: the `(low, high)` of
-    /// its state input when that input is the whole state (no field selection) of `state_dim`
-    /// values with min-max normalisation. The learner scales its own inputs with these.
-    pub fn state_bounds(&self, state_dim: usize) -> Option<(&[f32], &[f32])> {
-        self.inputs.iter().find_map(|i| match i {
-            InputSource::State {
+    /// The bounds of `robot`'s state vector as this policy normalises it, for the learner to
+    /// scale its own inputs with: the `(low, high)` of the policy's min-max normalised state
+    /// input, placed at the state components it reads: the whole state (no field selection), or
+    /// the fields it names wherever they sit in the robot's state. A component the policy does
+    /// not read gets `None` (`robot`'s own bounds, or none, are for the caller to decide).
+    /// `None` when the policy reads no state this way.
+    pub fn state_bounds(
+        &self,
+        robot: &reflex_runtime::msg::RobotSpec,
+    ) -> Option<Vec<Option<(f32, f32)>>> {
+        let state_dim = robot.state_dim();
+        self.inputs.iter().find_map(|i| {
+            let InputSource::State {
                 fields,
                 normalize: Normalize::MinMax { low, high },
                 ..
-            } if fields.is_empty() && low.len() == state_dim && high.len() == state_dim => {
-                Some((low.as_slice(), high.as_slice()))
+            } = i
+            else {
+                return None;
+            };
+            let ranges: Vec<std::ops::Range<usize>> = if fields.is_empty() {
+                vec![0..state_dim]
+            } else {
+                fields
+                    .iter()
+                    .map(|f| robot.field(f))
+                    .collect::<Option<_>>()?
+            };
+            let n: usize = ranges.iter().map(|r| r.len()).sum();
+            if low.len() != n || high.len() != n {
+                return None;
             }
-            _ => None,
+            let mut out = vec![None; state_dim];
+            let pairs = low.iter().zip(high).map(|(l, h)| (*l, *h));
+            for (k, b) in ranges.into_iter().flatten().zip(pairs) {
+                out[k] = Some(b);
+            }
+            Some(out)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reflex_runtime::msg::{RobotSpec, StateField};
+
+    fn spec_with_state(fields: &str, low: &str, high: &str) -> PolicySpec {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/pick.policy.toml"),
+        )
+        .unwrap();
+        let mut spec: PolicySpec = toml::from_str(&text).unwrap();
+        let state: InputSource = toml::from_str(&format!(
+            "source = \"state\"\nname = \"obs\"\nfields = {fields}\nhistory = 1\n[normalize]\nkind = \"min_max\"\nlow = {low}\nhigh = {high}\n"
+        ))
+        .unwrap();
+        spec.inputs = vec![state];
+        spec
+    }
+
+    #[test]
+    fn state_bounds_sit_where_the_policys_fields_sit_in_the_robots_state() {
+        let mut robot = RobotSpec::new("arm", "test", 20.0);
+        robot.state = vec![
+            StateField::new("joint_pos", 2, "rad"),
+            StateField::new("joint_vel", 2, "rad/s"),
+            StateField::new("ee_pos", 3, "m"),
+        ];
+        // The whole state, no field named.
+        let whole = spec_with_state("[]", "[0, 1, 2, 3, 4, 5, 6]", "[1, 2, 3, 4, 5, 6, 7]");
+        let b = whole.state_bounds(&robot).unwrap();
+        assert_eq!(b[0], Some((0.0, 1.0)));
+        assert_eq!(b[6], Some((6.0, 7.0)));
+        // An image policy's named fields, in its own order: each lands at its field's place,
+        // the one it does not read is left to the caller.
+        let named = spec_with_state(
+            "[\"ee_pos\", \"joint_pos\"]",
+            "[10, 11, 12, 20, 21]",
+            "[13, 14, 15, 22, 23]",
+        );
+        let b = named.state_bounds(&robot).unwrap();
+        assert_eq!(
+            b[4..7],
+            [Some((10.0, 13.0)), Some((11.0, 14.0)), Some((12.0, 15.0))]
+        );
+        assert_eq!(b[0..2], [Some((20.0, 22.0)), Some((21.0, 23.0))]);
+        assert_eq!(b[2..4], [None, None]);
+        // Bounds of another length, or a field the robot lacks: no bounds.
+        assert!(
+            spec_with_state("[]", "[0, 1]", "[1, 2]")
+                .state_bounds(&robot)
+                .is_none()
+        );
+        assert!(
+            spec_with_state("[\"object_pos\"]", "[0, 0, 0]", "[1, 1, 1]")
+                .state_bounds(&robot)
+                .is_none()
+        );
     }
 }

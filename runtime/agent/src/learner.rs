@@ -145,7 +145,7 @@ fn obs_norm(
 ) -> Result<Option<reflex_learn::sac::ObsNorm>> {
     Ok(match (source, base) {
         (ObsNormSource::Off, _) => None,
-        (ObsNormSource::Auto, Some(b)) => crate::presets::state_norm(b, spec.state_dim()),
+        (ObsNormSource::Auto, Some(b)) => crate::presets::state_norm(b, spec),
         (ObsNormSource::Auto, None) | (ObsNormSource::Spec, _) => {
             Some(crate::presets::state_norm_from_spec(spec)?)
         }

@@ -2,6 +2,7 @@
 //! how a config's partial `[learner]` table is laid over them.
 
 use crate::AgentError;
+use reflex_contracts::msg::RobotSpec;
 use reflex_learn::sac::{Mode, SacConfig};
 use reflex_policies::onnx_policy::OnnxPolicy;
 
@@ -55,11 +56,19 @@ pub fn learner_preset(mode: Mode, seed: u64) -> SacConfig {
 }
 
 /// The learner's state scaling from the base policy's own input normalisation (half widths of
-/// at least 0.05, so a component that hardly varied in the demonstrations is not blown up).
-pub fn state_norm(base: &OnnxPolicy, state_dim: usize) -> Option<reflex_learn::sac::ObsNorm> {
-    base.spec()
-        .state_bounds(state_dim)
-        .map(|(lo, hi)| reflex_learn::sac::ObsNorm::from_bounds(lo, hi, 0.05))
+/// at least 0.05, so a component that hardly varied in the demonstrations is not blown up), for
+/// the state components the policy reads: all of them, or the fields it names (an image policy
+/// reads the arm's joints and tool pose beside its cameras). A component it does not read is
+/// scaled by `robot`'s own bounds where they are finite, and left as it is otherwise.
+pub fn state_norm(base: &OnnxPolicy, robot: &RobotSpec) -> Option<reflex_learn::sac::ObsNorm> {
+    let bounds = base.spec().state_bounds(robot)?;
+    let own = state_bounds_of(robot);
+    let (lo, hi): (Vec<f32>, Vec<f32>) = bounds
+        .iter()
+        .zip(own)
+        .map(|(b, o)| b.or(o).unwrap_or((-1.0, 1.0)))
+        .unzip();
+    Some(reflex_learn::sac::ObsNorm::from_bounds(&lo, &hi, 0.05))
 }
 
 /// `base` with the keys of `table` replacing its own (a partial table keeps the other values).
@@ -80,6 +89,25 @@ pub fn overlay_sac(base: SacConfig, table: &toml::Table) -> Result<SacConfig, Ov
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{0}")]
 pub struct OverlayError(pub String);
+
+/// Per state component, the robot spec's finite `(low, high)`, where it gives one.
+fn state_bounds_of(robot: &RobotSpec) -> Vec<Option<(f32, f32)>> {
+    let mut out = Vec::with_capacity(robot.state_dim());
+    for f in &robot.state {
+        for k in 0..f.size as usize {
+            let b = match (&f.low, &f.high) {
+                (Some(l), Some(h)) => l
+                    .get(k)
+                    .zip(h.get(k))
+                    .filter(|(l, h)| l.is_finite() && h.is_finite() && h > l)
+                    .map(|(l, h)| (*l, *h)),
+                _ => None,
+            };
+            out.push(b);
+        }
+    }
+    out
+}
 
 /// The learner's state scaling from the bounds in the robot's spec, for learning without a
 /// base policy. Every state value needs finite bounds; otherwise the error names the fields

@@ -314,7 +314,7 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
     let relabel = load(o.seed ^ 1)?;
     let mut learner_cfg = learner_cfg;
     if learner_cfg.obs_norm.is_none() {
-        learner_cfg.obs_norm = state_norm(&relabel, obs_dim);
+        learner_cfg.obs_norm = state_norm(&relabel, &spec);
     }
     learner_cfg.vision = seeing.as_ref().map(|s| s.heads.clone());
     let noise_dim = match o.mode {
