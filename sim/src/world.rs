@@ -604,32 +604,55 @@ fn link_groups(name: &str) -> (Part, InteractionGroups, [f32; 3]) {
     }
 }
 
+/// The shipped arm as rapier bodies, colliders and joints, with each link's and joint's URDF
+/// name: built from the URDF once per process and copied into every episode's world (an
+/// episode's scene is rebuilt at every reset, and parsing the URDF was a few per cent of the
+/// simulator's time).
+struct ArmBlueprint {
+    robot: UrdfRobot,
+    link_names: Vec<String>,
+    joint_names: Vec<String>,
+}
+
+fn arm_blueprint() -> &'static ArmBlueprint {
+    static ARM: std::sync::OnceLock<ArmBlueprint> = std::sync::OnceLock::new();
+    ARM.get_or_init(|| {
+        let options = UrdfLoaderOptions {
+            make_roots_fixed: true,
+            rigid_body_blueprint: RigidBodyBuilder::dynamic().can_sleep(false),
+            collider_blueprint: ColliderBuilder::default().density(0.0).friction(1.2),
+            ..Default::default()
+        };
+        let (robot, urdf) = UrdfRobot::from_str(ARM_URDF, options, std::path::Path::new("."))
+            .expect("shipped URDF loads");
+        // The loader drops frame-only links (the `tcp`), so map its elements back by index.
+        let link_names = robot
+            .links
+            .iter()
+            .map(|l| urdf.links[l.urdf_link_index].name.clone())
+            .collect();
+        let joint_names = robot
+            .joints
+            .iter()
+            .map(|j| urdf.joints[j.urdf_joint_index].name.clone())
+            .collect();
+        ArmBlueprint {
+            robot,
+            link_names,
+            joint_names,
+        }
+    })
+}
+
 /// The arm from the shipped URDF as a multibody; returns its links and its actuated joints
 /// (five arm joints, then the two fingers).
 fn insert_arm(
     world: &mut PhysicsWorld,
     colliders: &mut Vec<ColliderInfo>,
 ) -> (Vec<(String, RigidBodyHandle)>, [MultibodyJointHandle; 7]) {
-    let options = UrdfLoaderOptions {
-        make_roots_fixed: true,
-        rigid_body_blueprint: RigidBodyBuilder::dynamic().can_sleep(false),
-        collider_blueprint: ColliderBuilder::default().density(0.0).friction(1.2),
-        ..Default::default()
-    };
-    let (robot, urdf) = UrdfRobot::from_str(ARM_URDF, options, std::path::Path::new("."))
-        .expect("shipped URDF loads");
-    // The loader drops frame-only links (the `tcp`), so map its elements back by index.
-    let link_names: Vec<String> = robot
-        .links
-        .iter()
-        .map(|l| urdf.links[l.urdf_link_index].name.clone())
-        .collect();
-    let joint_names: Vec<String> = robot
-        .joints
-        .iter()
-        .map(|j| urdf.joints[j.urdf_joint_index].name.clone())
-        .collect();
-    let handles = robot.insert_using_multibody_joints(
+    let arm = arm_blueprint();
+    let (link_names, joint_names) = (arm.link_names.clone(), &arm.joint_names);
+    let handles = arm.robot.clone().insert_using_multibody_joints(
         &mut world.bodies,
         &mut world.colliders,
         &mut world.multibody_joints,
