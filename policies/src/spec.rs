@@ -486,7 +486,7 @@ impl PolicySpec {
                 return None;
             };
             let ranges: Vec<std::ops::Range<usize>> = if fields.is_empty() {
-                vec![0..state_dim]
+                std::iter::once(0..state_dim).collect()
             } else {
                 fields
                     .iter()

@@ -19,9 +19,9 @@ pub enum ModeArg {
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Episodes of training.
-    #[arg(long, default_value_t = 100)]
-    episodes: usize,
+    /// Episodes of training [default: 100; with --vision, 150].
+    #[arg(long)]
+    episodes: Option<usize>,
     /// Seed of everything (episodes, learner, person).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -95,7 +95,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         v
     });
     let o = DemoOptions {
-        episodes: a.episodes,
+        episodes: a.episodes.unwrap_or(if a.vision { 150 } else { 100 }),
         seed: a.seed,
         model,
         vision,

@@ -52,6 +52,7 @@ fn config(vision: bool, seed: u64) -> SacConfig {
             features: vec![shape()],
             embeddings: 8,
             width: 32,
+            bc_trains_heads: true,
         }),
         ..Default::default()
     }
@@ -148,6 +149,62 @@ fn the_heads_learn_from_the_critic_only_and_the_target_heads_follow() {
     let tau = sac.cfg.tau as f32;
     for ((t1, t0), h1) in t1.iter().zip(&t0).zip(&h1) {
         assert!((t1 - (tau * h1 + (1.0 - tau) * t0)).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn the_persons_corrections_train_the_heads_through_the_actors_cloning_term_only_when_asked() {
+    // The actor's Q term never moves the heads; its behaviour-cloning term on demonstration
+    // rows does with `bc_trains_heads` (the default), and does not without it (SERL's heads).
+    for trains in [true, false] {
+        let mut cfg = config(true, 4);
+        cfg.bc_weight = 1.0;
+        cfg.demo_ratio = 0.5;
+        cfg.vision.as_mut().unwrap().bc_trains_heads = trains;
+        let mut sac = Sac::new(cfg, 1, 1).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        for k in 0..200 {
+            let t = rng.random::<f32>() * 1.6 - 0.8;
+            let mut obs = vec![1.0];
+            obs.extend(map(t, &mut rng));
+            let tr = Transition {
+                next_obs: obs.clone(),
+                obs,
+                action: vec![t],
+                reward: 0.0,
+                terminated: true,
+                intervention: k % 2 == 0,
+                ..Default::default()
+            };
+            if k % 2 == 0 {
+                sac.demo.push(&tr);
+            } else {
+                sac.online.push(&tr);
+            }
+        }
+        let mut batch = Default::default();
+        let ns = reflex_learn::sac::replay::NStep {
+            n: 1,
+            gamma: 0.99,
+            bootstrap_truncation: true,
+        };
+        reflex_learn::sac::replay::sample_mixed(
+            &sac.online,
+            &sac.demo,
+            64,
+            0.5,
+            &ns,
+            &mut ChaCha8Rng::seed_from_u64(1),
+            &mut batch,
+        );
+        assert_eq!(batch.demo_rows, 32);
+        let h0 = sac.heads[0].flat().unwrap();
+        sac.actor_update(&batch).unwrap();
+        let moved = sac.heads[0].flat().unwrap() != h0;
+        assert_eq!(
+            moved, trains,
+            "bc_trains_heads = {trains}: the actor's update moved the heads: {moved}"
+        );
     }
 }
 

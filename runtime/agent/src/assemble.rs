@@ -327,6 +327,7 @@ mod tests {
                 }],
                 embeddings: 2,
                 width: 4,
+                bc_trains_heads: true,
             }),
             ..Default::default()
         };

@@ -770,6 +770,14 @@ pub struct VisionSection {
     /// nothing until fresh ones arrive (counted as `feature_stale` in the status).
     #[serde(default = "d_map_age")]
     pub max_map_age_frames: u32,
+    /// The actor's behaviour-cloning term on the person's corrections also trains the heads
+    /// (default; `false`: SERL's heads, trained by the critic alone). docs/learner.md.
+    #[serde(default = "d_bc_trains_heads")]
+    pub bc_trains_heads: bool,
+}
+
+fn d_bc_trains_heads() -> bool {
+    true
 }
 
 fn d_embeddings() -> usize {
@@ -790,6 +798,7 @@ impl VisionSection {
             embeddings: d_embeddings(),
             width: d_head_width(),
             max_map_age_frames: d_map_age(),
+            bc_trains_heads: d_bc_trains_heads(),
         }
     }
 
@@ -830,6 +839,7 @@ impl VisionSection {
                 .collect(),
             embeddings: self.embeddings,
             width: self.width,
+            bc_trains_heads: self.bc_trains_heads,
         })
     }
 }

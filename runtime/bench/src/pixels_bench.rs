@@ -146,6 +146,7 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
             .collect(),
         embeddings: reflex_vision::head::EMBEDDINGS,
         width: reflex_vision::head::WIDTH,
+        bc_trains_heads: true,
     };
     let mut sac = Sac::new(
         SacConfig {

@@ -235,6 +235,21 @@ fn rolling(xs: &[f64], k: usize) -> Vec<f64> {
         .collect()
 }
 
+/// The residual's bound when learning from pixels: an image policy is fragile, and a residual of up
+/// to half the action range (the state demo's) breaks it while the learner is still untrained
+/// (docs/training.md, "Learning from pixels").
+pub const VISION_ACTION_SCALE: f32 = 0.1;
+
+/// The learner's settings before a config file's: the mode's preset, with the pixel demo's
+/// residual bound.
+fn preset(o: &DemoOptions) -> SacConfig {
+    let mut p = learner_preset(o.mode, o.seed);
+    if o.vision.is_some() {
+        p.action_scale = VISION_ACTION_SCALE;
+    }
+    p
+}
+
 /// The learner's and the person's settings: the demo's, with a config file's tables over them.
 fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
     let file: DemoFile = match &o.config {
@@ -247,12 +262,12 @@ fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
             let t = read_table(p, "learner")?;
             SacConfig {
                 mode: o.mode,
-                ..overlay_sac(learner_preset(o.mode, o.seed), &t).map_err(|e| {
+                ..overlay_sac(preset(o), &t).map_err(|e| {
                     AgentError::setup(format!("config `{}`: [learner]", p.display()), e.0)
                 })?
             }
         }
-        _ => learner_preset(o.mode, o.seed),
+        _ => preset(o),
     };
     // The person's seed follows the demo's unless the file's [human] table sets one.
     let human = match (&o.config, file.human) {

@@ -230,6 +230,13 @@ pub struct VisionHeads {
     /// Width of each head's output (SERL: 256).
     #[serde(default = "d_head_width")]
     pub width: usize,
+    /// The actor's behaviour-cloning term (`bc_weight`, on a person's corrections) also trains
+    /// the heads. SERL trains them by the critic's loss alone and stops the actor's gradient at
+    /// them; reflex lets the person's corrections, the one dense signal a run has, shape what the
+    /// heads see too (the actor's Q term still stops at them). Measured in docs/training.md
+    /// ("Learning from pixels"); `false` is SERL's recipe.
+    #[serde(default = "d_true")]
+    pub bc_trains_heads: bool,
 }
 
 impl VisionHeads {
@@ -466,7 +473,12 @@ impl Sac {
             max_grad_norm: cfg.max_grad_norm,
             ..AdamConfig::adam(lr)
         };
-        let actor_opt = Adam::new(actor.net.vars(), mk(cfg.actor_lr))?;
+        let mut actor_vars = actor.net.vars();
+        if cfg.bc_weight > 0.0 && cfg.vision.as_ref().is_some_and(|v| v.bc_trains_heads) {
+            // The heads' second optimiser: their moments for the behaviour-cloning gradient.
+            actor_vars.extend(heads.iter().flat_map(SpatialHead::vars));
+        }
+        let actor_opt = Adam::new(actor_vars, mk(cfg.actor_lr))?;
         let mut critic_vars = critic.vars();
         critic_vars.extend(heads.iter().flat_map(SpatialHead::vars));
         let critic_opt = Adam::new(critic_vars, mk(cfg.critic_lr))?;
@@ -731,7 +743,8 @@ impl Sac {
         }
         let [rows, base, act, ..] = self.tensors(batch)?;
         let n = batch.size;
-        // SERL: the actor's loss does not train the shared heads.
+        // SERL: the actor's loss does not train the shared heads (its behaviour-cloning term
+        // below may, `VisionHeads::bc_trains_heads`).
         let x = self.actor_input(&self.encode(&rows, Heads::Detached)?, &base)?;
         let eps = randn(&mut self.rng, (n, self.act_dim), &self.dev)?;
         let s = self.actor.sample(&x, &eps)?;
@@ -747,8 +760,15 @@ impl Sac {
         let mut loss = (s.log_prob.broadcast_mul(&alpha)? - q)?.mean_all()?;
         let d = batch.demo_rows;
         if self.cfg.bc_weight > 0.0 && d > 0 {
-            // The demonstration rows come first in a mixed batch.
-            let x_d = x.narrow(0, 0, d)?;
+            // The demonstration rows come first in a mixed batch; with `bc_trains_heads` they
+            // go through the live heads so that the person's corrections train them.
+            let x_d = match &self.cfg.vision {
+                Some(v) if v.bc_trains_heads => self.actor_input(
+                    &self.encode(&rows.narrow(0, 0, d)?, Heads::Live)?,
+                    &base.narrow(0, 0, d)?,
+                )?,
+                _ => x.narrow(0, 0, d)?,
+            };
             let mean = self.actor.mean_action(&x_d)?;
             let a_mean = self.to_action(&mean, &base.narrow(0, 0, d)?)?;
             let bc = (a_mean - act.narrow(0, 0, d)?)?.sqr()?.sum(1)?.mean_all()?;
