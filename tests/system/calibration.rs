@@ -128,6 +128,54 @@ fn peer(args: &[&std::ffi::OsStr]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `reflex calibrate hand-eye --json` on `[images, camera, board]` in `d`, then OpenCV's
+/// `calibrateHandEye` (its own `solvePnP` on the corners in `corners`, the gripper poses from
+/// reflex's report): how far OpenCV's Park-Martin camera lies from reflex's `fit`, mm (at most
+/// 1 mm, or the test fails).
+fn opencv_hand_eye_gap_mm(
+    d: &std::path::Path,
+    [images, camera, board]: [&str; 3],
+    corners: &str,
+    fit: &reflex_calibration::hand_eye::HandEyeFile,
+) -> f64 {
+    let report = crate::common::json_output(crate::common::reflex().current_dir(d).args([
+        "calibrate",
+        "hand-eye",
+        "--images",
+        images,
+        "--camera",
+        camera,
+        "--board",
+        board,
+        "--out",
+        "again.json",
+        "--json",
+    ]));
+    let report_path = d.join(format!("{images}_report.json"));
+    std::fs::write(&report_path, report.to_string()).unwrap();
+    let cv = peer(&[
+        "hand-eye".as_ref(),
+        d.join(corners).as_os_str(),
+        d.join(camera).as_os_str(),
+        report_path.as_os_str(),
+    ]);
+    let t: Vec<f64> = cv["park"]["translation_m"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let ours = fit.camera.translation_m;
+    let gap_mm = ((t[0] - ours[0]).powi(2) + (t[1] - ours[1]).powi(2) + (t[2] - ours[2]).powi(2))
+        .sqrt()
+        * 1e3;
+    assert!(
+        gap_mm < 1.0,
+        "OpenCV's Park-Martin is {gap_mm} mm from reflex's: {cv}"
+    );
+    gap_mm
+}
+
 /// The calibration chain as docs/hardware.md runs it, on boards the simulator's cameras render
 /// from known poses: intrinsics and distortion against the lens they were rendered with, the
 /// wrist camera's mount against the rig's, and both against OpenCV on the same corners
@@ -233,40 +281,11 @@ fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agr
     );
 
     // OpenCV's calibrateHandEye on reflex's corners (its own solvePnP) and gripper poses.
-    let report = crate::common::json_output(crate::common::reflex().current_dir(d).args([
-        "calibrate",
-        "hand-eye",
-        "--images",
-        "hand_eye_views",
-        "--camera",
-        "wrist.yaml",
-        "--board",
-        "chessboard:9x6:0.015",
-        "--out",
-        "again.json",
-        "--json",
-    ]));
-    let report_path = d.join("hand_eye_report.json");
-    std::fs::write(&report_path, report.to_string()).unwrap();
-    let cv = peer(&[
-        "hand-eye".as_ref(),
-        d.join("hand_eye_corners.json").as_os_str(),
-        d.join("wrist.yaml").as_os_str(),
-        report_path.as_os_str(),
-    ]);
-    let t: Vec<f64> = cv["park"]["translation_m"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    let ours = fit.camera.translation_m;
-    let gap_mm = ((t[0] - ours[0]).powi(2) + (t[1] - ours[1]).powi(2) + (t[2] - ours[2]).powi(2))
-        .sqrt()
-        * 1e3;
-    assert!(
-        gap_mm < 1.0,
-        "OpenCV's Park-Martin is {gap_mm} mm from reflex's: {cv}"
+    let gap_mm = opencv_hand_eye_gap_mm(
+        d,
+        ["hand_eye_views", "wrist.yaml", "chessboard:9x6:0.015"],
+        "hand_eye_corners.json",
+        &fit,
     );
     eprintln!(
         "calibration: fx {:.3} vs {:.3} ({:.3} %), lens gap at the corners seen {worst:.3} px, distortion {:?}; mount {mm:.3} mm, {deg:.4} deg; OpenCV fx {:.3}, hand-eye gap {gap_mm:.3} mm",
@@ -482,40 +501,15 @@ fn charuco_calibration_on_simulated_boards_recovers_the_truth_and_agrees_with_op
         mm < 1.0 && deg < 0.1,
         "mount off by {mm} mm and {deg} degrees"
     );
-    let report = crate::common::json_output(crate::common::reflex().current_dir(d).args([
-        "calibrate",
-        "hand-eye",
-        "--images",
-        "charuco_hand_eye_views",
-        "--camera",
-        "wrist_charuco.yaml",
-        "--board",
-        "charuco:9x7:0.02:0.015",
-        "--out",
-        "again.json",
-        "--json",
-    ]));
-    let report_path = d.join("charuco_hand_eye_report.json");
-    std::fs::write(&report_path, report.to_string()).unwrap();
-    let cv = peer(&[
-        "hand-eye".as_ref(),
-        d.join("charuco_hand_eye_corners.json").as_os_str(),
-        d.join("wrist_charuco.yaml").as_os_str(),
-        report_path.as_os_str(),
-    ]);
-    let t: Vec<f64> = cv["park"]["translation_m"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    let ours = fit.camera.translation_m;
-    let gap_mm = ((t[0] - ours[0]).powi(2) + (t[1] - ours[1]).powi(2) + (t[2] - ours[2]).powi(2))
-        .sqrt()
-        * 1e3;
-    assert!(
-        gap_mm < 1.0,
-        "OpenCV's Park-Martin is {gap_mm} mm from reflex's: {cv}"
+    let gap_mm = opencv_hand_eye_gap_mm(
+        d,
+        [
+            "charuco_hand_eye_views",
+            "wrist_charuco.yaml",
+            "charuco:9x7:0.02:0.015",
+        ],
+        "charuco_hand_eye_corners.json",
+        &fit,
     );
     eprintln!(
         "charuco: fx {:.3} vs {:.3} ({:.4} %), {} views ({partial} partial), lens gap {worst:.3} px; OpenCV fx {:.3}; corners from the truth: reflex {ours_err:.3} px ({} corners), OpenCV's detector {theirs_err:.3} px ({} corners, {shared} shared, {opencv_only} only OpenCV's, {gap_worst:.3} px apart at worst); mount {mm:.3} mm, {deg:.4} deg, OpenCV hand-eye gap {gap_mm:.3} mm",

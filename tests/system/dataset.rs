@@ -172,6 +172,26 @@ fn an_exported_lerobot_dataset_loads_as_lerobot_reads_it_and_trains_the_same_pol
     );
 }
 
+/// `reflex bc train --dataset DS --camera front` (a short run) writing `model`.
+fn train_seeing(ds: &Path, model: &Path) {
+    let out = reflex()
+        .current_dir(repo())
+        .args(["bc", "train", "--dataset"])
+        .arg(ds)
+        .args([
+            "--camera", "front", "--steps", "30", "--batch", "16", "--seed", "1",
+        ])
+        .arg("--out")
+        .arg(model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Copies a directory tree.
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -232,22 +252,7 @@ fn camera_frames_export_as_video_lerobot_decodes_and_policies_that_see_train_fro
     // A policy that sees, trained from the dataset's video (reflex decodes it itself), runs on
     // the simulator's cameras.
     let model = dir.path().join("seeing/pick.onnx");
-    let out = reflex()
-        .current_dir(repo())
-        .args(["bc", "train", "--dataset"])
-        .arg(&ds)
-        .args([
-            "--camera", "front", "--steps", "30", "--batch", "16", "--seed", "1",
-        ])
-        .arg("--out")
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    train_seeing(&ds, &model);
     let spec = std::fs::read_to_string(model.with_extension("policy.toml")).unwrap();
     assert!(
         spec.contains("source = \"image\"")
@@ -287,22 +292,7 @@ fn camera_frames_export_as_video_lerobot_decodes_and_policies_that_see_train_fro
         assert!(diff < 10.0, "{key}: {diff} levels: {c}");
     }
     let av1_model = dir.path().join("seeing-av1/pick.onnx");
-    let out = reflex()
-        .current_dir(repo())
-        .args(["bc", "train", "--dataset"])
-        .arg(&av1)
-        .args([
-            "--camera", "front", "--steps", "30", "--batch", "16", "--seed", "1",
-        ])
-        .arg("--out")
-        .arg(&av1_model)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    train_seeing(&av1, &av1_model);
     assert!(av1_model.is_file());
     // A camera the dataset has no video of is named with the ones it has.
     let out = reflex()

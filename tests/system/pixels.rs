@@ -114,6 +114,26 @@ fn a_learner_that_sees_finds_a_target_only_its_camera_shows_and_a_blind_one_cann
     }
 }
 
+/// 64 rows of `sac`'s buffers, `demo_ratio` of them demonstrations, one-step returns.
+fn batch_of(sac: &Sac, demo_ratio: f64) -> reflex_learn::sac::replay::Batch {
+    let mut b = Default::default();
+    let ns = reflex_learn::sac::replay::NStep {
+        n: 1,
+        gamma: 0.99,
+        bootstrap_truncation: true,
+    };
+    reflex_learn::sac::replay::sample_mixed(
+        &sac.online,
+        &sac.demo,
+        64,
+        demo_ratio,
+        &ns,
+        &mut ChaCha8Rng::seed_from_u64(1),
+        &mut b,
+    );
+    b
+}
+
 #[test]
 fn the_heads_learn_from_the_critic_only_and_the_target_heads_follow() {
     let (mut sac, _) = train_on_targets(true, 3, 300);
@@ -121,24 +141,7 @@ fn the_heads_learn_from_the_critic_only_and_the_target_heads_follow() {
     let targets = |s: &Sac| s.target_heads[0].flat().unwrap();
     let (h0, t0) = (heads(&sac), targets(&sac));
     // The actor's update leaves the heads alone...
-    let batch = {
-        let mut b = Default::default();
-        let ns = reflex_learn::sac::replay::NStep {
-            n: 1,
-            gamma: 0.99,
-            bootstrap_truncation: true,
-        };
-        reflex_learn::sac::replay::sample_mixed(
-            &sac.online,
-            &sac.demo,
-            64,
-            0.0,
-            &ns,
-            &mut ChaCha8Rng::seed_from_u64(1),
-            &mut b,
-        );
-        b
-    };
+    let batch = batch_of(&sac, 0.0);
     sac.actor_update(&batch).unwrap();
     assert_eq!(heads(&sac), h0, "the actor's loss moved the shared heads");
     // ...the critic's moves them, and the target heads move a tau-step towards them.
@@ -182,21 +185,7 @@ fn the_persons_corrections_train_the_heads_through_the_actors_cloning_term_only_
                 sac.online.push(&tr);
             }
         }
-        let mut batch = Default::default();
-        let ns = reflex_learn::sac::replay::NStep {
-            n: 1,
-            gamma: 0.99,
-            bootstrap_truncation: true,
-        };
-        reflex_learn::sac::replay::sample_mixed(
-            &sac.online,
-            &sac.demo,
-            64,
-            0.5,
-            &ns,
-            &mut ChaCha8Rng::seed_from_u64(1),
-            &mut batch,
-        );
+        let batch = batch_of(&sac, 0.5);
         assert_eq!(batch.demo_rows, 32);
         let h0 = sac.heads[0].flat().unwrap();
         sac.actor_update(&batch).unwrap();
