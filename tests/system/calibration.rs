@@ -128,6 +128,61 @@ fn peer(args: &[&std::ffi::OsStr]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The distortion as a whole: each corner in the corners file, taken back to its ray through the
+/// true lens and projected through the recovered one, lands this far (at most) from where it
+/// was seen, px (k3 trades against k1 and k2, so coefficients alone are not the measure; and a
+/// lens is only known where the views put corners).
+fn lens_gap_px(
+    truth: &reflex_calibration::camera::CameraModel,
+    got: &reflex_calibration::camera::CameraModel,
+    corners: &std::path::Path,
+) -> f64 {
+    let file: reflex_tools::calibrate::CornersFile =
+        serde_json::from_str(&std::fs::read_to_string(corners).unwrap()).unwrap();
+    let mut worst: f64 = 0.0;
+    for view in &file.views {
+        for c in &view.corners {
+            let ray = truth.undistort(c[0], c[1]);
+            let back = got
+                .project(&nalgebra::Point3::new(ray.x, ray.y, 1.0))
+                .unwrap();
+            worst = worst.max((back - nalgebra::Vector2::new(c[0], c[1])).norm());
+        }
+    }
+    assert!(
+        worst < 0.3,
+        "the recovered lens puts a corner {worst} px from the true lens"
+    );
+    worst
+}
+
+/// OpenCV's `calibrateCamera` on the corners in `corners` (with OpenCV's object points for the
+/// board), checked against reflex's camera `got`: focal lengths within 0.1 %, principal point
+/// within 0.5 px. Returns the peer's report.
+fn opencv_agrees(
+    d: &std::path::Path,
+    corners: &str,
+    camera: &str,
+    got: &reflex_calibration::camera::CameraModel,
+) -> serde_json::Value {
+    let cv = peer(&[
+        "intrinsics".as_ref(),
+        d.join(corners).as_os_str(),
+        d.join(camera).as_os_str(),
+    ]);
+    let f = |k: &str| cv[k].as_f64().unwrap();
+    let rel = |a: f64, b: f64| ((a - b) / b).abs();
+    assert!(
+        rel(f("fx"), got.fx) < 0.001 && rel(f("fy"), got.fy) < 0.001,
+        "{cv}"
+    );
+    assert!(
+        (f("cx") - got.cx).abs() < 0.5 && (f("cy") - got.cy).abs() < 0.5,
+        "{cv}"
+    );
+    cv
+}
+
 /// `reflex calibrate hand-eye --json` on `[images, camera, board]` in `d`, then OpenCV's
 /// `calibrateHandEye` (its own `solvePnP` on the corners in `corners`, the gripper poses from
 /// reflex's report): how far OpenCV's Park-Martin camera lies from reflex's `fit`, mm (at most
@@ -210,28 +265,8 @@ fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agr
         (got.cx - truth.cx).abs() < 0.002 * truth.cx
             && (got.cy - truth.cy).abs() < 0.002 * truth.cy
     );
-    // The distortion as a whole: each corner seen, taken back to its ray through the true lens
-    // and projected through the recovered one, lands where it was seen (k3 trades against k1
-    // and k2, so coefficients alone are not the measure; and a lens is only known where the
-    // views put corners). The leading coefficients close too.
-    let corners: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("front_corners.json")).unwrap())
-            .unwrap();
-    let mut worst: f64 = 0.0;
-    for view in corners["views"].as_array().unwrap() {
-        for c in view["corners"].as_array().unwrap() {
-            let (u, v) = (c[0].as_f64().unwrap(), c[1].as_f64().unwrap());
-            let ray = truth.undistort(u, v);
-            let back = got
-                .project(&nalgebra::Point3::new(ray.x, ray.y, 1.0))
-                .unwrap();
-            worst = worst.max((back - nalgebra::Vector2::new(u, v)).norm());
-        }
-    }
-    assert!(
-        worst < 0.3,
-        "the recovered lens puts a corner {worst} px from the true lens"
-    );
+    // The distortion as a whole (lens_gap_px), and its leading coefficients.
+    let worst = lens_gap_px(&truth, &got, &d.join("front_corners.json"));
     assert!(
         (got.dist[0] - truth.dist[0]).abs() < 0.01
             && (got.dist[2] - truth.dist[2]).abs() < 3e-4
@@ -247,20 +282,8 @@ fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agr
     );
 
     // OpenCV on the same corners, and reading reflex's file.
-    let cv = peer(&[
-        "intrinsics".as_ref(),
-        d.join("front_corners.json").as_os_str(),
-        d.join("front.yaml").as_os_str(),
-    ]);
+    let cv = opencv_agrees(d, "front_corners.json", "front.yaml", &got);
     let f = |k: &str| cv[k].as_f64().unwrap();
-    assert!(
-        rel(f("fx"), got.fx) < 0.001 && rel(f("fy"), got.fy) < 0.001,
-        "{cv}"
-    );
-    assert!(
-        (f("cx") - got.cx).abs() < 0.5 && (f("cy") - got.cy).abs() < 0.5,
-        "{cv}"
-    );
     assert_eq!(
         (f("file_fx"), f("file_cx")),
         (got.fx, got.cx),
@@ -368,36 +391,11 @@ fn charuco_calibration_on_simulated_boards_recovers_the_truth_and_agrees_with_op
         "{partial} partial views of {}",
         corners.views.len()
     );
-    let mut worst: f64 = 0.0;
-    for view in &corners.views {
-        for c in &view.corners {
-            let ray = truth.undistort(c[0], c[1]);
-            let back = got
-                .project(&nalgebra::Point3::new(ray.x, ray.y, 1.0))
-                .unwrap();
-            worst = worst.max((back - nalgebra::Vector2::new(c[0], c[1])).norm());
-        }
-    }
-    assert!(
-        worst < 0.3,
-        "the recovered lens puts a corner {worst} px from the true lens"
-    );
+    let worst = lens_gap_px(&truth, &got, &d.join("charuco_corners.json"));
 
     // OpenCV on the same corners, its own board's object points.
-    let cv = peer(&[
-        "intrinsics".as_ref(),
-        d.join("charuco_corners.json").as_os_str(),
-        d.join("front_charuco.yaml").as_os_str(),
-    ]);
+    let cv = opencv_agrees(d, "charuco_corners.json", "front_charuco.yaml", &got);
     let f = |k: &str| cv[k].as_f64().unwrap();
-    assert!(
-        rel(f("fx"), got.fx) < 0.001 && rel(f("fy"), got.fy) < 0.001,
-        "{cv}"
-    );
-    assert!(
-        (f("cx") - got.cx).abs() < 0.5 && (f("cy") - got.cy).abs() < 0.5,
-        "{cv}"
-    );
 
     // OpenCV's detector on the rendered views: the corners it finds carry the ids reflex gives
     // them (the same corner: within a fraction of a square), and both are judged against where
