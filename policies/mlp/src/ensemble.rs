@@ -14,6 +14,7 @@
 //! threads) and everything else is one pass over buffers allocated on the first call and reused.
 
 use crate::gemm::{Dst, Product, View, product};
+pub use smallvec::SmallVec;
 
 /// The shape of an ensemble.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,14 +45,18 @@ impl Shape {
     }
 }
 
+/// One entry per layer, kept inline for networks of up to four layers (a learner's update
+/// borrows its parameters several times per update without allocating).
+pub type PerLayer<T> = SmallVec<[T; 4]>;
+
 /// The parameters, borrowed in the layout of the module documentation.
 pub struct Params<'a> {
     /// Weights per layer.
-    pub w: Vec<&'a [f32]>,
+    pub w: PerLayer<&'a [f32]>,
     /// Biases per layer.
-    pub b: Vec<&'a [f32]>,
+    pub b: PerLayer<&'a [f32]>,
     /// LayerNorm gains and offsets per hidden layer (empty without LayerNorm).
-    pub ln: Vec<(&'a [f32], &'a [f32])>,
+    pub ln: PerLayer<(&'a [f32], &'a [f32])>,
 }
 
 impl Params<'_> {

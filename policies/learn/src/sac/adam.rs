@@ -2,7 +2,8 @@
 //! be saved and restored exactly (checkpoints must resume training as if never interrupted).
 
 use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, InplaceOp1, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var};
+use candle_core::{CpuStorage, InplaceOp1, InplaceOp2, Layout, Result, Tensor, Var};
+use std::cell::RefCell;
 
 fn contiguous<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
     match (s, l.contiguous_offsets()) {
@@ -45,55 +46,72 @@ impl<F: Fn(&mut f32, f32)> InplaceOp2 for Inplace2<F> {
     }
 }
 
-/// `f(dst, a, b)` element by element, in place on `dst`.
-struct Inplace3<F: Fn(&mut f32, f32, f32)>(&'static str, F);
-
-impl<F: Fn(&mut f32, f32, f32)> InplaceOp3 for Inplace3<F> {
-    fn name(&self) -> &'static str {
-        self.0
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &mut CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<()> {
-        let (a, b) = (contiguous(s2, l2, self.0)?, contiguous(s3, l3, self.0)?);
-        let d = contiguous_mut(s1, l1, self.0)?;
-        if d.len() != a.len() || d.len() != b.len() {
-            candle_core::bail!("{}: sizes {} {} {}", self.0, d.len(), a.len(), b.len());
-        }
-        for ((x, y), z) in d.iter_mut().zip(a).zip(b) {
-            (self.1)(x, *y, *z);
-        }
-        Ok(())
-    }
+/// One Adam(W) step of one variable, in a single pass over its memory: both moments from the
+/// gradient, then the parameter from the moments. The moments live in the optimiser's own
+/// buffers (candle's in-place operations write only their destination tensor, and each one
+/// allocates to check its layout: three passes and three allocations per variable before).
+struct Step<'a> {
+    k: &'a StepConsts,
+    grad: &'a [f32],
+    /// The gradient's clipping factor (1: none).
+    scale: f32,
+    m: RefCell<&'a mut [f32]>,
+    v: RefCell<&'a mut [f32]>,
 }
 
-/// `f(dst, s)` element by element, in place on `dst`, with `s` a slice outside candle (the
-/// gradients of the learner's hand-written update).
-struct WithSlice<'a, F: Fn(&mut f32, f32)>(&'static str, &'a [f32], F);
-
-impl<F: Fn(&mut f32, f32)> InplaceOp1 for WithSlice<'_, F> {
+impl InplaceOp1 for Step<'_> {
     fn name(&self) -> &'static str {
-        self.0
+        "adam step"
     }
     fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
-        let d = contiguous_mut(s, l, self.0)?;
-        if d.len() != self.1.len() {
-            candle_core::bail!("{}: {} values against {}", self.0, d.len(), self.1.len());
+        let p = contiguous_mut(s, l, "adam step")?;
+        let (mut m, mut v) = (self.m.borrow_mut(), self.v.borrow_mut());
+        if p.len() != self.grad.len() || p.len() != m.len() || p.len() != v.len() {
+            candle_core::bail!(
+                "adam step: {} values, {} gradients, moments of {} and {}",
+                p.len(),
+                self.grad.len(),
+                m.len(),
+                v.len()
+            );
         }
-        for (x, y) in d.iter_mut().zip(self.1) {
-            (self.2)(x, *y);
+        let StepConsts {
+            b1,
+            ob1,
+            b2,
+            ob2,
+            ibc1,
+            ibc2,
+            eps,
+            lr,
+            decay,
+        } = *self.k;
+        let scale = self.scale;
+        // The arithmetic of the tensor form it replaces, operation for operation in f32 (`x * c`
+        // is `x * c + 0` there, the clipped gradient `g * scale + 0`), so the numbers are the same
+        // to the bit (a unit test compares).
+        for (((p, m), v), &g) in p
+            .iter_mut()
+            .zip(m.iter_mut())
+            .zip(v.iter_mut())
+            .zip(self.grad)
+        {
+            let g = if scale != 1.0 { g * scale + 0.0 } else { g };
+            *m = (*m * b1 + 0.0) + (g * ob1 + 0.0);
+            *v = (*v * b2 + 0.0) + ((g * g) * ob2 + 0.0);
+            let upd = (*m * ibc1 + 0.0) / ((*v * ibc2 + 0.0).sqrt() + eps);
+            let step = upd * lr + 0.0;
+            *p = match decay {
+                Some(d) => (*p * d + 0.0) - step,
+                None => *p - step,
+            };
         }
         Ok(())
     }
 }
 
 /// One step's constants, in f32 as the tensor form computed them.
+#[derive(Clone, Copy)]
 struct StepConsts {
     b1: f32,
     ob1: f32,
@@ -104,26 +122,6 @@ struct StepConsts {
     eps: f32,
     lr: f32,
     decay: Option<f32>,
-}
-
-impl StepConsts {
-    /// The parameter's step from its moments, in place: `p -= lr m_hat / (sqrt(v_hat) + eps)`,
-    /// after the decoupled weight decay when there is one.
-    fn apply(&self, var: &Var, m: &Tensor, v: &Tensor) -> Result<()> {
-        let (ibc1, ibc2, eps, lr, decay) = (self.ibc1, self.ibc2, self.eps, self.lr, self.decay);
-        var.as_tensor().inplace_op3(
-            m,
-            v,
-            &Inplace3("adam step", |p: &mut f32, m: f32, v: f32| {
-                let upd = (m * ibc1 + 0.0) / ((v * ibc2 + 0.0).sqrt() + eps);
-                let step = upd * lr + 0.0;
-                *p = match decay {
-                    Some(d) => (*p * d + 0.0) - step,
-                    None => *p - step,
-                };
-            }),
-        )
-    }
 }
 
 /// Optimiser settings.
@@ -162,28 +160,36 @@ pub struct Adam {
     /// Settings.
     pub cfg: AdamConfig,
     vars: Vec<Var>,
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
+    /// First moments, one buffer per variable (its values in row-major order).
+    m: Vec<Vec<f32>>,
+    /// Second moments.
+    v: Vec<Vec<f32>>,
     /// Steps taken.
     pub t: u64,
+}
+
+/// The gradient of one variable as a contiguous slice (a copy only when candle's is strided).
+fn grad_values(g: &Tensor) -> Result<Tensor> {
+    if g.is_contiguous() {
+        Ok(g.clone())
+    } else {
+        g.contiguous()
+    }
 }
 
 impl Adam {
     /// An optimiser for `vars`.
     pub fn new(vars: Vec<Var>, cfg: AdamConfig) -> Result<Self> {
-        let m = vars
-            .iter()
-            .map(|v| v.as_tensor().zeros_like())
-            .collect::<Result<Vec<_>>>()?;
-        let v2 = vars
-            .iter()
-            .map(|v| v.as_tensor().zeros_like())
-            .collect::<Result<Vec<_>>>()?;
+        let zeros = || -> Vec<Vec<f32>> {
+            vars.iter()
+                .map(|v| vec![0f32; v.as_tensor().elem_count()])
+                .collect()
+        };
         Ok(Adam {
             cfg,
+            m: zeros(),
+            v: zeros(),
             vars,
-            m,
-            v: v2,
             t: 0,
         })
     }
@@ -219,49 +225,46 @@ impl Adam {
         Ok(sq.sqrt())
     }
 
-    /// One step from `grads`; returns the gradient norm before clipping.
+    /// The clipping factor for a gradient of global norm `norm` (1: no clipping).
+    fn clip_scale(&self, norm: f64) -> f32 {
+        match self.cfg.max_grad_norm {
+            Some(max) if norm > max => (max / (norm + 1e-6)) as f32,
+            _ => 1.0,
+        }
+    }
+
+    /// Variable `i`'s step from its gradient `grad`, in place.
+    fn step_one(&mut self, i: usize, k: &StepConsts, grad: &[f32], scale: f32) -> Result<()> {
+        self.vars[i].as_tensor().inplace_op1(&Step {
+            k,
+            grad,
+            scale,
+            m: RefCell::new(&mut self.m[i]),
+            v: RefCell::new(&mut self.v[i]),
+        })
+    }
+
+    /// One step from `grads`; returns the gradient norm before clipping. Variables without a
+    /// gradient keep their values and moments.
     pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
         let norm = if self.cfg.max_grad_norm.is_some() {
             self.grad_norm(grads)?
         } else {
             0.0
         };
-        let scale = match self.cfg.max_grad_norm {
-            Some(max) if norm > max => max / (norm + 1e-6),
-            _ => 1.0,
-        };
-        // The arithmetic of the tensor form it replaces, operation for operation in f32
-        // (`x * c` is `x * c + 0` there), so results are the same to the bit; three passes per
-        // variable, in place, instead of a dozen tensors allocated and freed.
+        let scale = self.clip_scale(norm);
         let k = self.next_step();
-        let (b1, ob1, b2, ob2) = (k.b1, k.ob1, k.b2, k.ob2);
-        for ((var, m), v) in self
-            .vars
-            .iter()
-            .zip(self.m.iter_mut())
-            .zip(self.v.iter_mut())
-        {
-            let Some(g) = grads.get(var.as_tensor()) else {
+        for i in 0..self.vars.len() {
+            let Some(g) = grads.get(self.vars[i].as_tensor()) else {
                 continue;
             };
-            let g = if scale != 1.0 {
-                (g * scale)?
-            } else {
-                g.contiguous()?
+            let g = grad_values(g)?;
+            let (storage, layout) = g.storage_and_layout();
+            let candle_core::Storage::Cpu(c) = &*storage else {
+                candle_core::bail!("adam: gradients on the CPU expected");
             };
-            m.inplace_op2(
-                &g,
-                &Inplace2("adam m", |m: &mut f32, g: f32| {
-                    *m = (*m * b1 + 0.0) + (g * ob1 + 0.0)
-                }),
-            )?;
-            v.inplace_op2(
-                &g,
-                &Inplace2("adam v", |v: &mut f32, g: f32| {
-                    *v = (*v * b2 + 0.0) + ((g * g) * ob2 + 0.0)
-                }),
-            )?;
-            k.apply(var, m, v)?;
+            let values = contiguous(c, layout, "adam gradient")?;
+            self.step_one(i, &k, values, scale)?;
         }
         Ok(norm)
     }
@@ -282,31 +285,12 @@ impl Adam {
         } else {
             0.0
         };
-        let scale = match self.cfg.max_grad_norm {
-            Some(max) if norm > max => (max / (norm + 1e-6)) as f32,
-            _ => 1.0,
-        };
+        let scale = self.clip_scale(norm);
         let k = self.next_step();
-        let (b1, ob1, b2, ob2) = (k.b1, k.ob1, k.b2, k.ob2);
         let mut used = 0;
-        for (((var, m), v), g) in self
-            .vars
-            .iter()
-            .zip(self.m.iter_mut())
-            .zip(self.v.iter_mut())
-            .zip(grads)
-        {
+        for (i, g) in grads.enumerate().take(self.vars.len()) {
             used += 1;
-            // `(g * scale)` in the tensor form is `g * scale + 0`.
-            let sc = |g: f32| if scale != 1.0 { g * scale + 0.0 } else { g };
-            m.inplace_op1(&WithSlice("adam m", g, |m: &mut f32, g: f32| {
-                *m = (*m * b1 + 0.0) + (sc(g) * ob1 + 0.0)
-            }))?;
-            v.inplace_op1(&WithSlice("adam v", g, |v: &mut f32, g: f32| {
-                let g = sc(g);
-                *v = (*v * b2 + 0.0) + ((g * g) * ob2 + 0.0)
-            }))?;
-            k.apply(var, m, v)?;
+            self.step_one(i, &k, g, scale)?;
         }
         if used != self.vars.len() {
             candle_core::bail!("{used} gradients for {} variables", self.vars.len());
@@ -314,9 +298,18 @@ impl Adam {
         Ok(norm)
     }
 
-    /// The moments, for a checkpoint.
-    pub fn state(&self) -> (&[Tensor], &[Tensor], u64) {
-        (&self.m, &self.v, self.t)
+    /// The moments as tensors of their variables' shapes, for a checkpoint.
+    pub fn state(&self) -> Result<(Vec<Tensor>, Vec<Tensor>, u64)> {
+        let tensors = |ms: &[Vec<f32>]| -> Result<Vec<Tensor>> {
+            ms.iter()
+                .zip(&self.vars)
+                .map(|(m, var)| {
+                    let t = var.as_tensor();
+                    Tensor::from_slice(m, t.shape(), t.device())
+                })
+                .collect()
+        };
+        Ok((tensors(&self.m)?, tensors(&self.v)?, self.t))
     }
 
     /// Restores the moments from a checkpoint: one first and one second moment per variable, each
@@ -340,8 +333,13 @@ impl Adam {
                 );
             }
         }
-        self.m = m;
-        self.v = v;
+        let values = |ts: Vec<Tensor>| -> Result<Vec<Vec<f32>>> {
+            ts.iter()
+                .map(|t| t.flatten_all()?.to_vec1::<f32>())
+                .collect()
+        };
+        self.m = values(m)?;
+        self.v = values(v)?;
         self.t = t;
         Ok(())
     }

@@ -14,7 +14,7 @@ use super::replay::Batch;
 use super::{Mode, Result, Sac, SacConfig, draw_subset};
 use candle_core::{CpuStorage, Layout, Storage, StorageRef, Var};
 use rand_distr::{Distribution, StandardNormal};
-use reflex_mlp::ensemble::{self, Grads, Input, InputGrad, Params, Tape};
+use reflex_mlp::ensemble::{self, Grads, Input, InputGrad, Params, PerLayer, SmallVec, Tape};
 use reflex_mlp::squash::{Sample, Squash, clamp_grad};
 
 /// Buffers of the hand-written update, sized on first use and reused.
@@ -58,9 +58,10 @@ fn values<'a>(g: &'a Guard<'_>) -> Result<&'a [f32]> {
     }
 }
 
-/// Read locks on every parameter of `e`, in `Ensemble::vars` order.
-fn lock_all(e: &Ensemble) -> Vec<Guard<'_>> {
-    let mut g: Vec<Guard<'_>> = e.ws.iter().chain(&e.bs).map(lock).collect();
+/// Read locks on every parameter of `e`, in `Ensemble::vars` order (inline up to four layers
+/// with LayerNorm: no allocation per update).
+fn lock_all(e: &Ensemble) -> SmallVec<[Guard<'_>; 14]> {
+    let mut g: SmallVec<[Guard<'_>; 14]> = e.ws.iter().chain(&e.bs).map(lock).collect();
     for (a, b) in e.ln.iter().flatten() {
         g.push(lock(a));
         g.push(lock(b));
@@ -70,12 +71,21 @@ fn lock_all(e: &Ensemble) -> Vec<Guard<'_>> {
 
 fn params<'a>(e: &Ensemble, g: &'a [Guard<'_>]) -> Result<Params<'a>> {
     let l = e.ws.len();
-    let v = g.iter().map(values).collect::<Result<Vec<_>>>()?;
-    Ok(Params {
-        w: v[..l].to_vec(),
-        b: v[l..2 * l].to_vec(),
-        ln: v[2 * l..].chunks_exact(2).map(|p| (p[0], p[1])).collect(),
-    })
+    let mut p = Params {
+        w: PerLayer::new(),
+        b: PerLayer::new(),
+        ln: PerLayer::new(),
+    };
+    for (i, guard) in g.iter().enumerate() {
+        let v = values(guard)?;
+        match i {
+            _ if i < l => p.w.push(v),
+            _ if i < 2 * l => p.b.push(v),
+            _ if (i - 2 * l).is_multiple_of(2) => p.ln.push((v, &[])),
+            _ => p.ln.last_mut().expect("a gain before its offset").1 = v,
+        }
+    }
+    Ok(p)
 }
 
 /// `rows` rows of `width` values, read from their first columns.
@@ -201,7 +211,7 @@ impl Sac {
             let p = params(&self.actor.net, &g)?;
             let sc = &mut self.scratch;
             let x = rows_of(&sc.next, width, n);
-            ensemble::forward(&self.actor.net.shape(), &p, x, &mut sc.actor_tape);
+            ensemble::forward(self.actor.net.shape(), &p, x, &mut sc.actor_tape);
             squash.sample(&sc.actor_tape.out, &sc.eps, &mut sc.sample);
         }
         for r in 0..n {
@@ -222,7 +232,7 @@ impl Sac {
             let p = params(&self.target, &g)?;
             let sc = &mut self.scratch;
             ensemble::forward(
-                &self.target.shape(),
+                self.target.shape(),
                 &p,
                 rows_of(&sc.next, width, n),
                 &mut sc.target_tape,
@@ -252,13 +262,13 @@ impl Sac {
         }
         // Mean squared error of every critic against the target.
         let shape = self.critic.shape();
-        let grads = sc.critic_grads.get_or_insert_with(|| Grads::new(&shape));
+        let grads = sc.critic_grads.get_or_insert_with(|| Grads::new(shape));
         let (loss, q_mean);
         {
             let g = lock_all(&self.critic);
             let p = params(&self.critic, &g)?;
             let x = rows_of(&sc.now, width, n);
-            ensemble::forward(&shape, &p, x, &mut sc.critic_tape);
+            ensemble::forward(shape, &p, x, &mut sc.critic_tape);
             let q = &sc.critic_tape.out;
             let count = (members * n) as f32;
             sc.d_q.resize(members * n, 0.0);
@@ -273,7 +283,7 @@ impl Sac {
             q_mean = (sum / count as f64) as f32;
             let dq = std::mem::take(&mut sc.d_q);
             ensemble::backward(
-                &shape,
+                shape,
                 &p,
                 x,
                 &mut sc.critic_tape,
@@ -313,7 +323,7 @@ impl Sac {
         {
             let sc = &mut self.scratch;
             ensemble::forward(
-                &actor_shape,
+                actor_shape,
                 &ap,
                 rows_of(&sc.now, width, n),
                 &mut sc.actor_tape,
@@ -349,7 +359,7 @@ impl Sac {
             let g = lock_all(&self.critic);
             let p = params(&self.critic, &g)?;
             ensemble::forward(
-                &critic_shape,
+                critic_shape,
                 &p,
                 rows_of(&sc.now, width, n),
                 &mut sc.critic_tape,
@@ -366,7 +376,7 @@ impl Sac {
             d_act.resize(n * act_dim, 0.0);
             let dq = std::mem::take(&mut sc.d_q);
             ensemble::backward(
-                &critic_shape,
+                critic_shape,
                 &p,
                 rows_of(&sc.now, width, n),
                 &mut sc.critic_tape,
@@ -416,10 +426,10 @@ impl Sac {
         }
         let grads = sc
             .actor_grads
-            .get_or_insert_with(|| Grads::new(&actor_shape));
+            .get_or_insert_with(|| Grads::new(actor_shape));
         let dh = std::mem::take(&mut sc.d_head);
         ensemble::backward(
-            &actor_shape,
+            actor_shape,
             &ap,
             rows_of(&sc.now, width, n),
             &mut sc.actor_tape,
@@ -478,7 +488,7 @@ impl Sac {
             let p = params(&self.actor.net, &g)?;
             let sc = &mut self.scratch;
             let x = rows_of(&sc.next, width, 1);
-            ensemble::forward(&self.actor.net.shape(), &p, x, &mut sc.actor_tape);
+            ensemble::forward(self.actor.net.shape(), &p, x, &mut sc.actor_tape);
             if deterministic {
                 squash.mean_action(&sc.actor_tape.out, &mut out);
             } else {

@@ -136,7 +136,7 @@ impl Sac {
                 .collect::<candle_core::Result<Vec<_>>>()
         };
         let adam = |a: &super::adam::Adam| -> candle_core::Result<AdamState> {
-            let (m, v, t) = a.state();
+            let (m, v, t) = a.state()?;
             Ok(AdamState {
                 m: m.iter().map(blob).collect::<candle_core::Result<_>>()?,
                 v: v.iter().map(blob).collect::<candle_core::Result<_>>()?,

@@ -32,7 +32,8 @@ pub struct Ensemble {
     pub bs: Vec<Var>,
     /// Layer-norm gains and offsets per hidden layer, `[N, 1, out]`.
     pub ln: Option<Vec<(Var, Var)>>,
-    dims: Vec<usize>,
+    /// Members, widths and LayerNorm, as the hand-written update reads the parameters.
+    shape: reflex_mlp::ensemble::Shape,
 }
 
 impl Ensemble {
@@ -78,29 +79,22 @@ impl Ensemble {
             ws,
             bs,
             ln: layer_norm.then_some(ln),
-            dims: dims.to_vec(),
+            shape: reflex_mlp::ensemble::Shape {
+                members: n,
+                dims: dims.to_vec(),
+                layer_norm,
+            },
         })
     }
 
     /// The shape the hand-written update ([`reflex_mlp::ensemble`]) reads these parameters as.
-    pub fn shape(&self) -> reflex_mlp::ensemble::Shape {
-        reflex_mlp::ensemble::Shape {
-            members: self.n,
-            dims: self.dims.clone(),
-            layer_norm: self.ln.is_some(),
-        }
+    pub fn shape(&self) -> &reflex_mlp::ensemble::Shape {
+        &self.shape
     }
 
     /// Every parameter.
     pub fn vars(&self) -> Vec<Var> {
-        let mut v: Vec<Var> = self.ws.iter().chain(&self.bs).cloned().collect();
-        if let Some(ln) = &self.ln {
-            for (g, b) in ln {
-                v.push(g.clone());
-                v.push(b.clone());
-            }
-        }
-        v
+        self.params().cloned().collect()
     }
 
     /// `x` `[B, in]` -> `[N, B, out]`.
@@ -117,7 +111,7 @@ impl Ensemble {
 
     fn forward_with(&self, x: &Tensor, p: impl Fn(&Var) -> Tensor) -> Result<Tensor> {
         let b = x.dim(0)?;
-        let o0 = self.dims[1];
+        let o0 = self.shape.dims[1];
         // First layer: one GEMM for every member.
         let mut h = matmul(x, &p(&self.ws[0]))?
             .reshape((b, self.n, o0))?
@@ -143,7 +137,25 @@ impl Ensemble {
     /// Copies `other`'s parameters into this one, or moves towards them: `self = tau other +
     /// (1 - tau) self` (Polyak averaging of target networks).
     pub fn polyak_from(&self, other: &Ensemble, tau: f64) -> Result<()> {
-        polyak_vars(&self.vars(), &other.vars(), tau)
+        if self.shape != other.shape {
+            candle_core::bail!(
+                "Polyak update of a {:?} ensemble from a {:?} one",
+                self.shape,
+                other.shape
+            );
+        }
+        for (t, s) in self.params().zip(other.params()) {
+            polyak_one(t, s, tau)?;
+        }
+        Ok(())
+    }
+
+    /// Every parameter in [`Self::vars`] order, borrowed.
+    fn params(&self) -> impl Iterator<Item = &Var> {
+        self.ws
+            .iter()
+            .chain(&self.bs)
+            .chain(self.ln.iter().flatten().flat_map(|(g, b)| [g, b]))
     }
 }
 
@@ -157,21 +169,25 @@ pub fn polyak_vars(target: &[Var], source: &[Var], tau: f64) -> Result<()> {
             source.len()
         );
     }
-    let (a, b) = (tau as f32, (1.0 - tau) as f32);
     for (t, s) in target.iter().zip(source) {
-        if tau >= 1.0 {
-            t.set(&s.as_tensor().detach().copy()?)?;
-        } else {
-            // In place, the arithmetic of `s * tau + t * (1 - tau)` to the bit.
-            t.as_tensor().inplace_op2(
-                s.as_tensor(),
-                &super::adam::Inplace2("polyak", |t: &mut f32, s: f32| {
-                    *t = (s * a + 0.0) + (*t * b + 0.0)
-                }),
-            )?;
-        }
+        polyak_one(t, s, tau)?;
     }
     Ok(())
+}
+
+/// `target = tau source + (1 - tau) target` for one tensor, in place (`tau >= 1` copies).
+fn polyak_one(target: &Var, source: &Var, tau: f64) -> Result<()> {
+    if tau >= 1.0 {
+        return target.set(&source.as_tensor().detach().copy()?);
+    }
+    let (a, b) = (tau as f32, (1.0 - tau) as f32);
+    // In place, the arithmetic of `s * tau + t * (1 - tau)` to the bit.
+    target.as_tensor().inplace_op2(
+        source.as_tensor(),
+        &super::adam::Inplace2("polyak", |t: &mut f32, s: f32| {
+            *t = (s * a + 0.0) + (*t * b + 0.0)
+        }),
+    )
 }
 
 /// A tanh-squashed diagonal Gaussian actor.
