@@ -199,14 +199,12 @@ impl ImageEncoder {
         let h = self
             .readout
             .forward(&h.reshape((b, fh * fw * CELL_CHANNELS))?)?;
-        let mean = h.mean_keepdim(1)?;
-        let centred = h.broadcast_sub(&mean)?;
-        let var = centred.sqr()?.mean_keepdim(1)?;
-        let normed = centred.broadcast_div(&(var + LN_EPS)?.sqrt()?)?;
-        Ok(normed
-            .broadcast_mul(self.gamma.as_tensor())?
-            .broadcast_add(self.beta.as_tensor())?
-            .tanh()?)
+        Ok(crate::ln_tanh::layer_norm_tanh(
+            &h,
+            self.gamma.as_tensor(),
+            self.beta.as_tensor(),
+            LN_EPS,
+        )?)
     }
 
     /// Writes the encoder into `g` with its own image input (named `input`, `[B, 3, H, W]`);

@@ -17,7 +17,7 @@
 //! ([`HeadEval`]), and as ONNX operators for the exported residual ([`write_onnx`]).
 
 use crate::VisionError;
-use candle_core::{D, DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -187,14 +187,12 @@ impl SpatialHead {
             .contiguous()?
             .reshape((n, d.pooled()))?;
         let h = pooled.matmul(&p(&self.w))?.broadcast_add(&p(&self.b))?;
-        let mean = h.mean_keepdim(D::Minus1)?;
-        let centred = h.broadcast_sub(&mean)?;
-        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centred.broadcast_div(&(var + LN_EPS)?.sqrt()?)?;
-        Ok(normed
-            .broadcast_mul(&p(&self.gamma))?
-            .broadcast_add(&p(&self.beta))?
-            .tanh()?)
+        Ok(crate::ln_tanh::layer_norm_tanh(
+            &h,
+            self.gamma.as_tensor(),
+            self.beta.as_tensor(),
+            LN_EPS,
+        )?)
     }
 
     /// The weights flattened (as f32) in the layout [`HeadEval`] and [`write_onnx`] read.
