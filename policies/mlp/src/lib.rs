@@ -6,6 +6,8 @@
 //!   reading the parameters in the layout of the learner's candle networks;
 //! - [`denormal`]: denormal floats flushed to zero while the learner computes;
 //! - [`squash`]: the tanh-squashed Gaussian of the actor, sample and backward;
+//! - [`norm`]: LayerNorm and its activation (tanh, ReLU) as one candle operation with its own
+//!   backward pass, per ensemble member (the pixel learner's critics, heads and encoder);
 //! - [`ops`]: the same layers as candle operations (a product computing only needed gradients,
 //!   fused bias + ReLU) for the learner that trains image heads through candle's autograd.
 //!
@@ -15,5 +17,6 @@
 pub mod denormal;
 pub mod ensemble;
 pub mod gemm;
+pub mod norm;
 pub mod ops;
 pub mod squash;

@@ -199,7 +199,7 @@ impl ImageEncoder {
         let h = self
             .readout
             .forward(&h.reshape((b, fh * fw * CELL_CHANNELS))?)?;
-        Ok(crate::ln_tanh::layer_norm_tanh(
+        Ok(reflex_mlp::norm::layer_norm_tanh(
             &h,
             self.gamma.as_tensor(),
             self.beta.as_tensor(),

@@ -187,7 +187,7 @@ impl SpatialHead {
             .contiguous()?
             .reshape((n, d.pooled()))?;
         let h = pooled.matmul(&p(&self.w))?.broadcast_add(&p(&self.b))?;
-        Ok(crate::ln_tanh::layer_norm_tanh(
+        Ok(reflex_mlp::norm::layer_norm_tanh(
             &h,
             self.gamma.as_tensor(),
             self.beta.as_tensor(),

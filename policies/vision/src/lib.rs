@@ -6,9 +6,7 @@
 //! - [`reward`]: the success classifier on camera frames that gives a reward a robot can see
 //!   (`reflex reward train`);
 //! - [`head`]: the trainable head a learner that sees puts on a frozen encoder's feature map
-//!   (SERL's spatial learned embeddings, 256 wide, LayerNorm, tanh);
-//! - [`ln_tanh`]: LayerNorm and tanh as one candle operation with its own backward pass (both
-//!   end that way).
+//!   (SERL's spatial learned embeddings, 256 wide, LayerNorm, tanh).
 //!
 //! Both are written as ONNX graphs with `image_<camera>` inputs, so ONNX Runtime runs them where
 //! the base policy runs.
@@ -16,7 +14,6 @@
 
 pub mod encoder;
 pub mod head;
-pub mod ln_tanh;
 pub mod reward;
 
 /// Errors of training or export.

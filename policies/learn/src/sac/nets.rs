@@ -2,24 +2,16 @@
 //! products (one GEMM per layer for all members, not N separate networks) and a tanh-squashed
 //! Gaussian actor.
 
-use candle_core::{D, Device, Result, Tensor, Var};
+use candle_core::{Device, Result, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use reflex_mlp::norm::{Act, layer_norm_act};
 pub use reflex_mlp::ops::{bias_relu, matmul};
 
 fn uniform(rng: &mut ChaCha8Rng, n: usize, k: f32) -> Vec<f32> {
     (0..n)
         .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * k)
         .collect()
-}
-
-/// Layer normalisation over the last dimension (differentiable basic ops).
-fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<Tensor> {
-    let mean = x.mean_keepdim(D::Minus1)?;
-    let xc = x.broadcast_sub(&mean)?;
-    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
-    let xn = xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
-    xn.broadcast_mul(gamma)?.broadcast_add(beta)
 }
 
 /// N MLPs with the same shape evaluated together.
@@ -125,9 +117,13 @@ impl Ensemble {
             let bias = p(&self.bs[l]);
             h = match &self.ln {
                 _ if l == last => h.broadcast_add(&bias)?,
-                Some(ln) => {
-                    layer_norm(&h.broadcast_add(&bias)?, &p(&ln[l].0), &p(&ln[l].1))?.relu()?
-                }
+                Some(ln) => layer_norm_act(
+                    &h.broadcast_add(&bias)?,
+                    &p(&ln[l].0),
+                    &p(&ln[l].1),
+                    1e-5,
+                    Act::Relu,
+                )?,
                 None => bias_relu(&h, &bias)?,
             };
         }
