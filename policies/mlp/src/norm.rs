@@ -14,7 +14,7 @@
 //! used by the finite-difference tests, keeps the exact `tanh`. Devices other than the CPU take
 //! the composed form.
 
-use candle_core::{CpuStorage, CustomOp3, D, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, D, Layout, Result, Shape, Tensor, WithDType};
 
 /// tanh in f32 by Eigen's rational interpolant (see the module documentation).
 #[inline]
@@ -199,6 +199,51 @@ struct LayerNormAct {
     rows: Rows,
 }
 
+impl LayerNormAct {
+    /// The forward pass on the operands' storage, each with its layout.
+    fn forward_on<T: Real>(
+        &self,
+        h: (&[T], &Layout),
+        gamma: (&[T], &Layout),
+        beta: (&[T], &Layout),
+    ) -> Result<Vec<T>> {
+        Ok(forward(
+            slice(h.0, h.1, "the input")?,
+            slice(gamma.0, gamma.1, "the gain")?,
+            slice(beta.0, beta.1, "the offset")?,
+            self.rows,
+            self.eps,
+            self.act,
+        ))
+    }
+
+    /// The backward pass computed in `T`, the gradients returned in `h`'s type.
+    fn backward_on<T: Real + WithDType>(
+        &self,
+        h: &Tensor,
+        gamma: &Tensor,
+        y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let v = |t: &Tensor| t.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1::<T>();
+        let (a, b, c) = backward(
+            &v(h)?,
+            &v(gamma)?,
+            &v(y)?,
+            &v(dy)?,
+            self.rows,
+            self.eps,
+            self.act,
+        );
+        let (dev, dtype) = (h.device(), h.dtype());
+        Ok((
+            Tensor::from_vec(a, h.shape(), dev)?.to_dtype(dtype)?,
+            Tensor::from_vec(b, gamma.shape(), dev)?.to_dtype(dtype)?,
+            Tensor::from_vec(c, gamma.shape(), dev)?.to_dtype(dtype)?,
+        ))
+    }
+}
+
 fn slice<'a, T>(v: &'a [T], l: &Layout, what: &str) -> Result<&'a [T]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&v[a..b]),
@@ -221,27 +266,12 @@ impl CustomOp3 for LayerNormAct {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let shape = l1.shape().clone();
-        let (eps, act, rows) = (self.eps, self.act, self.rows);
         let out = match (s1, s2, s3) {
             (CpuStorage::F32(h), CpuStorage::F32(g), CpuStorage::F32(b)) => {
-                CpuStorage::F32(forward(
-                    slice(h, l1, "the input")?,
-                    slice(g, l2, "the gain")?,
-                    slice(b, l3, "the offset")?,
-                    rows,
-                    eps,
-                    act,
-                ))
+                CpuStorage::F32(self.forward_on((h, l1), (g, l2), (b, l3))?)
             }
             (CpuStorage::F64(h), CpuStorage::F64(g), CpuStorage::F64(b)) => {
-                CpuStorage::F64(forward(
-                    slice(h, l1, "the input")?,
-                    slice(g, l2, "the gain")?,
-                    slice(b, l3, "the offset")?,
-                    rows,
-                    eps,
-                    act,
-                ))
+                CpuStorage::F64(self.forward_on((h, l1), (g, l2), (b, l3))?)
             }
             _ => candle_core::bail!("layer norm: f32 or f64 operands of one type"),
         };
@@ -256,31 +286,10 @@ impl CustomOp3 for LayerNormAct {
         y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (eps, act, rows) = (self.eps, self.act, self.rows);
-        let dev = h.device();
+        // f32 in f32; anything else (the tests' f64) in f64, handed back in its own type.
         let (dh, dg, db) = match h.dtype() {
-            candle_core::DType::F32 => {
-                let v = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
-                let (a, b, c) = backward(&v(h)?, &v(gamma)?, &v(y)?, &v(dy)?, rows, eps, act);
-                (
-                    Tensor::from_vec(a, h.shape(), dev)?,
-                    Tensor::from_vec(b, gamma.shape(), dev)?,
-                    Tensor::from_vec(c, gamma.shape(), dev)?,
-                )
-            }
-            _ => {
-                let v = |t: &Tensor| {
-                    t.to_dtype(candle_core::DType::F64)?
-                        .flatten_all()?
-                        .to_vec1::<f64>()
-                };
-                let (a, b, c) = backward(&v(h)?, &v(gamma)?, &v(y)?, &v(dy)?, rows, eps, act);
-                (
-                    Tensor::from_vec(a, h.shape(), dev)?.to_dtype(h.dtype())?,
-                    Tensor::from_vec(b, gamma.shape(), dev)?.to_dtype(h.dtype())?,
-                    Tensor::from_vec(c, gamma.shape(), dev)?.to_dtype(h.dtype())?,
-                )
-            }
+            candle_core::DType::F32 => self.backward_on::<f32>(h, gamma, y, dy)?,
+            _ => self.backward_on::<f64>(h, gamma, y, dy)?,
         };
         Ok((Some(dh), Some(dg), Some(db)))
     }
