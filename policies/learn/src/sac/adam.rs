@@ -168,15 +168,6 @@ pub struct Adam {
     pub t: u64,
 }
 
-/// The gradient of one variable as a contiguous slice (a copy only when candle's is strided).
-fn grad_values(g: &Tensor) -> Result<Tensor> {
-    if g.is_contiguous() {
-        Ok(g.clone())
-    } else {
-        g.contiguous()
-    }
-}
-
 impl Adam {
     /// An optimiser for `vars`.
     pub fn new(vars: Vec<Var>, cfg: AdamConfig) -> Result<Self> {
@@ -258,7 +249,7 @@ impl Adam {
             let Some(g) = grads.get(self.vars[i].as_tensor()) else {
                 continue;
             };
-            let g = grad_values(g)?;
+            let g = g.contiguous()?; // a copy only when candle's gradient is strided
             let (storage, layout) = g.storage_and_layout();
             let candle_core::Storage::Cpu(c) = &*storage else {
                 candle_core::bail!("adam: gradients on the CPU expected");
