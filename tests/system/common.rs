@@ -68,16 +68,21 @@ pub fn child_stderr(dir: &tempfile::TempDir, name: &str) -> String {
     std::fs::read_to_string(dir.path().join(format!("{name}.err"))).unwrap_or_default()
 }
 
-/// Runs a `reflex ... --json` command, asserts it succeeded (showing its stderr if not) and
-/// returns the JSON it printed.
-pub fn json_output(cmd: &mut Command) -> serde_json::Value {
+/// Runs a command to its end and asserts it succeeded (showing its stderr if not).
+pub fn run_ok(cmd: &mut Command) -> std::process::Output {
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    out
+}
+
+/// Runs a `reflex ... --json` command, asserts it succeeded (showing its stderr if not) and
+/// returns the JSON it printed.
+pub fn json_output(cmd: &mut Command) -> serde_json::Value {
+    serde_json::from_slice(&run_ok(cmd).stdout).unwrap()
 }
 
 /// Waits (bounded) for child `what` to exit, and asserts it succeeded (showing its stderr if not).

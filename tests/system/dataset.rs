@@ -66,26 +66,21 @@ fn success_of(model: &Path, dir: &Path) -> f64 {
 fn an_exported_lerobot_dataset_loads_as_lerobot_reads_it_and_trains_the_same_policy() {
     let dir = tempfile::tempdir().unwrap();
     let (demos, ds) = (dir.path().join("demos"), dir.path().join("ds"));
-    let out = reflex()
-        .current_dir(repo())
-        .args([
-            "sim",
-            "demos",
-            "--task",
-            "pick",
-            "--episodes",
-            "12",
-            "--noise",
-            "0.2",
-        ])
-        .args(["--seed", "1", "--out"])
-        .arg(&demos)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    crate::common::run_ok(
+        reflex()
+            .current_dir(repo())
+            .args([
+                "sim",
+                "demos",
+                "--task",
+                "pick",
+                "--episodes",
+                "12",
+                "--noise",
+                "0.2",
+            ])
+            .args(["--seed", "1", "--out"])
+            .arg(&demos),
     );
     let e = crate::common::json_output(
         reflex()
@@ -174,21 +169,16 @@ fn an_exported_lerobot_dataset_loads_as_lerobot_reads_it_and_trains_the_same_pol
 
 /// `reflex bc train --dataset DS --camera front` (a short run) writing `model`.
 fn train_seeing(ds: &Path, model: &Path) {
-    let out = reflex()
-        .current_dir(repo())
-        .args(["bc", "train", "--dataset"])
-        .arg(ds)
-        .args([
-            "--camera", "front", "--steps", "30", "--batch", "16", "--seed", "1",
-        ])
-        .arg("--out")
-        .arg(model)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    crate::common::run_ok(
+        reflex()
+            .current_dir(repo())
+            .args(["bc", "train", "--dataset"])
+            .arg(ds)
+            .args([
+                "--camera", "front", "--steps", "30", "--batch", "16", "--seed", "1",
+            ])
+            .arg("--out")
+            .arg(model),
     );
 }
 
@@ -210,17 +200,12 @@ fn copy_dir(from: &Path, to: &Path) {
 fn camera_frames_export_as_video_lerobot_decodes_and_policies_that_see_train_from_h264_and_av1() {
     let dir = tempfile::tempdir().unwrap();
     let (demos, ds) = (dir.path().join("demos"), dir.path().join("ds"));
-    let out = reflex()
-        .args(["sim", "demos", "--task", "pick", "--episodes", "6"])
-        .args(["--cameras", "--camera-size", "64x48", "--noise", "0.2"])
-        .args(["--seed", "1", "--out"])
-        .arg(&demos)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    crate::common::run_ok(
+        reflex()
+            .args(["sim", "demos", "--task", "pick", "--episodes", "6"])
+            .args(["--cameras", "--camera-size", "64x48", "--noise", "0.2"])
+            .args(["--seed", "1", "--out"])
+            .arg(&demos),
     );
     let e = crate::common::json_output(
         reflex()
