@@ -3,7 +3,7 @@
 use crate::cli::{Bars, BusArgs, command_line, print_json};
 use clap::{Args, Subcommand, ValueEnum};
 use reflex_hardware::teleop::{DeviceKind, DeviceOptions};
-use reflex_learn::bc::TrainConfig;
+use reflex_imitate::TrainConfig;
 use reflex_tools::policytools::{self, TrainOptions};
 use reflex_tools::teleop::TeleopEvent;
 use reflex_tools::viz::{VizOptions, VizTarget};

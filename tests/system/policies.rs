@@ -3,7 +3,7 @@
 
 use crate::common::{python, reflex, repo};
 use reflex_bench::workloads::NullRobot;
-use reflex_learn::bc::{Denoiser, DenoiserShape};
+use reflex_imitate::{Denoiser, DenoiserShape};
 use reflex_policies::onnx_policy::{LoadError, OnnxPolicy, Provider, RunOptions};
 use reflex_policies::spec::{
     DiffusionSpec, GraphIo, InputSpec, Normalize, PolicyKind, PolicySpec, spec_path,
@@ -103,7 +103,7 @@ fn an_image_policy_through_onnxruntime_matches_candle_within_1e_4() {
     // A denoiser that reads the state and a 48x32 front camera, fed a 96x40 frame the policy
     // resizes: ONNX Runtime (image input, Conv and spatial-softmax operators) against candle on
     // the same resized pixels.
-    use reflex_learn::bc::image_input_name;
+    use reflex_imitate::image_input_name;
     use reflex_vision::encoder::{MEAN, STD};
     let dir = tempfile::tempdir().unwrap();
     let shape = DenoiserShape {

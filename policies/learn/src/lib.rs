@@ -1,12 +1,7 @@
-//! reflex-learn: what learns. The SAC learner that refines a base policy online and the
-//! imitation training that makes one, both in candle on the CPU (candle's CUDA backend is not
-//! enabled in this build).
-//!
-//! - [`sac`]: the residual / full / noise-steering SAC learner, its replay, checkpoints, the
-//!   residual exported to ONNX and the hook the control loop runs it through;
-//! - [`bc`]: imitation training of diffusion and chunk policies, exported to ONNX with their spec
-//!   (policies that see read their cameras through reflex-vision's encoder).
+//! reflex-learn: what learns online. The SAC learner that refines a base policy on the robot, in
+//! candle on the CPU (candle's CUDA backend is not enabled in this build): its replay, checkpoints,
+//! the residual exported to ONNX and the hook the control loop runs it through. Imitation training
+//! of base policies is reflex-imitate's job.
 #![warn(missing_docs)]
 
-pub mod bc;
 pub mod sac;

@@ -49,7 +49,7 @@ pub enum AgentError {
     Ort(#[from] reflex_policies::ort_env::OrtError),
     /// Behaviour cloning.
     #[error(transparent)]
-    Bc(#[from] reflex_learn::bc::BcError),
+    Bc(#[from] reflex_imitate::BcError),
     /// A learner checkpoint.
     #[error(transparent)]
     Checkpoint(#[from] reflex_learn::sac::checkpoint::CheckpointError),

@@ -3,7 +3,7 @@
 use reflex_agent::progress::Progress;
 use reflex_agent::{AgentError, error::Result};
 use reflex_contracts::robot::Robot;
-use reflex_learn::bc::{BcError, TrainConfig, make_samples, train};
+use reflex_imitate::{BcError, TrainConfig, make_samples, train};
 use reflex_policies::onnx_policy::{
     OnnxPolicy, Provider, RunOptions, check_graph, graph_io, open_session,
 };

@@ -8,6 +8,7 @@
 //! schedule, horizon 16 with 8 executed, min-max normalisation to [-1, 1], EMA of the weights.
 //! The same forward pass is written as ONNX operators, and a test checks that ONNX Runtime running
 //! the exported file matches candle within 1e-5.
+#![warn(missing_docs)]
 
 use candle_core::{Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
