@@ -507,7 +507,7 @@ fn the_loop_hook_computes_the_learners_action_with_the_state_scaling_folded_in()
     // carry the scaling in their first layer. A fast actor, so that the residual is far from its
     // zero start after 200 updates.
     let mut sac = trained_actor(Mode::Residual);
-    let norm = ActionNorm::new(&[-2.0], &[2.0], 0.5);
+    let norm = ActionNorm::new(&[-2.0], &[2.0], &[0.5]);
     let (mut hook, mut writer) = ResidualMlp::new(&sac, norm.clone(), false, 0).unwrap();
     writer.publish(1, &export_actor(&sac).unwrap());
     assert_eq!(hook.refresh(), 1);
@@ -587,7 +587,7 @@ fn the_exported_residual_file_computes_what_the_loop_hook_computes() {
         // The file's hook against the live learner's hook (exploration off): the same numbers.
         let scale = if mode == Mode::Residual { 0.5 } else { 0.0 };
         let (mut live, _w) =
-            ResidualMlp::new(&sac, ActionNorm::new(&[-2.0], &[2.0], scale), false, 0).unwrap();
+            ResidualMlp::new(&sac, ActionNorm::new(&[-2.0], &[2.0], &[scale]), false, 0).unwrap();
         let mut kept = m.hook();
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         let mut largest = 0.0f32;
@@ -632,6 +632,107 @@ fn the_exported_residual_file_computes_what_the_loop_hook_computes() {
     std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
     let e = ResidualModel::load(&file).unwrap_err().to_string();
     assert!(e.contains("Residual.onnx"), "{e}");
+}
+
+/// `[learner] action_scales`: each action component has its own residual bound, in the learner,
+/// the loop's hook, the exported file and ONNX Runtime alike; a bound per component of the wrong
+/// count is refused, in the config and in a residual file.
+#[test]
+fn a_residual_bounded_per_action_component_keeps_each_bound_through_export() {
+    use reflex_learn::sac::export::{ExportInfo, ResidualModel, write_residual};
+    use reflex_learn::sac::hook::{ActionNorm, ResidualMlp};
+    use reflex_runtime::residual::ResidualHook;
+    let bounds = vec![0.05f32, 0.8];
+    let cfg = SacConfig {
+        action_scales: bounds.clone(),
+        actor_lr: 3e-3,
+        ..small(Mode::Residual, 5)
+    };
+    let e = Sac::new(
+        SacConfig {
+            action_scales: vec![0.1],
+            ..cfg.clone()
+        },
+        3,
+        2,
+    )
+    .err()
+    .expect("one bound for two components is refused")
+    .to_string();
+    assert!(e.contains("action_scales") && e.contains("(2)"), "{e}");
+    let mut sac = Sac::new(cfg, 3, 2).unwrap();
+    // The person pushes both components to the top of the box: only the second may follow far.
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    for _ in 0..300 {
+        let obs: Vec<f32> = (0..3).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+        let t = Transition {
+            obs: obs.clone(),
+            base: vec![0.0, 0.0],
+            action: vec![1.0, 1.0],
+            next_obs: obs,
+            next_base: vec![0.0, 0.0],
+            intervention: true,
+            ..Default::default()
+        };
+        sac.demo.push(&t);
+        sac.online.push(&t);
+    }
+    sac.cfg.bc_weight = 5.0;
+    for _ in 0..300 {
+        sac.train_step().unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("residual.onnx");
+    let (low, high) = ([-2.0f32, 0.0], [2.0f32, 0.08]);
+    let spec = write_residual(
+        &sac,
+        &ExportInfo {
+            name: "per-component",
+            action_low: &low,
+            action_high: &high,
+            base_model: Some(&dir.path().join("base.onnx")),
+            provenance: "test".into(),
+        },
+        &file,
+    )
+    .unwrap();
+    assert_eq!(spec.action_scales, bounds);
+    let m = ResidualModel::load(&file).unwrap();
+    let gap = m.check_with_ort(500, 2).unwrap();
+    assert!(gap < 1e-5, "ONNX Runtime and the hook differ by {gap}");
+    let norm = ActionNorm::new(&low, &high, &bounds);
+    let (mut live, _w) = ResidualMlp::new(&sac, norm, false, 0).unwrap();
+    let mut kept = m.hook();
+    let mut reach = [0.0f32; 2];
+    for _ in 0..200 {
+        let obs: Vec<f32> = (0..3).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+        let base = [0.0f32, 0.04];
+        let (mut a, mut b) = ([0.0f32; 2], [0.0f32; 2]);
+        live.residual(&obs, &base, &mut a);
+        kept.residual(&obs, &base, &mut b);
+        assert_eq!(a, b, "at {obs:?}");
+        for k in 0..2 {
+            // In normalised units of the widened box (half width (1 + bound) x the box's).
+            let half = 0.5 * (high[k] - low[k]) * (1.0 + bounds[k]);
+            reach[k] = reach[k].max(a[k].abs() / half);
+            assert!(a[k].abs() / half <= bounds[k] + 1e-6, "{k}: {a:?}");
+        }
+    }
+    assert!(
+        reach[1] > 0.5 && reach[0] <= 0.05 + 1e-6,
+        "the wide component follows the person, the narrow one cannot: {reach:?}"
+    );
+    // A file whose bounds do not match its action count is refused, naming the key.
+    let spec_file = reflex_policies::spec::spec_path(&file);
+    let text = std::fs::read_to_string(&spec_file).unwrap();
+    assert!(text.contains("action_scales"), "{text}");
+    let edited = text.replace("action_scales = [", "action_scales = [\n    0.3,");
+    std::fs::write(&spec_file, edited).unwrap();
+    let Err(e) = ResidualModel::load(&file) else {
+        panic!("a file with three bounds for two components loaded");
+    };
+    let e = e.to_string();
+    assert!(e.contains("action_scales"), "{e}");
 }
 
 #[test]

@@ -203,7 +203,7 @@ fn the_loop_hook_and_the_exported_residual_carry_the_heads_and_agree_with_the_le
     use reflex_learn::sac::hook::{ActionNorm, ResidualMlp, export_actor};
     use reflex_runtime::residual::ResidualHook;
     let (mut sac, _) = train_on_targets(true, 4, 400);
-    let norm = ActionNorm::new(&[-2.0], &[2.0], 0.0);
+    let norm = ActionNorm::new(&[-2.0], &[2.0], &[]);
     let (mut hook, mut writer) = ResidualMlp::new(&sac, norm.clone(), false, 0).unwrap();
     writer.publish(1, &export_actor(&sac).unwrap());
     assert_eq!(hook.refresh(), 1);

@@ -125,6 +125,19 @@ fn residual_with_layer_norm_behaviour_cloning_and_state_scaling() {
 }
 
 #[test]
+fn residual_with_a_bound_per_action_component() {
+    check(
+        "per-component bounds",
+        SacConfig {
+            action_scales: vec![0.1, 0.9, 0.4],
+            bc_weight: 0.5,
+            demo_ratio: 0.5,
+            ..small(Mode::Residual)
+        },
+    );
+}
+
+#[test]
 fn full_with_a_critic_subset_actor_layer_norm_clipping_and_weight_decay() {
     check(
         "full",

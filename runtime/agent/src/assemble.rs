@@ -333,7 +333,7 @@ mod tests {
         };
         let mut sac = Sac::new(cfg, 2, 2).unwrap();
         assert_eq!((sac.state_dim, sac.obs_dim), (2, 5));
-        let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], 0.0);
+        let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], &[]);
         let mut asm = Assembler::new(Mode::Full, norm, None, false, 2);
         let mut s = step(0, false, 1.0, true);
         s.features = Some(StepFeatures {
@@ -355,7 +355,7 @@ mod tests {
             hidden: vec![8],
             ..Default::default()
         };
-        let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], 0.0);
+        let norm = ActionNorm::new(&[-1.0, -1.0], &[1.0, 1.0], &[]);
         (
             Sac::new(cfg, 2, 2).unwrap(),
             Assembler::new(Mode::Full, norm, None, false, 2),

@@ -155,12 +155,12 @@ fn obs_norm(
 /// The action normalisation the learner and the actor's hook share: widened by the residual's
 /// scale in residual mode, the plain action box in full mode.
 pub fn action_norm(spec: &RobotSpec, sac: &Sac) -> ActionNorm {
-    let scale = if sac.cfg.mode == Mode::Residual {
-        sac.cfg.action_scale
+    let scales = if sac.cfg.mode == Mode::Residual {
+        sac.cfg.residual_bounds(sac.act_dim)
     } else {
-        0.0
+        vec![]
     };
-    ActionNorm::new(&spec.action.low, &spec.action.high, scale)
+    ActionNorm::new(&spec.action.low, &spec.action.high, &scales)
 }
 
 /// The residual file a learner keeps beside its checkpoint: `X.ckpt` -> `X.residual.onnx`.

@@ -161,7 +161,11 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
         act_dim,
     )?;
     let spec = env.spec().clone();
-    let norm = ActionNorm::new(&spec.action.low, &spec.action.high, sac.cfg.action_scale);
+    let norm = ActionNorm::new(
+        &spec.action.low,
+        &spec.action.high,
+        &sac.cfg.residual_bounds(sac.act_dim),
+    );
     let (mut hook, _writer) = ResidualMlp::new(&sac, norm, true, 1)?;
     let (mut h_sim, mut h_blind, mut h_enc, mut h_act, mut h_upd) = (
         Histogram::new(),

@@ -113,12 +113,12 @@ impl Scratch {
     }
 }
 
-/// `to_action` on one value: the learner's action from the squashed `a` and the base `b`
+/// `to_action` on component `i` of one row: the learner's action from the squashed `a` and the base `b`
 /// (`clamp(b + scale a)`, `a`, `bound a` by mode), with its derivative in `a`.
-fn to_action_1(cfg: &SacConfig, a: f32, b: f32) -> (f32, f32) {
+fn to_action_1(cfg: &SacConfig, i: usize, a: f32, b: f32) -> (f32, f32) {
     match cfg.mode {
         Mode::Residual => {
-            let s = cfg.action_scale;
+            let s = cfg.residual_bound(i);
             let x = b + (a * s + 0.0);
             (x.clamp(-1.0, 1.0), s * clamp_grad(x, -1.0, 1.0))
         }
@@ -221,7 +221,7 @@ impl Sac {
                 } else {
                     0.0
                 };
-                let a = to_action_1(&self.cfg, self.scratch.sample.action[r * act_dim + i], b).0;
+                let a = to_action_1(&self.cfg, i, self.scratch.sample.action[r * act_dim + i], b).0;
                 self.scratch.next[r * width + actor_in + i] = a;
             }
         }
@@ -343,6 +343,7 @@ impl Sac {
             for i in 0..act_dim {
                 let (a, da) = to_action_1(
                     &self.cfg,
+                    i,
                     self.scratch.sample.action[r * act_dim + i],
                     base_at(r, i),
                 );
@@ -415,7 +416,7 @@ impl Sac {
                 let mut row = 0f32;
                 for i in 0..act_dim {
                     let t = out[r * 2 * act_dim + i].tanh();
-                    let (a, da) = to_action_1(&self.cfg, t, base_at(r, i));
+                    let (a, da) = to_action_1(&self.cfg, i, t, base_at(r, i));
                     let e = a - batch.action[r * act_dim + i];
                     row += e * e;
                     sc.d_head[r * 2 * act_dim + i] += w * 2.0 * e / d as f32 * da * (1.0 - t * t);
@@ -498,7 +499,7 @@ impl Sac {
         }
         for (i, a) in out.iter_mut().enumerate() {
             let bi = if base_dim > 0 { b[i] } else { 0.0 };
-            *a = to_action_1(&self.cfg, *a, bi).0;
+            *a = to_action_1(&self.cfg, i, *a, bi).0;
         }
         Ok(out)
     }

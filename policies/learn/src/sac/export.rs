@@ -80,6 +80,10 @@ pub struct ResidualSpec {
     pub layer_norm: bool,
     /// The residual's reach, as a fraction of the action box's half width (residual mode).
     pub action_scale: f32,
+    /// The reach per action component when they differ (`[learner] action_scales`); absent:
+    /// `action_scale` for every component.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub action_scales: Vec<f32>,
     /// The robot's action bounds the normalisation was made with; checked against the robot.
     pub action_low: Vec<f32>,
     /// See `action_low`.
@@ -122,6 +126,19 @@ impl Validate for ResidualSpec {
         in_range(p, "state_dim", self.state_dim, 1, 1 << 16)?;
         in_range(p, "action_dim", self.action_dim, 1, 1024)?;
         in_range(p, "action_scale", self.action_scale, 0.0, 10.0)?;
+        if !self.action_scales.is_empty()
+            && (self.action_scales.len() != self.action_dim
+                || self.action_scales.iter().any(|s| !(0.0..=10.0).contains(s)))
+        {
+            return Err(bad(
+                "action_scales",
+                format!("{:?}", self.action_scales),
+                &format!(
+                    "one value in 0..=10 per action component ({}), or absent",
+                    self.action_dim
+                ),
+            ));
+        }
         if self.hidden.is_empty() || self.hidden.iter().any(|h| *h == 0 || *h > 1 << 16) {
             return Err(bad(
                 "hidden",
@@ -233,12 +250,21 @@ fn dims(spec: &ResidualSpec) -> Vec<usize> {
     d
 }
 
+/// The residual's reach per action component (residual mode).
+fn bounds_of(spec: &ResidualSpec) -> Vec<f32> {
+    if spec.action_scales.is_empty() {
+        vec![spec.action_scale; spec.action_dim]
+    } else {
+        spec.action_scales.clone()
+    }
+}
+
 fn norm_of(spec: &ResidualSpec) -> ActionNorm {
-    let scale = match spec.mode {
-        ResidualMode::Residual => spec.action_scale,
-        ResidualMode::Full => 0.0,
+    let scales = match spec.mode {
+        ResidualMode::Residual => bounds_of(spec),
+        ResidualMode::Full => vec![],
     };
-    ActionNorm::new(&spec.action_low, &spec.action_high, scale)
+    ActionNorm::new(&spec.action_low, &spec.action_high, &scales)
 }
 
 /// The ONNX graph of `spec` with the flat hook-layout weights `w`.
@@ -325,7 +351,7 @@ fn graph(spec: &ResidualSpec, w: &[f32]) -> Graph {
     let t = g.op("Tanh", &[&u], vec![]);
     let y = match spec.mode {
         ResidualMode::Residual => {
-            let s = g.constant("scale", &[], &[spec.action_scale]);
+            let s = g.constant("scale", &[a], &bounds_of(spec));
             let st = g.op("Mul", &[&t, &s], vec![]);
             let sum = g.op("Add", &[&base_n, &st], vec![]);
             let lo = g.constant("lo", &[], &[-1.0]);
@@ -396,6 +422,7 @@ pub fn residual_spec(sac: &Sac, info: &ExportInfo) -> Result<ResidualSpec, Resid
         hidden: sac.cfg.hidden.clone(),
         layer_norm: sac.cfg.actor_layer_norm,
         action_scale: sac.cfg.action_scale,
+        action_scales: sac.cfg.action_scales.clone(),
         action_low: info.action_low.to_vec(),
         action_high: info.action_high.to_vec(),
         state_normalize,
@@ -527,7 +554,7 @@ impl ResidualModel {
             MlpEval::new(dims(&self.spec), self.spec.layer_norm),
             self.spec.mode == ResidualMode::Full,
             self.action_norm(),
-            self.spec.action_scale,
+            bounds_of(&self.spec),
             self.weights.clone(),
         )
     }

@@ -160,8 +160,8 @@ impl HeadsEval {
 
 /// How the hook maps between robot action units and the learner's normalised units: each
 /// component `x` becomes `(x - center) / half_width`, with the half width of the action range
-/// widened by `1 + action_scale` (ResFiT), so the base sits inside [-1/(1+s), 1/(1+s)] and the
-/// residual can reach beyond it.
+/// widened by `1 + s` with `s` that component's residual bound (ResFiT), so the base sits inside
+/// [-1/(1+s), 1/(1+s)] and the residual can reach beyond it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ActionNorm {
     /// Centre per component.
@@ -171,14 +171,17 @@ pub struct ActionNorm {
 }
 
 impl ActionNorm {
-    /// Normalisation for bounds `low`/`high` widened by `1 + scale`.
-    pub fn new(low: &[f32], high: &[f32], scale: f32) -> Self {
+    /// Normalisation for bounds `low`/`high`, component `i` widened by `1 + scales[i]` (empty
+    /// `scales`: no widening).
+    pub fn new(low: &[f32], high: &[f32], scales: &[f32]) -> Self {
+        let scale = |i: usize| scales.get(i).copied().unwrap_or(0.0);
         ActionNorm {
             center: low.iter().zip(high).map(|(l, h)| 0.5 * (l + h)).collect(),
             half: low
                 .iter()
                 .zip(high)
-                .map(|(l, h)| (0.5 * (h - l) * (1.0 + scale)).max(1e-6))
+                .enumerate()
+                .map(|(i, (l, h))| (0.5 * (h - l) * (1.0 + scale(i))).max(1e-6))
                 .collect(),
         }
     }
@@ -293,7 +296,8 @@ pub struct ResidualMlp {
     mlp: MlpEval,
     full: bool,
     act_dim: usize,
-    scale: f32,
+    /// The residual's bound per action component.
+    scale: Vec<f32>,
     log_std: (f32, f32),
     norm: ActionNorm,
     weights: Reader<Weights>,
@@ -329,7 +333,7 @@ impl ResidualMlp {
             MlpEval::new(mlp_dims(sac), sac.cfg.actor_layer_norm),
             sac.cfg.mode == super::Mode::Full,
             norm,
-            sac.cfg.action_scale,
+            sac.cfg.residual_bounds(sac.act_dim),
             w,
         );
         hook.log_std = sac.cfg.log_std;
@@ -345,7 +349,7 @@ impl ResidualMlp {
         mlp: MlpEval,
         full: bool,
         norm: ActionNorm,
-        scale: f32,
+        scale: Vec<f32>,
         w: Vec<f32>,
     ) -> Self {
         Self::with_weights(heads, mlp, full, norm, scale, w).0
@@ -356,7 +360,7 @@ impl ResidualMlp {
         mlp: MlpEval,
         full: bool,
         norm: ActionNorm,
-        scale: f32,
+        scale: Vec<f32>,
         w: Vec<f32>,
     ) -> (Self, WeightsWriter) {
         let act_dim = norm.center.len();
@@ -412,7 +416,7 @@ impl ResidualHook for ResidualMlp {
             *o = if self.full {
                 u.tanh()
             } else {
-                (self.base_n[k] + self.scale * u.tanh()).clamp(-1.0, 1.0)
+                (self.base_n[k] + self.scale[k] * u.tanh()).clamp(-1.0, 1.0)
             };
         }
         self.norm.to_robot(&mut out[..a_dim]);

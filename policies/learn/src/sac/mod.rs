@@ -168,6 +168,12 @@ pub struct SacConfig {
     /// Residual bound (residual mode), in normalised action units.
     #[serde(default = "d_scale")]
     pub action_scale: f32,
+    /// Residual bounds per action component (residual mode), replacing `action_scale` for each;
+    /// empty: `action_scale` everywhere. A policy that places the gripper well but closes it at
+    /// the wrong moment needs a residual that can reach the gripper's whole range while its
+    /// motion stays on a short leash (`reflex demo --vision`).
+    #[serde(default)]
+    pub action_scales: Vec<f32>,
     /// Noise bound (noise mode).
     #[serde(default = "d_bound")]
     pub noise_bound: f32,
@@ -284,6 +290,26 @@ impl ObsNorm {
                 .map(|(l, h)| (0.5 * (h - l)).max(min_half))
                 .collect(),
         }
+    }
+}
+
+impl SacConfig {
+    /// The residual's bound per action component: `action_scales` when given, `action_scale`
+    /// for each of the `act_dim` components otherwise.
+    pub fn residual_bounds(&self, act_dim: usize) -> Vec<f32> {
+        if self.action_scales.is_empty() {
+            vec![self.action_scale; act_dim]
+        } else {
+            self.action_scales.clone()
+        }
+    }
+
+    /// The residual's bound on action component `i` (see [`Self::residual_bounds`]).
+    pub fn residual_bound(&self, i: usize) -> f32 {
+        self.action_scales
+            .get(i)
+            .copied()
+            .unwrap_or(self.action_scale)
     }
 }
 
@@ -414,6 +440,15 @@ impl Sac {
     /// the feature maps [`SacConfig::vision`] names).
     pub fn new(cfg: SacConfig, state_dim: usize, act_dim: usize) -> Result<Self> {
         let dev = Device::Cpu;
+        if !cfg.action_scales.is_empty()
+            && (cfg.action_scales.len() != act_dim
+                || cfg.action_scales.iter().any(|s| !(0.0..=10.0).contains(s)))
+        {
+            candle_core::bail!(
+                "[learner] action_scales = {:?}: one bound in 0..=10 per action component ({act_dim}), or none",
+                cfg.action_scales
+            );
+        }
         let mut rng = nets::init_rng(cfg.seed);
         let base_dim = if cfg.mode == Mode::Residual {
             act_dim
@@ -590,7 +625,11 @@ impl Sac {
     /// (residual), `a` (full), `bound * a` (noise).
     fn to_action(&self, a: &Tensor, base: &Tensor) -> Result<Tensor> {
         match self.cfg.mode {
-            Mode::Residual => (base + (a * self.cfg.action_scale as f64)?)?.clamp(-1f32, 1f32),
+            Mode::Residual => {
+                let bounds = self.cfg.residual_bounds(self.act_dim);
+                let s = Tensor::from_slice(&bounds, (1, self.act_dim), a.device())?;
+                (base + a.broadcast_mul(&s)?)?.clamp(-1f32, 1f32)
+            }
             Mode::Full => Ok(a.clone()),
             Mode::Noise => a * self.cfg.noise_bound as f64,
         }
