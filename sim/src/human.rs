@@ -14,8 +14,12 @@
 //!   from the reference, not on a failure); `pick` only, like the next one;
 //! - **missed** (off when `missed_m` is 0): the gripper has closed to less than `missed_m` with the
 //!   object still on the table: the grasp closed on nothing.
+//! - **closing high** (off when `close_high_m` is 0, the default): the gripper is closing (its
+//!   opening below `close_high_m`) while the tool is still more than `grasp_zone_m` above the
+//!   object's centre, the object on the table: the person sees the fingers about to shut above
+//!   the object and steps in before they do, which "missed" only does after.
 //!
-//! When a criterion fires (stall, stray and late not before `min_step`; misaligned and missed at
+//! When a criterion fires (stall, stray and late not before `min_step`; the grasp criteria at
 //! any step, since grasps happen early), the person takes over with probability `rate`,
 //! at most `max_interventions` times per episode, and drives with the expert (its action noise is
 //! the person's `skill` knob) for `hold_steps` steps.
@@ -100,6 +104,11 @@ pub struct HumanConfig {
     /// turns the criterion off.
     #[serde(default = "d_missed")]
     pub missed_m: f64,
+    /// Gripper opening below which the gripper counts as closing for a grasp; closing with the
+    /// tool more than `grasp_zone_m` above the object's centre is a grasp about to close on
+    /// nothing, m; 0 (the default) turns the criterion off.
+    #[serde(default)]
+    pub close_high_m: f64,
     /// Action noise of the person's commands (the expert's noise knob).
     #[serde(default)]
     pub skill_noise: f64,
@@ -148,6 +157,8 @@ pub struct TakeoverReasons {
     pub misaligned: u64,
     /// The gripper closed on nothing.
     pub missed: u64,
+    /// The gripper was closing above the object.
+    pub closing_high: u64,
 }
 
 impl SimHuman {
@@ -251,8 +262,18 @@ impl SimHuman {
                 && self
                     .opening
                     .is_some_and(|i| (obs.state[i] as f64) < self.cfg.missed_m);
+            let closing_high = self.grasping
+                && self.cfg.close_high_m > 0.0
+                && self.object.as_ref().is_some_and(|r| {
+                    let o = &obs.state[r.clone()];
+                    o[2] as f64 <= self.object_z0 + 0.01
+                        && ee[2] - (o[2] as f64) > self.cfg.grasp_zone_m
+                })
+                && self
+                    .opening
+                    .is_some_and(|i| (obs.state[i] as f64) < self.cfg.close_high_m);
             let (stalled, strayed, late) = (stalled && !early, strayed && !early, late && !early);
-            if (stalled || strayed || late || misaligned || missed)
+            if (stalled || strayed || late || misaligned || missed || closing_high)
                 && self.rng.random::<f64>() < self.cfg.rate
             {
                 self.holding = self.cfg.hold_steps;
@@ -263,6 +284,7 @@ impl SimHuman {
                 self.reasons.late += late as u64;
                 self.reasons.misaligned += misaligned as u64;
                 self.reasons.missed += missed as u64;
+                self.reasons.closing_high += closing_high as u64;
                 // The expert plans from what it sees now.
                 self.expert.take_over();
             }
@@ -355,11 +377,33 @@ mod tests {
     }
 
     #[test]
+    fn a_person_who_watches_the_height_steps_in_when_the_fingers_close_above_the_cube() {
+        let watching = || HumanConfig {
+            close_high_m: 0.04,
+            ..HumanConfig::default()
+        };
+        // Closing to 3 cm with the tool 3.5 cm above the cube's centre: about to shut on air.
+        let (on, r) = takes_over(watching(), [0.2, 0.0, 0.05], 0.03);
+        assert!(on && r.closing_high == 1 && r.missed == 0, "{r:?}");
+        // Closing to 3 cm at the cube's centre height: a grasp, nobody steps in.
+        assert!(!takes_over(watching(), [0.2, 0.0, 0.02], 0.03).0);
+        // High with the gripper open: still on the way down.
+        assert!(!takes_over(watching(), [0.2, 0.0, 0.05], 0.06).0);
+        // The default person does not watch for it.
+        let (on, r) = takes_over(HumanConfig::default(), [0.2, 0.0, 0.05], 0.03);
+        assert!(!on && r.closing_high == 0, "{r:?}");
+    }
+
+    #[test]
     fn the_grasp_criteria_stay_quiet_on_tasks_without_a_grasp() {
         // Push: the fingers stay closed and the tool comes down beside the cube on purpose.
         let env = SimEnv::new(SimConfig::for_task(TaskKind::Push)).unwrap();
         let spec = env.spec().clone();
-        let mut h = SimHuman::new(&spec, HumanConfig::default()).unwrap();
+        let cfg = HumanConfig {
+            close_high_m: 0.04,
+            ..HumanConfig::default()
+        };
+        let mut h = SimHuman::new(&spec, cfg).unwrap();
         let mut msg = TeleopMsg {
             action: vec![0.0; spec.action.dim()],
             ..Default::default()
@@ -368,5 +412,11 @@ mod tests {
         h.act(&scene(&spec, 0, [0.2, 0.0, 0.14], cube, 0.0), &mut msg);
         h.act(&scene(&spec, 10, [0.24, 0.0, 0.02], cube, 0.0), &mut msg);
         assert!(!msg.intervene, "{:?}", h.reasons);
+        h.act(&scene(&spec, 11, [0.2, 0.0, 0.06], cube, 0.0), &mut msg);
+        assert!(
+            !msg.intervene,
+            "closed and high over the cube: {:?}",
+            h.reasons
+        );
     }
 }
