@@ -808,9 +808,10 @@ fn allocations_per_step(cfg: SacConfig) -> f64 {
 /// 32, one critic and one actor update a step) and at the demo's preset (128x128 with LayerNorm,
 /// batch 256, five critic updates and one actor update). The goal is none. Before the optimiser
 /// kept its moments in its own buffers and the parameters were borrowed without lists on the
-/// heap: 147 and 499; after: 72 and 232. What is left is `gemm`'s packing buffers and candle's
-/// layout check in each in-place write (Polyak, Adam), docs/benchmarks.md. The bounds keep what
-/// was removed from coming back.
+/// heap: 147 and 499; after: 72 and 232; with the temperature read under its lock (no tensor
+/// operations): 64 and 224. What is left is `gemm`'s packing buffers and candle's layout check in
+/// each in-place write (Polyak, Adam), docs/benchmarks.md. The bounds keep what was removed from
+/// coming back.
 #[test]
 fn the_hand_written_update_allocates_less_per_step_than_before() {
     let soak = allocations_per_step(SacConfig {
@@ -827,11 +828,11 @@ fn the_hand_written_update_allocates_less_per_step_than_before() {
     });
     eprintln!("hand-written update, allocations per step: soak's size {soak}, demo preset {demo}");
     assert!(
-        soak <= 80.0,
-        "{soak} allocations per step at 16x16, 72 expected: something allocates per update again"
+        soak <= 68.0,
+        "{soak} allocations per step at 16x16, 64 expected: something allocates per update again"
     );
     assert!(
-        demo <= 250.0,
-        "{demo} allocations per step at the demo preset, 232 expected: something allocates again"
+        demo <= 235.0,
+        "{demo} allocations per step at the demo preset, 224 expected: something allocates again"
     );
 }

@@ -98,7 +98,7 @@ fn rows_of(data: &[f32], width: usize, rows: usize) -> Input<'_> {
     }
 }
 
-fn scalar(v: &Var) -> Result<f32> {
+pub(super) fn scalar(v: &Var) -> Result<f32> {
     let g = lock(v);
     Ok(values(&g)?[0])
 }

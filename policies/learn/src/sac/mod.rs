@@ -590,11 +590,8 @@ impl Sac {
 
     /// The temperature.
     pub fn temperature(&self) -> Result<f32> {
-        self.log_alpha
-            .as_tensor()
-            .exp()?
-            .squeeze(0)?
-            .to_scalar::<f32>()
+        // Read under the variable's lock: no tensor (and no allocation) per update.
+        byhand::scalar(&self.log_alpha).map(f32::exp)
     }
 
     /// Target entropy in use.
