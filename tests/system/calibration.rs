@@ -2,7 +2,7 @@
 //! `json.dump(..., indent=4)`, which `draccus.dump` calls) reads in reflex and comes back out byte
 //! for byte; one reflex writes loads in Python as the same object.
 
-use crate::common::python;
+use crate::common::{python, run_ok};
 use reflex_calibration::{Calibration, MotorCalibration};
 
 /// An SO-101 follower's calibration as LeRobot lays it out (motor order, a negative offset, the
@@ -26,15 +26,10 @@ fn a_lerobot_calibration_file_reads_in_reflex_and_writes_back_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
     let theirs = dir.path().join("robots/so101_follower/my_arm.json");
     std::fs::create_dir_all(theirs.parent().unwrap()).unwrap();
-    let out = std::process::Command::new(python())
-        .args(["-c", LEROBOT_STYLE])
-        .arg(&theirs)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        std::process::Command::new(python())
+            .args(["-c", LEROBOT_STYLE])
+            .arg(&theirs),
     );
     let c = Calibration::read(&theirs, 4096).unwrap();
     let names: Vec<&str> = c.motors.iter().map(|(n, _)| n.as_str()).collect();
@@ -69,16 +64,11 @@ fn a_lerobot_calibration_file_reads_in_reflex_and_writes_back_byte_for_byte() {
     // And Python reads reflex's file as the same object, in the same order.
     let check = "import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); \
                  assert list(a.items())==list(b.items()), (a, b); print('same')";
-    let out = std::process::Command::new(python())
-        .args(["-c", check])
-        .arg(&ours)
-        .arg(&theirs)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        std::process::Command::new(python())
+            .args(["-c", check])
+            .arg(&ours)
+            .arg(&theirs),
     );
 }
 
@@ -590,25 +580,16 @@ fn calibration_commands_refuse_bad_input_and_say_what_to_do() {
 fn live_calibration_keeps_new_views_passes_over_repeats_and_calibrates() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let out = crate::common::reflex()
-        .current_dir(d)
-        .args([
-            "sim",
-            "board-views",
-            "--views",
-            "8",
-            "--seed",
-            "3",
-            "--out",
-            "views",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(crate::common::reflex().current_dir(d).args([
+        "sim",
+        "board-views",
+        "--views",
+        "8",
+        "--seed",
+        "3",
+        "--out",
+        "views",
+    ]));
     for k in 0..8 {
         let f = d.join(format!("views/view_{k:03}.png"));
         // Sorts right after the original: the same view again.

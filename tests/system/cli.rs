@@ -1,6 +1,6 @@
 //! The command line: documented commands work and bad input gets errors that say what to fix.
 
-use crate::common::reflex;
+use crate::common::{reflex, run_ok};
 
 fn run(args: &[&str]) -> (bool, String, String) {
     let out = reflex().args(args).output().unwrap();
@@ -431,17 +431,12 @@ fn reflex_run_keeps_the_records_directory_within_its_size_limit() {
     text = text.replace("[run]", "[run]\nkeep_recordings_gb = 0.002");
     let cfg = dir.path().join("run.toml");
     std::fs::write(&cfg, text).unwrap();
-    let out = reflex()
-        .args(["run", "--episodes", "2", "--record"])
-        .arg(&runs)
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        reflex()
+            .args(["run", "--episodes", "2", "--record"])
+            .arg(&runs)
+            .arg("--config")
+            .arg(&cfg),
     );
     // The oldest run went to make room; the newer earlier run and this run's episodes stay.
     assert!(!runs.join("run-older").exists());

@@ -1,7 +1,7 @@
 //! `reflex demo`: end to end with its run directory, its configuration, the lift on fixed seeds
 //! and residual against learning from scratch (docs/training.md has the full-budget figures).
 
-use crate::common::{reflex, repo};
+use crate::common::{reflex, repo, run_ok};
 
 #[test]
 fn demo_runs_end_to_end_and_writes_its_summary_and_curve() {
@@ -52,21 +52,16 @@ fn demo_runs_end_to_end_and_writes_its_summary_and_curve() {
     assert!(refined.contains("[policy.residual]"), "{refined}");
     // The run's steps as a LeRobot dataset, with who acted, the base action and the residual.
     let ds = dir.path().join("lerobot");
-    let out = reflex()
-        .args([
-            "dataset",
-            "export",
-            "--run",
-            v["run_dir"].as_str().unwrap(),
-            "--out",
-        ])
-        .arg(&ds)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        reflex()
+            .args([
+                "dataset",
+                "export",
+                "--run",
+                v["run_dir"].as_str().unwrap(),
+                "--out",
+            ])
+            .arg(&ds),
     );
     let c = crate::dataset::check_lerobot(&ds);
     assert_eq!(

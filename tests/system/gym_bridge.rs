@@ -1,7 +1,7 @@
 //! The Python bridge serves a Gymnasium environment as a reflex robot; reflex driving it must see
 //! exactly what Python sees driving the environment directly.
 
-use crate::common::{child_stderr, python, repo, spawn, unix_endpoint};
+use crate::common::{child_stderr, python, repo, run_ok, spawn, unix_endpoint};
 use reflex_bus::BusConfig;
 use reflex_bus::robot::RemoteRobot;
 use reflex_runtime::robot::Robot;
@@ -50,16 +50,11 @@ fn pendulum_through_reflex_equals_pendulum_driven_directly() {
 
     let actions_file = dir.path().join("actions.json");
     std::fs::write(&actions_file, serde_json::to_string(&actions).unwrap()).unwrap();
-    let out = std::process::Command::new(python())
-        .arg(repo().join("tests/system/pendulum_direct.py"))
-        .arg(seed.to_string())
-        .arg(&actions_file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        std::process::Command::new(python())
+            .arg(repo().join("tests/system/pendulum_direct.py"))
+            .arg(seed.to_string())
+            .arg(&actions_file),
     );
     let direct: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let direct_states: Vec<Vec<f32>> = direct["states"]

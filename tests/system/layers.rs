@@ -4,7 +4,7 @@
 //! has none of them either; the robot's binary carries no benchmark; the binary's command modules
 //! never import each other and the binary holds no `unsafe` code.
 
-use crate::common::repo;
+use crate::common::{repo, run_ok};
 
 /// The crates `package` depends on (normal dependencies, the whole tree), from `cargo tree`.
 fn dependency_tree(package: &str) -> Vec<String> {
@@ -219,26 +219,21 @@ fn the_robots_binary_carries_no_benchmark_and_no_test_double() {
     // What `make bundle` builds: no default features, no dev-dependencies.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let tree = |extra: &[&str]| {
-        let out = std::process::Command::new(&cargo)
-            .args([
-                "tree",
-                "--offline",
-                "-e",
-                "normal,features",
-                "--prefix",
-                "none",
-                "-p",
-                "reflex",
-            ])
-            .args(extra)
-            .arg("--manifest-path")
-            .arg(repo().join("Cargo.toml"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            std::process::Command::new(&cargo)
+                .args([
+                    "tree",
+                    "--offline",
+                    "-e",
+                    "normal,features",
+                    "--prefix",
+                    "none",
+                    "-p",
+                    "reflex",
+                ])
+                .args(extra)
+                .arg("--manifest-path")
+                .arg(repo().join("Cargo.toml")),
         );
         String::from_utf8_lossy(&out.stdout).to_string()
     };

@@ -1,7 +1,7 @@
 //! Base policies: export parity, spec checks, the VLA input path, a model no reflex code wrote,
 //! providers, bad files, and the shipped policies in closed loop.
 
-use crate::common::{python, reflex, repo};
+use crate::common::{python, reflex, repo, run_ok};
 use reflex_bench::workloads::NullRobot;
 use reflex_imitate::{Denoiser, DenoiserShape};
 use reflex_policies::onnx_policy::{LoadError, OnnxPolicy, Provider, RunOptions};
@@ -271,16 +271,7 @@ fn reflex_policy_check_reports_mismatches_and_passes_good_models() {
     let dir = tempfile::tempdir().unwrap();
     let onnx = denoiser().to_onnx().unwrap();
     let p = write(dir.path(), "m", &onnx, &diffusion_spec(vec![], 16, 4));
-    let out = reflex()
-        .args(["policy", "check", "--model"])
-        .arg(&p)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(reflex().args(["policy", "check", "--model"]).arg(&p));
     assert!(String::from_utf8_lossy(&out.stdout).contains("matches its spec"));
     let mut bad = diffusion_spec(vec![], 16, 4);
     bad.graph.time_input = Some("t".into());
@@ -659,17 +650,12 @@ fn a_steered_policy_runs_the_base_from_the_noise_its_actor_chose() {
 /// DDIM step.
 fn lerobot_unet(state: &[f32]) -> (tempfile::TempDir, Vec<f32>, Vec<Vec<f32>>) {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(python())
-        .arg(repo().join("tests/system/lerobot_unet.py"))
-        .arg(dir.path())
-        .arg(serde_json::to_string(state).unwrap())
-        .arg("3")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        std::process::Command::new(python())
+            .arg(repo().join("tests/system/lerobot_unet.py"))
+            .arg(dir.path())
+            .arg(serde_json::to_string(state).unwrap())
+            .arg("3"),
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let floats = |x: &serde_json::Value| -> Vec<f32> {
@@ -763,14 +749,9 @@ fn reflex_policy_check_says_which_spec_lines_fit_a_lerobot_timestep() {
     );
     // With the suggested lines the check passes.
     std::fs::write(&spec_file, &text).unwrap();
-    let out = reflex()
-        .args(["policy", "check", "--model"])
-        .arg(dir.path().join("unet.onnx"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        reflex()
+            .args(["policy", "check", "--model"])
+            .arg(dir.path().join("unet.onnx")),
     );
 }

@@ -3,7 +3,9 @@
 //! from docs/sim.md with only the endpoint changed to a unix socket in the test's temporary
 //! directory (nothing to collide with).
 
-use crate::common::{child_stderr, json_output, python, reflex, repo, spawn, unix_endpoint};
+use crate::common::{
+    child_stderr, json_output, python, reflex, repo, run_ok, spawn, unix_endpoint,
+};
 use std::path::{Path, PathBuf};
 
 /// The shipped config `configs/run/<name>` with its endpoint replaced by `ep` and its model path
@@ -180,16 +182,11 @@ fn reflex_run_drives_a_gymnasium_environment_served_by_the_bridge() {
     for e in eps {
         assert_eq!(e["steps"], 200, "Pendulum-v1 ends by its time limit: {e}");
         let seed = e["seed"].as_u64().unwrap();
-        let out = std::process::Command::new(python())
-            .arg(repo().join("tests/system/pendulum_direct.py"))
-            .arg(seed.to_string())
-            .arg(&actions)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            std::process::Command::new(python())
+                .arg(repo().join("tests/system/pendulum_direct.py"))
+                .arg(seed.to_string())
+                .arg(&actions),
         );
         let direct: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let want: f64 = direct["rewards"]

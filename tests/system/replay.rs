@@ -1,7 +1,7 @@
 //! Recordings: episodes recorded from the simulator read back with Rerun's own tools, the
 //! recorder never holding the loop up, and `reflex replay`.
 
-use crate::common::{reflex, repo};
+use crate::common::{reflex, repo, run_ok};
 use reflex_bench::workloads::{NullRobot, SweepPolicy};
 use reflex_record::{Live, Recorder, RecorderConfig};
 use reflex_runtime::clock::SimClock;
@@ -62,17 +62,12 @@ fn recorded_episodes_pass_rerun_verify_and_hold_the_expected_entities() {
     assert_eq!(v["recording"]["steps_dropped"], 0);
     // The same run's steps in reflex's episode format export as a LeRobot dataset.
     let ds = runs.path().join("lerobot");
-    let out = reflex()
-        .args(["dataset", "export", "--run"])
-        .arg(dir.parent().unwrap())
-        .arg("--out")
-        .arg(&ds)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        reflex()
+            .args(["dataset", "export", "--run"])
+            .arg(dir.parent().unwrap())
+            .arg("--out")
+            .arg(&ds),
     );
     let c = crate::dataset::check_lerobot(&ds);
     assert_eq!(c["episodes"], 2, "{c}");
@@ -259,16 +254,7 @@ fn a_throttled_recorder_drops_only_counted_telemetry_and_never_the_loop_or_the_l
 fn replay_summary_prints_each_episode_and_a_missing_viewer_says_how_to_install_it() {
     let runs = tempfile::tempdir().unwrap();
     let (_, dir) = record_pick(runs.path(), 1);
-    let out = reflex()
-        .args(["replay", "--summary"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(reflex().args(["replay", "--summary"]).arg(&dir));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("episode_000001.rrd") && text.contains("true"),
@@ -379,16 +365,11 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
     );
     // An episode the watcher saw whole (the second) verifies and holds the arm, actions and status.
     let f = PathBuf::from(v["dir"].as_str().unwrap()).join("episode_000002.rrd");
-    let out = Command::new(rerun_cli())
-        .env("CI", "1")
-        .args(["rrd", "verify"])
-        .arg(&f)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new(rerun_cli())
+            .env("CI", "1")
+            .args(["rrd", "verify"])
+            .arg(&f),
     );
     let text = rrd_print(&f);
     for entity in [
@@ -480,24 +461,19 @@ fn camera_images_are_recorded_at_every_step_of_an_episode() {
 fn a_missing_live_viewer_never_stops_the_run_or_its_files() {
     let runs = tempfile::tempdir().unwrap();
     // Port 1 on loopback: nothing listens, the connection is refused at once.
-    let out = reflex()
-        .args(["run", "--config"])
-        .arg(repo().join("configs/run/sim-pick-expert.toml"))
-        .args([
-            "--episodes",
-            "2",
-            "--json",
-            "--rerun",
-            "connect=rerun+http://127.0.0.1:1/proxy",
-            "--record",
-        ])
-        .arg(runs.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        reflex()
+            .args(["run", "--config"])
+            .arg(repo().join("configs/run/sim-pick-expert.toml"))
+            .args([
+                "--episodes",
+                "2",
+                "--json",
+                "--rerun",
+                "connect=rerun+http://127.0.0.1:1/proxy",
+                "--record",
+            ])
+            .arg(runs.path()),
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -2,7 +2,7 @@
 //! onto a robot"): certificates from `reflex keys init`, a robot that listens only on TLS, and
 //! peers that may each do only what their role allows.
 
-use crate::common::reflex;
+use crate::common::{reflex, run_ok};
 use reflex_bus::BusConfig;
 use reflex_bus::secure::{Access, TlsFiles, init_keys, valid_for_days};
 use std::sync::{Arc, Mutex};
@@ -336,18 +336,13 @@ fn teleop_steps_with_certificate(name: &str) -> u64 {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys");
-    let out = reflex()
-        .args([
-            "keys", "init", "--robot", "sim", "--peer", "robot", "--peer", "teleop",
-        ])
-        .args(["--peer", "viewer", "--dir"])
-        .arg(&keys)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        reflex()
+            .args([
+                "keys", "init", "--robot", "sim", "--peer", "robot", "--peer", "teleop",
+            ])
+            .args(["--peer", "viewer", "--dir"])
+            .arg(&keys),
     );
     let mut text =
         std::fs::read_to_string(crate::common::repo().join("configs/run/sim-pick-expert.toml"))
