@@ -169,9 +169,9 @@ pub struct SacConfig {
     #[serde(default = "d_scale")]
     pub action_scale: f32,
     /// Residual bounds per action component (residual mode), replacing `action_scale` for each;
-    /// empty: `action_scale` everywhere. A policy that places the gripper well but closes it at
-    /// the wrong moment needs a residual that can reach the gripper's whole range while its
-    /// motion stays on a short leash (`reflex demo --vision`).
+    /// empty: `action_scale` everywhere. For a gripper that needs more reach than the motion,
+    /// or the reverse (tried on `reflex demo --vision`, where a uniform bound did better:
+    /// docs/training.md).
     #[serde(default)]
     pub action_scales: Vec<f32>,
     /// Noise bound (noise mode).
