@@ -331,3 +331,53 @@ fn the_pixel_demo_takes_its_reward_from_the_classifier_and_the_person_vetoes_fal
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--vision"), "{err}");
 }
+
+#[test]
+fn the_pixel_demo_takes_per_component_bounds_and_a_height_watching_person_from_its_config() {
+    // docs/learner.md's `[learner] action_scales` and docs/training.md's `[human] close_high_m`,
+    // given to `reflex demo --vision --config` in a file as a user writes one.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pixels.toml");
+    std::fs::write(
+        &cfg,
+        "[learner]\naction_scales = [0.1, 0.1, 0.1, 0.5]\n\n[human]\nclose_high_m = 0.04\n",
+    )
+    .unwrap();
+    let demo = |cfg: &std::path::Path| {
+        let mut c = reflex();
+        c.current_dir(repo())
+            .args([
+                "demo",
+                "--vision",
+                "--episodes",
+                "2",
+                "--demos",
+                "1",
+                "--eval-episodes",
+                "1",
+                "--json",
+                "--no-record",
+                "--runs",
+            ])
+            .arg(dir.path())
+            .arg("--config")
+            .arg(cfg);
+        c
+    };
+    let v = crate::common::json_output(&mut demo(&cfg));
+    assert_eq!(v["episodes"], 2, "{v}");
+    assert!(v["takeover_reasons"]["closing_high"].is_u64(), "{v}");
+    let spec = std::fs::read_to_string(
+        std::path::PathBuf::from(v["residual"].as_str().unwrap()).with_extension("policy.toml"),
+    )
+    .unwrap();
+    assert!(spec.contains("action_scales"), "{spec}");
+    // One bound per action component (four on `pick`), or the run is refused naming the key.
+    std::fs::write(&cfg, "[learner]\naction_scales = [0.2, 0.2]\n").unwrap();
+    let out = demo(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("action_scales") && err.contains("(4)"),
+        "{err}"
+    );
+}
