@@ -241,12 +241,20 @@ fn rolling(xs: &[f64], k: usize) -> Vec<f64> {
 /// pixels": seeds 0-3 at 0.1 and 0.2).
 pub const VISION_ACTION_SCALE: f32 = 0.2;
 
+/// The weight of the person's corrections in the actor's loss when learning from pixels. The
+/// person's takeovers after a missed grasp reopen the fingers and lift; at the state demo's 1.0
+/// that pull leaves the residual a near-constant "open and up" wherever the heads cannot tell a
+/// miss from an approach, which fights the descent. At 0.1 the critic leads and the corrections
+/// still train the heads (docs/training.md, "Learning from pixels": 0.03, 0.1 and 1.0 measured).
+pub const VISION_BC_WEIGHT: f64 = 0.1;
+
 /// The learner's settings before a config file's: the mode's preset, with the pixel demo's
-/// residual bound.
+/// residual bound and behaviour-cloning weight.
 fn preset(o: &DemoOptions) -> SacConfig {
     let mut p = learner_preset(o.mode, o.seed);
     if o.vision.is_some() {
         p.action_scale = VISION_ACTION_SCALE;
+        p.bc_weight = VISION_BC_WEIGHT;
     }
     p
 }
@@ -1034,5 +1042,42 @@ pub fn mode_name(m: Mode) -> &'static str {
         Mode::Residual => "residual",
         Mode::Full => "full",
         Mode::Noise => "noise",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pixel_options(config: Option<PathBuf>) -> DemoOptions {
+        let model = PathBuf::from("models/pick-seeing.onnx");
+        DemoOptions {
+            vision: Some(VisionDemo::beside(&model)),
+            model,
+            config,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_pixel_demo_bounds_the_residual_and_weakens_the_corrections_pull_and_a_config_overrides_each()
+     {
+        let (state, _) = settings(&DemoOptions::default()).unwrap();
+        let (pixels, _) = settings(&pixel_options(None)).unwrap();
+        assert_eq!(pixels.action_scale, VISION_ACTION_SCALE);
+        assert_eq!(pixels.bc_weight, VISION_BC_WEIGHT);
+        // The state demo keeps its own preset.
+        assert_eq!(state.action_scale, 0.5);
+        assert_eq!(state.bc_weight, 1.0);
+
+        let dir = std::env::temp_dir().join(format!("reflex-demo-preset-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pixels.toml");
+        std::fs::write(&file, "[learner]\nbc_weight = 1.0\n").unwrap();
+        let (over, _) = settings(&pixel_options(Some(file.clone()))).unwrap();
+        // The key the file names replaces the demo's; the one it leaves out stays the demo's.
+        assert_eq!(over.bc_weight, 1.0);
+        assert_eq!(over.action_scale, VISION_ACTION_SCALE);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
