@@ -59,10 +59,9 @@ pub enum AgentError {
     /// Diffusion steering.
     #[error(transparent)]
     Steer(#[from] reflex_learn::sac::steer::SteerError),
-    /// The learner's tensors. The message carries candle's own, so the error is not also
-    /// chained to it as a source (an error chain printed with `{:#}` would say it twice).
-    #[error("learner: {0}")]
-    Learner(candle_core::Error),
+    /// The learner's tensors (transparent: the chain `reflex` prints says candle's message once).
+    #[error(transparent)]
+    Learner(#[from] candle_core::Error),
     /// The simulator.
     #[error(transparent)]
     Sim(#[from] reflex_sim::env::SimError),
@@ -115,12 +114,6 @@ impl AgentError {
     }
 }
 
-impl From<candle_core::Error> for AgentError {
-    fn from(e: candle_core::Error) -> Self {
-        AgentError::Learner(e)
-    }
-}
-
 /// Results of the agent.
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
 
@@ -133,17 +126,4 @@ pub fn ctx<E: std::fmt::Display>(what: impl Into<String>) -> impl FnOnce(E) -> A
 /// A plain failure with its message (the message names what failed).
 pub fn bail(message: String) -> AgentError {
     AgentError::Failed(message)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_learner_error_says_its_message_once_even_printed_as_a_chain() {
-        let e = AgentError::from(candle_core::Error::Msg("action_scales has 2 values".into()));
-        assert_eq!(e.to_string(), "learner: action_scales has 2 values");
-        // `{:#}` in the binary walks the sources: none here, so the text is not repeated.
-        assert!(std::error::Error::source(&e).is_none());
-    }
 }

@@ -245,7 +245,7 @@ pub const VISION_ACTION_SCALE: f32 = 0.2;
 /// person's takeovers after a missed grasp reopen the fingers and lift; at the state demo's 1.0
 /// that pull leaves the residual a near-constant "open and up" wherever the heads cannot tell a
 /// miss from an approach, which fights the descent. At 0.1 the critic leads and the corrections
-/// still train the heads (docs/training.md, "Learning from pixels": 0.03, 0.1 and 1.0 measured).
+/// still train the heads (docs/training.md, "Learning from pixels": 0.03, 0.1, 0.3 and 1.0 measured).
 pub const VISION_BC_WEIGHT: f64 = 0.1;
 
 /// The learner's settings before a config file's: the mode's preset, with the pixel demo's
@@ -1060,8 +1060,7 @@ mod tests {
     }
 
     #[test]
-    fn the_pixel_demo_bounds_the_residual_and_weakens_the_corrections_pull_and_a_config_overrides_each()
-     {
+    fn the_pixel_demo_has_its_own_bound_and_bc_weight_and_a_config_replaces_each() {
         let (state, _) = settings(&DemoOptions::default()).unwrap();
         let (pixels, _) = settings(&pixel_options(None)).unwrap();
         assert_eq!(pixels.action_scale, VISION_ACTION_SCALE);
