@@ -1069,14 +1069,12 @@ mod tests {
         assert_eq!(state.action_scale, 0.5);
         assert_eq!(state.bc_weight, 1.0);
 
-        let dir = std::env::temp_dir().join(format!("reflex-demo-preset-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("pixels.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pixels.toml");
         std::fs::write(&file, "[learner]\nbc_weight = 1.0\n").unwrap();
-        let (over, _) = settings(&pixel_options(Some(file.clone()))).unwrap();
+        let (over, _) = settings(&pixel_options(Some(file))).unwrap();
         // The key the file names replaces the demo's; the one it leaves out stays the demo's.
         assert_eq!(over.bc_weight, 1.0);
         assert_eq!(over.action_scale, VISION_ACTION_SCALE);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
