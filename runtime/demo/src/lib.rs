@@ -85,13 +85,25 @@ impl Default for DemoOptions {
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct DemoFile {
-    learner: Option<SacConfig>,
+    learner: Option<DemoLearner>,
     human: Option<HumanConfig>,
+}
+
+/// A demo config's `[learner]`: SAC's keys, and for the pixel demo the heads' own keys under
+/// `[learner.vision]` (the encoder is the demo's, the base policy's `<model>.encoder.onnx`).
+#[derive(serde::Deserialize)]
+struct DemoLearner {
+    #[serde(flatten)]
+    sac: SacConfig,
+    vision: Option<vision::HeadKeys>,
 }
 
 impl Validate for DemoFile {
     fn validate(&self, _: &str) -> std::result::Result<(), Invalid> {
-        if let Some(l) = &self.learner {
+        if let Some(DemoLearner { sac: l, vision }) = &self.learner {
+            if let Some(v) = vision {
+                v.validate("learner.vision")?;
+            }
             in_range(
                 "learner",
                 "critic_subset",
@@ -267,11 +279,23 @@ fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
     };
     // Keys in the file's [learner] replace the demo's settings; the rest stay the demo's.
     let learner = match (&o.config, &file.learner) {
-        (Some(p), Some(_)) => {
-            let t = read_table(p, "learner")?;
+        (Some(p), Some(l)) => {
+            let mut t = read_table(p, "learner")?;
+            let mut base = preset(o);
+            // The heads' keys are resolved on the demo's encoder, then the rest of the table
+            // goes over the preset.
+            if t.remove("vision").is_some() {
+                let (Some(v), Some(keys)) = (&o.vision, &l.vision) else {
+                    return Err(AgentError::setup(
+                        format!("config `{}`: [learner.vision]", p.display()),
+                        "the learner's image heads belong to the pixel demo: add --vision or drop the table",
+                    ));
+                };
+                base.vision = Some(keys.heads(v)?);
+            }
             SacConfig {
                 mode: o.mode,
-                ..overlay_sac(preset(o), &t).map_err(|e| {
+                ..overlay_sac(base, &t).map_err(|e| {
                     AgentError::setup(format!("config `{}`: [learner]", p.display()), e.0)
                 })?
             }
@@ -340,7 +364,10 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
     if learner_cfg.obs_norm.is_none() {
         learner_cfg.obs_norm = state_norm(&relabel, &spec);
     }
-    learner_cfg.vision = seeing.as_ref().map(|s| s.heads.clone());
+    // The heads a config's `[learner.vision]` resolved, else SERL's on the demo's encoder.
+    if learner_cfg.vision.is_none() {
+        learner_cfg.vision = seeing.as_ref().map(|s| s.heads.clone());
+    }
     let noise_dim = match o.mode {
         Mode::Noise => relabel.noise_len(),
         _ => act_dim,
@@ -1076,5 +1103,59 @@ mod tests {
         // The key the file names replaces the demo's; the one it leaves out stays the demo's.
         assert_eq!(over.bc_weight, 1.0);
         assert_eq!(over.action_scale, VISION_ACTION_SCALE);
+    }
+
+    #[test]
+    fn a_demo_config_sets_the_heads_keys_on_the_demos_encoder_and_only_for_the_pixel_demo() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+        let model = models.join("pick-seeing.onnx");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("heads.toml");
+        std::fs::write(
+            &file,
+            "[learner]\nbc_weight = 0.5\n\n[learner.vision]\nbc_trains_heads = false\nwidth = 64\n",
+        )
+        .unwrap();
+        let pixels = DemoOptions {
+            vision: Some(VisionDemo::beside(&model)),
+            model: model.clone(),
+            config: Some(file.clone()),
+            ..Default::default()
+        };
+        let (l, _) = settings(&pixels).unwrap();
+        let heads = l.vision.expect("the table's heads");
+        assert!(!heads.bc_trains_heads);
+        assert_eq!(heads.width, 64);
+        assert_eq!(
+            heads.embeddings, 8,
+            "SERL's default where the table is silent"
+        );
+        // Resolved on the demo's encoder: its identity and map shapes.
+        let default = vision::HeadKeys::default()
+            .heads(pixels.vision.as_ref().unwrap())
+            .unwrap();
+        assert_eq!(heads.encoder_id, default.encoder_id);
+        assert_eq!(heads.features, default.features);
+        assert_eq!(l.bc_weight, 0.5);
+
+        // The state demo has no heads to set: refused, naming the file and the table.
+        let state = DemoOptions {
+            config: Some(file.clone()),
+            ..Default::default()
+        };
+        let e = settings(&state).unwrap_err().to_string();
+        assert!(
+            e.contains("heads.toml") && e.contains("[learner.vision]"),
+            "{e}"
+        );
+        // The encoder is the demo's (beside the base policy), not the table's; a range is checked.
+        for (body, key) in [
+            ("encoder = \"x.onnx\"", "encoder"),
+            ("embeddings = 0", "embeddings"),
+        ] {
+            std::fs::write(&file, format!("[learner.vision]\n{body}\n")).unwrap();
+            let e = settings(&pixels).unwrap_err().to_string();
+            assert!(e.contains("heads.toml") && e.contains(key), "{e}");
+        }
     }
 }

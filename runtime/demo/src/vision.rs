@@ -52,6 +52,43 @@ impl VisionDemo {
     }
 }
 
+/// A demo config's `[learner.vision]`: the learner's heads, on the demo's own encoder (the keys
+/// of a run's `[learner.vision]` but `encoder` and the real-time `max_map_age_frames`).
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadKeys {
+    /// Learned spatial embeddings per map channel (default: SERL's 8).
+    pub embeddings: Option<usize>,
+    /// Width of each camera's head (default: SERL's 256).
+    pub width: Option<usize>,
+    /// The person's corrections also train the heads (default: true; `false` is SERL's recipe).
+    pub bc_trains_heads: Option<bool>,
+}
+
+impl HeadKeys {
+    /// The heads these keys describe on `v`'s encoder.
+    pub fn heads(&self, v: &VisionDemo) -> Result<reflex_learn::sac::VisionHeads> {
+        let mut s = VisionSection::with_encoder(v.encoder.clone());
+        s.embeddings = self.embeddings.unwrap_or(s.embeddings);
+        s.width = self.width.unwrap_or(s.width);
+        s.bc_trains_heads = self.bc_trains_heads.unwrap_or(s.bc_trains_heads);
+        s.heads()
+    }
+}
+
+impl reflex_contracts::config::Validate for HeadKeys {
+    fn validate(&self, prefix: &str) -> std::result::Result<(), reflex_contracts::config::Invalid> {
+        use reflex_contracts::config::in_range;
+        if let Some(e) = self.embeddings {
+            in_range(prefix, "embeddings", e, 1, 64)?;
+        }
+        if let Some(w) = self.width {
+            in_range(prefix, "width", w, 1, 4096)?;
+        }
+        Ok(())
+    }
+}
+
 /// The simulator of the pixel demo: `pick` with both cameras and the arm's own state only.
 pub fn sim_config(v: &VisionDemo) -> SimConfig {
     let mut c = SimConfig::for_task(TaskKind::Pick);
