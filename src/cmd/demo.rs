@@ -75,6 +75,10 @@ pub struct DemoArgs {
     /// (0: skip).
     #[arg(long, default_value_t = 100)]
     eval_episodes: usize,
+    /// Keep the average of the residual weights at the ends of the last K training episodes
+    /// instead of the last weights (stochastic weight averaging) [default: 1, the last weights].
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    keep_average: Option<u64>,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
@@ -111,6 +115,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         record: !a.no_record,
         config: a.config,
         eval_episodes: a.eval_episodes,
+        keep_average: a.keep_average.map(|k| k as usize),
     };
     let r = reflex_demo::run(&o, &Bars::new(a.json))?;
     if a.json {

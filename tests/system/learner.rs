@@ -634,6 +634,58 @@ fn the_exported_residual_file_computes_what_the_loop_hook_computes() {
     assert!(e.contains("Residual.onnx"), "{e}");
 }
 
+/// A residual written with weights other than the learner's current ones (the pixel demo's
+/// average over its last episodes): the file holds those weights, ONNX Runtime agrees with them,
+/// and weights of another layout are refused naming the file.
+#[test]
+fn a_residual_written_with_averaged_weights_holds_them() {
+    use reflex_learn::sac::export::{
+        ExportInfo, ResidualModel, write_residual, write_residual_weights,
+    };
+    use reflex_learn::sac::hook::export_actor;
+    use reflex_runtime::residual::ResidualHook;
+    let dir = tempfile::tempdir().unwrap();
+    let mut sac = trained_actor(Mode::Residual);
+    let before = export_actor(&sac).unwrap();
+    for _ in 0..100 {
+        sac.train_step().unwrap();
+    }
+    let after = export_actor(&sac).unwrap();
+    assert_ne!(before, after);
+    let info = ExportInfo {
+        name: "test",
+        action_low: &[-2.0],
+        action_high: &[2.0],
+        base_model: None,
+        provenance: "test".into(),
+    };
+    // The learner's own weights given explicitly: the same file as the plain export.
+    let (a, b) = (dir.path().join("a.onnx"), dir.path().join("b.onnx"));
+    write_residual(&sac, &info, &a).unwrap();
+    write_residual_weights(&sac, &after, &info, &b).unwrap();
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    // The mean of two snapshots: the file evaluates it, not the last weights.
+    let mean: Vec<f32> = before
+        .iter()
+        .zip(&after)
+        .map(|(x, y)| 0.5 * (x + y))
+        .collect();
+    let m = dir.path().join("mean.onnx");
+    write_residual_weights(&sac, &mean, &info, &m).unwrap();
+    let kept = ResidualModel::load(&m).unwrap();
+    assert!(kept.check_with_ort(200, 1).unwrap() < 1e-5);
+    let (mut h_last, mut h_mean) = (ResidualModel::load(&a).unwrap().hook(), kept.hook());
+    let (mut x, mut y) = ([0.0f32], [0.0f32]);
+    h_last.residual(&[0.4, -0.5, 2.2], &[0.3], &mut x);
+    h_mean.residual(&[0.4, -0.5, 2.2], &[0.3], &mut y);
+    assert_ne!(x, y, "the averaged file computes with the averaged weights");
+    let e = write_residual_weights(&sac, &mean[1..], &info, &dir.path().join("short.onnx"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("short.onnx") && e.contains("weights"), "{e}");
+    assert!(!dir.path().join("short.onnx").exists());
+}
+
 /// `[learner] action_scales`: each action component has its own residual bound, in the learner,
 /// the loop's hook, the exported file and ONNX Runtime alike; a bound per component of the wrong
 /// count is refused, in the config and in a residual file.

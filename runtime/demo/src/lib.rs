@@ -61,6 +61,9 @@ pub struct DemoOptions {
     pub eval_episodes: usize,
     /// Learning from pixels (`--vision`): cameras, the frozen encoder, the classifier's reward.
     pub vision: Option<VisionDemo>,
+    /// Keep the average of the residual weights published at the ends of the last this many
+    /// training episodes instead of the last ones (None: the demo's own, [`keep_average`]).
+    pub keep_average: Option<usize>,
 }
 
 impl Default for DemoOptions {
@@ -78,6 +81,7 @@ impl Default for DemoOptions {
             config: None,
             eval_episodes: 100,
             vision: None,
+            keep_average: None,
         }
     }
 }
@@ -198,6 +202,9 @@ pub struct DemoSummary {
     /// The kept residual (ONNX), when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub residual: Option<String>,
+    /// Training episodes whose final weights the kept residual averages (1: the last weights).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub residual_averages_episodes: Option<u32>,
     /// A run config that runs the refined policy alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refined_config: Option<String>,
@@ -259,6 +266,23 @@ pub const VISION_ACTION_SCALE: f32 = 0.2;
 /// miss from an approach, which fights the descent. At 0.1 the critic leads and the corrections
 /// still train the heads (docs/training.md, "Learning from pixels": 0.03, 0.1, 0.3 and 1.0 measured).
 pub const VISION_BC_WEIGHT: f64 = 0.1;
+
+/// Training episodes whose final residual weights the pixel demo averages into the residual it
+/// keeps (stochastic weight averaging over the end of training, Izmailov et al. 2018): the held-out
+/// success of the last weights moved by 10 points between episodes 146, 148 and 150 of one seed
+/// (docs/training.md, "Learning from pixels").
+pub const VISION_KEEP_AVERAGE: usize = 1;
+
+/// Episodes whose final weights the kept residual averages (1: the last weights alone).
+pub fn keep_average(o: &DemoOptions) -> usize {
+    o.keep_average
+        .unwrap_or(if o.vision.is_some() {
+            VISION_KEEP_AVERAGE
+        } else {
+            1
+        })
+        .clamp(1, o.episodes.max(1))
+}
 
 /// The learner's settings before a config file's: the mode's preset, with the pixel demo's
 /// residual bound and behaviour-cloning weight.
@@ -665,6 +689,7 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
         version: 0,
         rate: UpdateRate::new(rig.sac.counters.critic_updates),
         demos_left: if human.is_some() { o.demos } else { 0 },
+        average: WeightMean::default(),
     };
     if t.demos_left > 0 {
         progress.start(t.demos_left as u64, "demonstrations");
@@ -682,12 +707,13 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
         }
     }
     let rows = t.rows;
+    let (average, n) = (t.average.mean(), t.average.n);
     progress.finish();
     let wall = t0.elapsed().as_secs_f64();
     // Keep what was learned, then judge it alone on seeds training never saw.
     let ckpt = dir.join("learner.ckpt");
     rig.sac.save(&ckpt)?;
-    let kept = keep_refined(o, &dir, &rig.sac, &spec)?;
+    let kept = keep_refined(o, &dir, &rig.sac, average.as_deref(), &spec)?;
     let trained = rig.lp.episodes().to_vec();
     let held = match (&kept, o.eval_episodes) {
         (_, 0) => None,
@@ -731,6 +757,7 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     r.summary.checkpoint = Some(ckpt.display().to_string());
     if let Some((model, config)) = &kept {
         r.summary.residual = Some(model.display().to_string());
+        r.summary.residual_averages_episodes = Some(n.max(1));
         r.summary.refined_config = Some(config.display().to_string());
     }
     // The headline is the policy alone on held-out seeds; training's figures keep their own
@@ -764,6 +791,7 @@ fn keep_refined(
     o: &DemoOptions,
     dir: &std::path::Path,
     sac: &Sac,
+    average: Option<&[f32]>,
     spec: &reflex_contracts::msg::RobotSpec,
 ) -> Result<Option<(PathBuf, PathBuf)>> {
     if o.mode == Mode::Noise {
@@ -784,7 +812,10 @@ fn keep_refined(
             if o.vision.is_some() { " --vision" } else { "" }
         ),
     };
-    reflex_learn::sac::export::write_residual(sac, &info, &model)?;
+    match average {
+        Some(w) => reflex_learn::sac::export::write_residual_weights(sac, w, &info, &model)?,
+        None => reflex_learn::sac::export::write_residual(sac, &info, &model)?,
+    };
     let policy = match o.mode {
         Mode::Full => "kind = \"none\"".to_string(),
         _ => format!(
@@ -854,6 +885,36 @@ struct Tally {
     version: u64,
     rate: UpdateRate,
     demos_left: usize,
+    /// The residual weights at the ends of the last [`keep_average`] episodes so far.
+    average: WeightMean,
+}
+
+/// The mean of weight vectors of one layout, summed in f64.
+#[derive(Default)]
+struct WeightMean {
+    sum: Vec<f64>,
+    n: u32,
+}
+
+impl WeightMean {
+    fn add(&mut self, w: &[f32]) {
+        self.sum.resize(w.len(), 0.0);
+        self.sum
+            .iter_mut()
+            .zip(w)
+            .for_each(|(s, v)| *s += *v as f64);
+        self.n += 1;
+    }
+
+    /// The mean, when more than one vector went in (one is the last weights themselves).
+    fn mean(&self) -> Option<Vec<f32>> {
+        (self.n > 1).then(|| {
+            self.sum
+                .iter()
+                .map(|v| (v / self.n as f64) as f32)
+                .collect()
+        })
+    }
 }
 
 impl Tally {
@@ -899,9 +960,16 @@ impl Tally {
             intervention_steps: self.count.steps,
         });
         self.count = PersonCount::default();
-        if let Some(w) = &mut rig.weights {
-            self.version += 1;
-            w.publish(self.version, &export_actor(&rig.sac)?);
+        let averaged = keep_average(o) > 1 && self.rows.len() + keep_average(o) > o.episodes;
+        if rig.weights.is_some() || averaged {
+            let w = export_actor(&rig.sac)?;
+            if averaged {
+                self.average.add(&w);
+            }
+            if let Some(wr) = &mut rig.weights {
+                self.version += 1;
+                wr.publish(self.version, &w);
+            }
         }
         let ups = self.rate.per_s(rig.sac.counters.critic_updates);
         progress.message(&episode_line(&self.rows, ups));
@@ -1052,6 +1120,7 @@ fn summarize(
         episode_recordings: o.record.then(|| dir.join("episodes").display().to_string()),
         checkpoint: None,
         residual: None,
+        residual_averages_episodes: None,
         refined_config: None,
         held_out: None,
         vision: None,
@@ -1103,6 +1172,26 @@ mod tests {
         // The key the file names replaces the demo's; the one it leaves out stays the demo's.
         assert_eq!(over.bc_weight, 1.0);
         assert_eq!(over.action_scale, VISION_ACTION_SCALE);
+    }
+
+    #[test]
+    fn the_kept_average_is_the_mean_of_the_episodes_weights_and_one_episode_is_no_average() {
+        let mut m = WeightMean::default();
+        m.add(&[1.0, -2.0, 0.5]);
+        assert_eq!(m.mean(), None, "one episode's weights are the last weights");
+        m.add(&[3.0, 2.0, 0.25]);
+        m.add(&[2.0, 3.0, 0.0]);
+        assert_eq!(m.mean(), Some(vec![2.0, 1.0, 0.25]));
+        // The window is the last K training episodes, never more than were trained.
+        let o = |k, episodes| DemoOptions {
+            keep_average: k,
+            episodes,
+            ..pixel_options(None)
+        };
+        assert_eq!(keep_average(&o(Some(10), 150)), 10);
+        assert_eq!(keep_average(&o(Some(10), 4)), 4);
+        assert_eq!(keep_average(&o(None, 150)), VISION_KEEP_AVERAGE);
+        assert_eq!(keep_average(&DemoOptions::default()), 1);
     }
 
     #[test]

@@ -443,11 +443,31 @@ pub fn write_residual(
     info: &ExportInfo,
     model: &Path,
 ) -> Result<ResidualSpec, ResidualError> {
+    write_residual_weights(sac, &export_actor(sac)?, info, model)
+}
+
+/// [`write_residual`] with other weights in `sac`'s actor's layout ([`export_actor`]'s), such
+/// as an average of the ones it published over its last episodes.
+pub fn write_residual_weights(
+    sac: &Sac,
+    w: &[f32],
+    info: &ExportInfo,
+    model: &Path,
+) -> Result<ResidualSpec, ResidualError> {
     let spec = residual_spec(sac, info)?;
     spec.validate("")
         .map_err(|e| invalid(model, format!("{}: {} ({})", e.key, e.value, e.allowed)))?;
-    let w = export_actor(sac)?;
-    let bytes = graph(&spec, &w).to_bytes(&spec.name, "reflex residual export");
+    let (len, _) = super::hook::actor_shape(sac);
+    if w.len() != len {
+        return Err(invalid(
+            model,
+            format!(
+                "{} weights given for an actor of {len} (not this learner's layout)",
+                w.len()
+            ),
+        ));
+    }
+    let bytes = graph(&spec, w).to_bytes(&spec.name, "reflex residual export");
     let io = |p: &Path, e| ResidualError::Io {
         path: p.display().to_string(),
         source: e,
