@@ -89,44 +89,38 @@ impl Default for DemoOptions {
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct DemoFile {
-    learner: Option<DemoLearner>,
+    /// SAC's keys over the demo's preset, and for the pixel demo the heads' own keys under
+    /// `[learner.vision]` (the encoder is the demo's, the base policy's `<model>.encoder.onnx`):
+    /// resolved and checked in [`settings`].
+    learner: Option<toml::Table>,
     human: Option<HumanConfig>,
-}
-
-/// A demo config's `[learner]`: SAC's keys, and for the pixel demo the heads' own keys under
-/// `[learner.vision]` (the encoder is the demo's, the base policy's `<model>.encoder.onnx`).
-#[derive(serde::Deserialize)]
-struct DemoLearner {
-    #[serde(flatten)]
-    sac: SacConfig,
-    vision: Option<vision::HeadKeys>,
 }
 
 impl Validate for DemoFile {
     fn validate(&self, _: &str) -> std::result::Result<(), Invalid> {
-        if let Some(DemoLearner { sac: l, vision }) = &self.learner {
-            if let Some(v) = vision {
-                v.validate("learner.vision")?;
-            }
-            in_range(
-                "learner",
-                "critic_subset",
-                l.critic_subset,
-                1,
-                l.critics.max(1),
-            )?;
-            in_range("learner", "batch", l.batch, 1, 65_536)?;
-            in_range("learner", "utd", l.utd, 1, 1000)?;
-            in_range("learner", "discount", l.discount, 0.0, 1.0)?;
-            in_range("learner", "demo_ratio", l.demo_ratio, 0.0, 1.0)?;
-            in_range("learner", "action_scale", l.action_scale, 0.0, 2.0)?;
-            in_range("learner", "bc_weight", l.bc_weight, 0.0, 1000.0)?;
-        }
         if let Some(h) = &self.human {
             in_range("human", "rate", h.rate, 0.0, 1.0)?;
         }
         Ok(())
     }
+}
+
+/// The ranges a demo config's `[learner]` must keep, checked on the settings it resolves to.
+fn check_learner(l: &SacConfig) -> std::result::Result<(), Invalid> {
+    in_range(
+        "learner",
+        "critic_subset",
+        l.critic_subset,
+        1,
+        l.critics.max(1),
+    )?;
+    in_range("learner", "batch", l.batch, 1, 65_536)?;
+    in_range("learner", "utd", l.utd, 1, 1000)?;
+    in_range("learner", "discount", l.discount, 0.0, 1.0)?;
+    in_range("learner", "demo_ratio", l.demo_ratio, 0.0, 1.0)?;
+    in_range("learner", "action_scale", l.action_scale, 0.0, 2.0)?;
+    in_range("learner", "bc_weight", l.bc_weight, 0.0, 1000.0)?;
+    Ok(())
 }
 
 /// Per-episode record of a demo run.
@@ -285,6 +279,17 @@ fn preset(o: &DemoOptions) -> SacConfig {
     p
 }
 
+/// A value out of range in config `p`, as the config loader words it.
+fn invalid_in(p: &Path, i: Invalid) -> AgentError {
+    reflex_contracts::config::ConfigError::Invalid {
+        file: p.display().to_string(),
+        key: i.key,
+        value: i.value,
+        allowed: i.allowed,
+    }
+    .into()
+}
+
 /// The learner's and the person's settings: the demo's, with a config file's tables over them.
 fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
     let file: DemoFile = match &o.config {
@@ -292,27 +297,35 @@ fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
         None => DemoFile::default(),
     };
     // Keys in the file's [learner] replace the demo's settings; the rest stay the demo's.
-    let learner = match (&o.config, &file.learner) {
-        (Some(p), Some(l)) => {
-            let mut t = read_table(p, "learner")?;
+    let learner = match (&o.config, file.learner) {
+        (Some(p), Some(mut t)) => {
+            let at = |table: &str, e: String| {
+                AgentError::setup(format!("config `{}`: {table}", p.display()), e)
+            };
             let mut base = preset(o);
             // The heads' keys are resolved on the demo's encoder, then the rest of the table
             // goes over the preset.
-            if t.remove("vision").is_some() {
-                let (Some(v), Some(keys)) = (&o.vision, &l.vision) else {
-                    return Err(AgentError::setup(
-                        format!("config `{}`: [learner.vision]", p.display()),
-                        "the learner's image heads belong to the pixel demo: add --vision or drop the table",
+            if let Some(keys) = t.remove("vision") {
+                let Some(v) = &o.vision else {
+                    return Err(at(
+                        "[learner.vision]",
+                        "the learner's image heads belong to the pixel demo: add --vision or drop the table".into(),
                     ));
                 };
+                // toml's own message names the key at fault.
+                let keys: vision::HeadKeys = keys
+                    .try_into()
+                    .map_err(|e: toml::de::Error| at("[learner.vision]", e.to_string()))?;
+                keys.validate("learner.vision")
+                    .map_err(|i| invalid_in(p, i))?;
                 base.vision = Some(keys.heads(v)?);
             }
-            SacConfig {
+            let l = SacConfig {
                 mode: o.mode,
-                ..overlay_sac(base, &t).map_err(|e| {
-                    AgentError::setup(format!("config `{}`: [learner]", p.display()), e.0)
-                })?
-            }
+                ..overlay_sac(base, &t).map_err(|e| at("[learner]", e.0))?
+            };
+            check_learner(&l).map_err(|i| invalid_in(p, i))?;
+            l
         }
         _ => preset(o),
     };
@@ -1231,6 +1244,7 @@ mod tests {
         for (body, key) in [
             ("encoder = \"x.onnx\"", "encoder"),
             ("embeddings = 0", "embeddings"),
+            ("width = \"wide\"", "width"),
         ] {
             std::fs::write(&file, format!("[learner.vision]\n{body}\n")).unwrap();
             let e = settings(&pixels).unwrap_err().to_string();
