@@ -79,6 +79,10 @@ pub struct DemoArgs {
     /// instead of the last weights (stochastic weight averaging) [default: 1, the last weights].
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
     keep_average: Option<u64>,
+    /// Learner steps on the person's demonstrations alone, after they end and before the first
+    /// training episode (each: the learner's critic updates and an actor update).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    offline_updates: usize,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
@@ -116,6 +120,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         config: a.config,
         eval_episodes: a.eval_episodes,
         keep_average: a.keep_average.map(|k| k as usize),
+        offline_updates: a.offline_updates,
     };
     let r = reflex_demo::run(&o, &Bars::new(a.json))?;
     if a.json {

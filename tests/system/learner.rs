@@ -634,6 +634,35 @@ fn the_exported_residual_file_computes_what_the_loop_hook_computes() {
     assert!(e.contains("Residual.onnx"), "{e}");
 }
 
+/// The offline phase (`reflex demo --offline-updates`): the updates of a step with no step taken,
+/// on whatever the buffers hold, whatever the warm-up says; with nothing stored there is nothing
+/// to learn from.
+#[test]
+fn offline_updates_train_without_counting_steps() {
+    let mut sac = Sac::new(
+        SacConfig {
+            utd: 3,
+            actor_every: 2,
+            warmup_steps: 10_000,
+            ..small(Mode::Residual, 4)
+        },
+        3,
+        1,
+    )
+    .unwrap();
+    assert_eq!(sac.train_offline().unwrap(), None, "empty buffers");
+    fill(&mut sac, 200, 4);
+    assert_eq!(sac.train_step().unwrap(), None, "still warming up");
+    let before = sac.parameters().unwrap();
+    for _ in 0..5 {
+        assert!(sac.train_offline().unwrap().is_some());
+    }
+    let c = &sac.counters;
+    assert_eq!(c.env_steps, 1, "only train_step counted a step");
+    assert_eq!((c.critic_updates, c.actor_updates), (15, 5));
+    assert_ne!(sac.parameters().unwrap(), before);
+}
+
 /// A residual written with weights other than the learner's current ones (the pixel demo's
 /// average over its last episodes): the file holds those weights, ONNX Runtime agrees with them,
 /// and weights of another layout are refused naming the file.

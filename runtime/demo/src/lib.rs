@@ -64,6 +64,9 @@ pub struct DemoOptions {
     /// Keep the average of the residual weights published at the ends of the last this many
     /// training episodes instead of the last ones (None: 1, the last weights).
     pub keep_average: Option<usize>,
+    /// Learner steps (`utd` critic updates and an actor update each) on the person's
+    /// demonstrations after they end and before the first training episode (0: none).
+    pub offline_updates: usize,
 }
 
 impl Default for DemoOptions {
@@ -82,6 +85,7 @@ impl Default for DemoOptions {
             eval_episodes: 100,
             vision: None,
             keep_average: None,
+            offline_updates: 0,
         }
     }
 }
@@ -935,6 +939,15 @@ impl Tally {
             progress.inc(1);
             if self.demos_left == 0 {
                 progress.finish();
+                if o.offline_updates > 0 {
+                    progress.start(o.offline_updates as u64, "offline updates");
+                    progress.message("the learner trains on the demonstrations alone");
+                    for _ in 0..o.offline_updates {
+                        rig.sac.train_offline()?;
+                        progress.inc(1);
+                    }
+                    progress.finish();
+                }
                 progress.start(o.episodes as u64, "episodes");
             }
             return Ok(());

@@ -835,10 +835,26 @@ impl Sac {
     /// `actor_every` steps) one actor and temperature update on the last batch.
     pub fn train_step(&mut self) -> Result<Option<UpdateInfo>> {
         self.observe_step();
+        if (self.counters.env_steps as usize) < self.cfg.warmup_steps {
+            return Ok(None);
+        }
+        let actor = self
+            .counters
+            .env_steps
+            .is_multiple_of(self.cfg.actor_every as u64);
+        self.updates(actor)
+    }
+
+    /// The updates of one step with no environment step taken: `utd` critic updates and one
+    /// actor and temperature update, on what the buffers hold (an offline phase on a person's
+    /// demonstrations before the robot acts, as ResFiT trains on its offline data first).
+    pub fn train_offline(&mut self) -> Result<Option<UpdateInfo>> {
+        self.updates(true)
+    }
+
+    fn updates(&mut self, actor: bool) -> Result<Option<UpdateInfo>> {
         let _flush = reflex_mlp::denormal::FlushDenormals::new();
-        if (self.counters.env_steps as usize) < self.cfg.warmup_steps
-            || (self.online.is_empty() && self.demo.is_empty())
-        {
+        if self.online.is_empty() && self.demo.is_empty() {
             return Ok(None);
         }
         let mut info = UpdateInfo::default();
@@ -858,11 +874,7 @@ impl Sac {
             info.critic_loss = l;
             info.q_mean = q;
         }
-        if self
-            .counters
-            .env_steps
-            .is_multiple_of(self.cfg.actor_every as u64)
-        {
+        if actor {
             let (l, e, t) = self.actor_update(&batch)?;
             info.actor_loss = l;
             info.entropy = e;
