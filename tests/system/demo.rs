@@ -163,6 +163,64 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
     assert!(!out.status.success() && err.contains("utd_ratio"), "{err}");
 }
 
+/// `--offline-updates` and `--keep-average` as a user runs them: the learner's steps on the
+/// demonstrations alone come on top of one per environment step, the kept residual averages the
+/// episodes asked for and is judged held out; offline updates with no demonstrations are refused.
+#[test]
+fn the_offline_phase_and_the_kept_average_run_through_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = crate::common::json_output(
+        reflex()
+            .current_dir(repo())
+            .args([
+                "demo",
+                "--episodes",
+                "3",
+                "--demos",
+                "2",
+                "--offline-updates",
+                "7",
+                "--keep-average",
+                "2",
+                "--eval-episodes",
+                "2",
+                "--json",
+                "--no-record",
+                "--runs",
+            ])
+            .arg(dir.path()),
+    );
+    let (steps, updates) = (
+        v["env_steps"].as_u64().unwrap(),
+        v["updates"].as_u64().unwrap(),
+    );
+    // The demo's preset: five critic updates a step after a warm-up of 256 steps.
+    assert_eq!(updates, 5 * (steps.saturating_sub(255) + 7), "{v}");
+    assert_eq!(v["offline_updates"], 7, "{v}");
+    assert_eq!(v["residual_averages_episodes"], 2, "{v}");
+    assert_eq!(v["held_out"]["episodes"], 2, "{v}");
+    let out = reflex()
+        .current_dir(repo())
+        .args([
+            "demo",
+            "--no-human",
+            "--offline-updates",
+            "7",
+            "--episodes",
+            "1",
+            "--no-record",
+            "--runs",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--offline-updates"),
+        "{err}"
+    );
+}
+
 /// The demo's summary, and the directory its run lives in (kept while the value is alive).
 fn demo_summary(mode: &str, episodes: u32) -> (tempfile::TempDir, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();

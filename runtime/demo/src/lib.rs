@@ -183,6 +183,8 @@ pub struct DemoSummary {
     pub takeover_reasons: Option<reflex_sim::human::TakeoverReasons>,
     /// Demonstration episodes the person gave first.
     pub demonstrations: usize,
+    /// Learner steps on the demonstrations alone before training (`--offline-updates`).
+    pub offline_updates: usize,
     /// A simulated person watched.
     pub human: bool,
     /// RLIF: a takeover is the reward signal.
@@ -647,6 +649,12 @@ impl Rig {
 /// recording) every episode under `runs/<run-id>/`.
 pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let t0 = Instant::now();
+    if o.offline_updates > 0 && !(o.human && o.demos > 0) {
+        return Err(AgentError::setup(
+            "--offline-updates",
+            "the offline updates train on the person's demonstrations, and this run has none (--no-human or --demos 0)",
+        ));
+    }
     let (learner_cfg, human_cfg) = settings(o)?;
     let mut rig = build_rig(o, learner_cfg)?;
     let spec = rig.lp.robot().spec().clone();
@@ -1128,6 +1136,7 @@ fn summarize(
         updates: sac.counters.critic_updates,
         takeover_reasons: reasons,
         demonstrations: if o.human { o.demos } else { 0 },
+        offline_updates: o.offline_updates,
         human: o.human,
         rlif: o.rlif,
         run_dir: dir.display().to_string(),
