@@ -790,6 +790,15 @@ fn d_map_age() -> u32 {
     2
 }
 
+impl Validate for VisionSection {
+    fn validate(&self, prefix: &str) -> Result<(), Invalid> {
+        in_range(prefix, "embeddings", self.embeddings, 1, 64)?;
+        in_range(prefix, "width", self.width, 1, 4096)?;
+        let age = self.max_map_age_frames;
+        in_range(prefix, "max_map_age_frames", age, 0, 1000)
+    }
+}
+
 impl VisionSection {
     /// `encoder` with every other key at its default (SERL's heads).
     pub fn with_encoder(encoder: PathBuf) -> Self {
@@ -965,15 +974,7 @@ impl LearnerSection {
         )?;
         in_range("learner", "threads", self.threads, 0, 1024)?;
         if let Some(v) = &self.vision {
-            in_range("learner.vision", "embeddings", v.embeddings, 1, 64)?;
-            in_range("learner.vision", "width", v.width, 1, 4096)?;
-            in_range(
-                "learner.vision",
-                "max_map_age_frames",
-                v.max_map_age_frames,
-                0,
-                1000,
-            )?;
+            v.validate("learner.vision")?;
         }
         self.sac_config(mode, 0)?;
         self.link.validate("learner.link")

@@ -322,9 +322,11 @@ fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
                 let keys: vision::HeadKeys = keys
                     .try_into()
                     .map_err(|e: toml::de::Error| at("[learner.vision]", e.to_string()))?;
-                keys.validate("learner.vision")
+                let section = keys.section(v);
+                section
+                    .validate("learner.vision")
                     .map_err(|i| invalid_in(p, i))?;
-                base.vision = Some(keys.heads(v)?);
+                base.vision = Some(section.heads()?);
             }
             let l = SacConfig {
                 mode: o.mode,
@@ -1246,7 +1248,8 @@ mod tests {
         );
         // Resolved on the demo's encoder: its identity and map shapes.
         let default = vision::HeadKeys::default()
-            .heads(pixels.vision.as_ref().unwrap())
+            .section(pixels.vision.as_ref().unwrap())
+            .heads()
             .unwrap();
         assert_eq!(heads.encoder_id, default.encoder_id);
         assert_eq!(heads.features, default.features);

@@ -66,26 +66,14 @@ pub struct HeadKeys {
 }
 
 impl HeadKeys {
-    /// The heads these keys describe on `v`'s encoder.
-    pub fn heads(&self, v: &VisionDemo) -> Result<reflex_learn::sac::VisionHeads> {
+    /// The run's `[learner.vision]` these keys describe on `v`'s encoder (checked and resolved
+    /// as a run's is).
+    pub fn section(&self, v: &VisionDemo) -> VisionSection {
         let mut s = VisionSection::with_encoder(v.encoder.clone());
         s.embeddings = self.embeddings.unwrap_or(s.embeddings);
         s.width = self.width.unwrap_or(s.width);
         s.bc_trains_heads = self.bc_trains_heads.unwrap_or(s.bc_trains_heads);
-        s.heads()
-    }
-}
-
-impl reflex_contracts::config::Validate for HeadKeys {
-    fn validate(&self, prefix: &str) -> std::result::Result<(), reflex_contracts::config::Invalid> {
-        use reflex_contracts::config::in_range;
-        if let Some(e) = self.embeddings {
-            in_range(prefix, "embeddings", e, 1, 64)?;
-        }
-        if let Some(w) = self.width {
-            in_range(prefix, "width", w, 1, 4096)?;
-        }
-        Ok(())
+        s
     }
 }
 
