@@ -142,6 +142,23 @@ pub fn command_line() -> String {
         .join(" ")
 }
 
+/// An error as `reflex` prints it: the message, then each cause it does not already end with.
+/// Many of reflex's errors put their cause's text in their own message (so a log line with
+/// `{e}` says it all) and also chain it as their source; anyhow's `{:#}` would say it twice.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if text.is_empty() {
+            text = c;
+        } else if !text.ends_with(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
 /// Prints a JSON value, pretty.
 pub fn print_json<T: serde::Serialize + ?Sized>(v: &T) {
     println!(
@@ -238,5 +255,40 @@ pub fn parse_size(s: &str) -> Result<(u32, u32), String> {
     match (w.parse::<u32>(), h.parse::<u32>()) {
         (Ok(w), Ok(h)) if (16..=4096).contains(&w) && (16..=4096).contains(&h) => Ok((w, h)),
         _ => Err(format!("`{s}`: width and height between 16 and 4096 px")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("file `x.toml`: {source}")]
+    struct Quoting {
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("file `x.toml`")]
+    struct Chaining {
+        source: std::io::Error,
+    }
+
+    fn missing() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no such file")
+    }
+
+    #[test]
+    fn a_cause_is_said_once_whether_quoted_or_chained() {
+        let quoted = anyhow::Error::from(Quoting { source: missing() });
+        assert_eq!(error_text(&quoted), "file `x.toml`: no such file");
+        let chained = anyhow::Error::from(Chaining { source: missing() });
+        assert_eq!(error_text(&chained), "file `x.toml`: no such file");
+        // Context added on top keeps every level that says something new.
+        let ctx = anyhow::Error::from(Quoting { source: missing() }).context("loading the run");
+        assert_eq!(
+            error_text(&ctx),
+            "loading the run: file `x.toml`: no such file"
+        );
     }
 }

@@ -147,7 +147,7 @@ fn main() {
         Command::Keys { command } => cmd::tools::keys(command),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", cli::error_text(&e));
         std::process::exit(1);
     }
 }

@@ -32,6 +32,17 @@ fn config_with_unknown_key_names_file_and_key() {
 }
 
 #[test]
+fn a_missing_config_file_is_named_and_the_systems_reason_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("absent.toml");
+    let (ok, _, err) = run(&["run", "--config", f.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("absent.toml"), "{err}");
+    // The reason is in the config error's own message and also its chained source: said once.
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
+
+#[test]
 fn config_with_wrong_type_or_range_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("c.toml");
