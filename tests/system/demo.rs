@@ -3,25 +3,32 @@
 
 use crate::common::{reflex, repo, run_ok};
 
+/// `reflex demo ARGS --runs RUNS`, started from the repository as a user starts it.
+fn demo(args: &[&str], runs: &std::path::Path) -> std::process::Command {
+    let mut c = reflex();
+    c.current_dir(repo())
+        .arg("demo")
+        .args(args)
+        .arg("--runs")
+        .arg(runs);
+    c
+}
+
 #[test]
 fn demo_runs_end_to_end_and_writes_its_summary_and_curve() {
     let dir = tempfile::tempdir().unwrap();
-    let v = crate::common::json_output(
-        reflex()
-            .current_dir(repo())
-            .args([
-                "demo",
-                "--episodes",
-                "6",
-                "--demos",
-                "2",
-                "--eval-episodes",
-                "3",
-                "--json",
-                "--runs",
-            ])
-            .arg(dir.path()),
-    );
+    let v = crate::common::json_output(&mut demo(
+        &[
+            "--episodes",
+            "6",
+            "--demos",
+            "2",
+            "--eval-episodes",
+            "3",
+            "--json",
+        ],
+        dir.path(),
+    ));
     assert_eq!(v["episodes"], 6);
     // The refined policy judged alone on seeds training never saw, and kept.
     let h = &v["held_out"];
@@ -118,10 +125,8 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
     let cfg = dir.path().join("demo.toml");
     std::fs::write(&cfg, "[learner]\nutd = 2\n").unwrap();
     let v = crate::common::json_output(
-        reflex()
-            .current_dir(repo())
-            .args([
-                "demo",
+        demo(
+            &[
                 "--episodes",
                 "4",
                 "--demos",
@@ -130,11 +135,11 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
                 "0",
                 "--json",
                 "--no-record",
-                "--runs",
-            ])
-            .arg(dir.path())
-            .arg("--config")
-            .arg(&cfg),
+            ],
+            dir.path(),
+        )
+        .arg("--config")
+        .arg(&cfg),
     );
     let (steps, updates) = (
         v["env_steps"].as_u64().unwrap(),
@@ -143,22 +148,14 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
     assert_eq!(updates, 2 * steps.saturating_sub(255), "{v}");
     // An unknown key is refused, naming it.
     std::fs::write(&cfg, "[learner]\nutd_ratio = 2\n").unwrap();
-    let out = reflex()
-        .current_dir(repo())
-        .args([
-            "demo",
-            "--episodes",
-            "1",
-            "--eval-episodes",
-            "0",
-            "--no-record",
-            "--runs",
-        ])
-        .arg(dir.path())
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = demo(
+        &["--episodes", "1", "--eval-episodes", "0", "--no-record"],
+        dir.path(),
+    )
+    .arg("--config")
+    .arg(&cfg)
+    .output()
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("utd_ratio"), "{err}");
 }
@@ -169,27 +166,23 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
 #[test]
 fn the_offline_phase_and_the_kept_average_run_through_the_binary() {
     let dir = tempfile::tempdir().unwrap();
-    let v = crate::common::json_output(
-        reflex()
-            .current_dir(repo())
-            .args([
-                "demo",
-                "--episodes",
-                "3",
-                "--demos",
-                "2",
-                "--offline-updates",
-                "7",
-                "--keep-average",
-                "2",
-                "--eval-episodes",
-                "2",
-                "--json",
-                "--no-record",
-                "--runs",
-            ])
-            .arg(dir.path()),
-    );
+    let v = crate::common::json_output(&mut demo(
+        &[
+            "--episodes",
+            "3",
+            "--demos",
+            "2",
+            "--offline-updates",
+            "7",
+            "--keep-average",
+            "2",
+            "--eval-episodes",
+            "2",
+            "--json",
+            "--no-record",
+        ],
+        dir.path(),
+    ));
     let (steps, updates) = (
         v["env_steps"].as_u64().unwrap(),
         v["updates"].as_u64().unwrap(),
@@ -199,21 +192,19 @@ fn the_offline_phase_and_the_kept_average_run_through_the_binary() {
     assert_eq!(v["offline_updates"], 7, "{v}");
     assert_eq!(v["residual_averages_episodes"], 2, "{v}");
     assert_eq!(v["held_out"]["episodes"], 2, "{v}");
-    let out = reflex()
-        .current_dir(repo())
-        .args([
-            "demo",
+    let out = demo(
+        &[
             "--no-human",
             "--offline-updates",
             "7",
             "--episodes",
             "1",
             "--no-record",
-            "--runs",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+        ],
+        dir.path(),
+    )
+    .output()
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("--offline-updates"),
@@ -224,23 +215,19 @@ fn the_offline_phase_and_the_kept_average_run_through_the_binary() {
 /// The demo's summary, and the directory its run lives in (kept while the value is alive).
 fn demo_summary(mode: &str, episodes: u32) -> (tempfile::TempDir, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
-    let v = crate::common::json_output(
-        reflex()
-            .current_dir(repo())
-            .args([
-                "demo",
-                "--mode",
-                mode,
-                "--episodes",
-                &episodes.to_string(),
-                "--seed",
-                "0",
-                "--json",
-                "--no-record",
-                "--runs",
-            ])
-            .arg(dir.path()),
-    );
+    let v = crate::common::json_output(&mut demo(
+        &[
+            "--mode",
+            mode,
+            "--episodes",
+            &episodes.to_string(),
+            "--seed",
+            "0",
+            "--json",
+            "--no-record",
+        ],
+        dir.path(),
+    ));
     (dir, v)
 }
 
@@ -322,27 +309,23 @@ fn the_pixel_demo_takes_its_reward_from_the_classifier_and_the_person_vetoes_fal
     // state; the base alone and the refined policy are judged on the same held-out episodes by
     // the simulator.
     let dir = tempfile::tempdir().unwrap();
-    let v = crate::common::json_output(
-        reflex()
-            .current_dir(repo())
-            .args([
-                "demo",
-                "--vision",
-                "--threshold",
-                "0",
-                "--consecutive-frames",
-                "2",
-                "--episodes",
-                "4",
-                "--demos",
-                "2",
-                "--eval-episodes",
-                "4",
-                "--json",
-                "--runs",
-            ])
-            .arg(dir.path()),
-    );
+    let v = crate::common::json_output(&mut demo(
+        &[
+            "--vision",
+            "--threshold",
+            "0",
+            "--consecutive-frames",
+            "2",
+            "--episodes",
+            "4",
+            "--demos",
+            "2",
+            "--eval-episodes",
+            "4",
+            "--json",
+        ],
+        dir.path(),
+    ));
     let vis = &v["vision"];
     assert_eq!(vis["classifier_successes_vetoed"], 6, "{v}");
     assert_eq!(vis["classifier_successes_confirmed"], 0, "{v}");
@@ -401,11 +384,9 @@ fn the_pixel_demo_takes_per_component_bounds_and_a_height_watching_person_from_i
         "[learner]\naction_scales = [0.1, 0.1, 0.1, 0.5]\n\n[human]\nclose_high_m = 0.04\n",
     )
     .unwrap();
-    let demo = |cfg: &std::path::Path| {
-        let mut c = reflex();
-        c.current_dir(repo())
-            .args([
-                "demo",
+    let demo_with = |cfg: &std::path::Path| {
+        let mut c = demo(
+            &[
                 "--vision",
                 "--episodes",
                 "2",
@@ -415,14 +396,13 @@ fn the_pixel_demo_takes_per_component_bounds_and_a_height_watching_person_from_i
                 "1",
                 "--json",
                 "--no-record",
-                "--runs",
-            ])
-            .arg(dir.path())
-            .arg("--config")
-            .arg(cfg);
+            ],
+            dir.path(),
+        );
+        c.arg("--config").arg(cfg);
         c
     };
-    let v = crate::common::json_output(&mut demo(&cfg));
+    let v = crate::common::json_output(&mut demo_with(&cfg));
     assert_eq!(v["episodes"], 2, "{v}");
     assert!(v["takeover_reasons"]["closing_high"].is_u64(), "{v}");
     let spec = std::fs::read_to_string(
@@ -432,7 +412,7 @@ fn the_pixel_demo_takes_per_component_bounds_and_a_height_watching_person_from_i
     assert!(spec.contains("action_scales"), "{spec}");
     // One bound per action component (four on `pick`), or the run is refused naming the key.
     std::fs::write(&cfg, "[learner]\naction_scales = [0.2, 0.2]\n").unwrap();
-    let out = demo(&cfg).output().unwrap();
+    let out = demo_with(&cfg).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("action_scales") && err.contains("(4)"),
