@@ -600,3 +600,27 @@ fn the_fast_pick_preset_from_the_docs_keeps_the_expert_and_its_rates() {
     assert_eq!(v["substeps"].as_u64(), Some(2), "{out}");
     assert!(v["state_only"]["steps_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn a_learner_setting_out_of_range_is_refused_with_its_file_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("learn.toml");
+    let ckpt = dir.path().join("learner.ckpt");
+    std::fs::write(
+        &f,
+        format!(
+            "[robot]\nsource = \"sim\"\n\n[sim]\ntask = \"pick\"\n\n[policy]\nkind = \"none\"\n\n\
+             [run]\nepisodes = 1\n\n[learner]\ncheckpoint = {ckpt:?}\n\n[learner.sac]\nhidden = [0, 16]\n"
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = run(&["run", "--config", f.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("learn.toml") && err.contains("learner.sac.hidden") && err.contains("[0, 16]"),
+        "{err}"
+    );
+    // Refused while reading the file: no learner thread started, so none panicked.
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!ckpt.exists());
+}

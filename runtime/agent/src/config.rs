@@ -932,7 +932,8 @@ impl LearnerSection {
             })?,
             None => base,
         };
-        Ok(SacConfig { mode, ..c })
+        let c = SacConfig { mode, ..c };
+        c.validate("learner.sac").map(|()| c)
     }
 
     /// The SAC settings with the image heads of `[learner.vision]`, if any (reads the encoder's
@@ -950,7 +951,6 @@ impl LearnerSection {
 
     /// Checks ranges, naming the key.
     pub fn validate(&self, mode: Mode) -> Result<(), Invalid> {
-        use reflex_contracts::config::{Validate, in_range};
         in_range(
             "learner",
             "checkpoint_every_s",

@@ -109,24 +109,6 @@ impl Validate for DemoFile {
     }
 }
 
-/// The ranges a demo config's `[learner]` must keep, checked on the settings it resolves to.
-fn check_learner(l: &SacConfig) -> std::result::Result<(), Invalid> {
-    in_range(
-        "learner",
-        "critic_subset",
-        l.critic_subset,
-        1,
-        l.critics.max(1),
-    )?;
-    in_range("learner", "batch", l.batch, 1, 65_536)?;
-    in_range("learner", "utd", l.utd, 1, 1000)?;
-    in_range("learner", "discount", l.discount, 0.0, 1.0)?;
-    in_range("learner", "demo_ratio", l.demo_ratio, 0.0, 1.0)?;
-    in_range("learner", "action_scale", l.action_scale, 0.0, 2.0)?;
-    in_range("learner", "bc_weight", l.bc_weight, 0.0, 1000.0)?;
-    Ok(())
-}
-
 /// Per-episode record of a demo run.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct EpisodeRow {
@@ -332,7 +314,7 @@ fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
                 mode: o.mode,
                 ..overlay_sac(base, &t).map_err(|e| at("[learner]", e.0))?
             };
-            check_learner(&l).map_err(|i| invalid_in(p, i))?;
+            l.validate("learner").map_err(|i| invalid_in(p, i))?;
             l
         }
         _ => preset(o),

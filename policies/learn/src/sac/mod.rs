@@ -28,6 +28,7 @@ use nets::{Actor, Ensemble, randn};
 use rand::Rng;
 use rand::seq::index::sample as sample_indices;
 use rand_chacha::ChaCha8Rng;
+use reflex_runtime::config::{Invalid, Validate, in_range, key};
 pub use reflex_vision::head::FeatureShape;
 use reflex_vision::head::{HeadDims, SpatialHead};
 use replay::{Batch, NStep, Replay, sample_mixed};
@@ -319,6 +320,69 @@ impl Default for SacConfig {
     }
 }
 
+impl Validate for SacConfig {
+    /// The ranges every setting keeps, named under `p` (`learner.sac` in a run config, `learner`
+    /// in a demo config). Without them a zero-width layer or a zero batch reached the learner's
+    /// thread and panicked it there, far from the file that said so. The number of per-component
+    /// bounds is checked by [`Sac::new`], which knows the action's size.
+    fn validate(&self, p: &str) -> std::result::Result<(), Invalid> {
+        let bad = |field: &str, value: String, allowed: &str| Invalid {
+            key: key(p, field),
+            value,
+            allowed: allowed.into(),
+        };
+        if self.hidden.is_empty() || self.hidden.iter().any(|h| !(1..=8192).contains(h)) {
+            let allowed = "one or more layer widths, each 1 ..= 8192";
+            return Err(bad("hidden", format!("{:?}", self.hidden), allowed));
+        }
+        in_range(p, "critics", self.critics, 1, 256)?;
+        in_range(p, "critic_subset", self.critic_subset, 1, self.critics)?;
+        in_range(p, "actor_lr", self.actor_lr, 1e-9, 1.0)?;
+        in_range(p, "critic_lr", self.critic_lr, 1e-9, 1.0)?;
+        in_range(p, "temperature_lr", self.temperature_lr, 0.0, 1.0)?;
+        in_range(p, "weight_decay", self.weight_decay, 0.0, 1.0)?;
+        if let Some(g) = self.max_grad_norm {
+            in_range(p, "max_grad_norm", g, 1e-9, 1e9)?;
+        }
+        in_range(p, "discount", self.discount, 0.0, 1.0)?;
+        in_range(p, "tau", self.tau, 1e-9, 1.0)?;
+        in_range(p, "n_step", self.n_step, 1, 1000)?;
+        in_range(p, "init_temperature", self.init_temperature, 1e-9, 1e6)?;
+        if let Some(t) = self.target_entropy {
+            in_range(p, "target_entropy", t, -1e6, 1e6)?;
+        }
+        in_range(p, "utd", self.utd, 1, 1000)?;
+        in_range(p, "actor_every", self.actor_every, 1, 1000)?;
+        in_range(p, "batch", self.batch, 1, 65_536)?;
+        in_range(p, "demo_ratio", self.demo_ratio, 0.0, 1.0)?;
+        in_range(p, "action_scale", self.action_scale, 0.0, 10.0)?;
+        if self.action_scales.iter().any(|s| !(0.0..=10.0).contains(s)) {
+            let allowed = "each bound 0 ..= 10, or none";
+            return Err(bad(
+                "action_scales",
+                format!("{:?}", self.action_scales),
+                allowed,
+            ));
+        }
+        in_range(p, "noise_bound", self.noise_bound, 1e-6, 10.0)?;
+        let (lo, hi) = self.log_std;
+        if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+            let allowed = "[low, high], finite, low below high";
+            return Err(bad("log_std", format!("[{lo}, {hi}]"), allowed));
+        }
+        in_range(
+            p,
+            "residual_init_log_std",
+            self.residual_init_log_std,
+            lo,
+            hi,
+        )?;
+        in_range(p, "capacity", self.capacity, 1, 1 << 32)?;
+        in_range(p, "warmup_steps", self.warmup_steps, 0, 1 << 32)?;
+        in_range(p, "bc_weight", self.bc_weight, 0.0, 1000.0)
+    }
+}
+
 /// Counters of the learner.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
@@ -440,10 +504,11 @@ impl Sac {
     /// the feature maps [`SacConfig::vision`] names).
     pub fn new(cfg: SacConfig, state_dim: usize, act_dim: usize) -> Result<Self> {
         let dev = Device::Cpu;
-        if !cfg.action_scales.is_empty()
-            && (cfg.action_scales.len() != act_dim
-                || cfg.action_scales.iter().any(|s| !(0.0..=10.0).contains(s)))
-        {
+        if let Err(i) = cfg.validate("learner") {
+            let (k, v, a) = (i.key, i.value, i.allowed);
+            candle_core::bail!("learner setting `{k}` = {v} is out of range; allowed: {a}");
+        }
+        if !cfg.action_scales.is_empty() && cfg.action_scales.len() != act_dim {
             candle_core::bail!(
                 "[learner] action_scales = {:?}: one bound in 0..=10 per action component ({act_dim}), or none",
                 cfg.action_scales
