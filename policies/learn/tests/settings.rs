@@ -144,3 +144,23 @@ fn a_learner_is_not_built_on_a_zero_width_layer() {
     let e = Sac::new(c, 4, 2).err().expect("refused").to_string();
     assert!(e.contains("learner.hidden") && e.contains("[0, 16]"), "{e}");
 }
+
+#[test]
+fn networks_too_big_for_memory_are_refused_before_they_are_allocated() {
+    // Each value is in range on its own; together they need 69 GB, which aborted the process.
+    let c = SacConfig {
+        critics: 256,
+        hidden: vec![8192, 8192, 8192],
+        ..SacConfig::default()
+    };
+    let e = Sac::new(c, 20, 4).err().expect("refused").to_string();
+    assert!(e.contains("GB") && e.contains("critics = 256"), "{e}");
+    // HIL-SERL's size is far inside the budget.
+    let c = SacConfig {
+        hidden: vec![256, 256],
+        critics: 10,
+        capacity: 1000,
+        ..SacConfig::default()
+    };
+    Sac::new(c, 20, 4).unwrap();
+}

@@ -483,6 +483,10 @@ pub struct Sac {
 /// Errors of the learner.
 pub type Result<T> = candle_core::Result<T>;
 
+/// The most the learner's networks may take with their gradients and optimiser state (a robot's
+/// computer has a few GB; HIL-SERL's 256-wide critics take a few MB).
+const MAX_NETWORK_BYTES: u64 = 8_000_000_000;
+
 /// Most memory the two replay buffers may be sized for (32 GB: more than this machine's 24 GiB
 /// and a Jetson Orin's 32 GB; a 64 GB Orin may ask for half of it).
 pub const MAX_REPLAY_BYTES: u64 = 32_000_000_000;
@@ -550,6 +554,31 @@ impl Sac {
             None => (state_dim, state_dim),
         };
         let actor_in = seen + base_dim;
+        // Weights, gradients and Adam's two moments of the actor and of the live and target
+        // critics, checked before any is allocated: each width is in range on its own, but 256
+        // critics of 8192-wide layers need 69 GB and aborted the process when it asked for them.
+        let weights = |inputs: usize, outputs: usize| {
+            let mut d = vec![inputs];
+            d.extend_from_slice(&cfg.hidden);
+            d.push(outputs);
+            d.windows(2)
+                .map(|w| (w[0] as u64 + 1) * w[1] as u64)
+                .sum::<u64>()
+        };
+        let net_bytes = 16
+            * (weights(actor_in, 2 * act_dim)
+                + 2 * cfg.critics as u64 * weights(actor_in + act_dim, 1));
+        if net_bytes > MAX_NETWORK_BYTES {
+            candle_core::bail!(
+                "[learner.sac] hidden = {:?} with critics = {}: the networks would take {:.1} GB \
+                 (weights, gradients and optimiser state), more than the {} GB allowed: narrow \
+                 the layers or use fewer critics",
+                cfg.hidden,
+                cfg.critics,
+                net_bytes as f64 / 1e9,
+                MAX_NETWORK_BYTES / 1_000_000_000
+            );
+        }
         let actor = Actor::new(
             actor_in,
             &cfg.hidden,
