@@ -622,6 +622,9 @@ pub fn calibrate_hand_eye_folder(
     })
 }
 
+/// The largest board image `write_board_png` makes.
+const MAX_BOARD_PIXELS: f64 = 100e6;
+
 /// `reflex calibrate board`: the board as a PNG to print at `dpi` (100 % scale, no "fit to
 /// page"): the squares (and a ChArUco board's markers) and a white margin of half a square around
 /// them (a 9x6 chessboard of 25 mm squares is 27.5 x 20 cm: A4 or US letter in landscape).
@@ -636,15 +639,25 @@ pub fn write_board_png(board: &Board, dpi: f64, out: &Path) -> Result<(u32, u32)
     let s = board.square_m;
     let (x0, y0, x1, y1) = board.squares_extent();
     let (x0, y0) = (x0 - 0.5 * s, y0 - 0.5 * s);
-    let w = ((x1 - x0 + 0.5 * s) * px_per_m).round() as u32;
-    let h = ((y1 - y0 + 0.5 * s) * px_per_m).round() as u32;
-    let mut rgb = vec![255u8; (w * h * 3) as usize];
+    let (wm, hm) = (x1 - x0 + 0.5 * s, y1 - y0 + 0.5 * s);
+    let (wf, hf) = ((wm * px_per_m).round(), (hm * px_per_m).round());
+    // 100 megapixels (300 MB of RGB) is a 1.1 m square board at 240 dpi: beyond any printer's page.
+    if wf * hf > MAX_BOARD_PIXELS {
+        return Err(bail(format!(
+            "the board is {wf} x {hf} px at {dpi} dpi ({:.0} x {:.0} cm), above {} megapixels: lower --dpi or the square size",
+            wm * 100.0,
+            hm * 100.0,
+            MAX_BOARD_PIXELS / 1e6
+        )));
+    }
+    let (w, h) = (wf as u32, hf as u32);
+    let mut rgb = vec![255u8; w as usize * h as usize * 3];
     for v in 0..h {
         for u in 0..w {
             let x = x0 + (u as f64 + 0.5) / px_per_m;
             let y = y0 + (v as f64 + 0.5) / px_per_m;
             if board.paint(x, y) == Some(true) {
-                let p = ((v * w + u) * 3) as usize;
+                let p = (v as usize * w as usize + u as usize) * 3;
                 rgb[p..p + 3].fill(0);
             }
         }
