@@ -254,7 +254,9 @@ fn act(
     for k in 0..steps {
         t.episode = k / 100;
         t.step = (k % 100) as u32;
-        t.truncated = k % 100 == 99;
+        // The last step ends its episode too: the learner takes an episode's steps when it ends,
+        // so a run shorter than one episode was never taken and the bench waited for ever.
+        t.truncated = k % 100 == 99 || k + 1 == steps;
         t.reward = if rng.random::<f32>() < 0.05 { 1.0 } else { 0.0 };
         for v in t.obs.iter_mut().chain(t.next_obs.iter_mut()) {
             *v = rng.random_range(-1.0..1.0);
