@@ -31,6 +31,19 @@ pub enum BcError {
     /// The dataset cannot train anything.
     #[error("dataset: {0}")]
     Data(String),
+    /// A training setting out of range (named as the `reflex bc train` flag).
+    #[error("{0}")]
+    Setting(String),
+    /// The loss stopped being a number: nothing worth writing was learned.
+    #[error(
+        "training diverged: the loss is {loss} at step {step}; lower the learning rate (--lr) and train again"
+    )]
+    Diverged {
+        /// The first step whose loss was not finite.
+        step: usize,
+        /// That loss.
+        loss: f32,
+    },
     /// The image encoder failed.
     #[error(transparent)]
     Vision(#[from] reflex_vision::VisionError),
@@ -590,6 +603,12 @@ pub fn train(
     robot_kind: Option<String>,
     mut report: impl FnMut(usize, f32),
 ) -> Result<Trained, BcError> {
+    if cfg.execute == 0 || cfg.execute > cfg.horizon {
+        return Err(BcError::Setting(format!(
+            "--execute {}: between 1 and the chunk's length (--horizon {}): the policy runs that many of each chunk's actions",
+            cfg.execute, cfg.horizon
+        )));
+    }
     let data = Dataset::new(samples, action_dim, frames)?;
     let (t_len, a) = (cfg.horizon, action_dim);
     let dev = Device::Cpu;
@@ -656,10 +675,17 @@ pub fn train(
                 *ev = ((&*ev * d)? + (v.as_tensor().detach() * (1.0 - d))?)?.detach();
             }
         }
-        acc_loss += loss.to_scalar::<f32>()?;
-        if step % 100 == 0 {
-            losses.push(acc_loss / 100.0);
-            report(step, acc_loss / 100.0);
+        let l = loss.to_scalar::<f32>()?;
+        if !l.is_finite() {
+            return Err(BcError::Diverged { step, loss: l });
+        }
+        acc_loss += l;
+        // A mean per 100 steps, and one over the steps after the last hundred (a run shorter
+        // than 100 steps used to report no loss at all, printed as NaN).
+        let window = (step - 1) % 100 + 1;
+        if window == 100 || step == cfg.steps {
+            losses.push(acc_loss / window as f32);
+            report(step, acc_loss / window as f32);
             acc_loss = 0.0;
         }
     }

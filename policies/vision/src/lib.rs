@@ -25,6 +25,16 @@ pub enum VisionError {
     /// The frames or labels cannot train anything.
     #[error("frames: {0}")]
     Data(String),
+    /// The loss stopped being a number: nothing worth writing was learned.
+    #[error(
+        "training diverged: the loss is {loss} at step {step}; lower the learning rate (--lr) and train again"
+    )]
+    Diverged {
+        /// The first step whose loss was not finite.
+        step: usize,
+        /// That loss.
+        loss: f32,
+    },
 }
 
 /// The graph input that takes `camera`'s image.

@@ -321,9 +321,15 @@ pub fn train(
         let bce = ((z.relu()? - (&z * &yt)?)? + (z.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
         let loss = ((bce * wt)?.sum_all()? / (w.iter().sum::<f32>() as f64))?;
         opt.backward_step(&loss)?;
-        acc += loss.to_scalar::<f32>()?;
-        if step % 100 == 0 {
-            report(step, acc / 100.0);
+        let l = loss.to_scalar::<f32>()?;
+        if !l.is_finite() {
+            return Err(VisionError::Diverged { step, loss: l });
+        }
+        acc += l;
+        // A mean per 100 steps, and one over the steps after the last hundred.
+        let window = (step - 1) % 100 + 1;
+        if window == 100 || step == cfg.steps {
+            report(step, acc / window as f32);
             acc = 0.0;
         }
     }
