@@ -219,7 +219,7 @@ pub struct ServoBenchArgs {
     #[arg(long, value_enum, default_value = "so101-follower")]
     pub robot: ArmArg,
     /// Transactions of each kind.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = count)]
     pub iters: usize,
     /// Print JSON.
     #[arg(long)]
@@ -245,6 +245,75 @@ pub fn servo_bench(a: &ServoBenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A number within `lo ..= hi` (NaN and infinities refused). clap's own ranges cover integers
+/// only; a negative or NaN duration used to panic deep inside a command, and an episode count of
+/// 0 printed NaN figures.
+fn within<T>(s: &str, lo: T, hi: T, unit: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    match s.trim().parse::<T>() {
+        Ok(v) if v >= lo && v <= hi => Ok(v),
+        Ok(_) => Err(format!("`{s}`: allowed {lo} ..= {hi}{unit}")),
+        Err(_) => Err(format!("`{s}` is not a number")),
+    }
+}
+
+/// Seconds: 0 to a year.
+pub fn seconds(s: &str) -> Result<f64, String> {
+    within(s, 0.0, 365.0 * 86_400.0, " s")
+}
+
+/// A rate above 0, at most 100 kHz.
+pub fn hertz(s: &str) -> Result<f64, String> {
+    within(s, 1e-3, 100_000.0, " Hz")
+}
+
+/// The rate of the trace `reflex viz` draws, as `[bus] trace_hz` (0: none).
+pub fn trace_hz(s: &str) -> Result<f64, String> {
+    within(s, 0.0, 1000.0, " Hz")
+}
+
+/// A fraction or probability.
+pub fn fraction(s: &str) -> Result<f64, String> {
+    within(s, 0.0, 1.0, "")
+}
+
+/// A probability threshold.
+pub fn threshold(s: &str) -> Result<f32, String> {
+    within(s, 0.0, 1.0, "")
+}
+
+/// An optimiser's learning rate.
+pub fn learning_rate(s: &str) -> Result<f64, String> {
+    within(s, 1e-9, 1.0, "")
+}
+
+/// A count of at least one (episodes, steps, iterations, layer widths).
+pub fn count(s: &str) -> Result<usize, String> {
+    within(s, 1, 1 << 40, "")
+}
+
+/// The same, for 64-bit counts.
+pub fn count64(s: &str) -> Result<u64, String> {
+    within(s, 1, 1 << 40, "")
+}
+
+/// Threads of one pool, as `[policy] intra_threads`.
+pub fn threads(s: &str) -> Result<usize, String> {
+    within(s, 1, 256, "")
+}
+
+/// Actors of one fleet bench point.
+pub fn actors(s: &str) -> Result<usize, String> {
+    within(s, 1, 256, " actors")
+}
+
+/// Days a certificate is valid: a day to a century.
+pub fn days(s: &str) -> Result<i64, String> {
+    within(s, 1, 36_525, " days")
 }
 
 /// `WIDTHxHEIGHT` in pixels, each 16 to 4096.

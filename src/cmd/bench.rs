@@ -25,10 +25,10 @@ pub enum BenchCommand {
 #[derive(Args)]
 pub struct FleetBenchArgs {
     /// Fleet sizes, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = crate::cli::actors)]
     actors: Vec<usize>,
     /// Steps each actor hands over.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
     /// Threads of the learner's matrix products (0: one fewer than the cores, as `reflex learn`).
     #[arg(long, default_value_t = 0)]
@@ -127,7 +127,7 @@ pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
 #[derive(Args)]
 pub struct BusBenchArgs {
     /// Round trips per payload.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = crate::cli::count)]
     iters: usize,
     /// Print JSON.
     #[arg(long)]
@@ -145,10 +145,10 @@ pub struct BusBenchArgs {
 #[derive(Args)]
 pub struct LoopBenchArgs {
     /// Loop rate, Hz.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = 1000.0, value_parser = crate::cli::hertz)]
     hz: f64,
     /// Seconds to run.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = crate::cli::seconds)]
     seconds: f64,
     /// Run one busy thread per CPU beside the loop (inference and learning stand-ins).
     #[arg(long)]
@@ -176,7 +176,7 @@ pub struct LoopBenchArgs {
     #[arg(long, value_name = "DIR")]
     camera: Option<std::path::PathBuf>,
     /// The camera's frame rate.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = crate::cli::hertz)]
     camera_fps: f64,
 }
 

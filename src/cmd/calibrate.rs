@@ -60,10 +60,10 @@ pub struct CameraArgs {
     #[arg(long, default_value = "mjpeg")]
     format: String,
     /// With --live: frames per second.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = crate::cli::hertz)]
     fps: f64,
     /// With --live: give up after this many seconds.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, value_parser = crate::cli::seconds)]
     seconds: f64,
     /// The board: chessboard:COLSxROWS:SQUARE_M (inner corners, square side in metres) or
     /// charuco:SQUARES_XxSQUARES_Y:SQUARE_M:MARKER_M[:DICT_4X4_50] (OpenCV's CharucoBoard).

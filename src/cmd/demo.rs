@@ -20,7 +20,7 @@ pub enum ModeArg {
 #[derive(Args)]
 pub struct DemoArgs {
     /// Episodes of training [default: 100; with --vision, 150].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::count)]
     episodes: Option<usize>,
     /// Seed of everything (episodes, learner, person).
     #[arg(long, default_value_t = 0)]
@@ -37,11 +37,11 @@ pub struct DemoArgs {
     #[arg(long, requires = "vision")]
     classifier: Option<PathBuf>,
     /// With --vision: frames in a row the classifier must call success.
-    #[arg(long, requires = "vision", default_value_t = 2)]
+    #[arg(long, requires = "vision", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     consecutive_frames: u32,
     /// With --vision: the probability at which a frame counts as success (default: the
     /// classifier's own, from its spec).
-    #[arg(long, requires = "vision")]
+    #[arg(long, requires = "vision", value_parser = crate::cli::threshold)]
     threshold: Option<f32>,
     /// Learner mode.
     #[arg(long, value_enum, default_value = "residual")]

@@ -90,7 +90,7 @@ pub struct EmulateArgs {
     #[arg(long, default_value_t = 0.0)]
     delay_ms: f64,
     /// Stop after this many seconds (default: until interrupted).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::seconds)]
     seconds: Option<f64>,
     /// Also make PATH a symbolic link to the port (a fixed name for configs; removed on exit).
     #[arg(long, value_name = "PATH")]
@@ -111,7 +111,7 @@ pub struct ServeArgs {
     #[arg(long)]
     config: std::path::PathBuf,
     /// Stop after this many seconds (default: until interrupted).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::seconds)]
     seconds: Option<f64>,
     /// Print the serving counters as JSON when stopped.
     #[arg(long)]

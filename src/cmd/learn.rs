@@ -26,10 +26,10 @@ pub struct LearnArgs {
     #[arg(long)]
     exit_when_actor_leaves: bool,
     /// Stop after this many seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::seconds)]
     seconds: Option<f64>,
     /// How long to wait for the actor's spec, s.
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(long, default_value_t = 600.0, value_parser = crate::cli::seconds)]
     wait_s: f64,
     /// Print a JSON summary at the end.
     #[arg(long)]

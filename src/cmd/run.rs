@@ -14,7 +14,7 @@ pub struct RunArgs {
     #[arg(long)]
     config: PathBuf,
     /// Episodes to run (overrides `[run] episodes`).
-    #[arg(long, conflicts_with = "until_stopped")]
+    #[arg(long, conflicts_with = "until_stopped", value_parser = crate::cli::count64)]
     episodes: Option<u64>,
     /// Run episodes until SIGTERM or Ctrl-C (a service), then end after the episode in progress:
     /// it finishes, is recorded, and the summary is printed.
@@ -30,7 +30,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "off")]
     rerun: String,
     /// Rate of the step trace on the bus for `reflex viz`, Hz (0: off; default `[bus] trace_hz`).
-    #[arg(long, value_name = "HZ")]
+    #[arg(long, value_name = "HZ", value_parser = crate::cli::trace_hz)]
     trace_hz: Option<f64>,
     /// The robot's name on the bus (overrides `[robot] name`): one config for every robot of a
     /// fleet (docs/deploy.md).
@@ -81,7 +81,7 @@ pub struct EvalArgs {
     #[arg(long)]
     config: PathBuf,
     /// Episodes.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = crate::cli::count64)]
     episodes: u64,
     /// A kept residual (`residual.onnx` with its spec) to run on the config's base policy.
     #[arg(long, value_name = "FILE")]

@@ -111,7 +111,7 @@ pub struct ServeArgs {
     #[arg(long)]
     robot: Option<String>,
     /// Run on a fixed clock at this rate instead of lockstep (1-1000 Hz).
-    #[arg(long, value_name = "HZ")]
+    #[arg(long, value_name = "HZ", value_parser = crate::cli::hertz)]
     realtime: Option<f64>,
     #[command(flatten)]
     bus: BusArgs,
@@ -137,7 +137,7 @@ pub struct DemosArgs {
     #[command(flatten)]
     sim: SimSelect,
     /// Episodes to record.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = crate::cli::count64)]
     episodes: u64,
     /// Expert action noise (std as a fraction of half the action range).
     #[arg(long, default_value_t = 0.0)]
@@ -158,7 +158,7 @@ pub struct ExpertArgs {
     #[command(flatten)]
     sim: SimSelect,
     /// Episodes to run.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = crate::cli::count64)]
     episodes: u64,
     /// Expert action noise.
     #[arg(long, default_value_t = 0.0)]

@@ -50,19 +50,19 @@ pub struct RewardTrainArgs {
     #[arg(long, value_name = "WxH", value_parser = crate::cli::parse_size)]
     image_size: Option<(u32, u32)>,
     /// Fraction of the episodes (the last ones) held out to judge it.
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.2, value_parser = crate::cli::fraction)]
     holdout: f64,
     /// Probability at or above which a frame counts as success.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = crate::cli::threshold)]
     threshold: f32,
     /// Gradient steps.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = crate::cli::count)]
     steps: usize,
     /// Batch size.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = crate::cli::count)]
     batch: usize,
     /// Learning rate.
-    #[arg(long, default_value_t = 3e-4)]
+    #[arg(long, default_value_t = 3e-4, value_parser = crate::cli::learning_rate)]
     lr: f64,
     /// Largest random shift of a training image, pixels.
     #[arg(long, default_value_t = 4)]
@@ -151,10 +151,10 @@ pub struct PolicyBenchArgs {
     #[arg(long, value_enum, default_value = "cpu")]
     provider: ProviderArg,
     /// ONNX Runtime intra-op threads.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::cli::threads)]
     threads: usize,
     /// Chunks to time.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, value_parser = crate::cli::count)]
     iters: usize,
     /// Print JSON.
     #[arg(long)]
@@ -184,25 +184,25 @@ pub struct TrainArgs {
     #[arg(long)]
     robot_kind: Option<String>,
     /// Use only the first N episodes.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::count)]
     episodes: Option<usize>,
     /// Gradient steps.
-    #[arg(long, default_value_t = 4000)]
+    #[arg(long, default_value_t = 4000, value_parser = crate::cli::count)]
     steps: usize,
     /// Batch size.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::cli::count)]
     batch: usize,
     /// Learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, value_parser = crate::cli::learning_rate)]
     lr: f64,
     /// Hidden width.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::cli::count)]
     hidden: usize,
     /// Chunk length.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = crate::cli::count)]
     horizon: usize,
     /// Actions executed per chunk.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::cli::count)]
     execute: usize,
     /// State fields the policy reads, comma-separated (default: the whole state); e.g.
     /// `joint_pos,gripper` to leave where the object is to the cameras.
@@ -414,7 +414,7 @@ pub struct EstopArgs {
     #[arg(long = "as", value_name = "NAME")]
     who: Option<String>,
     /// How long to wait for the robot's status to confirm, s.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::cli::seconds)]
     wait_s: f64,
     /// Print the confirming status as JSON.
     #[arg(long)]
@@ -474,7 +474,7 @@ pub struct TeleopArgs {
     #[arg(long)]
     robot: String,
     /// Messages per second.
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = 50.0, value_parser = crate::cli::hertz)]
     rate_hz: f64,
     /// A key counts as held for this long after its last press, ms.
     #[arg(long, default_value_t = 250.0)]
@@ -483,7 +483,7 @@ pub struct TeleopArgs {
     #[arg(long, default_value_t = 0.5)]
     speed: f32,
     /// How long to wait for the robot's spec, s.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = 15.0, value_parser = crate::cli::seconds)]
     wait_s: f64,
     /// The leader arm's serial port (--device leader).
     #[arg(long)]
@@ -673,13 +673,13 @@ pub struct VizArgs {
     #[arg(long, default_value = "spawn")]
     rerun: String,
     /// Stop after this many episodes have ended (default: run until interrupted).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::count64)]
     episodes: Option<u64>,
     /// Stop after this many seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::seconds)]
     seconds: Option<f64>,
     /// How long to wait for the actor (or the robot) to answer, s.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = 15.0, value_parser = crate::cli::seconds)]
     wait_s: f64,
     /// Print a JSON summary at the end.
     #[arg(long)]
@@ -746,7 +746,7 @@ pub struct KeysAddArgs {
     #[arg(long = "host", value_name = "NAME")]
     hosts: Vec<String>,
     /// Days the certificates are valid.
-    #[arg(long, default_value_t = 365)]
+    #[arg(long, default_value_t = 365, value_parser = crate::cli::days)]
     days: i64,
 }
 
@@ -766,7 +766,7 @@ pub struct KeysInitArgs {
     #[arg(long = "host", value_name = "NAME")]
     hosts: Vec<String>,
     /// Days the certificates are valid.
-    #[arg(long, default_value_t = 365)]
+    #[arg(long, default_value_t = 365, value_parser = crate::cli::days)]
     days: i64,
 }
 

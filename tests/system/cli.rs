@@ -624,3 +624,145 @@ fn a_learner_setting_out_of_range_is_refused_with_its_file_before_anything_runs(
     assert!(!err.contains("panicked"), "{err}");
     assert!(!ckpt.exists());
 }
+
+#[test]
+fn numbers_out_of_range_on_the_command_line_are_refused_by_flag_instead_of_panicking() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        // A negative, NaN or huge wait panicked converting it to a Duration.
+        (
+            vec!["estop", "--robot", "nope", "--no-multicast", "--wait-s=-1"],
+            "--wait-s",
+        ),
+        (
+            vec!["learn", "--config", "x.toml", "--wait-s", "NaN"],
+            "--wait-s",
+        ),
+        (vec!["viz", "--seconds", "NaN"], "--seconds"),
+        // Certificates valid for longer than the clock can say panicked.
+        (
+            vec![
+                "keys",
+                "init",
+                "--robot",
+                "r",
+                "--peer",
+                "robot",
+                "--dir",
+                keys.to_str().unwrap(),
+                "--days",
+                "100000000",
+            ],
+            "--days",
+        ),
+        // No actors indexed an empty list.
+        (vec!["bench", "fleet", "--actors", "0"], "--actors"),
+        // 2,000 threads spun for minutes without a word.
+        (
+            vec![
+                "policy",
+                "bench",
+                "--model",
+                "models/pick.onnx",
+                "--threads",
+                "2000",
+            ],
+            "--threads",
+        ),
+        // [bus] trace_hz refuses these; the flag took them.
+        (
+            vec!["run", "--config", "x.toml", "--trace-hz=-5"],
+            "--trace-hz",
+        ),
+        // Zero episodes printed NaN success rates.
+        (vec!["sim", "expert", "--episodes", "0"], "--episodes"),
+        // A threshold no probability reaches wrote a classifier its own loader refuses.
+        (
+            vec![
+                "reward",
+                "train",
+                "--demos",
+                "d",
+                "--camera",
+                "front",
+                "--out",
+                "r.onnx",
+                "--threshold",
+                "2",
+            ],
+            "--threshold",
+        ),
+    ];
+    for (args, flag) in cases {
+        let (ok, _, err) = run(&args);
+        assert!(!ok, "{args:?} was accepted");
+        assert!(
+            err.contains(flag) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!keys.exists(), "a refused `keys init` left its directory");
+}
+
+#[test]
+fn a_board_too_big_to_print_is_refused_instead_of_overflowing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("board.png");
+    let (ok, _, err) = run(&[
+        "calibrate",
+        "board",
+        "--board",
+        "chessboard:9x6:0.25",
+        "--dpi",
+        "600",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok && !err.contains("panicked"), "{err}");
+    assert!(err.contains("megapixels") && err.contains("--dpi"), "{err}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn bench_fleet_shorter_than_an_episode_finishes() {
+    // The learner takes an episode's steps when it ends: an actor whose steps ended mid-episode
+    // was never taken and the bench waited for ever.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = reflex();
+    cmd.args(["bench", "fleet", "--actors", "1", "--steps", "10", "--json"]);
+    let mut g = crate::common::spawn(cmd, &dir, "fleet");
+    crate::common::wait_exit(&mut g, "fleet", &dir, 300);
+}
+
+#[test]
+fn bc_train_checks_its_chunk_and_reports_the_loss_of_a_short_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let demos = dir.path().join("demos");
+    run_ok(
+        reflex()
+            .args(["sim", "demos", "--task", "pick", "--episodes", "2", "--out"])
+            .arg(&demos),
+    );
+    let model = dir.path().join("p.onnx");
+    let train = |extra: &[&str]| {
+        let mut c = reflex();
+        c.args(["bc", "train", "--demos"])
+            .arg(&demos)
+            .arg("--out")
+            .arg(&model)
+            .args(["--steps", "5", "--batch", "8"])
+            .args(extra);
+        c.output().unwrap()
+    };
+    // More actions run per chunk than it holds: refused before training, nothing written.
+    let o = train(&["--horizon", "8", "--execute", "9"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--execute 9"), "{err}");
+    assert!(!model.exists());
+    // Five steps are fewer than the hundred a reported loss averaged: it said NaN.
+    let o = train(&[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("final loss") && !out.contains("NaN"), "{out}");
+}
