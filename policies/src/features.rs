@@ -178,6 +178,7 @@ pub struct FeatureEncoder {
 impl FeatureEncoder {
     /// Opens `model` and the spec beside it.
     pub fn load(model: &Path, opts: &RunOptions) -> Result<Self, LoadError> {
+        crate::onnx_policy::model_file(model)?;
         let spec: EncoderSpec = reflex_runtime::config::load(&encoder_spec_path(model))?;
         let bytes = std::fs::read(model).map_err(|e| LoadError::Model {
             path: model.display().to_string(),

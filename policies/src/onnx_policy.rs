@@ -103,8 +103,10 @@ pub enum LoadError {
     /// ONNX Runtime itself is missing.
     #[error(transparent)]
     Runtime(#[from] crate::ort_env::OrtError),
-    /// The model file is missing.
-    #[error("model `{0}` does not exist")]
+    /// The model file is missing, or the path names a directory.
+    #[error(
+        "model `{0}` does not exist or is not a file: give the path of the .onnx file (its spec is read from beside it)"
+    )]
     Missing(String),
     /// The spec file is missing or invalid.
     #[error(transparent)]
@@ -164,11 +166,19 @@ pub enum LoadError {
     },
 }
 
+/// Checks that `path` names a file before the spec beside it is read: a missing model, or a
+/// directory, was reported as a missing spec file.
+pub fn model_file(path: &Path) -> Result<(), LoadError> {
+    if path.is_file() {
+        Ok(())
+    } else {
+        Err(LoadError::Missing(path.display().to_string()))
+    }
+}
+
 /// Opens an ONNX Runtime session with the chosen provider.
 pub fn open_session(path: &Path, opts: &RunOptions) -> Result<Session, LoadError> {
-    if !path.exists() {
-        return Err(LoadError::Missing(path.display().to_string()));
-    }
+    model_file(path)?;
     let env = crate::ort_env::ensure()?;
     let p = path.display().to_string();
     let model_err = |e: &dyn std::fmt::Display| LoadError::Model {
@@ -607,9 +617,7 @@ fn prepare_input(
 impl OnnxPolicy {
     /// Loads `model` and the spec beside it, checks both against each other and against `robot`.
     pub fn load(model: &Path, robot: &RobotSpec, opts: &RunOptions) -> Result<Self, LoadError> {
-        if !model.exists() {
-            return Err(LoadError::Missing(model.display().to_string()));
-        }
+        model_file(model)?;
         let spec = PolicySpec::load_for(model)?;
         let session = open_session(model, opts)?;
         let problems = check_graph(&spec, &session, Some(robot));

@@ -96,6 +96,7 @@ pub struct SuccessClassifier {
 impl SuccessClassifier {
     /// Opens `model` and the spec beside it.
     pub fn load(model: &Path, opts: &RunOptions) -> Result<Self, LoadError> {
+        crate::onnx_policy::model_file(model)?;
         let spec: RewardSpec = reflex_runtime::config::load(&RewardSpec::path_for(model))?;
         let session = open_session(model, opts)?;
         let nchw = spec

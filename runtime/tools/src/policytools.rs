@@ -47,12 +47,7 @@ pub struct CheckReport {
 
 /// Checks a model against its spec (names, shapes, element types) and the robot it is for.
 pub fn check(model: &Path) -> Result<CheckReport> {
-    if !model.exists() {
-        return Err(reflex_agent::error::bail(format!(
-            "model `{}` does not exist",
-            model.display()
-        )));
-    }
+    reflex_policies::onnx_policy::model_file(model)?;
     let spec = PolicySpec::load_for(model)?;
     let session = open_session(model, &RunOptions::default())?;
     let robot = robot_for(&spec, needs_cameras(&spec))?;
@@ -134,6 +129,7 @@ pub fn bench(
     threads: usize,
     iters: usize,
 ) -> Result<PolicyBenchReport> {
+    reflex_policies::onnx_policy::model_file(model)?;
     let spec = PolicySpec::load_for(model)?;
     let mut robot = robot_for(&spec, needs_cameras(&spec))?.ok_or_else(|| {
         AgentError::setup(

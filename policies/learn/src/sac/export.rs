@@ -495,6 +495,13 @@ pub struct ResidualModel {
 impl ResidualModel {
     /// Reads `model` and the spec beside it; every weight's shape is checked against the spec.
     pub fn load(model: &Path) -> Result<Self, ResidualError> {
+        if !model.is_file() {
+            return Err(invalid(
+                model,
+                "does not exist or is not a file: give the path of the residual's .onnx file (its \
+                 spec is read from beside it)",
+            ));
+        }
         let spec: ResidualSpec = reflex_runtime::config::load(&spec_path(model))?;
         let bytes = std::fs::read(model).map_err(|e| ResidualError::Io {
             path: model.display().to_string(),
