@@ -27,6 +27,7 @@
 use crate::expert::{Expert, ExpertError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use reflex_runtime::config::{Invalid, Validate, in_range};
 use reflex_runtime::msg::{Observation, PROTOCOL_VERSION, RobotSpec, TeleopMsg};
 use serde::Deserialize;
 use std::ops::Range;
@@ -115,6 +116,30 @@ pub struct HumanConfig {
     /// Seed.
     #[serde(default)]
     pub seed: u64,
+}
+
+impl Validate for HumanConfig {
+    /// Every setting in its physical range: a NaN distance or a negative one never fires, a late
+    /// fraction above 1 never comes, and each ran without a word.
+    fn validate(&self, p: &str) -> Result<(), Invalid> {
+        in_range(p, "rate", self.rate, 0.0, 1.0)?;
+        in_range(p, "hold_steps", self.hold_steps, 1, 10_000)?;
+        in_range(p, "stall_steps", self.stall_steps, 1, 10_000)?;
+        in_range(p, "late_fraction", self.late_fraction, 0.0, 1.0)?;
+        in_range(p, "max_interventions", self.max_interventions, 0, 10_000)?;
+        in_range(p, "min_step", self.min_step, 0, 1_000_000)?;
+        for (field, m) in [
+            ("stall_m", self.stall_m),
+            ("stray_m", self.stray_m),
+            ("misalign_m", self.misalign_m),
+            ("grasp_zone_m", self.grasp_zone_m),
+            ("missed_m", self.missed_m),
+            ("close_high_m", self.close_high_m),
+        ] {
+            in_range(p, field, m, 0.0, 10.0)?;
+        }
+        in_range(p, "skill_noise", self.skill_noise, 0.0, 10.0)
+    }
 }
 
 impl Default for HumanConfig {

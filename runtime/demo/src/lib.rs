@@ -14,7 +14,7 @@ use reflex_agent::assemble::{Assembler, ChunkAssembler};
 use reflex_agent::presets::{learner_preset, overlay_sac, read_table, state_norm};
 use reflex_agent::progress::Progress;
 use reflex_agent::{AgentError, error::Result};
-use reflex_contracts::config::{Invalid, Validate, in_range};
+use reflex_contracts::config::{Invalid, Validate};
 use reflex_contracts::msg::{Observation, TeleopMsg, WireStep};
 use reflex_contracts::policy::Policy;
 use reflex_contracts::robot::Robot;
@@ -103,7 +103,7 @@ struct DemoFile {
 impl Validate for DemoFile {
     fn validate(&self, _: &str) -> std::result::Result<(), Invalid> {
         if let Some(h) = &self.human {
-            in_range("human", "rate", h.rate, 0.0, 1.0)?;
+            h.validate("human")?;
         }
         Ok(())
     }
