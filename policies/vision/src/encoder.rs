@@ -117,7 +117,7 @@ impl ImageEncoder {
         {
             return Err(VisionError::Data(format!(
                 "camera `{camera}`: the encoder reads images whose sides are multiples of \
-                 {PATCH} pixels, {} at least; {width}x{height} is not (choose another --image-size)",
+                 {PATCH} pixels, {} at least; {width}x{height} is not (choose another image size: --image-size of `bc train`, --size of `bench pixels`)",
                 2 * PATCH
             )));
         }
