@@ -541,6 +541,46 @@ fn a_corrupt_checkpoint_stops_the_run_at_once_naming_the_file() {
 }
 
 #[test]
+fn an_unpaced_run_stops_at_the_next_episode_when_its_learner_cannot_read_the_checkpoint() {
+    // Before: an actor not paced by its learner (a person's wall-clock run) drove every episode
+    // asked for, learning nothing, and reported the checkpoint only at the end.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = hil_config(dir.path());
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("[learner]\n", "[learner]\npace_lockstep = false\n");
+    std::fs::write(&cfg, text).unwrap();
+    let ckpt = dir.path().join("ckpt/pick-sac.ckpt");
+    std::fs::create_dir_all(ckpt.parent().unwrap()).unwrap();
+    std::fs::write(&ckpt, b"not a checkpoint").unwrap();
+    let out = reflex()
+        .args(["run", "--episodes", "1000", "--no-multicast", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let (text, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success());
+    assert!(
+        err.contains("pick-sac.ckpt") && err.contains("on_bad_checkpoint"),
+        "{err}"
+    );
+    // The path once: the error names the key, the checkpoint's own error the file.
+    assert_eq!(err.matches("pick-sac.ckpt`").count(), 1, "{err}");
+    let episodes = text
+        .lines()
+        .chain(err.lines())
+        .filter(|l| l.starts_with("episode "))
+        .count();
+    assert!(
+        episodes < 1000,
+        "all {episodes} episodes ran without a learner"
+    );
+}
+
+#[test]
 fn the_learner_persists_every_step_before_the_actor_exits_and_the_checkpoint_grows_with_the_data() {
     // Before: the end of every run lost its last steps after a 10 s wait ("200 steps were not
     // persisted"), and the checkpoint after 200 steps was 160 MB (the preallocated capacity).

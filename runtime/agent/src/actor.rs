@@ -1172,6 +1172,11 @@ impl<R: Robot> Actor<R> {
     }
 
     fn pace_learner(&mut self) -> Result<()> {
+        // Paced or not (a person's wall-clock run is not), a stopped in-process learner ends the
+        // run at this episode boundary instead of letting the robot go on for nothing.
+        if self.parts.learner.as_ref().is_some_and(|h| h.is_finished()) {
+            return Err(self.learner_stopped());
+        }
         let (Some(p), Some(ob)) = (&self.parts.link_progress, self.lp.outbox()) else {
             return Ok(());
         };

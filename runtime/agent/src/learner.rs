@@ -205,7 +205,7 @@ fn load_checkpoint(cfg: &LearnerConfig, ckpt: &Path) -> Result<Option<Sac>> {
     };
     match cfg.section.on_bad_checkpoint {
         BadCheckpoint::Stop => Err(AgentError::setup(
-            format!("checkpoint `{}`", ckpt.display()),
+            "[learner] checkpoint",
             format!(
                 "{err}. Nothing was trained. Set [learner] on_bad_checkpoint = \"previous\" to resume from `{}`{}, or \"fresh\" to move it aside and start afresh",
                 prev.display(),
@@ -221,7 +221,7 @@ fn load_checkpoint(cfg: &LearnerConfig, ckpt: &Path) -> Result<Option<Sac>> {
             Ok(Some(Sac::load(&prev)?))
         }
         BadCheckpoint::Previous => Err(AgentError::setup(
-            format!("checkpoint `{}`", ckpt.display()),
+            "[learner] checkpoint",
             format!(
                 "{err}, and there is no previous checkpoint `{}`",
                 prev.display()

@@ -3,57 +3,10 @@
 
 use crate::AgentError;
 use reflex_contracts::msg::RobotSpec;
-use reflex_learn::sac::{Mode, SacConfig};
+use reflex_learn::sac::SacConfig;
 use reflex_policies::onnx_policy::OnnxPolicy;
 
-/// The learner's settings for the demo (docs/training.md explains each choice).
-pub fn learner_preset(mode: Mode, seed: u64) -> SacConfig {
-    if mode == Mode::Noise {
-        // One decision per chunk: a few hundred transitions in 100 episodes, so many updates per
-        // transition (DSRL uses ~20) are cheap.
-        return SacConfig {
-            mode,
-            hidden: vec![256, 256],
-            critics: 2,
-            critic_subset: 2,
-            critic_layer_norm: true,
-            batch: 256,
-            utd: 10,
-            discount: 0.97,
-            n_step: 1,
-            init_temperature: 0.01,
-            entropy_in_target: false,
-            bootstrap_truncation: false,
-            noise_bound: 1.5,
-            demo_ratio: 0.0,
-            warmup_steps: 32,
-            capacity: 200_000,
-            seed,
-            ..Default::default()
-        };
-    }
-    SacConfig {
-        mode,
-        hidden: vec![128, 128],
-        critics: 2,
-        critic_subset: 2,
-        critic_layer_norm: true,
-        batch: 256,
-        utd: 5,
-        discount: 0.97,
-        n_step: 3,
-        init_temperature: 0.01,
-        entropy_in_target: false,
-        bootstrap_truncation: false,
-        action_scale: 0.5,
-        bc_weight: 1.0,
-        demo_ratio: 0.5,
-        warmup_steps: 256,
-        capacity: 200_000,
-        seed,
-        ..Default::default()
-    }
-}
+pub use reflex_learn::sac::learner_preset;
 
 /// The learner's state scaling from the base policy's own input normalisation (half widths of
 /// at least 0.05, so a component that hardly varied in the demonstrations is not blown up), for
