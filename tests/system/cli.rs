@@ -766,3 +766,40 @@ fn bc_train_checks_its_chunk_and_reports_the_loss_of_a_short_run() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.contains("final loss") && !out.contains("NaN"), "{out}");
 }
+
+#[test]
+fn a_model_path_that_is_no_file_is_named_as_the_model_not_as_its_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // Before: "config file `<dir>.policy.toml`: cannot read it".
+    for args in [
+        vec!["policy", "check", "--model", d],
+        vec!["demo", "--model", d, "--episodes", "1", "--runs", d],
+    ] {
+        let (ok, _, err) = run(&args);
+        assert!(!ok);
+        assert!(
+            err.contains("is not a file") && !err.contains(".policy.toml"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_simulated_persons_settings_are_range_checked_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("demo.toml");
+    // Each of these ran without a word: a fraction above 1 never comes, NaN never fires.
+    for (line, key) in [
+        ("late_fraction = 5.0", "human.late_fraction"),
+        ("stray_m = nan", "human.stray_m"),
+        ("stall_m = -1.0", "human.stall_m"),
+    ] {
+        std::fs::write(&f, format!("[human]\n{line}\n")).unwrap();
+        let (ok, _, err) = run(&["demo", "--episodes", "1", "--config", f.to_str().unwrap()]);
+        assert!(
+            !ok && err.contains("demo.toml") && err.contains(key),
+            "{line}: {err}"
+        );
+    }
+}
