@@ -291,6 +291,13 @@ fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
                 AgentError::setup(format!("config `{}`: {table}", p.display()), e)
             };
             let mut base = preset(o);
+            // A run config's spelling: its SAC keys sit in [learner.sac], the demo's in [learner].
+            if t.contains_key("sac") {
+                return Err(at(
+                    "[learner.sac]",
+                    "a demo config takes SAC's keys in [learner] itself (a run config's [learner] holds the link and checkpoint, hence its [learner.sac]): move them up into [learner]".into(),
+                ));
+            }
             // The heads' keys are resolved on the demo's encoder, then the rest of the table
             // goes over the preset.
             if let Some(keys) = t.remove("vision") {
