@@ -75,9 +75,20 @@ pub fn open(path: &Path) -> Result<()> {
         .status()
         .map_err(|e| AgentError::io(&viewer, e))?;
     if !status.success() {
+        // Most often: no display to open a window on (a robot's computer over ssh).
+        let display =
+            std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
         return Err(AgentError::setup(
             viewer.display().to_string(),
-            format!("it exited with {status}"),
+            format!(
+                "it exited with {status}{}; read the summary with `reflex replay --summary {}`, or copy the .rrd files to a computer with a screen",
+                if display {
+                    ""
+                } else {
+                    " (no DISPLAY or WAYLAND_DISPLAY: there is no screen to open a window on)"
+                },
+                path.display()
+            ),
         ));
     }
     Ok(())
