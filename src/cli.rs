@@ -318,12 +318,21 @@ pub fn days(s: &str) -> Result<i64, String> {
 
 /// `WIDTHxHEIGHT` in pixels, each 16 to 4096.
 pub fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    size_within(s, 4096)
+}
+
+/// The simulator's camera size: each side 16 to 1024, as `[sim.cameras]` allows.
+pub fn sim_camera_size(s: &str) -> Result<(u32, u32), String> {
+    size_within(s, 1024)
+}
+
+fn size_within(s: &str, max: u32) -> Result<(u32, u32), String> {
     let (w, h) = s
         .split_once('x')
         .ok_or_else(|| format!("`{s}` is not WIDTHxHEIGHT (e.g. 640x480)"))?;
     match (w.parse::<u32>(), h.parse::<u32>()) {
-        (Ok(w), Ok(h)) if (16..=4096).contains(&w) && (16..=4096).contains(&h) => Ok((w, h)),
-        _ => Err(format!("`{s}`: width and height between 16 and 4096 px")),
+        (Ok(w), Ok(h)) if (16..=max).contains(&w) && (16..=max).contains(&h) => Ok((w, h)),
+        _ => Err(format!("`{s}`: width and height between 16 and {max} px")),
     }
 }
 

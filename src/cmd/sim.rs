@@ -69,7 +69,7 @@ pub struct SimSelect {
     #[arg(long)]
     pub cameras: bool,
     /// Camera image size, WIDTHxHEIGHT (default: the config's, else 128x128).
-    #[arg(long, value_name = "WxH", value_parser = crate::cli::parse_size)]
+    #[arg(long, value_name = "WxH", value_parser = crate::cli::sim_camera_size)]
     pub camera_size: Option<(u32, u32)>,
 }
 
