@@ -755,3 +755,51 @@ fn reflex_policy_check_says_which_spec_lines_fit_a_lerobot_timestep() {
             .arg(dir.path().join("unet.onnx")),
     );
 }
+
+#[test]
+fn policy_check_finds_weights_a_diverged_training_left_nan() {
+    // Before: "matches its spec and robot kind sim/pick: ok", and every action `reflex run`
+    // then asked for was NaN (blocked by safety at every step).
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("pick.onnx");
+    std::fs::copy(
+        repo().join("models/pick.policy.toml"),
+        dir.path().join("pick.policy.toml"),
+    )
+    .unwrap();
+    let script = "import onnx, numpy, sys\n\
+                  m = onnx.load(sys.argv[1])\n\
+                  t = next(t for t in m.graph.initializer if t.data_type == 1 and len(t.dims) == 2)\n\
+                  a = onnx.numpy_helper.to_array(t).copy()\n\
+                  a.flat[0] = numpy.nan\n\
+                  t.CopyFrom(onnx.numpy_helper.from_array(a, t.name))\n\
+                  onnx.save(m, sys.argv[2])\n\
+                  print(t.name)\n";
+    let out = std::process::Command::new(python())
+        .args(["-c", script])
+        .arg(repo().join("models/pick.onnx"))
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let o = reflex()
+        .current_dir(repo())
+        .args(["policy", "check", "--model"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a NaN model passed: {err}");
+    assert!(err.contains(&name) && err.contains("NaN"), "{err}");
+    // The shipped model itself passes.
+    run_ok(
+        reflex()
+            .current_dir(repo())
+            .args(["policy", "check", "--model", "models/pick.onnx"]),
+    );
+}

@@ -72,7 +72,22 @@ pub fn check(model: &Path) -> Result<CheckReport> {
             o.name, o.elem, o.dims
         ));
     }
-    let problems = check_graph(&spec, &session, robot.as_ref().map(|r| r.spec()));
+    let mut problems = check_graph(&spec, &session, robot.as_ref().map(|r| r.spec()));
+    // A training that diverged leaves NaN weights: the graph matches, every action is NaN.
+    let bytes = std::fs::read(model).map_err(|e| AgentError::io(model, e))?;
+    if let Ok(inits) = reflex_policies::onnx_read::float_initializers(&bytes) {
+        let mut bad: Vec<&String> = inits
+            .iter()
+            .filter(|(_, t)| t.data.iter().any(|v| !v.is_finite()))
+            .map(|(name, _)| name)
+            .collect();
+        bad.sort();
+        if !bad.is_empty() {
+            problems.push(format!(
+                "weights {bad:?} hold NaN or infinite values (a training that diverged): train it again"
+            ));
+        }
+    }
     if !problems.is_empty() {
         return Err(reflex_agent::error::bail(format!(
             "{}\nmodel `{}` does not match its spec `{}`:\n  - {}",
