@@ -803,3 +803,33 @@ fn the_simulated_persons_settings_are_range_checked_by_name() {
         );
     }
 }
+
+#[test]
+fn a_demo_config_in_a_run_configs_layout_says_where_the_keys_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("demo.toml");
+    std::fs::write(&f, "[learner.sac]\nbc_weight = 0.5\n").unwrap();
+    let (ok, _, err) = run(&["demo", "--episodes", "1", "--config", f.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("[learner.sac]") && err.contains("move them up into [learner]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn replay_without_a_screen_points_at_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let rrd = dir.path().join("episode_000000.rrd");
+    std::fs::write(&rrd, b"not opened").unwrap();
+    let out = reflex()
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .arg("replay")
+        .arg(&rrd)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    // Installed or not, the viewer cannot show it here: the error says what can.
+    assert!(err.contains("reflex replay --summary"), "{err}");
+}
