@@ -1,6 +1,6 @@
 //! The command line: documented commands work and bad input gets errors that say what to fix.
 
-use crate::common::{reflex, run_ok};
+use crate::common::{reflex, repo, run_ok};
 
 fn run(args: &[&str]) -> (bool, String, String) {
     let out = reflex().args(args).output().unwrap();
@@ -832,4 +832,34 @@ fn replay_without_a_screen_points_at_the_summary() {
     assert!(!out.status.success());
     // Installed or not, the viewer cannot show it here: the error says what can.
     assert!(err.contains("reflex replay --summary"), "{err}");
+}
+
+#[test]
+fn a_malformed_endpoint_or_missing_zenoh_file_is_said_plainly() {
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("absent.json5");
+    for (flag, value, says) in [
+        ("--listen", "bogus", "PROTOCOL/ADDRESS"),
+        ("--zenoh-config", absent.to_str().unwrap(), "absent.json5"),
+    ] {
+        let out = reflex()
+            .current_dir(repo())
+            .args([
+                "run",
+                "--config",
+                "configs/run/sim-pick-hil.toml",
+                "--no-multicast",
+                flag,
+                value,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        // Before: a parser's debug dump and two source locations in the crate cache.
+        assert!(
+            err.contains(says) && !err.contains(".cargo") && !err.contains("Json5Err"),
+            "{err}"
+        );
+    }
 }

@@ -175,13 +175,25 @@ impl BusConfig {
     /// Builds the Zenoh config.
     pub fn to_zenoh(&self) -> Result<zenoh::Config, BusError> {
         let mut c = match &self.config_file {
-            Some(p) => zenoh::Config::from_file(p)
-                .map_err(|e| BusError::Config(format!("file `{}`: {e}", p.display())))?,
+            Some(p) => zenoh::Config::from_file(p).map_err(|e| {
+                BusError::Config(format!("file `{}`: {}", p.display(), zenoh_text(&e)))
+            })?,
             None => zenoh::Config::default(),
         };
+        // Zenoh's own message for a malformed endpoint is a parser's debug dump: say it plainly.
+        for e in self.listen.iter().chain(&self.connect) {
+            if !e
+                .split_once('/')
+                .is_some_and(|(p, a)| !p.is_empty() && !a.is_empty())
+            {
+                return Err(BusError::Config(format!(
+                    "endpoint `{e}` (--listen / --connect or [bus]): write it as PROTOCOL/ADDRESS, e.g. tcp/0.0.0.0:7447, tls/robot.local:7447 or unixsock-stream/PATH"
+                )));
+            }
+        }
         let set = |c: &mut zenoh::Config, k: &str, v: String| {
             c.insert_json5(k, &v)
-                .map_err(|e| BusError::Config(format!("{k} = {v}: {e}")))
+                .map_err(|e| BusError::Config(format!("{k} = {v}: {}", zenoh_text(&e))))
         };
         let mode = if self.router { "router" } else { "peer" };
         set(&mut c, "mode", format!("{mode:?}"))?;
@@ -246,4 +258,14 @@ fn serde_json_list(v: &[String]) -> String {
         .map(|s| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"")))
         .collect();
     format!("[{}]", items.join(","))
+}
+
+/// Zenoh's error text without the source location it appends (" at /…/src/x.rs:12."), which
+/// names a file in the build machine's crate cache, not anything the user can change.
+fn zenoh_text(e: &dyn std::fmt::Display) -> String {
+    let t = e.to_string();
+    match t.rfind(" at /") {
+        Some(i) if t[i..].contains(".rs:") => t[..i].to_string(),
+        _ => t,
+    }
 }
