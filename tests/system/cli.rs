@@ -863,3 +863,32 @@ fn a_malformed_endpoint_or_missing_zenoh_file_is_said_plainly() {
         );
     }
 }
+
+#[test]
+fn keys_refuses_names_that_would_clash_or_hide_and_says_it_is_about_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let k = keys.to_str().unwrap();
+    for (extra, says) in [
+        (vec!["--peer", ""], "peer name ``"),
+        (vec!["--peer", "ca"], "peer name `ca`"),
+        (
+            vec!["--peer", "learner", "--peer", "learner"],
+            "named twice",
+        ),
+        (
+            vec!["--peer", "learner", "--host", "not a host!!"],
+            "host `not a host!!`",
+        ),
+    ] {
+        let mut args = vec!["keys", "init", "--robot", "r", "--dir", k];
+        args.extend(extra);
+        let (ok, _, err) = run(&args);
+        assert!(
+            !ok && err.contains(says) && err.contains("keys:"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("Zenoh configuration"), "{err}");
+        assert!(!keys.exists(), "{args:?} left {k}");
+    }
+}

@@ -117,6 +117,9 @@ pub enum BusError {
     /// The Zenoh configuration is invalid.
     #[error("Zenoh configuration: {0}")]
     Config(String),
+    /// Certificates and keys could not be made (`reflex keys`).
+    #[error("keys: {0}")]
+    Keys(String),
     /// The session could not be opened (e.g. an endpoint cannot be bound).
     #[error("cannot open the Zenoh session (listen {listen:?}, connect {connect:?}): {message}")]
     Open {

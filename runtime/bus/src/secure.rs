@@ -197,7 +197,7 @@ pub struct KeySet {
 fn write_file(path: &Path, text: &str, private: bool) -> Result<(), BusError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let err = |e: std::io::Error| BusError::Config(format!("`{}`: {e}", path.display()));
+    let err = |e: std::io::Error| BusError::Keys(format!("`{}`: {e}", path.display()));
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -233,8 +233,7 @@ fn issue_peer<S: rcgen::SigningKey>(
     issuer: &rcgen::Issuer<'_, S>,
 ) -> Result<(String, PathBuf, PathBuf), BusError> {
     use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
-    let err =
-        |e: rcgen::Error| BusError::Config(format!("making the certificate of `{name}`: {e}"));
+    let err = |e: rcgen::Error| BusError::Keys(format!("making the certificate of `{name}`: {e}"));
     let mut names: Vec<String> = vec![name.to_string(), "localhost".into(), "127.0.0.1".into()];
     names.extend(hosts.iter().cloned());
     let mut p = CertificateParams::new(names).map_err(err)?;
@@ -257,6 +256,34 @@ fn issue_peer<S: rcgen::SigningKey>(
     Ok((name.to_string(), c, k))
 }
 
+/// The names `reflex keys` puts in certificates: peers as bus names (their common name is what
+/// `[bus.access]` lists; `ca` is the authority's own files), distinct; hosts as DNS names or IP
+/// addresses. An empty `--peer ""` wrote hidden `.pem` / `.key` files.
+fn check_names(peers: &[String], hosts: &[String]) -> Result<(), BusError> {
+    let mut seen = std::collections::HashSet::new();
+    for p in peers {
+        if reflex_contracts::keys::Keys::new(p).is_err() || p == "ca" {
+            return Err(BusError::Keys(format!(
+                "peer name `{p}`: letters, digits, '-' and '_' only, not empty and not `ca` (the authority's files)"
+            )));
+        }
+        if !seen.insert(p) {
+            return Err(BusError::Keys(format!("peer `{p}` is named twice")));
+        }
+    }
+    for h in hosts {
+        let dns = !h.is_empty()
+            && h.split('.')
+                .all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        if !dns && h.parse::<std::net::IpAddr>().is_err() {
+            return Err(BusError::Keys(format!(
+                "host `{h}`: a DNS name (robot.local) or an IP address (192.168.1.20)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Certificates for more peers of a robot whose keys `init_keys` made: signed by the authority in
 /// `dir` (`ca.pem`, `ca.key`, the key readable by its owner only), so the robot and every other
 /// peer accept them without new keys of their own. An existing peer is never overwritten.
@@ -266,10 +293,11 @@ pub fn add_peers(
     hosts: &[String],
     validity: &dyn Fn(&str) -> Validity,
 ) -> Result<Vec<(String, PathBuf, PathBuf)>, BusError> {
+    check_names(peers, hosts)?;
     let (ca_pem, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
     for p in [&ca_pem, &ca_key] {
         if !p.is_file() {
-            return Err(BusError::Config(format!(
+            return Err(BusError::Keys(format!(
                 "`{}` not found: `reflex keys add` signs with the robot's authority; run `reflex keys init` first, or point --dir at the directory it wrote",
                 p.display()
             )));
@@ -279,19 +307,19 @@ pub fn add_peers(
     for name in peers {
         let c = dir.join(format!("{name}.pem"));
         if c.exists() {
-            return Err(BusError::Config(format!(
+            return Err(BusError::Keys(format!(
                 "`{}` exists: peer `{name}` has a certificate already; remove its .pem and .key to issue a new one",
                 c.display()
             )));
         }
     }
     let read = |p: &Path| {
-        std::fs::read_to_string(p).map_err(|e| BusError::Config(format!("`{}`: {e}", p.display())))
+        std::fs::read_to_string(p).map_err(|e| BusError::Keys(format!("`{}`: {e}", p.display())))
     };
     let key = rcgen::KeyPair::from_pem(&read(&ca_key)?)
-        .map_err(|e| BusError::Config(format!("`{}`: not a private key: {e}", ca_key.display())))?;
+        .map_err(|e| BusError::Keys(format!("`{}`: not a private key: {e}", ca_key.display())))?;
     let issuer = rcgen::Issuer::from_ca_cert_pem(&read(&ca_pem)?, key).map_err(|e| {
-        BusError::Config(format!(
+        BusError::Keys(format!(
             "`{}`: not a certificate authority: {e}",
             ca_pem.display()
         ))
@@ -317,12 +345,15 @@ pub fn init_keys(
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     };
-    let err = |e: rcgen::Error| BusError::Config(format!("making certificates: {e}"));
+    let err = |e: rcgen::Error| BusError::Keys(format!("making certificates: {e}"));
+    reflex_contracts::keys::Keys::new(robot)
+        .map_err(|e| BusError::Keys(format!("--robot: {e}")))?;
+    check_names(peers, hosts)?;
     std::fs::create_dir_all(dir)
-        .map_err(|e| BusError::Config(format!("`{}`: {e}", dir.display())))?;
+        .map_err(|e| BusError::Keys(format!("`{}`: {e}", dir.display())))?;
     let ca_pem = dir.join("ca.pem");
     if ca_pem.exists() {
-        return Err(BusError::Config(format!(
+        return Err(BusError::Keys(format!(
             "`{}` exists: these are the keys of a robot already; remove the directory to start over (every peer then needs new certificates)",
             ca_pem.display()
         )));
