@@ -892,3 +892,25 @@ fn keys_refuses_names_that_would_clash_or_hide_and_says_it_is_about_keys() {
         assert!(!keys.exists(), "{args:?} left {k}");
     }
 }
+
+#[test]
+fn a_base_policy_given_as_the_residual_is_named_for_what_it_is() {
+    let out = reflex()
+        .current_dir(repo())
+        .args([
+            "eval",
+            "--config",
+            "configs/run/sim-pick-bc.toml",
+            "--episodes",
+            "1",
+        ])
+        .args(["--residual", "models/pick.onnx"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Before: "unknown field `chunk_len`" from the policy's own spec read as a residual's.
+    assert!(
+        !out.status.success() && err.contains("is a base policy"),
+        "{err}"
+    );
+}

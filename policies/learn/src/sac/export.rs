@@ -502,7 +502,19 @@ impl ResidualModel {
                  spec is read from beside it)",
             ));
         }
-        let spec: ResidualSpec = reflex_runtime::config::load(&spec_path(model))?;
+        let spec: ResidualSpec = reflex_runtime::config::load(&spec_path(model)).map_err(|e| {
+            // A base policy's spec sits at the same path and fails as an unknown field.
+            if reflex_policies::spec::PolicySpec::load_for(model).is_ok() {
+                invalid(
+                    model,
+                    "is a base policy (its spec is a policy's, not a residual's): give it as the \
+                     base ([policy] model or --model), and as the residual the `residual.onnx` a \
+                     learner kept",
+                )
+            } else {
+                e.into()
+            }
+        })?;
         let bytes = std::fs::read(model).map_err(|e| ResidualError::Io {
             path: model.display().to_string(),
             source: e,
