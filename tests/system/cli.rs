@@ -914,3 +914,22 @@ fn a_base_policy_given_as_the_residual_is_named_for_what_it_is() {
         "{err}"
     );
 }
+
+#[test]
+fn a_directory_without_demonstrations_says_how_to_make_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("dataset");
+    let (ok, _, err) = run(&[
+        "dataset",
+        "export",
+        "--demos",
+        dir.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    // Before: "demo file `.../manifest.json`: No such file or directory".
+    assert!(
+        !ok && err.contains("holds no demonstrations") && err.contains("reflex sim demos"),
+        "{err}"
+    );
+}

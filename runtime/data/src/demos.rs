@@ -242,6 +242,14 @@ pub enum DemoError {
         /// Error.
         source: std::io::Error,
     },
+    /// The directory holds no demonstrations.
+    #[error(
+        "`{dir}` holds no demonstrations (no manifest.json): `reflex sim demos --out DIR` writes them, and a run keeps its steps in `<run>/steps` when `reflex demo` or `reflex run --record RUNS` records it (not with --no-record)"
+    )]
+    Missing {
+        /// The directory asked for.
+        dir: String,
+    },
     /// A file is not in the expected format.
     #[error("demo file `{path}` is not a reflex demo file: {message}")]
     Format {
@@ -317,6 +325,11 @@ impl DemoWriter {
 /// Reads `manifest.json` of a demo directory.
 pub fn read_manifest(dir: &Path) -> Result<Manifest, DemoError> {
     let p = dir.join("manifest.json");
+    if !p.exists() {
+        return Err(DemoError::Missing {
+            dir: dir.display().to_string(),
+        });
+    }
     let text = std::fs::read(&p).map_err(io(&p))?;
     let m: Manifest = serde_json::from_slice(&text).map_err(|e| DemoError::Format {
         path: p.display().to_string(),
