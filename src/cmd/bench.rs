@@ -75,7 +75,7 @@ pub struct SoakArgs {
     /// No faults (the baseline).
     #[arg(long)]
     no_faults: bool,
-    /// Where the learner's checkpoints go (default: a temporary directory).
+    /// Where the learner's checkpoints go (default: a temporary directory, removed at the end).
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
     /// Print JSON.
@@ -84,21 +84,23 @@ pub struct SoakArgs {
 }
 
 pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
-    let tmp;
-    let dir = match a.dir {
-        Some(d) => d,
-        None => {
-            tmp = std::env::temp_dir().join(reflex_agent::run_id("soak"));
-            tmp
-        }
-    };
+    // Without --dir the checkpoints go to a directory of this run's own, removed when it ends
+    // (each run left ~40 MB in the temporary directory).
+    let own = a.dir.is_none();
+    let dir = a
+        .dir
+        .unwrap_or_else(|| std::env::temp_dir().join(reflex_agent::run_id("soak")));
     let o = reflex_bench::soak::SoakOptions {
         steps: a.steps,
         seed: a.seed,
         dir,
         faults: !a.no_faults,
     };
-    let v = reflex_bench::soak::run(&o, &crate::cli::Bars::new(a.json))?;
+    let v = reflex_bench::soak::run(&o, &crate::cli::Bars::new(a.json));
+    if own {
+        let _ = std::fs::remove_dir_all(&o.dir);
+    }
+    let v = v?;
     if a.json {
         print_json(&v);
     } else {
