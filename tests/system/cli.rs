@@ -933,3 +933,21 @@ fn a_directory_without_demonstrations_says_how_to_make_them() {
         "{err}"
     );
 }
+
+#[test]
+fn a_checkpoint_path_that_is_a_directory_is_named_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("learn.toml");
+    std::fs::write(
+        &f,
+        format!(
+            "[robot]\nsource = \"sim\"\n\n[sim]\ntask = \"pick\"\n\n[policy]\nkind = \"none\"\n\n\
+             [run]\nepisodes = 3\n\n[learner]\ncheckpoint = {:?}\n",
+            dir.path()
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = run(&["run", "--no-multicast", "--config", f.to_str().unwrap()]);
+    // Before: "cannot be read ... set on_bad_checkpoint = \"fresh\" to move it aside".
+    assert!(!ok && err.contains("is a directory: name a file"), "{err}");
+}

@@ -178,6 +178,15 @@ pub fn previous_checkpoint(ckpt: &Path) -> PathBuf {
 /// Reads the newest good checkpoint: `ckpt`, or what `[learner] on_bad_checkpoint` says when it
 /// cannot be read. `None`: start afresh.
 fn load_checkpoint(cfg: &LearnerConfig, ckpt: &Path) -> Result<Option<Sac>> {
+    if ckpt.is_dir() {
+        let file = ckpt.join("learner.ckpt");
+        let says = format!(
+            "`{}` is a directory: name a file, e.g. `{}`",
+            ckpt.display(),
+            file.display()
+        );
+        return Err(AgentError::setup("[learner] checkpoint", says));
+    }
     let prev = previous_checkpoint(ckpt);
     if !ckpt.exists() {
         if prev.exists() {
