@@ -204,24 +204,11 @@ fn the_hand_written_update_gives_the_same_bits_on_one_and_two_threads() {
 fn the_demo_presets_sizes() {
     check(
         "demo preset",
+        // The preset itself, with the default warm-up and capacity this test was written with.
         SacConfig {
-            mode: Mode::Residual,
-            hidden: vec![128, 128],
-            critics: 2,
-            critic_subset: 2,
-            critic_layer_norm: true,
-            batch: 256,
-            utd: 5,
-            discount: 0.97,
-            n_step: 3,
-            init_temperature: 0.01,
-            entropy_in_target: false,
-            bootstrap_truncation: false,
-            action_scale: 0.5,
-            bc_weight: 1.0,
-            demo_ratio: 0.5,
-            seed: 3,
-            ..Default::default()
+            warmup_steps: 0,
+            capacity: 1_000_000,
+            ..reflex_learn::sac::learner_preset(Mode::Residual, 3)
         },
     );
 }
