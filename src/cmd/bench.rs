@@ -66,7 +66,8 @@ pub struct PixelsBenchArgs {
 
 #[derive(Args)]
 pub struct SoakArgs {
-    /// Control steps.
+    /// Control steps, at least: the soak ends with the episode that reaches them (the report
+    /// counts every step taken).
     #[arg(long, default_value_t = 1_000_000)]
     steps: u64,
     /// Seed of the faults.
