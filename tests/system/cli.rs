@@ -838,20 +838,27 @@ fn replay_without_a_screen_points_at_the_summary() {
 fn a_malformed_endpoint_or_missing_zenoh_file_is_said_plainly() {
     let dir = tempfile::tempdir().unwrap();
     let absent = dir.path().join("absent.json5");
-    for (flag, value, says) in [
-        ("--listen", "bogus", "PROTOCOL/ADDRESS"),
-        ("--zenoh-config", absent.to_str().unwrap(), "absent.json5"),
+    // sim-pick-bc.toml has no bus of its own: a Zenoh file given on the command line opens one
+    // (it was ignored without a word).
+    for (config, flag, value, says) in [
+        ("sim-pick-hil.toml", "--listen", "bogus", "PROTOCOL/ADDRESS"),
+        (
+            "sim-pick-hil.toml",
+            "--zenoh-config",
+            absent.to_str().unwrap(),
+            "absent.json5",
+        ),
+        (
+            "sim-pick-bc.toml",
+            "--zenoh-config",
+            absent.to_str().unwrap(),
+            "absent.json5",
+        ),
     ] {
+        let config = format!("configs/run/{config}");
         let out = reflex()
             .current_dir(repo())
-            .args([
-                "run",
-                "--config",
-                "configs/run/sim-pick-hil.toml",
-                "--no-multicast",
-                flag,
-                value,
-            ])
+            .args(["run", "--config", &config, "--no-multicast", flag, value])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

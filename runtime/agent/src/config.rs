@@ -549,13 +549,16 @@ impl RunConfig {
         })
     }
 
-    /// Whether the actor needs the bus: a remote robot, endpoints, or the file says so.
+    /// Whether the actor needs the bus: a remote robot, endpoints, a Zenoh file or TLS on the
+    /// command line (given and then ignored, they were silent), or the file says so.
     pub fn uses_bus(&self, extra: &BusConfig) -> bool {
         self.bus.enabled
             || self.ros2.as_ref().is_some_and(|r| r.enabled)
             || self.robot.source == RobotSource::Remote
             || !extra.listen.is_empty()
             || !extra.connect.is_empty()
+            || extra.config_file.is_some()
+            || extra.tls.is_some()
     }
 
     /// The learner's mode: residual on a base policy, or SAC from scratch without one.
