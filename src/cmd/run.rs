@@ -52,8 +52,15 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
     if let Some(s) = a.seed {
         cfg.run.seed = s;
     }
+    let bus = a.bus.config();
+    if a.trace_hz.is_some_and(|hz| hz > 0.0) && !cfg.uses_bus(&bus) {
+        anyhow::bail!(
+            "--trace-hz: the trace goes out on the bus, which `{}` leaves off: set [bus] enabled = true, or give --listen / --connect",
+            a.config.display()
+        );
+    }
     let o = RunOptions {
-        bus: a.bus.config(),
+        bus,
         episodes: if a.until_stopped {
             Some(u64::MAX)
         } else {

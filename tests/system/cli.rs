@@ -854,6 +854,13 @@ fn a_malformed_endpoint_or_missing_zenoh_file_is_said_plainly() {
             absent.to_str().unwrap(),
             "absent.json5",
         ),
+        // And a trace asked for where no bus is (it was ignored).
+        (
+            "sim-pick-bc.toml",
+            "--trace-hz",
+            "10",
+            "the trace goes out on the bus",
+        ),
     ] {
         let config = format!("configs/run/{config}");
         let out = reflex()
