@@ -693,6 +693,19 @@ fn numbers_out_of_range_on_the_command_line_are_refused_by_flag_instead_of_panic
             ],
             "--threshold",
         ),
+        // Up to 4096 was taken and then refused as the config key [sim.cameras] width.
+        (
+            vec![
+                "sim",
+                "demos",
+                "--cameras",
+                "--camera-size",
+                "2048x2048",
+                "--out",
+                "d",
+            ],
+            "--camera-size",
+        ),
     ];
     for (args, flag) in cases {
         let (ok, _, err) = run(&args);
