@@ -34,16 +34,6 @@ pub enum BcError {
     /// A training setting out of range (named as the `reflex bc train` flag).
     #[error("{0}")]
     Setting(String),
-    /// The loss stopped being a number: nothing worth writing was learned.
-    #[error(
-        "training diverged: the loss is {loss} at step {step}; lower the learning rate (--lr) and train again"
-    )]
-    Diverged {
-        /// The first step whose loss was not finite.
-        step: usize,
-        /// That loss.
-        loss: f32,
-    },
     /// The image encoder failed.
     #[error(transparent)]
     Vision(#[from] reflex_vision::VisionError),
@@ -636,7 +626,7 @@ pub fn train(
     )?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0xbc);
     let mut ema = (cfg.ema > 0.0).then(|| net.snapshot()).transpose()?;
-    let (mut losses, mut acc_loss) = (vec![], 0.0f32);
+    let (mut losses, mut log) = (vec![], reflex_vision::LossLog::default());
     let bsz = cfg.batch.min(data.n);
     let chunk = t_len * a;
     let mut buf = BatchBufs {
@@ -675,18 +665,9 @@ pub fn train(
                 *ev = ((&*ev * d)? + (v.as_tensor().detach() * (1.0 - d))?)?.detach();
             }
         }
-        let l = loss.to_scalar::<f32>()?;
-        if !l.is_finite() {
-            return Err(BcError::Diverged { step, loss: l });
-        }
-        acc_loss += l;
-        // A mean per 100 steps, and one over the steps after the last hundred (a run shorter
-        // than 100 steps used to report no loss at all, printed as NaN).
-        let window = (step - 1) % 100 + 1;
-        if window == 100 || step == cfg.steps {
-            losses.push(acc_loss / window as f32);
-            report(step, acc_loss / window as f32);
-            acc_loss = 0.0;
+        if let Some(mean) = log.add(step, cfg.steps, loss.to_scalar::<f32>()?)? {
+            losses.push(mean);
+            report(step, mean);
         }
     }
     if let Some(e) = &ema {

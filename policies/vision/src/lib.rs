@@ -41,3 +41,59 @@ pub enum VisionError {
 pub fn image_input_name(camera: &str) -> String {
     format!("image_{camera}")
 }
+
+/// A training loop's loss as `reflex bc train` and `reflex reward train` report it: the mean of
+/// each hundred steps and of the steps after the last hundred (a run under 100 steps reported
+/// none), and a loss that is not a number as divergence.
+#[derive(Debug, Default)]
+pub struct LossLog {
+    sum: f32,
+    n: usize,
+}
+
+impl LossLog {
+    /// Adds the loss of step `step` (from 1) of `steps`; the window's mean when this step closes
+    /// one.
+    pub fn add(
+        &mut self,
+        step: usize,
+        steps: usize,
+        loss: f32,
+    ) -> Result<Option<f32>, VisionError> {
+        if !loss.is_finite() {
+            return Err(VisionError::Diverged { step, loss });
+        }
+        self.sum += loss;
+        self.n += 1;
+        if self.n < 100 && step < steps {
+            return Ok(None);
+        }
+        let mean = self.sum / self.n as f32;
+        *self = LossLog::default();
+        Ok(Some(mean))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LossLog, VisionError};
+
+    #[test]
+    fn the_loss_log_reports_each_hundred_the_rest_and_divergence() {
+        let mut log = LossLog::default();
+        let means: Vec<(usize, f32)> = (1..=250)
+            .filter_map(|s| {
+                log.add(s, 250, if s <= 100 { 1.0 } else { 3.0 })
+                    .unwrap()
+                    .map(|m| (s, m))
+            })
+            .collect();
+        assert_eq!(means, vec![(100, 1.0), (200, 3.0), (250, 3.0)]);
+        let mut log = LossLog::default();
+        assert_eq!(log.add(1, 5, 2.0).unwrap(), None);
+        assert!(matches!(
+            log.add(2, 5, f32::NAN),
+            Err(VisionError::Diverged { step: 2, .. })
+        ));
+    }
+}

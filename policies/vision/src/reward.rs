@@ -292,7 +292,7 @@ pub fn train(
     let (bsz, len) = (cfg.batch.min(n), frames.frame_len());
     let mut img = vec![vec![0.0f32; bsz * len]; frames.cameras.len()];
     let (mut y, mut w) = (vec![0.0f32; bsz], vec![0.0f32; bsz]);
-    let mut acc = 0.0f32;
+    let mut log = crate::LossLog::default();
     for step in 1..=cfg.steps {
         for b in 0..bsz {
             let i = rng.random_range(0..n);
@@ -321,16 +321,8 @@ pub fn train(
         let bce = ((z.relu()? - (&z * &yt)?)? + (z.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
         let loss = ((bce * wt)?.sum_all()? / (w.iter().sum::<f32>() as f64))?;
         opt.backward_step(&loss)?;
-        let l = loss.to_scalar::<f32>()?;
-        if !l.is_finite() {
-            return Err(VisionError::Diverged { step, loss: l });
-        }
-        acc += l;
-        // A mean per 100 steps, and one over the steps after the last hundred.
-        let window = (step - 1) % 100 + 1;
-        if window == 100 || step == cfg.steps {
-            report(step, acc / window as f32);
-            acc = 0.0;
+        if let Some(mean) = log.add(step, cfg.steps, loss.to_scalar::<f32>()?)? {
+            report(step, mean);
         }
     }
     Ok(net)
