@@ -8,16 +8,62 @@ use std::path::PathBuf;
 /// ChArUco detector warns of every candidate it turns down while trying its settings in turn,
 /// which is how reflex uses it: only its errors are shown.
 pub fn init_logging() {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(
             "info,zenoh=warn,zenoh_transport=warn,ort=warn,calib_targets_charuco=error,calib_targets_aruco=error,calib_targets_chessboard=error",
         )
     });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false)
-        .init();
+        .with_filter(UnixLinkNoise);
+    tracing_subscriber::registry().with(filter).with(fmt).init();
+}
+
+/// Zenoh's Unix-socket link (1.10, `unicast.rs`) warns `Can not create a new UnixSocketStream
+/// link bound to "PATH"` on every connection that succeeds, because a connecting Unix socket has
+/// no path of its own (it names the link with a random id and carries on). A connection that
+/// fails says why after the path (`"PATH": No such file or directory ...`) and is kept.
+struct UnixLinkNoise;
+
+/// Whether `message` is the Unix-socket link's warning for a connection that succeeded.
+fn unix_link_noise(message: &str) -> bool {
+    message.starts_with("Can not create a new UnixSocketStream link bound to ")
+        && message.ends_with('"')
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::layer::Filter<S> for UnixLinkNoise {
+    fn enabled(
+        &self,
+        _: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        true
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        if !event.metadata().target().starts_with("zenoh_link_unixsock") {
+            return true;
+        }
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    self.0 = format!("{v:?}");
+                }
+            }
+        }
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        !unix_link_noise(&m.0)
+    }
 }
 
 /// How to join the Zenoh network.
@@ -338,7 +384,18 @@ fn size_within(s: &str, max: u32) -> Result<(u32, u32), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::error_text;
+    use super::{error_text, unix_link_noise};
+
+    #[test]
+    fn only_the_unix_link_warning_of_a_good_connection_is_dropped() {
+        assert!(unix_link_noise(
+            "Can not create a new UnixSocketStream link bound to \"/tmp/s/soak.sock\""
+        ));
+        assert!(!unix_link_noise(
+            "Can not create a new UnixSocketStream link bound to \"/tmp/nope.sock\": No such file or directory (os error 2) at unicast.rs:249."
+        ));
+        assert!(!unix_link_noise("something else \"quoted\""));
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("file `x.toml`: {source}")]
