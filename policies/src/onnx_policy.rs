@@ -81,6 +81,10 @@ pub struct RunOptions {
     /// Seed of the sampler's noise.
     #[serde(default)]
     pub seed: u64,
+    /// Actions executed per chunk before the next inference, in place of the spec's `execute`
+    /// (`[policy] execute`): smaller looks again sooner, at more inferences a second.
+    #[serde(default)]
+    pub execute: Option<usize>,
 }
 
 fn d_threads() -> usize {
@@ -93,6 +97,7 @@ impl Default for RunOptions {
             provider: Provider::Cpu,
             intra_threads: 1,
             seed: 0,
+            execute: None,
         }
     }
 }
@@ -155,6 +160,18 @@ pub enum LoadError {
         robot: String,
         /// What does not fit.
         message: String,
+    },
+    /// `[policy] execute` outside the model's chunk.
+    #[error(
+        "[policy] execute = {execute}: model `{path}` predicts {chunk_len} actions a chunk, so execute is 1 ..= {chunk_len}"
+    )]
+    Execute {
+        /// The value asked for.
+        execute: usize,
+        /// Model file.
+        path: String,
+        /// The spec's chunk length.
+        chunk_len: usize,
     },
     /// The tokenizer could not be loaded.
     #[error("tokenizer `{path}`: {message}")]
@@ -618,7 +635,17 @@ impl OnnxPolicy {
     /// Loads `model` and the spec beside it, checks both against each other and against `robot`.
     pub fn load(model: &Path, robot: &RobotSpec, opts: &RunOptions) -> Result<Self, LoadError> {
         model_file(model)?;
-        let spec = PolicySpec::load_for(model)?;
+        let mut spec = PolicySpec::load_for(model)?;
+        if let Some(execute) = opts.execute {
+            if !(1..=spec.chunk_len).contains(&execute) {
+                return Err(LoadError::Execute {
+                    execute,
+                    path: model.display().to_string(),
+                    chunk_len: spec.chunk_len,
+                });
+            }
+            spec.execute = execute;
+        }
         let session = open_session(model, opts)?;
         let problems = check_graph(&spec, &session, Some(robot));
         if !problems.is_empty() {

@@ -978,3 +978,51 @@ fn a_checkpoint_path_that_is_a_directory_is_named_as_one() {
     // Before: "cannot be read ... set on_bad_checkpoint = \"fresh\" to move it aside".
     assert!(!ok && err.contains("is a directory: name a file"), "{err}");
 }
+
+#[test]
+fn policy_execute_in_a_run_config_replaces_the_specs_and_must_fit_the_chunk() {
+    // The shipped pick policy predicts 16 actions and its spec executes 8 before the next
+    // inference; `[policy] execute = 1` looks again every step: a chunk a tick.
+    let dir = tempfile::tempdir().unwrap();
+    let model = repo().join("models/pick.onnx");
+    let base = std::fs::read_to_string(repo().join("configs/run/sim-pick-bc.toml"))
+        .unwrap()
+        .replace("../../models/pick.onnx", model.to_str().unwrap());
+    let cfg = dir.path().join("run.toml");
+    let run_with = |line: &str| {
+        let text = base.replace("intra_threads = 1", &format!("intra_threads = 1\n{line}"));
+        std::fs::write(&cfg, text).unwrap();
+        run(&[
+            "run",
+            "--episodes",
+            "3",
+            "--json",
+            "--config",
+            cfg.to_str().unwrap(),
+        ])
+    };
+    let figures = |out: &str| {
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        (v["chunks"].as_u64().unwrap(), v["ticks"].as_u64().unwrap())
+    };
+    let (ok, out, err) = run_with("");
+    assert!(ok, "{err}");
+    let (chunks, ticks) = figures(&out);
+    // At most one chunk per 8 steps, and one more per episode for its start.
+    assert!(
+        chunks * 8 <= ticks + 8 * 3,
+        "{chunks} chunks in {ticks} ticks"
+    );
+    let (ok, out, err) = run_with("execute = 1");
+    assert!(ok, "{err}");
+    let (chunks, ticks) = figures(&out);
+    assert_eq!(chunks, ticks, "execute = 1 infers every step");
+    for bad in ["execute = 17", "execute = 0"] {
+        let (ok, _, err) = run_with(bad);
+        assert!(!ok, "{bad} was accepted");
+        assert!(
+            err.contains(&format!("[policy] {bad}")) && err.contains("1 ..= 16"),
+            "{err}"
+        );
+    }
+}

@@ -1362,6 +1362,7 @@ fn onnx_options(cfg: &RunConfig) -> reflex_policies::onnx_policy::RunOptions {
         provider: cfg.policy.provider.clone(),
         intra_threads: cfg.policy.intra_threads,
         seed: cfg.policy.seed,
+        execute: cfg.policy.execute,
     }
 }
 

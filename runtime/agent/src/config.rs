@@ -100,6 +100,9 @@ pub struct PolicySection {
     /// ONNX Runtime intra-op threads.
     #[serde(default = "d_threads")]
     pub intra_threads: usize,
+    /// Actions executed per chunk, in place of the model spec's `execute` (docs/policy-spec.md).
+    #[serde(default)]
+    pub execute: Option<usize>,
     /// `[policy.residual]`: a refined policy kept from training, run on the base with no
     /// learner (docs/training.md).
     #[serde(default)]
@@ -133,6 +136,7 @@ impl Default for PolicySection {
             model: None,
             provider: Default::default(),
             intra_threads: d_threads(),
+            execute: None,
             residual: None,
         }
     }

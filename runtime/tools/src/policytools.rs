@@ -157,6 +157,7 @@ pub fn bench(
         provider,
         intra_threads: threads,
         seed: 0,
+        execute: None,
     };
     let mut policy = OnnxPolicy::load(model, robot.spec(), &opts)?;
     let obs = robot.reset(Some(1))?.clone();
