@@ -85,12 +85,15 @@ pub struct SoakArgs {
 }
 
 pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
-    // Without --dir the checkpoints go to a directory of this run's own, removed when it ends
-    // (each run left ~40 MB in the temporary directory).
-    let own = a.dir.is_none();
-    let dir = a
-        .dir
-        .unwrap_or_else(|| std::env::temp_dir().join(reflex_agent::run_id("soak")));
+    // Without --dir the checkpoints go to a directory of this run's own, removed when it ends or
+    // is stopped by a signal (each run left ~40 MB in the temporary directory).
+    let (dir, scratch) = match a.dir {
+        Some(d) => (d, None),
+        None => {
+            let s = reflex_bench::scratch::Scratch::new("soak")?;
+            (s.path().to_path_buf(), Some(s))
+        }
+    };
     let o = reflex_bench::soak::SoakOptions {
         steps: a.steps,
         seed: a.seed,
@@ -98,9 +101,7 @@ pub fn soak(a: SoakArgs) -> anyhow::Result<()> {
         faults: !a.no_faults,
     };
     let v = reflex_bench::soak::run(&o, &crate::cli::Bars::new(a.json));
-    if own {
-        let _ = std::fs::remove_dir_all(&o.dir);
-    }
+    drop(scratch);
     let v = v?;
     if a.json {
         print_json(&v);
@@ -138,7 +139,7 @@ pub struct BusBenchArgs {
     /// Also over TLS with mutual authentication, beside plain TCP in the same run.
     #[arg(long)]
     tls: bool,
-    /// Internal: run as the echoing controller.
+    /// Internal: run as the echoing controller, until standard input closes.
     #[arg(long, hide = true)]
     echo: bool,
     #[command(flatten)]
@@ -292,16 +293,15 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             }
         }
         BenchCommand::Fleet(a) => {
-            let dir = std::env::temp_dir().join(reflex_agent::run_id("bench-fleet"));
-            std::fs::create_dir_all(&dir)?;
+            let scratch = reflex_bench::scratch::Scratch::new("bench-fleet")?;
             let o = fleet_bench::FleetBenchOptions {
                 actors: a.actors,
                 steps_per_actor: a.steps,
                 threads: a.threads,
-                dir: dir.clone(),
+                dir: scratch.path().to_path_buf(),
             };
             let out = fleet_bench::run(&o);
-            let _ = std::fs::remove_dir_all(&dir);
+            drop(scratch);
             let out = out?;
             if a.json {
                 print_json(&out);

@@ -764,6 +764,51 @@ fn a_short_soak_with_faults_loses_no_transition_and_rejects_every_hostile_messag
     }
 }
 
+#[test]
+fn a_soak_or_bench_stopped_by_a_signal_leaves_no_temporary_directory() {
+    // Each makes a directory of its own under TMPDIR (checkpoints and socket, the fleet's
+    // sockets, the TLS keys); SIGTERM in the middle of the work removes it.
+    for (args, inside) in [
+        (&["soak", "--steps", "1000000"][..], "soak.sock"),
+        (&["bench", "bus", "--tls", "--iters", "1000000"][..], "keys"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = reflex()
+            .env("TMPDIR", tmp.path())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let made = || {
+            std::fs::read_dir(tmp.path())
+                .unwrap()
+                .flatten()
+                .any(|d| d.path().join(inside).exists())
+        };
+        let t0 = Instant::now();
+        while !made() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("{args:?} ended ({status}) before making its directory");
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{args:?}: no directory"
+            );
+            // Paces the polling.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "{args:?}: {err}");
+        assert!(err.contains("SIGTERM: stopped"), "{args:?}: {err}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+}
+
 /// A TCP relay between a controller and a robot server that the test can cut (every open
 /// connection shut, new ones refused) and restore: a network link that drops.
 struct Relay {

@@ -63,8 +63,10 @@ pub fn echo(bus: &BusConfig) -> Result<()> {
         .declare_token(format!("reflex/{ROBOT}/alive/echo"))
         .wait()
         .map_err(ctx("the benchmark's bus"))?;
-    // Runs until the parent kills it (or for at most an hour if it is orphaned).
-    std::thread::sleep(Duration::from_secs(3600));
+    // Runs until its standard input closes: the parent holds the other end of that pipe, which
+    // closes when the parent ends, however it ends (killed by a signal too), so no echo process
+    // outlives its bench.
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
     Ok(())
 }
 
@@ -206,13 +208,8 @@ pub fn run(iters: usize, listen: Option<String>, tls: bool) -> Result<BusBenchRe
     if !tls {
         return run_one(iters, listen, None).map(BusBenchReport::One);
     }
-    let dir = std::env::temp_dir().join(format!(
-        "reflex-bench-keys-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let scratch = crate::scratch::Scratch::new("bench-keys")?;
+    let dir = scratch.path().join("keys");
     let names = ["robot".to_string(), "controller".to_string()];
     reflex_bus::secure::init_keys(&dir, ROBOT, &names, &[], &|_| {
         reflex_bus::secure::valid_for_days(1)
@@ -223,7 +220,7 @@ pub fn run(iters: usize, listen: Option<String>, tls: bool) -> Result<BusBenchRe
         Some(format!("tls/127.0.0.1:{}", free_port()?)),
         Some(&dir),
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
     Ok(BusBenchReport::Both {
         tcp: plain?,
         tls: secure?,
@@ -254,7 +251,7 @@ fn run_one(iters: usize, listen: Option<String>, keys: Option<&std::path::Path>)
             .args(["--tls-name", "controller"]);
     }
     let child = cmd
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .map_err(ctx("starting the echo process"))?;

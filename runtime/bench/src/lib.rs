@@ -21,6 +21,7 @@ pub mod loop_bench;
 pub mod pendulum;
 pub mod pendulum_run;
 pub mod pixels_bench;
+pub mod scratch;
 pub mod servo_bench;
 pub mod soak;
 pub mod workloads;

@@ -105,8 +105,14 @@ pub struct PixelsBenchReport {
 /// Runs the bench.
 pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
     let t_start = Instant::now();
-    let tmp = tempdir_encoder(o)?;
-    let path = o.encoder.clone().unwrap_or_else(|| tmp.clone());
+    // A fresh encoder in a directory of the bench's own unless one is given.
+    let (path, _scratch) = match &o.encoder {
+        Some(p) => (p.clone(), None),
+        None => {
+            let s = crate::scratch::Scratch::new("bench-pixels")?;
+            (fresh_encoder(o, s.path())?, Some(s))
+        }
+    };
     let mut encoder = FeatureEncoder::load(&path, &Default::default())?;
     let cameras: Vec<String> = encoder
         .spec()
@@ -241,7 +247,6 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
         Stage::of(&h_upd),
     );
     let per_frame = sim.p50_us + enc.p50_us + act.p50_us;
-    let _ = std::fs::remove_dir_all(tmp.parent().unwrap_or(&tmp));
     Ok(PixelsBenchReport {
         task: o.task.to_string(),
         cameras,
@@ -262,13 +267,11 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
     })
 }
 
-/// A fresh encoder of `bc train`'s shape for both simulator cameras, written to a temporary
-/// directory (returned path: the file).
-fn tempdir_encoder(o: &PixelsBenchOptions) -> Result<PathBuf> {
+/// A fresh encoder of `bc train`'s shape for both simulator cameras, written to `dir`
+/// (returned path: the file).
+fn fresh_encoder(o: &PixelsBenchOptions, dir: &std::path::Path) -> Result<PathBuf> {
     use rand::SeedableRng;
     use reflex_vision::encoder::{ImageEncoder, frozen_encoder};
-    let dir = std::env::temp_dir().join(reflex_agent::run_id("bench-pixels"));
-    std::fs::create_dir_all(&dir).map_err(|e| reflex_agent::error::AgentError::io(&dir, e))?;
     let path = dir.join("bench.encoder.onnx");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let (w, h) = (o.width as usize, o.height as usize);
