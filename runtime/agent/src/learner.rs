@@ -478,9 +478,11 @@ fn start<'a>(
     let relabel = match (cfg.mode, &cfg.base_model) {
         (Mode::Residual, Some(m)) => Some(OnnxPolicy::load(m, &spec, &RunOptions::default())?),
         (Mode::Residual, None) => {
-            tracing::warn!(
+            // Once a process: the soak restarts its learner about ten times.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| tracing::warn!(
                 "the residual learner has no base model to relabel a person's steps with: they keep the base action the actor recorded (zeros while a person drives)"
-            );
+            ));
             None
         }
         _ => None,
