@@ -786,18 +786,12 @@ fn a_soak_or_bench_stopped_by_a_signal_leaves_no_temporary_directory() {
                 .flatten()
                 .any(|d| d.path().join(inside).exists())
         };
-        let t0 = Instant::now();
-        while !made() {
+        wait_for(&format!("{args:?} making its directory"), || {
             if let Some(status) = child.try_wait().unwrap() {
                 panic!("{args:?} ended ({status}) before making its directory");
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "{args:?}: no directory"
-            );
-            // Paces the polling.
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            made()
+        });
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let out = child.wait_with_output().unwrap();
