@@ -53,6 +53,7 @@ fn config(vision: bool, seed: u64) -> SacConfig {
             embeddings: 8,
             width: 32,
             bc_trains_heads: true,
+            shift: 0,
         }),
         ..Default::default()
     }

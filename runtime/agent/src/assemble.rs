@@ -328,6 +328,7 @@ mod tests {
                 embeddings: 2,
                 width: 4,
                 bc_trains_heads: true,
+                shift: 0,
             }),
             ..Default::default()
         };

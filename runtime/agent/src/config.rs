@@ -781,6 +781,9 @@ pub struct VisionSection {
     /// (default; `false`: SERL's heads, trained by the critic alone). docs/learner.md.
     #[serde(default = "d_bc_trains_heads")]
     pub bc_trains_heads: bool,
+    /// DrQ's random shift of the maps in each sampled batch, places (0: none). docs/learner.md.
+    #[serde(default)]
+    pub shift: usize,
 }
 
 fn d_bc_trains_heads() -> bool {
@@ -801,6 +804,7 @@ impl Validate for VisionSection {
     fn validate(&self, prefix: &str) -> Result<(), Invalid> {
         in_range(prefix, "embeddings", self.embeddings, 1, 64)?;
         in_range(prefix, "width", self.width, 1, 4096)?;
+        in_range(prefix, "shift", self.shift, 0, 8)?;
         let age = self.max_map_age_frames;
         in_range(prefix, "max_map_age_frames", age, 0, 1000)
     }
@@ -815,6 +819,7 @@ impl VisionSection {
             width: d_head_width(),
             max_map_age_frames: d_map_age(),
             bc_trains_heads: d_bc_trains_heads(),
+            shift: 0,
         }
     }
 
@@ -856,6 +861,7 @@ impl VisionSection {
             embeddings: self.embeddings,
             width: self.width,
             bc_trains_heads: self.bc_trains_heads,
+            shift: self.shift,
         })
     }
 }

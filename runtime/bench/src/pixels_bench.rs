@@ -153,6 +153,7 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
         embeddings: reflex_vision::head::EMBEDDINGS,
         width: reflex_vision::head::WIDTH,
         bc_trains_heads: true,
+        shift: 0,
     };
     let mut sac = Sac::new(
         SacConfig {

@@ -1218,7 +1218,7 @@ mod tests {
         let file = dir.path().join("heads.toml");
         std::fs::write(
             &file,
-            "[learner]\nbc_weight = 0.5\n\n[learner.vision]\nbc_trains_heads = false\nwidth = 64\n",
+            "[learner]\nbc_weight = 0.5\n\n[learner.vision]\nbc_trains_heads = false\nwidth = 64\nshift = 1\n",
         )
         .unwrap();
         let pixels = DemoOptions {
@@ -1231,6 +1231,7 @@ mod tests {
         let heads = l.vision.expect("the table's heads");
         assert!(!heads.bc_trains_heads);
         assert_eq!(heads.width, 64);
+        assert_eq!(heads.shift, 1);
         assert_eq!(
             heads.embeddings, 8,
             "SERL's default where the table is silent"
@@ -1259,6 +1260,7 @@ mod tests {
             ("encoder = \"x.onnx\"", "encoder"),
             ("embeddings = 0", "embeddings"),
             ("width = \"wide\"", "width"),
+            ("shift = 9", "shift"),
         ] {
             std::fs::write(&file, format!("[learner.vision]\n{body}\n")).unwrap();
             let e = settings(&pixels).unwrap_err().to_string();

@@ -63,6 +63,8 @@ pub struct HeadKeys {
     pub width: Option<usize>,
     /// The person's corrections also train the heads (default: true; `false` is SERL's recipe).
     pub bc_trains_heads: Option<bool>,
+    /// DrQ's random shift of the maps, places (default: 0, none).
+    pub shift: Option<usize>,
 }
 
 impl HeadKeys {
@@ -73,6 +75,7 @@ impl HeadKeys {
         s.embeddings = self.embeddings.unwrap_or(s.embeddings);
         s.width = self.width.unwrap_or(s.width);
         s.bc_trains_heads = self.bc_trains_heads.unwrap_or(s.bc_trains_heads);
+        s.shift = self.shift.unwrap_or(s.shift);
         s
     }
 }

@@ -12,6 +12,7 @@
 //! from one seeded generator, so the same seed gives the same parameters.
 
 pub mod adam;
+mod augment;
 mod byhand;
 pub mod checkpoint;
 pub mod export;
@@ -244,6 +245,12 @@ pub struct VisionHeads {
     /// ("Learning from pixels"); `false` is SERL's recipe.
     #[serde(default = "d_true")]
     pub bc_trains_heads: bool,
+    /// DrQ's random shift on the feature maps of every sampled row and its bootstrap row: up to
+    /// this many places along each axis, the edge replicated (0: none, the default). SERL shifts
+    /// its images by up to 4 pixels; one place of the shipped encoder's 16x16 map is 4 pixels of
+    /// its 64x64 image. Measured in docs/training.md.
+    #[serde(default)]
+    pub shift: usize,
 }
 
 impl VisionHeads {
@@ -520,6 +527,8 @@ pub struct Sac {
     /// consistent with the buffers (the learner link keeps its sequence numbers here).
     pub tags: std::collections::BTreeMap<String, u64>,
     batch: Batch,
+    /// One feature map while [`augment::shift_maps`] moves it.
+    shift_scratch: Vec<f32>,
     /// Updates and actions by hand ([`byhand`]) when the learner reads the state only (true
     /// unless a test compares the two paths); learning from pixels always goes through candle.
     pub by_hand: bool,
@@ -723,6 +732,7 @@ impl Sac {
             counters: Counters::default(),
             tags: Default::default(),
             batch: Batch::default(),
+            shift_scratch: Vec::new(),
             by_hand: true,
             scratch,
             dev,
@@ -1013,6 +1023,7 @@ impl Sac {
                 &mut self.rng,
                 &mut batch,
             );
+            self.augment(&mut batch);
             let (l, q) = self.critic_update(&batch)?;
             info.critic_loss = l;
             info.q_mean = q;
@@ -1025,6 +1036,25 @@ impl Sac {
         }
         self.batch = batch;
         Ok(Some(info))
+    }
+
+    /// Shifts the feature maps of a sampled batch (`VisionHeads::shift`), its bootstrap rows
+    /// independently of its rows.
+    fn augment(&mut self, batch: &mut Batch) {
+        let Some(v) = self.cfg.vision.as_ref().filter(|v| v.shift > 0) else {
+            return;
+        };
+        for rows in [&mut batch.obs, &mut batch.next_obs] {
+            augment::shift_maps(
+                rows,
+                self.obs_dim,
+                self.state_dim,
+                &v.features,
+                v.shift,
+                &mut self.rng,
+                &mut self.shift_scratch,
+            );
+        }
     }
 
     /// Every parameter of actor, critics, targets and temperature, flattened in a fixed order
