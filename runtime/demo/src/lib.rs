@@ -1218,7 +1218,7 @@ mod tests {
         let file = dir.path().join("heads.toml");
         std::fs::write(
             &file,
-            "[learner]\nbc_weight = 0.5\n\n[learner.vision]\nbc_trains_heads = false\nwidth = 64\nshift = 1\n",
+            "[learner]\nbc_weight = 0.5\n\n[learner.vision]\nbc_trains_heads = false\nwidth = 64\nshift = 2\n",
         )
         .unwrap();
         let pixels = DemoOptions {
@@ -1231,7 +1231,7 @@ mod tests {
         let heads = l.vision.expect("the table's heads");
         assert!(!heads.bc_trains_heads);
         assert_eq!(heads.width, 64);
-        assert_eq!(heads.shift, 1);
+        assert_eq!(heads.shift, 2);
         assert_eq!(
             heads.embeddings, 8,
             "SERL's default where the table is silent"
@@ -1241,6 +1241,11 @@ mod tests {
             .section(pixels.vision.as_ref().unwrap())
             .heads()
             .unwrap();
+        assert_eq!(
+            default.shift,
+            vision::VISION_SHIFT,
+            "the pixel demo shifts its maps"
+        );
         assert_eq!(heads.encoder_id, default.encoder_id);
         assert_eq!(heads.features, default.features);
         assert_eq!(l.bc_weight, 0.5);
