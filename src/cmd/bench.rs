@@ -59,6 +59,10 @@ pub struct PixelsBenchArgs {
     /// Learner batch size.
     #[arg(long, default_value_t = 256)]
     batch: usize,
+    /// The learner's random shift of the maps, places (`[learner.vision] shift`; default: the
+    /// pixel demo's).
+    #[arg(long, default_value_t = reflex_demo::VISION_SHIFT as u16, value_parser = clap::value_parser!(u16).range(0..=8))]
+    shift: u16,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -240,6 +244,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 steps: a.steps,
                 updates: a.updates,
                 batch: a.batch,
+                shift: a.shift.into(),
             };
             let r = pixels_bench::run(&o)?;
             if a.json {
@@ -262,8 +267,8 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                     );
                 }
                 println!(
-                    "  {:.0} frames/s rendered, encoded and acted on; {:.1} steps/s with one update (batch {}) each; {:.0} s",
-                    r.frames_per_s, r.steps_per_s_with_updates, r.batch, r.wall_s
+                    "  {:.0} frames/s rendered, encoded and acted on; {:.1} steps/s with one update (batch {}, maps shifted by up to {}) each; {:.0} s",
+                    r.frames_per_s, r.steps_per_s_with_updates, r.batch, r.shift, r.wall_s
                 );
             }
         }

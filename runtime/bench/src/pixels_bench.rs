@@ -44,6 +44,8 @@ pub struct PixelsBenchOptions {
     pub updates: usize,
     /// Learner batch size.
     pub batch: usize,
+    /// The learner's random shift of the maps, places (`[learner.vision] shift`).
+    pub shift: usize,
 }
 
 /// Percentiles of one stage, microseconds.
@@ -94,6 +96,8 @@ pub struct PixelsBenchReport {
     pub update: Stage,
     /// Learner batch size.
     pub batch: usize,
+    /// The learner's random shift of the maps, places.
+    pub shift: usize,
     /// Steps per second through rendering, encoding and acting (medians).
     pub frames_per_s: f64,
     /// Steps per second with one learner update each (medians).
@@ -153,7 +157,7 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
         embeddings: reflex_vision::head::EMBEDDINGS,
         width: reflex_vision::head::WIDTH,
         bc_trains_heads: true,
-        shift: 0,
+        shift: o.shift,
     };
     let mut sac = Sac::new(
         SacConfig {
@@ -264,6 +268,7 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
         actor: act,
         update: upd,
         batch: o.batch,
+        shift: o.shift,
         wall_s: t_start.elapsed().as_secs_f64(),
     })
 }

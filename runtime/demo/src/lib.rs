@@ -8,7 +8,7 @@
 #![warn(missing_docs)]
 
 mod vision;
-pub use vision::VisionDemo;
+pub use vision::{VISION_SHIFT, VisionDemo};
 
 use reflex_agent::assemble::{Assembler, ChunkAssembler};
 use reflex_agent::presets::{learner_preset, overlay_sac, read_table, state_norm};
