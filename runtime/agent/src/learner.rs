@@ -252,29 +252,20 @@ fn resume_or_start(
 ) -> Result<Sac> {
     let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
     let mut sc = cfg.section.learner_sac(cfg.mode, cfg.seed)?;
-    if let Some(s) = load_checkpoint(cfg, ckpt)? {
-        if s.cfg.vision != sc.vision {
-            let says = |v: &Option<reflex_learn::sac::VisionHeads>| match v {
-                None => "no camera (state only)".to_string(),
-                Some(v) => format!(
-                    "encoder `{}`, maps {:?}, heads {}x{}",
-                    v.encoder_id,
-                    v.features
-                        .iter()
-                        .map(|f| format!("{} {}x{}x{}", f.camera, f.channels, f.height, f.width))
-                        .collect::<Vec<_>>(),
-                    v.embeddings,
-                    v.width
-                ),
-            };
-            return Err(AgentError::setup(
-                format!("checkpoint `{}`", ckpt.display()),
-                format!(
-                    "it learned from {}; [learner.vision] now says {}: move the checkpoint away to start afresh, or name the encoder it was trained with",
-                    says(&s.cfg.vision),
-                    says(&sc.vision)
-                ),
-            ));
+    if let Some(mut s) = load_checkpoint(cfg, ckpt)? {
+        match reflex_learn::sac::VisionHeads::resume(&mut s.cfg.vision, &sc.vision) {
+            Err(e) => {
+                return Err(AgentError::setup(
+                    format!("checkpoint `{}`", ckpt.display()),
+                    format!(
+                        "{e}: move the checkpoint away to start afresh, or name the encoder and heads it was trained with"
+                    ),
+                ));
+            }
+            Ok(Some((was, now))) => tracing::info!(
+                "[learner.vision] shift = {now} from here on (the checkpoint trained with {was})"
+            ),
+            Ok(None) => {}
         }
         if (s.state_dim, s.act_dim, s.cfg.mode) != (obs_dim, act_dim, cfg.mode) {
             return Err(AgentError::setup(

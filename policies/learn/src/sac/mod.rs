@@ -273,6 +273,58 @@ impl VisionHeads {
     pub fn seen_len(&self) -> usize {
         self.width * self.features.len()
     }
+
+    /// What a learner with `v` reads, in words (for a refusal to resume).
+    pub fn describe(v: &Option<VisionHeads>) -> String {
+        let Some(v) = v else {
+            return "no camera (state only)".into();
+        };
+        let maps: Vec<String> = v
+            .features
+            .iter()
+            .map(|f| format!("{} {}x{}x{}", f.camera, f.channels, f.height, f.width))
+            .collect();
+        let trained = if v.bc_trains_heads {
+            "critic and corrections"
+        } else {
+            "critic only"
+        };
+        format!(
+            "encoder `{}`, maps {maps:?}, heads {}x{} trained by the {trained}",
+            v.encoder_id, v.embeddings, v.width
+        )
+    }
+
+    /// Whether a learner saved with heads `saved` goes on under `now`: the same encoder, maps,
+    /// head sizes and the same training of the heads (`bc_trains_heads` decides which optimiser
+    /// moments exist). The maps' `shift` is each batch's augmentation and shapes no parameter, so
+    /// `now`'s is taken: returned as `Some((saved, now))` when it changed.
+    pub fn resume(
+        saved: &mut Option<VisionHeads>,
+        now: &Option<VisionHeads>,
+    ) -> std::result::Result<Option<(usize, usize)>, String> {
+        let same = match (saved.as_ref(), now) {
+            (None, None) => return Ok(None),
+            (Some(a), Some(b)) => {
+                *a == VisionHeads {
+                    shift: a.shift,
+                    ..b.clone()
+                }
+            }
+            _ => false,
+        };
+        match (saved.as_mut(), now) {
+            (Some(a), Some(b)) if same => {
+                let was = std::mem::replace(&mut a.shift, b.shift);
+                Ok((was != b.shift).then_some((was, b.shift)))
+            }
+            _ => Err(format!(
+                "it learned from {}; [learner.vision] now says {}",
+                Self::describe(saved),
+                Self::describe(now)
+            )),
+        }
+    }
 }
 
 /// Per-component centre and half width of the state (see [`SacConfig::obs_norm`]).
