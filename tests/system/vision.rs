@@ -361,6 +361,8 @@ fn reflex_bench_pixels_times_every_stage_of_the_pixel_path_with_a_policys_encode
     ]));
     assert_eq!(v["cameras"], serde_json::json!(["front"]), "{v}");
     assert_eq!(v["features"], 8 * 8 * 8, "{v}");
+    // The update timed is the pixel demo's: its maps shifted by one place.
+    assert_eq!(v["shift"], 1, "{v}");
     assert!(
         v["encoder"]
             .as_str()
