@@ -359,8 +359,10 @@ fn viz_watches_an_actor_over_the_bus_and_writes_readable_episodes() {
         "the actor's status reaches the watcher: {v}"
     );
     assert_eq!(v["undecodable"], 0);
+    // How many frames arrive depends on the wall clock (a few a second over a short run), so
+    // only their arrival is asserted; the second episode's images are checked in its file below.
     assert!(
-        v["frames"].as_u64().unwrap() > 5,
+        v["frames"].as_u64().unwrap() > 0,
         "camera frames reach the watcher: {v}"
     );
     // An episode the watcher saw whole (the second) verifies and holds the arm, actions and status.
