@@ -1,7 +1,7 @@
 //! Simulator configuration (`[sim]` in a reflex config file).
 
 use crate::task::TaskKind;
-use crate::world::{ServoParams, SolverParams};
+use crate::world::{ArmSolver, ServoParams, SolverParams};
 use reflex_runtime::config::{Invalid, Validate, in_range, key};
 use reflex_runtime::msg::ActionKind;
 use serde::Deserialize;
@@ -50,6 +50,9 @@ fn default_control_hz() -> f64 {
 /// The slowest solver rate (physics steps per second times solver iterations) the arm's servos and
 /// contacts are stable and faithful at, Hz.
 pub const MIN_SOLVER_HZ: f64 = 80.0;
+
+/// Physics rate of [`SimConfig::with_reflex_arm`], Hz.
+pub const REFLEX_ARM_PHYSICS_HZ: f64 = 100.0;
 
 fn default_physics_hz() -> f64 {
     200.0
@@ -136,6 +139,18 @@ impl SimConfig {
         }
     }
 
+    /// The same robot with the arm integrated by reflex ([`crate::arm`]) at the fast setting
+    /// `configs/sim/pick-reflex-arm.toml` ships: contacts and fingers at 100 Hz in two rapier
+    /// iterations of two Gauss-Seidel passes each, the arm in two 5 ms steps per physics step.
+    pub fn with_reflex_arm(mut self) -> Self {
+        self.physics_hz = REFLEX_ARM_PHYSICS_HZ;
+        self.solver.arm = ArmSolver::Reflex;
+        self.solver.iterations = 2;
+        self.solver.pgs_iterations = 2;
+        self.solver.arm_substeps = 2;
+        self
+    }
+
     /// Physics steps per control step.
     pub fn substeps(&self) -> u32 {
         (self.physics_hz / self.control_hz).round() as u32
@@ -190,10 +205,25 @@ impl Validate for SimConfig {
         in_range(&s, "finger_damping", self.servo.finger_damping, 0.0, 1000.0)?;
         let v = key(p, "solver");
         in_range(&v, "iterations", self.solver.iterations, 1, 32)?;
+        in_range(&v, "arm_substeps", self.solver.arm_substeps, 1, 32)?;
+        in_range(&v, "pgs_iterations", self.solver.pgs_iterations, 1, 8)?;
         // rapier integrates the arm once per solver iteration: the servos (about 12 Hz closed-loop
         // on the heaviest joint) and the finger contacts need that step to be 12.5 ms or shorter.
-        // Below it the experts start to fail (docs/sim.md, "Speed").
+        // Below it the experts start to fail (docs/sim.md, "Speed"). reflex's arm has its own
+        // substeps and the same floor; rapier's iterations then only carry the fingers and objects.
         let solver_hz = self.physics_hz * self.solver.iterations as f64;
+        let arm_hz = self.physics_hz * self.solver.arm_substeps as f64;
+        if self.solver.arm == ArmSolver::Reflex && arm_hz < MIN_SOLVER_HZ {
+            return Err(Invalid {
+                key: key(&v, "arm_substeps"),
+                value: self.solver.arm_substeps.to_string(),
+                allowed: format!(
+                    "physics_hz x arm_substeps >= {MIN_SOLVER_HZ} (physics_hz = {}: arm_substeps >= {})",
+                    self.physics_hz,
+                    (MIN_SOLVER_HZ / self.physics_hz).ceil()
+                ),
+            });
+        }
         if solver_hz < MIN_SOLVER_HZ {
             return Err(Invalid {
                 key: key(&v, "iterations"),

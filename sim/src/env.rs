@@ -48,6 +48,8 @@ pub struct SimEnv {
     /// End-effector goal for ee actions: position and yaw.
     ee_goal: Vector3<f64>,
     yaw_goal: f64,
+    /// The tool's pose at the last observation.
+    tcp: Isometry3<f64>,
     q_cmd: [f64; 5],
     opening_cmd: f64,
     ik: IkOptions,
@@ -335,6 +337,7 @@ impl SimEnv {
             substeps,
             ee_goal: Vector3::zeros(),
             yaw_goal: HOME_YAW,
+            tcp: Isometry3::identity(),
             q_cmd: q,
             opening_cmd: 0.0,
             ik: IkOptions {
@@ -503,7 +506,8 @@ impl SimEnv {
         let c = |i: usize| (a[i].clamp(lim.low[i], lim.high[i])) as f64;
         match self.cfg.action {
             ActionKind::EeDelta | ActionKind::EeDeltaYaw => {
-                let measured = self.tcp_pose().translation.vector;
+                // The pose `update_obs` computed after the last physics step: nothing moved since.
+                let measured = self.tcp.translation.vector;
                 // Track the goal, not the measured pose, so small steps add up exactly; re-anchor
                 // on the measured pose when the arm could not follow (blocked by contact).
                 if (self.ee_goal - measured).norm() > 0.03 {
@@ -541,6 +545,7 @@ impl SimEnv {
         let q = self.scene.joint_positions();
         let qd = self.scene.joint_velocities();
         let tcp = self.tcp_pose();
+        self.tcp = tcp;
         let obj = self.scene.object.map(|h| self.scene.body_pose(h));
         let success = self.layout.success(&tcp.translation.vector, obj.as_ref());
         let o = &mut self.obs;

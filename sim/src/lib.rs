@@ -11,6 +11,7 @@
 //! docs/sim.md describes the model, the tasks and their numbers.
 #![warn(missing_docs)]
 
+pub mod arm;
 pub mod calib;
 pub mod camera;
 pub mod config;

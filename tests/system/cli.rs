@@ -602,6 +602,64 @@ fn the_fast_pick_preset_from_the_docs_keeps_the_expert_and_its_rates() {
 }
 
 #[test]
+fn the_reflex_arm_preset_from_the_docs_keeps_the_expert_and_says_who_integrates_the_arm() {
+    // configs/sim/pick-reflex-arm.toml as a user runs it; the same settings as
+    // `SimConfig::with_reflex_arm`, which the determinism and expert tests use.
+    let repo = crate::common::repo();
+    let cfg = repo.join("configs/sim/pick-reflex-arm.toml");
+    let cfg = cfg.to_str().unwrap();
+    let text = std::fs::read_to_string(cfg).unwrap();
+    let parsed: toml::Value = toml::from_str(&text).unwrap();
+    let sim: reflex_sim::SimConfig = parsed["sim"].clone().try_into().unwrap();
+    let preset = reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick).with_reflex_arm();
+    assert_eq!(sim.physics_hz, preset.physics_hz);
+    assert_eq!(format!("{:?}", sim.solver), format!("{:?}", preset.solver));
+    let (ok, out, err) = run(&[
+        "sim",
+        "expert",
+        "--config",
+        cfg,
+        "--episodes",
+        "50",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["success_rate"].as_f64().unwrap() >= 0.95, "{out}");
+    let (ok, out, err) = run(&[
+        "sim",
+        "bench",
+        "--config",
+        cfg,
+        "--steps",
+        "200",
+        "--no-cameras",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["arm"], "reflex", "{out}");
+    assert_eq!(v["substeps"].as_u64(), Some(5), "{out}");
+    // Too coarse an arm step is refused, naming the key and the floor.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("coarse.toml");
+    std::fs::write(&bad, text.replace("arm_substeps = 2", "arm_substeps = 0")).unwrap();
+    let (ok, _, err) = run(&["sim", "bench", "--config", bad.to_str().unwrap(), "--json"]);
+    assert!(!ok && err.contains("sim.solver.arm_substeps"), "{err}");
+    std::fs::write(
+        &bad,
+        text.replace("physics_hz = 100.0", "physics_hz = 20.0")
+            .replace("iterations = 2 ", "iterations = 4 "),
+    )
+    .unwrap();
+    let (ok, _, err) = run(&["sim", "bench", "--config", bad.to_str().unwrap(), "--json"]);
+    assert!(
+        !ok && err.contains("physics_hz x arm_substeps >= 80"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_learner_setting_out_of_range_is_refused_with_its_file_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("learn.toml");

@@ -5,8 +5,8 @@ use reflex_runtime::robot::Robot;
 use reflex_sim::{Expert, SimConfig, SimEnv, TaskKind};
 
 /// Runs `episodes` seeded episodes of the scripted expert; returns the successes.
-fn expert_successes(task: TaskKind, episodes: u64, seed: u64) -> u64 {
-    let mut env = SimEnv::new(SimConfig::for_task(task)).unwrap();
+fn expert_successes(cfg: SimConfig, episodes: u64, seed: u64) -> u64 {
+    let mut env = SimEnv::new(cfg).unwrap();
     let mut expert = Expert::new(env.spec(), 0.0, 0).unwrap();
     let mut seeds = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut action = vec![0.0; env.spec().action.dim()];
@@ -32,7 +32,17 @@ fn expert_successes(task: TaskKind, episodes: u64, seed: u64) -> u64 {
 fn every_expert_succeeds_in_at_least_95_percent_of_100_seeded_episodes() {
     // Seeds other than the ones used while tuning the experts (0).
     for task in TaskKind::ALL {
-        let ok = expert_successes(task, 100, 2024);
+        let ok = expert_successes(SimConfig::for_task(task), 100, 2024);
+        assert!(ok >= 95, "{task}: expert succeeded in {ok}/100 episodes");
+    }
+}
+
+#[test]
+fn with_the_arm_integrated_by_reflex_every_expert_still_succeeds_in_95_percent() {
+    // The fast setting: reflex's own arm dynamics, rapier for the fingers and the contacts. The
+    // same experts, tuned on the multibody, must keep grasping and inserting on it.
+    for task in TaskKind::ALL {
+        let ok = expert_successes(SimConfig::for_task(task).with_reflex_arm(), 100, 2024);
         assert!(ok >= 95, "{task}: expert succeeded in {ok}/100 episodes");
     }
 }
@@ -54,11 +64,20 @@ fn noisy_rollout(env: &mut SimEnv, seed: u64, steps: usize) -> (Vec<Vec<f32>>, V
 
 #[test]
 fn same_seed_and_actions_give_bit_identical_trajectories() {
-    for task in [TaskKind::Pick, TaskKind::Insert] {
-        let mut a = SimEnv::new(SimConfig::for_task(task)).unwrap();
+    let configs = [TaskKind::Pick, TaskKind::Insert]
+        .into_iter()
+        .flat_map(|task| {
+            [
+                SimConfig::for_task(task),
+                SimConfig::for_task(task).with_reflex_arm(),
+            ]
+        });
+    for cfg in configs {
+        let task = cfg.task;
+        let mut a = SimEnv::new(cfg.clone()).unwrap();
         let (states_a, actions) = noisy_rollout(&mut a, 77, 60);
         // A second simulator that has already run other episodes: history must not leak in.
-        let mut b = SimEnv::new(SimConfig::for_task(task)).unwrap();
+        let mut b = SimEnv::new(cfg).unwrap();
         noisy_rollout(&mut b, 5, 30);
         let mut states_b = vec![b.reset(Some(77)).unwrap().state.clone()];
         for act in &actions {

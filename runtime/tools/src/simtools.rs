@@ -134,6 +134,8 @@ pub struct SimBenchReport {
     pub physics_hz: f64,
     /// Physics steps per control step.
     pub substeps: u32,
+    /// Who integrates the arm: `rapier` (its multibody) or `reflex` (reflex's own dynamics).
+    pub arm: String,
     /// Without cameras.
     pub state_only: StepRate,
     /// With both cameras rendering every step (absent with `no_cameras`).
@@ -153,6 +155,11 @@ pub fn bench(mut cfg: SimConfig, steps: u64, no_cameras: bool) -> Result<SimBenc
         control_hz: cfg.control_hz,
         physics_hz: cfg.physics_hz,
         substeps: cfg.substeps(),
+        arm: match cfg.solver.arm {
+            reflex_sim::world::ArmSolver::Rapier => "rapier",
+            reflex_sim::world::ArmSolver::Reflex => "reflex",
+        }
+        .into(),
         state_only: StepRate {
             steps,
             wall_s: wall,
