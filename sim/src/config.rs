@@ -140,13 +140,13 @@ impl SimConfig {
     }
 
     /// The same robot with the arm integrated by reflex ([`crate::arm`]) at the fast setting
-    /// `configs/sim/pick-reflex-arm.toml` ships: contacts and fingers at 100 Hz in two rapier
-    /// iterations of two Gauss-Seidel passes each, the arm in two 5 ms steps per physics step.
+    /// `configs/sim/pick-reflex-arm.toml` ships: contacts and fingers at 100 Hz in one rapier
+    /// iteration of three Gauss-Seidel passes, the arm in two 5 ms steps per physics step.
     pub fn with_reflex_arm(mut self) -> Self {
         self.physics_hz = REFLEX_ARM_PHYSICS_HZ;
         self.solver.arm = ArmSolver::Reflex;
-        self.solver.iterations = 2;
-        self.solver.pgs_iterations = 2;
+        self.solver.iterations = 1;
+        self.solver.pgs_iterations = 3;
         self.solver.arm_substeps = 2;
         self
     }

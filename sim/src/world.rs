@@ -161,8 +161,8 @@ pub struct SolverParams {
     /// With `arm = "reflex"`: arm integration steps per physics step.
     pub arm_substeps: u32,
     /// Gauss-Seidel passes over the constraints in each solver iteration (rapier's
-    /// `num_internal_pgs_iterations`). The fingers on impulse joints (`arm = "reflex"`) need 2 to
-    /// hold a peg through an insertion; the multibody's fingers need 1.
+    /// `num_internal_pgs_iterations`). The fingers on impulse joints (`arm = "reflex"`) need 3 at
+    /// one iteration to hold a peg through an insertion; the multibody's fingers need 1.
     pub pgs_iterations: usize,
 }
 
@@ -1002,8 +1002,8 @@ mod tests {
     fn reflex_solver() -> SolverParams {
         SolverParams {
             arm: ArmSolver::Reflex,
-            iterations: 2,
-            pgs_iterations: 2,
+            iterations: 1,
+            pgs_iterations: 3,
             ..Default::default()
         }
     }

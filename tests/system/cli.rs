@@ -649,7 +649,7 @@ fn the_reflex_arm_preset_from_the_docs_keeps_the_expert_and_says_who_integrates_
     std::fs::write(
         &bad,
         text.replace("physics_hz = 100.0", "physics_hz = 20.0")
-            .replace("iterations = 2 ", "iterations = 4 "),
+            .replace("iterations = 1 ", "iterations = 4 "),
     )
     .unwrap();
     let (ok, _, err) = run(&["sim", "bench", "--config", bad.to_str().unwrap(), "--json"]);
