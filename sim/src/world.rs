@@ -598,60 +598,49 @@ impl Scene {
 
     /// Measured joint positions: five arm joints (rad) and the gripper opening (m).
     pub fn joint_positions(&self) -> [f32; NUM_ACTUATORS] {
-        let mut out = [0.0; NUM_ACTUATORS];
-        match &self.arm {
-            ArmBackend::Multibody { joints, link_ids } => {
-                let (mb, _) = self
-                    .world
-                    .multibody_joints
-                    .get(joints[0])
-                    .expect("arm multibody");
-                for k in 0..7 {
-                    let j = mb.link(link_ids[k]).expect("arm link").joint();
-                    if k < 5 {
-                        out[k] = j.coords()[3];
-                    } else {
-                        out[5] += j.coords()[0];
-                    }
-                }
-            }
-            ArmBackend::Reflex(arm) => {
-                for (o, q) in out.iter_mut().zip(arm.dynamics.q) {
-                    *o = q as f32;
-                }
-                out[5] = arm.finger_pos[0] + arm.finger_pos[1];
-            }
-        }
-        out
+        self.measure(
+            |mb, link, revolute| {
+                let j = mb.link(link).expect("arm link").joint();
+                // A revolute joint's angle is its fourth coordinate, a prismatic's offset its first.
+                j.coords()[if revolute { 3 } else { 0 }]
+            },
+            |arm| (arm.dynamics.q, arm.finger_pos),
+        )
     }
 
     /// Measured joint velocities: five arm joints (rad/s) and the gripper opening rate (m/s).
     pub fn joint_velocities(&self) -> [f32; NUM_ACTUATORS] {
+        self.measure(
+            |mb, link, _| mb.joint_velocity(mb.link(link).expect("arm link"))[0],
+            |arm| (arm.dynamics.qd, arm.finger_vel),
+        )
+    }
+
+    /// Five arm joints, then the two fingers summed into the gripper opening, read per multibody
+    /// link by `multibody` (given whether the link's joint is revolute) or from reflex's arm and
+    /// fingers by `reflex`.
+    fn measure(
+        &self,
+        multibody: impl Fn(&Multibody, usize, bool) -> f32,
+        reflex: impl Fn(&ReflexArm) -> ([f64; 5], [f32; 2]),
+    ) -> [f32; NUM_ACTUATORS] {
         let mut out = [0.0; NUM_ACTUATORS];
-        match &self.arm {
+        let (arm, fingers) = match &self.arm {
             ArmBackend::Multibody { joints, link_ids } => {
                 let (mb, _) = self
                     .world
                     .multibody_joints
                     .get(joints[0])
                     .expect("arm multibody");
-                for k in 0..7 {
-                    let link = mb.link(link_ids[k]).expect("arm link");
-                    let v = mb.joint_velocity(link)[0];
-                    if k < 5 {
-                        out[k] = v;
-                    } else {
-                        out[5] += v;
-                    }
-                }
+                let v: [f32; 7] = std::array::from_fn(|k| multibody(mb, link_ids[k], k < 5));
+                (std::array::from_fn(|k| v[k] as f64), [v[5], v[6]])
             }
-            ArmBackend::Reflex(arm) => {
-                for (o, v) in out.iter_mut().zip(arm.dynamics.qd) {
-                    *o = v as f32;
-                }
-                out[5] = arm.finger_vel[0] + arm.finger_vel[1];
-            }
+            ArmBackend::Reflex(arm) => reflex(arm),
+        };
+        for (o, v) in out.iter_mut().zip(arm) {
+            *o = v as f32;
         }
+        out[5] = fingers[0] + fingers[1];
         out
     }
 
@@ -832,21 +821,7 @@ fn insert_arm(
         &mut world.multibody_joints,
         UrdfMultibodyOptions::DISABLE_SELF_CONTACTS,
     );
-    let mut links = Vec::new();
-    for (link, name) in handles.links.iter().zip(link_names) {
-        let (part, groups, color) = link_groups(&name);
-        for c in &link.colliders {
-            if let Some(col) = world.colliders.get_mut(c.handle) {
-                col.set_collision_groups(groups);
-            }
-            colliders.push(ColliderInfo {
-                handle: c.handle,
-                part,
-                color,
-            });
-        }
-        links.push((name, link.body));
-    }
+    let links = register_links(world, colliders, &handles.links, &link_names);
     let joint_of = |name: &str| -> MultibodyJointHandle {
         let i = joint_names
             .iter()
@@ -866,6 +841,32 @@ fn insert_arm(
         joint_of(FINGER_JOINTS[1]),
     ];
     (links, joints)
+}
+
+/// Gives every inserted link's colliders their collision groups, lists them for the renderer, and
+/// returns each link's body by URDF name.
+fn register_links(
+    world: &mut PhysicsWorld,
+    colliders: &mut Vec<ColliderInfo>,
+    inserted: &[rapier3d_urdf::UrdfLinkHandle],
+    names: &[String],
+) -> Vec<(String, RigidBodyHandle)> {
+    let mut links = Vec::new();
+    for (link, name) in inserted.iter().zip(names) {
+        let (part, groups, color) = link_groups(name);
+        for c in &link.colliders {
+            if let Some(col) = world.colliders.get_mut(c.handle) {
+                col.set_collision_groups(groups);
+            }
+            colliders.push(ColliderInfo {
+                handle: c.handle,
+                part,
+                color,
+            });
+        }
+        links.push((name.clone(), link.body));
+    }
+    links
 }
 
 /// The arm for [`ArmSolver::Reflex`]: the five moving links kinematic bodies (reflex's
@@ -906,21 +907,7 @@ fn insert_reflex_arm(
         &mut world.colliders,
         &mut world.impulse_joints,
     );
-    let mut links = Vec::new();
-    for (link, name) in handles.links.iter().zip(&blueprint.link_names) {
-        let (part, groups, color) = link_groups(name);
-        for c in &link.colliders {
-            if let Some(col) = world.colliders.get_mut(c.handle) {
-                col.set_collision_groups(groups);
-            }
-            colliders.push(ColliderInfo {
-                handle: c.handle,
-                part,
-                color,
-            });
-        }
-        links.push((name.clone(), link.body));
-    }
+    let links = register_links(world, colliders, &handles.links, &blueprint.link_names);
     let body_of = |link: &str| -> RigidBodyHandle {
         links
             .iter()

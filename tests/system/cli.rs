@@ -565,13 +565,9 @@ fn reflex_bench_learner_reports_every_configuration_and_the_pendulum_run() {
     assert!(p["wall_s"].as_f64().unwrap() > 0.0, "{v}");
 }
 
-#[test]
-fn the_fast_pick_preset_from_the_docs_keeps_the_expert_and_its_rates() {
-    // docs/sim.md's fast setting, run as a user runs it: the file, the binary. Its speed is the
-    // bench's business (docs/sim.md), not this test's; what must hold is that it still grasps.
-    let repo = crate::common::repo();
-    let cfg = repo.join("configs/sim/pick-fast.toml");
-    let cfg = cfg.to_str().unwrap();
+/// A preset file through the binary: its scripted expert must keep 95 % over 50 episodes; returns
+/// what a short `sim bench` of it reports, and its text.
+fn expert_then_bench(cfg: &str) -> (serde_json::Value, String) {
     let (ok, out, err) = run(&[
         "sim",
         "expert",
@@ -595,7 +591,17 @@ fn the_fast_pick_preset_from_the_docs_keeps_the_expert_and_its_rates() {
         "--json",
     ]);
     assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    (serde_json::from_str(&out).unwrap(), out)
+}
+
+#[test]
+fn the_fast_pick_preset_from_the_docs_keeps_the_expert_and_its_rates() {
+    // docs/sim.md's fast setting, run as a user runs it: the file, the binary. Its speed is the
+    // bench's business (docs/sim.md), not this test's; what must hold is that it still grasps.
+    let repo = crate::common::repo();
+    let cfg = repo.join("configs/sim/pick-fast.toml");
+    let cfg = cfg.to_str().unwrap();
+    let (v, out) = expert_then_bench(cfg);
     assert_eq!(v["physics_hz"].as_f64(), Some(40.0), "{out}");
     assert_eq!(v["substeps"].as_u64(), Some(2), "{out}");
     assert!(v["state_only"]["steps_per_s"].as_f64().unwrap() > 0.0);
@@ -614,30 +620,7 @@ fn the_reflex_arm_preset_from_the_docs_keeps_the_expert_and_says_who_integrates_
     let preset = reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick).with_reflex_arm();
     assert_eq!(sim.physics_hz, preset.physics_hz);
     assert_eq!(format!("{:?}", sim.solver), format!("{:?}", preset.solver));
-    let (ok, out, err) = run(&[
-        "sim",
-        "expert",
-        "--config",
-        cfg,
-        "--episodes",
-        "50",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert!(v["success_rate"].as_f64().unwrap() >= 0.95, "{out}");
-    let (ok, out, err) = run(&[
-        "sim",
-        "bench",
-        "--config",
-        cfg,
-        "--steps",
-        "200",
-        "--no-cameras",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (v, out) = expert_then_bench(cfg);
     assert_eq!(v["arm"], "reflex", "{out}");
     assert_eq!(v["substeps"].as_u64(), Some(5), "{out}");
     // Too coarse an arm step is refused, naming the key and the floor.
