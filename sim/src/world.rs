@@ -405,12 +405,7 @@ impl Scene {
         let (mb, link_ids) = match &self.arm {
             ArmBackend::Reflex(arm) => {
                 for (_, j, _, _) in &arm.fingers {
-                    let data = &mut self
-                        .world
-                        .impulse_joints
-                        .get_mut(*j, false)
-                        .expect("finger joint")
-                        .data;
+                    let data = finger_joint(&mut self.world, *j);
                     data.set_motor_model(JointAxis::LinX, MotorModel::ForceBased);
                     data.set_motor_position(JointAxis::LinX, target, kp, kd);
                     data.set_motor_max_force(JointAxis::LinX, max);
@@ -576,13 +571,12 @@ impl Scene {
                 }
                 let (kp, kd) = (self.servo.finger_stiffness, self.servo.finger_damping);
                 for (_, j, _, _) in &arm.fingers {
-                    let data = &mut self
-                        .world
-                        .impulse_joints
-                        .get_mut(*j, false)
-                        .expect("finger joint")
-                        .data;
-                    data.set_motor_position(JointAxis::LinX, 0.5 * self.targets[5], kp, kd);
+                    finger_joint(&mut self.world, *j).set_motor_position(
+                        JointAxis::LinX,
+                        0.5 * self.targets[5],
+                        kp,
+                        kd,
+                    );
                 }
                 self.world.step();
                 let gripper = arm.dynamics.poses()[4].inverse();
@@ -689,6 +683,15 @@ impl Scene {
 /// Reflected mass of each finger's lead-screw-like drive, kg: small next to the arm joints' rotor
 /// inertia, and what keeps the light fingers stable against a contact.
 const FINGER_ARMATURE_KG: f32 = 0.05;
+
+/// A finger's prismatic joint (reflex's arm), to set its motor.
+fn finger_joint(world: &mut PhysicsWorld, j: ImpulseJointHandle) -> &mut GenericJoint {
+    &mut world
+        .impulse_joints
+        .get_mut(j, false)
+        .expect("finger joint")
+        .data
+}
 
 /// Servo targets moved towards `commanded` by at most the speed limits over `dt`.
 fn rate_limited(
