@@ -9,7 +9,8 @@
 //! Forward kinematics allocates nothing, so the control loop may call it every step.
 #![warn(missing_docs)]
 
-use nalgebra::{DMatrix, DVector, Isometry3, Translation3, Unit, UnitQuaternion, Vector3};
+use nalgebra::{DMatrix, Isometry3, Matrix6, Translation3, Unit, UnitQuaternion, Vector3, Vector6};
+use smallvec::{SmallVec, smallvec};
 use std::path::Path;
 
 /// Errors building a chain from a URDF.
@@ -290,27 +291,29 @@ impl Chain {
     /// Geometric Jacobian of the tip (rows: linear velocity xyz, angular velocity xyz, in the base
     /// frame; one column per joint).
     pub fn jacobian(&self, q: &[f64]) -> DMatrix<f64> {
-        let n = self.dof();
-        let tip = self.fk(q).translation.vector;
-        let mut jac = DMatrix::zeros(6, n);
+        let mut cols: Columns = smallvec![Vector6::zeros(); self.dof()];
+        self.jacobian_columns(q, &self.fk(q).translation.vector, &mut cols);
+        DMatrix::from_fn(6, self.dof(), |r, c| cols[c][r])
+    }
+
+    /// The Jacobian's columns for joint positions `q` whose tip is at `tip`, written into `cols`
+    /// (one per joint; no allocation).
+    fn jacobian_columns(&self, q: &[f64], tip: &Vector3<f64>, cols: &mut [Vector6<f64>]) {
         let mut t = Isometry3::identity();
-        for (i, (j, &qi)) in self.joints.iter().zip(q).enumerate() {
+        for ((j, &qi), col) in self.joints.iter().zip(q).zip(cols.iter_mut()) {
             let frame = t * j.origin;
             let axis_w = frame.rotation * j.axis.into_inner();
-            match j.kind {
-                JointKind::Revolute => {
-                    let p = frame.translation.vector;
-                    let lin = axis_w.cross(&(tip - p));
-                    jac.fixed_view_mut::<3, 1>(0, i).copy_from(&lin);
-                    jac.fixed_view_mut::<3, 1>(3, i).copy_from(&axis_w);
-                }
-                JointKind::Prismatic => {
-                    jac.fixed_view_mut::<3, 1>(0, i).copy_from(&axis_w);
-                }
-            }
+            let lin = match j.kind {
+                JointKind::Revolute => axis_w.cross(&(tip - frame.translation.vector)),
+                JointKind::Prismatic => axis_w,
+            };
+            let ang = match j.kind {
+                JointKind::Revolute => axis_w,
+                JointKind::Prismatic => Vector3::zeros(),
+            };
+            *col = Vector6::new(lin.x, lin.y, lin.z, ang.x, ang.y, ang.z);
             t = frame * Self::joint_motion(j, qi);
         }
-        jac
     }
 
     /// Narrows the limits of joint `i` (e.g. to keep IK on one elbow branch).
@@ -335,80 +338,109 @@ impl Chain {
     /// rotation as a rotation vector) weighted per row by `opts.weights`, limits the step, and
     /// clamps to the joint limits. The damping keeps the step bounded near singularities and for
     /// unreachable targets, where it returns the closest pose it found.
+    ///
+    /// The 6x6 system lives on the stack and the Jacobian's columns in a small inline buffer, so a
+    /// chain of up to 8 joints allocates only the returned joint vector. The sums run in the order
+    /// of nalgebra's products of dynamic-size matrices up to five columns, so for arms of up to five
+    /// joints (SO-101, Koch) the result is bit-for-bit that of the plain `DMatrix` formulation (a
+    /// unit test keeps that one as its reference); from six joints on nalgebra hands the product
+    /// to `matrixmultiply` and the two differ in the last bits.
     pub fn ik(&self, target: &Isometry3<f64>, q0: &[f64], opts: &IkOptions) -> IkSolution {
         let n = self.dof();
-        let mut q = q0.to_vec();
+        let mut q: Joints = SmallVec::from_slice(q0);
         self.clamp(&mut q);
-        let w = opts.weights;
-        let mut best = (f64::INFINITY, q.clone(), 0.0, 0.0);
+        let w = Vector6::from(opts.weights);
+        let mut best_q = q.clone();
+        let mut best = (f64::INFINITY, 0.0, 0.0);
+        let mut cols: Columns = smallvec![Vector6::zeros(); n];
+        let damping2 = opts.damping * opts.damping;
         let mut iterations = 0;
         for it in 0..opts.max_iterations {
             iterations = it + 1;
             let cur = self.fk(&q);
             let (pos_err, rot_err) = pose_error(target, &cur);
-            let e = DVector::from_fn(6, |r, _| {
-                if r < 3 {
-                    pos_err[r] * w[r]
-                } else {
-                    rot_err[r - 3] * w[r]
-                }
-            });
+            let e = weighted_error(&pos_err, &rot_err, &w);
             let score = e.norm();
             if score < best.0 {
-                best = (score, q.clone(), pos_err.norm(), rot_err.norm());
+                best = (score, pos_err.norm(), rot_err.norm());
+                best_q.copy_from_slice(&q);
             }
             // Only the rotation components that carry weight have to meet the tolerance.
             let rot_ok =
                 (0..3).all(|i| w[3 + i] == 0.0 || rot_err[i].abs() <= opts.rotation_tolerance_rad);
             if pos_err.norm() < opts.position_tolerance_m && rot_ok {
                 return IkSolution {
-                    q,
+                    q: q.to_vec(),
                     position_error_m: pos_err.norm(),
                     rotation_error_rad: rot_err.norm(),
                     iterations,
                     converged: true,
                 };
             }
-            let mut jac = self.jacobian(&q);
+            self.jacobian_columns(&q, &cur.translation.vector, &mut cols);
+            for col in cols.iter_mut() {
+                col.component_mul_assign(&w);
+            }
+            // J Jᵀ + λ² I, each entry summed over the joints in order.
+            let mut jjt = Matrix6::zeros();
             for r in 0..6 {
-                for c in 0..n {
-                    jac[(r, c)] *= w[r];
+                for c in 0..6 {
+                    let mut acc = cols[0][r] * cols[0][c];
+                    for col in &cols[1..] {
+                        acc += col[r] * col[c];
+                    }
+                    jjt[(r, c)] = acc + if r == c { damping2 } else { 0.0 };
                 }
             }
-            let jjt =
-                &jac * jac.transpose() + DMatrix::identity(6, 6) * (opts.damping * opts.damping);
             let Some(y) = jjt.lu().solve(&e) else { break };
-            let mut dq = jac.transpose() * y;
-            let step = dq.amax();
-            if step > opts.max_step_rad {
-                dq *= opts.max_step_rad / step;
+            // dq = Jᵀ y, and the largest component for the step limit.
+            let mut dq: Joints = smallvec![0.0; n];
+            for (d, col) in dq.iter_mut().zip(&cols) {
+                let mut acc = col[0] * y[0];
+                for r in 1..6 {
+                    acc += col[r] * y[r];
+                }
+                *d = acc;
             }
-            for i in 0..n {
-                q[i] += dq[i];
+            let step = dq.iter().fold(0.0_f64, |m, d| m.max(d.abs()));
+            let scale = (step > opts.max_step_rad).then(|| opts.max_step_rad / step);
+            for (qi, d) in q.iter_mut().zip(&dq) {
+                *qi += scale.map_or(*d, |s| d * s);
             }
             self.clamp(&mut q);
         }
         let cur = self.fk(&q);
         let (p, r) = pose_error(target, &cur);
-        let score = DVector::from_fn(6, |row, _| {
-            if row < 3 {
-                p[row] * w[row]
-            } else {
-                r[row - 3] * w[row]
-            }
-        })
-        .norm();
+        let score = weighted_error(&p, &r, &w).norm();
         if score < best.0 {
-            best = (score, q, p.norm(), r.norm());
+            best = (score, p.norm(), r.norm());
+            best_q = q;
         }
         IkSolution {
-            q: best.1,
-            position_error_m: best.2,
-            rotation_error_rad: best.3,
+            q: best_q.to_vec(),
+            position_error_m: best.1,
+            rotation_error_rad: best.2,
             iterations,
             converged: false,
         }
     }
+}
+
+/// Joint vectors inside [`Chain::ik`]: inline up to 8 joints.
+type Joints = SmallVec<[f64; 8]>;
+/// The Jacobian's columns inside [`Chain::ik`].
+type Columns = SmallVec<[Vector6<f64>; 8]>;
+
+/// The pose error as one 6-vector (position, then rotation), each row times its weight.
+fn weighted_error(pos: &Vector3<f64>, rot: &Vector3<f64>, w: &Vector6<f64>) -> Vector6<f64> {
+    Vector6::new(
+        pos.x * w[0],
+        pos.y * w[1],
+        pos.z * w[2],
+        rot.x * w[3],
+        rot.y * w[4],
+        rot.z * w[5],
+    )
 }
 
 /// Position error (m) and rotation error (rotation vector, rad) of `current` towards `target`,
@@ -594,6 +626,107 @@ mod tests {
         assert!(
             err.contains("arm.urdf") && err.contains("gripper") && err.contains("tool"),
             "{err}"
+        );
+    }
+
+    /// The IK before it moved to stack-sized matrices: every product through `DMatrix`. Kept as
+    /// the reference the simulator's recorded trajectories were made with.
+    fn ik_reference(c: &Chain, target: &Isometry3<f64>, q0: &[f64], opts: &IkOptions) -> Vec<f64> {
+        use nalgebra::DVector;
+        let n = c.dof();
+        let mut q = q0.to_vec();
+        c.clamp(&mut q);
+        let w = opts.weights;
+        let error = |q: &[f64]| {
+            let (p, r) = pose_error(target, &c.fk(q));
+            (
+                DVector::from_fn(6, |i, _| if i < 3 { p[i] * w[i] } else { r[i - 3] * w[i] }),
+                p,
+                r,
+            )
+        };
+        let mut best = (f64::INFINITY, q.clone());
+        for _ in 0..opts.max_iterations {
+            let (e, p, r) = error(&q);
+            if e.norm() < best.0 {
+                best = (e.norm(), q.clone());
+            }
+            let rot_ok =
+                (0..3).all(|i| w[3 + i] == 0.0 || r[i].abs() <= opts.rotation_tolerance_rad);
+            if p.norm() < opts.position_tolerance_m && rot_ok {
+                return q;
+            }
+            let mut jac = c.jacobian(&q);
+            for r in 0..6 {
+                for col in 0..n {
+                    jac[(r, col)] *= w[r];
+                }
+            }
+            let jjt =
+                &jac * jac.transpose() + DMatrix::identity(6, 6) * (opts.damping * opts.damping);
+            let Some(y) = jjt.lu().solve(&e) else { break };
+            let mut dq = jac.transpose() * y;
+            let step = dq.amax();
+            if step > opts.max_step_rad {
+                dq *= opts.max_step_rad / step;
+            }
+            for i in 0..n {
+                q[i] += dq[i];
+            }
+            c.clamp(&mut q);
+        }
+        if error(&q).0.norm() < best.0 {
+            best.1 = q;
+        }
+        best.1
+    }
+
+    #[test]
+    fn ik_on_the_stack_is_bit_identical_to_the_dmatrix_formulation() {
+        let urdf = include_str!("../../../sim/assets/so101.urdf");
+        let arm = Chain::from_urdf_str(urdf, "so101.urdf", "base", "tcp").unwrap();
+        assert_eq!(arm.dof(), 5);
+        // A fixed sequence of joint targets spread over the limits (a 64-bit LCG), reached from
+        // the previous solution as the simulator does, with full-pose and position-only weights
+        // and with iteration budgets that end unconverged.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut uniform = || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut seed = vec![0.0; 5];
+        for k in 0..300 {
+            let q_true: Vec<f64> = arm
+                .joints()
+                .iter()
+                .map(|j| j.lower + (j.upper - j.lower) * uniform())
+                .collect();
+            let mut target = arm.fk(&q_true);
+            target.translation.vector.x += 0.05 * (uniform() - 0.5);
+            let opts = IkOptions {
+                weights: if k % 2 == 0 {
+                    [1.0, 1.0, 1.0, 0.1, 0.1, 0.1]
+                } else {
+                    [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+                },
+                max_iterations: [3, 20, 100][k % 3],
+                ..Default::default()
+            };
+            let got = arm.ik(&target, &seed, &opts).q;
+            let want = ik_reference(&arm, &target, &seed, &opts);
+            let bits = |q: &[f64]| q.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "target {k}: {got:?} vs {want:?}");
+            seed = got;
+        }
+        // The three-joint test arm as well.
+        let c = chain();
+        let target = c.fk(&[0.4, -0.2, 1.1]);
+        let opts = IkOptions::default();
+        assert_eq!(
+            c.ik(&target, &[0.0, 0.1, 0.1], &opts).q,
+            ik_reference(&c, &target, &[0.0, 0.1, 0.1], &opts)
         );
     }
 
