@@ -291,28 +291,40 @@ impl Chain {
     /// Geometric Jacobian of the tip (rows: linear velocity xyz, angular velocity xyz, in the base
     /// frame; one column per joint).
     pub fn jacobian(&self, q: &[f64]) -> DMatrix<f64> {
+        let mut frames: Frames = smallvec![Isometry3::identity(); self.dof()];
+        let tip = self.fk_with_frames(q, &mut frames).translation.vector;
         let mut cols: Columns = smallvec![Vector6::zeros(); self.dof()];
-        self.jacobian_columns(q, &self.fk(q).translation.vector, &mut cols);
+        self.jacobian_columns(&frames, &tip, &mut cols);
         DMatrix::from_fn(6, self.dof(), |r, c| cols[c][r])
     }
 
-    /// The Jacobian's columns for joint positions `q` whose tip is at `tip`, written into `cols`
-    /// (one per joint; no allocation).
-    fn jacobian_columns(&self, q: &[f64], tip: &Vector3<f64>, cols: &mut [Vector6<f64>]) {
+    /// Forward kinematics that also keeps each joint's frame before its motion (`T_base_parent *
+    /// origin`, what the Jacobian's columns are made of) in `frames`: the same products as
+    /// [`Chain::fk`], so the same pose to the last bit.
+    fn fk_with_frames(&self, q: &[f64], frames: &mut [Isometry3<f64>]) -> Isometry3<f64> {
         let mut t = Isometry3::identity();
-        for ((j, &qi), col) in self.joints.iter().zip(q).zip(cols.iter_mut()) {
-            let frame = t * j.origin;
+        for ((j, &qi), frame) in self.joints.iter().zip(q).zip(frames.iter_mut()) {
+            *frame = t * j.origin;
+            t = *frame * Self::joint_motion(j, qi);
+        }
+        t * self.tip
+    }
+
+    /// The Jacobian's columns (one per joint, into `cols`) from the joint frames of
+    /// [`Chain::fk_with_frames`] and the tip's position.
+    fn jacobian_columns(
+        &self,
+        frames: &[Isometry3<f64>],
+        tip: &Vector3<f64>,
+        cols: &mut [Vector6<f64>],
+    ) {
+        for ((j, frame), col) in self.joints.iter().zip(frames).zip(cols.iter_mut()) {
             let axis_w = frame.rotation * j.axis.into_inner();
-            let lin = match j.kind {
-                JointKind::Revolute => axis_w.cross(&(tip - frame.translation.vector)),
-                JointKind::Prismatic => axis_w,
-            };
-            let ang = match j.kind {
-                JointKind::Revolute => axis_w,
-                JointKind::Prismatic => Vector3::zeros(),
+            let (lin, ang) = match j.kind {
+                JointKind::Revolute => (axis_w.cross(&(tip - frame.translation.vector)), axis_w),
+                JointKind::Prismatic => (axis_w, Vector3::zeros()),
             };
             *col = Vector6::new(lin.x, lin.y, lin.z, ang.x, ang.y, ang.z);
-            t = frame * Self::joint_motion(j, qi);
         }
     }
 
@@ -352,12 +364,13 @@ impl Chain {
         let w = Vector6::from(opts.weights);
         let mut best_q = q.clone();
         let mut best = (f64::INFINITY, 0.0, 0.0);
+        let mut frames: Frames = smallvec![Isometry3::identity(); n];
         let mut cols: Columns = smallvec![Vector6::zeros(); n];
         let damping2 = opts.damping * opts.damping;
         let mut iterations = 0;
         for it in 0..opts.max_iterations {
             iterations = it + 1;
-            let cur = self.fk(&q);
+            let cur = self.fk_with_frames(&q, &mut frames);
             let (pos_err, rot_err) = pose_error(target, &cur);
             let e = weighted_error(&pos_err, &rot_err, &w);
             let score = e.norm();
@@ -377,7 +390,7 @@ impl Chain {
                     converged: true,
                 };
             }
-            self.jacobian_columns(&q, &cur.translation.vector, &mut cols);
+            self.jacobian_columns(&frames, &cur.translation.vector, &mut cols);
             for col in cols.iter_mut() {
                 col.component_mul_assign(&w);
             }
@@ -430,6 +443,8 @@ impl Chain {
 type Joints = SmallVec<[f64; 8]>;
 /// The Jacobian's columns inside [`Chain::ik`].
 type Columns = SmallVec<[Vector6<f64>; 8]>;
+/// The joints' frames inside [`Chain::ik`].
+type Frames = SmallVec<[Isometry3<f64>; 8]>;
 
 /// The pose error as one 6-vector (position, then rotation), each row times its weight.
 fn weighted_error(pos: &Vector3<f64>, rot: &Vector3<f64>, w: &Vector6<f64>) -> Vector6<f64> {
