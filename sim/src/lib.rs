@@ -11,7 +11,8 @@
 //! docs/sim.md describes the model, the tasks and their numbers.
 #![warn(missing_docs)]
 
-pub mod arm;
+/// The arm integrated by reflex's own dynamics (`[sim.solver] arm = "reflex"`).
+pub use reflex_arm_dynamics as arm;
 pub mod calib;
 pub mod camera;
 pub mod config;

@@ -8,10 +8,10 @@
 //! inertia of the geared servo is modelled as joint armature, which is also what keeps the light
 //! links stable at a 200 Hz physics step.
 
-use crate::arm::{ArmDynamics, ServoGains};
-use nalgebra::{Isometry3, Quaternion, Translation3, UnitQuaternion, Vector3};
+use nalgebra::{Isometry3, Point3, Quaternion, Translation3, UnitQuaternion, Vector3};
 use rapier3d::prelude::*;
 use rapier3d_urdf::{UrdfLoaderOptions, UrdfMultibodyOptions, UrdfRobot};
+use reflex_arm_dynamics::{ArmDynamics, Floor, ServoGains};
 use reflex_runtime::kinematics::Chain;
 
 /// The arm's URDF, shipped in the crate.
@@ -265,6 +265,49 @@ struct ReflexArm {
     /// Finger positions (m) and velocities (m/s) measured after the last physics step.
     finger_pos: [f32; 2],
     finger_vel: [f32; 2],
+    /// Corners of the gripper's collision box (gripper frame) and of each finger's (finger
+    /// frame): what the table stops ([`ReflexArm::tool_points`]).
+    gripper_corners: [Point3<f64>; 8],
+    finger_corners: [[Point3<f64>; 8]; 2],
+}
+
+impl ReflexArm {
+    /// The corners of the gripper's and the fingers' boxes in the gripper's frame, the fingers
+    /// where they were measured last.
+    fn tool_points(&self) -> [Point3<f64>; 24] {
+        let mut out = [Point3::origin(); 24];
+        out[..8].copy_from_slice(&self.gripper_corners);
+        for (i, ((_, _, frame, axis), corners)) in
+            self.fingers.iter().zip(&self.finger_corners).enumerate()
+        {
+            let at = frame * Translation3::from(axis * self.finger_pos[i] as f64);
+            for (o, c) in out[8 * (i + 1)..8 * (i + 2)].iter_mut().zip(corners) {
+                *o = at * c;
+            }
+        }
+        out
+    }
+}
+
+/// Height of the table's top in the world (and the arm's base) frame, m.
+const TABLE_TOP_Z: f64 = 0.0;
+
+/// The eight corners of `link`'s collision box, in the link's frame.
+fn box_corners(urdf: &urdf_rs::Robot, link: &str) -> [Point3<f64>; 8] {
+    let l = urdf
+        .links
+        .iter()
+        .find(|l| l.name == link)
+        .expect("link in shipped URDF");
+    let c = l.collision.first().expect("the shipped links have a box");
+    let urdf_rs::Geometry::Box { size } = &c.geometry else {
+        panic!("link `{link}`'s collision is not a box")
+    };
+    let origin = reflex_runtime::kinematics::urdf_pose(&c.origin);
+    std::array::from_fn(|k| {
+        let sign = |bit: usize| if k & (1 << bit) == 0 { -0.5 } else { 0.5 };
+        origin * Point3::new(sign(0) * size[0], sign(1) * size[1], sign(2) * size[2])
+    })
 }
 
 /// Converts a rapier pose to nalgebra (f64).
@@ -555,6 +598,11 @@ impl Scene {
                 let h = dt / arm.substeps as f32;
                 let g = self.world.gravity;
                 let gravity = nalgebra::Vector3::new(g.x as f64, g.y as f64, g.z as f64);
+                let tool = arm.tool_points();
+                let floor = Floor {
+                    z: TABLE_TOP_Z,
+                    points: &tool,
+                };
                 for _ in 0..arm.substeps {
                     self.targets = rate_limited(
                         &self.targets,
@@ -564,7 +612,7 @@ impl Scene {
                         h,
                     );
                     let t = std::array::from_fn(|k| self.targets[k] as f64);
-                    arm.dynamics.step(h as f64, &t, &gravity);
+                    arm.dynamics.step(h as f64, &t, &gravity, Some(floor));
                 }
                 for (b, pose) in arm.bodies.iter().zip(arm.dynamics.poses()) {
                     self.world.bodies[*b].set_next_kinematic_position(to_pose(pose));
@@ -966,6 +1014,8 @@ fn insert_reflex_arm(
         fingers,
         finger_pos: [0.0; 2],
         finger_vel: [0.0; 2],
+        gripper_corners: box_corners(&model.urdf, "gripper"),
+        finger_corners: FINGER_JOINTS.map(|name| box_corners(&model.urdf, name)),
     };
     (links, arm)
 }
@@ -1071,6 +1121,49 @@ mod tests {
             }
         }
         assert!(worst < 0.02, "the two arms drift {worst} rad apart");
+    }
+
+    #[test]
+    fn both_arm_solvers_stop_the_tool_at_the_table() {
+        // A top-down tool sent 3 cm below the table's top: rapier's multibody is stopped by the
+        // contacts of its gripper and fingers, reflex's arm by its floor (the corners of the same
+        // collision boxes). Both must rest with the fingertips (1 cm past the tool centre point)
+        // on the table, within a few millimetres of each other (16.8 and 12.5 mm when written:
+        // rapier's soft contacts hold the multibody's fingers a little above the plane).
+        use reflex_runtime::kinematics::{IkOptions, top_down};
+        let model = ArmModel::so101();
+        let ik = |z: f64| {
+            let target = Isometry3::from_parts(Translation3::new(0.25, 0.0, z), top_down(0.0));
+            let q = model
+                .ik_chain
+                .ik(&target, &[0.0, 0.3, 0.3, 1.0, 0.0], &IkOptions::default())
+                .q;
+            [q[0], q[1], q[2], q[3], q[4]]
+        };
+        let start = ik(0.06);
+        let below = ik(-0.03);
+        let goal: [f32; NUM_ACTUATORS] =
+            std::array::from_fn(|k| if k < 5 { below[k] as f32 } else { 0.03 });
+        let rest = [SolverParams::default(), reflex_solver()].map(|solver| {
+            let mut s = Scene::new(
+                &model,
+                &ServoParams::default(),
+                &solver,
+                1.0 / 200.0,
+                &start,
+                0.03,
+            );
+            s.command(&goal);
+            for _ in 0..200 {
+                s.step_physics();
+            }
+            let q = s.joint_positions().map(f64::from);
+            model.chain.fk(&q[..5]).translation.z
+        });
+        for z in rest {
+            assert!((0.005..0.02).contains(&z), "tool centre at {z} m: {rest:?}");
+        }
+        assert!((rest[0] - rest[1]).abs() < 0.006, "{rest:?}");
     }
 
     #[test]
