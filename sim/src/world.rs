@@ -1083,6 +1083,23 @@ mod tests {
         assert!((measured[5] - 0.04).abs() < 1e-6);
     }
 
+    /// The arm at `start` (gripper open 3 cm) at 200 Hz under rapier's multibody and under
+    /// reflex's arm, both commanded to `goal`.
+    fn both_solvers(model: &ArmModel, start: &[f64; 5], goal: &[f32; NUM_ACTUATORS]) -> [Scene; 2] {
+        [SolverParams::default(), reflex_solver()].map(|solver| {
+            let mut s = Scene::new(
+                model,
+                &ServoParams::default(),
+                &solver,
+                1.0 / 200.0,
+                start,
+                0.03,
+            );
+            s.command(goal);
+            s
+        })
+    }
+
     #[test]
     fn both_arm_solvers_move_the_arm_alike_through_a_servo_step() {
         // reflex's arm dynamics and rapier's multibody model the same URDF, servos and armature:
@@ -1093,18 +1110,7 @@ mod tests {
         let model = ArmModel::so101();
         let start = [0.0, 0.2, -0.3, 0.4, 0.0];
         let goal: [f32; NUM_ACTUATORS] = [0.6, -0.4, 0.5, -0.4, 0.8, 0.03];
-        let mut scenes = [SolverParams::default(), reflex_solver()].map(|solver| {
-            let mut s = Scene::new(
-                &model,
-                &ServoParams::default(),
-                &solver,
-                1.0 / 200.0,
-                &start,
-                0.03,
-            );
-            s.command(&goal);
-            s
-        });
+        let mut scenes = both_solvers(&model, &start, &goal);
         let mut worst = 0.0f32;
         for step in 1..=200 {
             for s in &mut scenes {
@@ -1144,16 +1150,7 @@ mod tests {
         let below = ik(-0.03);
         let goal: [f32; NUM_ACTUATORS] =
             std::array::from_fn(|k| if k < 5 { below[k] as f32 } else { 0.03 });
-        let rest = [SolverParams::default(), reflex_solver()].map(|solver| {
-            let mut s = Scene::new(
-                &model,
-                &ServoParams::default(),
-                &solver,
-                1.0 / 200.0,
-                &start,
-                0.03,
-            );
-            s.command(&goal);
+        let rest = both_solvers(&model, &start, &goal).map(|mut s| {
             for _ in 0..200 {
                 s.step_physics();
             }
