@@ -1,6 +1,6 @@
 //! The command line: documented commands work and bad input gets errors that say what to fix.
 
-use crate::common::{reflex, repo, run_ok};
+use crate::common::{reflex, reflex_outside_the_project, repo, run_ok};
 
 fn run(args: &[&str]) -> (bool, String, String) {
     let out = reflex().args(args).output().unwrap();
@@ -248,10 +248,10 @@ fn doctor_json_is_the_report_as_data_with_the_same_checks_as_the_text() {
 #[test]
 fn doctor_without_onnxruntime_says_how_to_install_it() {
     let dir = tempfile::tempdir().unwrap();
-    // No project environment above a temp dir, no python3 on PATH, a bad ORT_DYLIB_PATH unset.
-    let out = reflex()
+    // No project environment above a temp dir (the binary in it too), no python3 on PATH, a bad
+    // ORT_DYLIB_PATH unset.
+    let out = reflex_outside_the_project(dir.path())
         .arg("doctor")
-        .current_dir(dir.path())
         .env_remove("ORT_DYLIB_PATH")
         .env("PATH", dir.path())
         .output()

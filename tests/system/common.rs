@@ -1,12 +1,30 @@
 //! Helpers shared by the system tests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// The `reflex` binary built for this test run.
 pub fn reflex() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_reflex"));
     c.env("RUST_LOG", "warn");
+    c
+}
+
+/// The binary linked (or copied) into `dir` and run from there with `dir` as its working
+/// directory: nothing above either is the project, so what it finds (ONNX Runtime, the Rerun
+/// viewer) comes only from the environment the test gives it. Built inside a checkout (`make
+/// test` without `CARGO_TARGET_DIR` builds into `target/` under it), the binary would find the
+/// checkout's `.venv` by walking up from its own directory.
+pub fn reflex_outside_the_project(dir: &Path) -> Command {
+    let exe = dir.join("reflex");
+    if !exe.exists() {
+        let built = env!("CARGO_BIN_EXE_reflex");
+        std::fs::hard_link(built, &exe)
+            .or_else(|_| std::fs::copy(built, &exe).map(|_| ()))
+            .unwrap();
+    }
+    let mut c = Command::new(exe);
+    c.current_dir(dir).env("RUST_LOG", "warn");
     c
 }
 

@@ -1,7 +1,7 @@
 //! Recordings: episodes recorded from the simulator read back with Rerun's own tools, the
 //! recorder never holding the loop up, and `reflex replay`.
 
-use crate::common::{reflex, repo, run_ok};
+use crate::common::{reflex, reflex_outside_the_project, repo, run_ok};
 use reflex_bench::workloads::{NullRobot, SweepPolicy};
 use reflex_record::{Live, Recorder, RecorderConfig};
 use reflex_runtime::clock::SimClock;
@@ -260,10 +260,9 @@ fn replay_summary_prints_each_episode_and_a_missing_viewer_says_how_to_install_i
         text.contains("episode_000001.rrd") && text.contains("true"),
         "{text}"
     );
-    // No viewer on PATH and no project environment above a temp directory.
+    // No viewer on PATH and no project environment above a temp directory, nor above the binary.
     let empty = tempfile::tempdir().unwrap();
-    let out = reflex()
-        .current_dir(empty.path())
+    let out = reflex_outside_the_project(empty.path())
         .env("PATH", empty.path())
         .args(["replay"])
         .arg(&dir)
