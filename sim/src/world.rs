@@ -291,6 +291,8 @@ impl ReflexArm {
 
 /// Height of the table's top in the world (and the arm's base) frame, m.
 const TABLE_TOP_Z: f64 = 0.0;
+/// Half the table's thickness, m.
+const TABLE_HALF_THICKNESS_M: f64 = 0.02;
 
 /// The eight corners of `link`'s collision box, in the link's frame.
 fn box_corners(urdf: &urdf_rs::Robot, link: &str) -> [Point3<f64>; 8] {
@@ -777,9 +779,13 @@ fn physics_world(solver: &SolverParams, physics_dt: f32) -> PhysicsWorld {
 fn insert_table(world: &mut PhysicsWorld, colliders: &mut Vec<ColliderInfo>) {
     let table = world
         .bodies
-        .insert(RigidBodyBuilder::fixed().translation(Vector::new(0.2, 0.0, -0.02)));
+        .insert(RigidBodyBuilder::fixed().translation(Vector::new(
+            0.2,
+            0.0,
+            (TABLE_TOP_Z - TABLE_HALF_THICKNESS_M) as f32,
+        )));
     let h = world.colliders.insert_with_parent(
-        ColliderBuilder::cuboid(0.45, 0.45, 0.02)
+        ColliderBuilder::cuboid(0.45, 0.45, TABLE_HALF_THICKNESS_M as f32)
             .friction(0.8)
             .collision_groups(InteractionGroups::new(
                 groups::TABLE,

@@ -389,6 +389,10 @@ impl ArmDynamics {
         next: &mut Vec5,
     ) {
         let tool = self.poses[ARM_DOF - 1];
+        debug_assert!(
+            floor.points.len() <= Floor::MAX_POINTS,
+            "too many floor points"
+        );
         let n = floor.points.len().min(Floor::MAX_POINTS);
         // Per point near the plane: its height above it, the row of the Jacobian that maps joint
         // velocities to its vertical speed, the joint response to a unit impulse, and the
