@@ -207,6 +207,13 @@ impl Validate for SimConfig {
         in_range(&v, "iterations", self.solver.iterations, 1, 32)?;
         in_range(&v, "arm_substeps", self.solver.arm_substeps, 1, 32)?;
         in_range(&v, "pgs_iterations", self.solver.pgs_iterations, 1, 8)?;
+        in_range(
+            &v,
+            "stabilization_iterations",
+            self.solver.stabilization_iterations,
+            0,
+            8,
+        )?;
         // rapier integrates the arm once per solver iteration: the servos (about 12 Hz closed-loop
         // on the heaviest joint) and the finger contacts need that step to be 12.5 ms or shorter.
         // Below it the experts start to fail (docs/sim.md, "Speed"). reflex's arm has its own

@@ -98,6 +98,17 @@ struct DemoFile {
     /// resolved and checked in [`settings`].
     learner: Option<toml::Table>,
     human: Option<HumanConfig>,
+    sim: Option<DemoSim>,
+}
+
+/// The physics the demo's `pick` runs on (docs/sim.md's `physics_hz` and `[sim.solver]`); the
+/// task, the control rate, the action space and the cameras stay the demo's, which its base
+/// policy was trained for.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DemoSim {
+    physics_hz: Option<f64>,
+    solver: Option<toml::Table>,
 }
 
 impl Validate for DemoFile {
@@ -278,8 +289,43 @@ fn invalid_in(p: &Path, i: Invalid) -> AgentError {
     .into()
 }
 
-/// The learner's and the person's settings: the demo's, with a config file's tables over them.
-fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
+/// What a demo runs with: the demo's settings, with a config file's tables over them.
+#[derive(Debug)]
+struct Settings {
+    learner: SacConfig,
+    human: HumanConfig,
+    sim: SimConfig,
+}
+
+/// The demo's simulator: the pixel demo's cameras or the state demo's `pick`, on the physics
+/// of the file's `[sim]` table if it has one.
+fn sim_settings(o: &DemoOptions, file: Option<DemoSim>) -> Result<SimConfig> {
+    let mut sim = match &o.vision {
+        Some(v) => vision::sim_config(v),
+        None => SimConfig::for_task(TaskKind::Pick),
+    };
+    let (Some(p), Some(table)) = (&o.config, file) else {
+        return Ok(sim);
+    };
+    if let Some(hz) = table.physics_hz {
+        sim.physics_hz = hz;
+    }
+    if let Some(t) = table.solver {
+        // Keys the table leaves out keep their defaults (docs/sim.md).
+        sim.solver = t.try_into().map_err(|e: toml::de::Error| {
+            AgentError::setup(
+                format!("config `{}`: [sim.solver]", p.display()),
+                e.to_string(),
+            )
+        })?;
+    }
+    sim.validate("sim").map_err(|i| invalid_in(p, i))?;
+    Ok(sim)
+}
+
+/// The learner's, the person's and the simulator's settings: the demo's, with a config file's
+/// tables over them.
+fn settings(o: &DemoOptions) -> Result<Settings> {
     let file: DemoFile = match &o.config {
         Some(p) => reflex_contracts::config::load(p)?,
         None => DemoFile::default(),
@@ -334,7 +380,12 @@ fn settings(o: &DemoOptions) -> Result<(SacConfig, HumanConfig)> {
             ..h.unwrap_or_default()
         },
     };
-    Ok((learner, human))
+    let sim = sim_settings(o, file.sim)?;
+    Ok(Settings {
+        learner,
+        human,
+        sim,
+    })
 }
 
 /// The loop, the learner and everything the demo's step needs.
@@ -351,7 +402,7 @@ struct Rig {
     vision: Option<vision::VisionRig>,
 }
 
-fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
+fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<Rig> {
     let v = o.vision.as_ref();
     if v.is_some() && o.mode != Mode::Residual {
         return Err(AgentError::setup(
@@ -359,10 +410,7 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig) -> Result<Rig> {
             "the pixel demo refines its image base policy with a residual; drop --mode",
         ));
     }
-    let env = SimEnv::new(match v {
-        Some(v) => vision::sim_config(v),
-        None => SimConfig::for_task(TaskKind::Pick),
-    })?;
+    let env = SimEnv::new(sim)?;
     let seeing = v.map(|v| vision::seeing(v, env.spec())).transpose()?;
     let robot = match v {
         Some(v) => vision::judged(env, v)?,
@@ -646,8 +694,12 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
             "the offline updates train on the person's demonstrations, and this run has none (--no-human or --demos 0)",
         ));
     }
-    let (learner_cfg, human_cfg) = settings(o)?;
-    let mut rig = build_rig(o, learner_cfg)?;
+    let Settings {
+        learner: learner_cfg,
+        human: human_cfg,
+        sim,
+    } = settings(o)?;
+    let mut rig = build_rig(o, learner_cfg, sim)?;
     let spec = rig.lp.robot().spec().clone();
     // The person sees the whole scene, whatever the robot's state reports.
     let scene_spec = reflex_contracts::msg::RobotSpec {
@@ -1173,8 +1225,8 @@ mod tests {
 
     #[test]
     fn the_pixel_demo_has_its_own_bound_and_bc_weight_and_a_config_replaces_each() {
-        let (state, _) = settings(&DemoOptions::default()).unwrap();
-        let (pixels, _) = settings(&pixel_options(None)).unwrap();
+        let state = settings(&DemoOptions::default()).unwrap().learner;
+        let pixels = settings(&pixel_options(None)).unwrap().learner;
         assert_eq!(pixels.action_scale, VISION_ACTION_SCALE);
         assert_eq!(pixels.bc_weight, VISION_BC_WEIGHT);
         // The state demo keeps its own preset.
@@ -1184,7 +1236,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("pixels.toml");
         std::fs::write(&file, "[learner]\nbc_weight = 1.0\n").unwrap();
-        let (over, _) = settings(&pixel_options(Some(file))).unwrap();
+        let over = settings(&pixel_options(Some(file))).unwrap().learner;
         // The key the file names replaces the demo's; the one it leaves out stays the demo's.
         assert_eq!(over.bc_weight, 1.0);
         assert_eq!(over.action_scale, VISION_ACTION_SCALE);
@@ -1227,7 +1279,7 @@ mod tests {
             config: Some(file.clone()),
             ..Default::default()
         };
-        let (l, _) = settings(&pixels).unwrap();
+        let l = settings(&pixels).unwrap().learner;
         let heads = l.vision.expect("the table's heads");
         assert!(!heads.bc_trains_heads);
         assert_eq!(heads.width, 64);
@@ -1270,6 +1322,52 @@ mod tests {
             std::fs::write(&file, format!("[learner.vision]\n{body}\n")).unwrap();
             let e = settings(&pixels).unwrap_err().to_string();
             assert!(e.contains("heads.toml") && e.contains(key), "{e}");
+        }
+    }
+    #[test]
+    fn a_demo_configs_sim_table_sets_the_physics_and_keeps_the_demos_task_and_cameras() {
+        use reflex_sim::world::ArmSolver;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("physics.toml");
+        std::fs::write(
+            &file,
+            "[sim]\nphysics_hz = 100.0\n\n[sim.solver]\narm = \"reflex\"\npgs_iterations = 2\n",
+        )
+        .unwrap();
+        let o = |vision: bool| DemoOptions {
+            config: Some(file.clone()),
+            ..if vision {
+                pixel_options(None)
+            } else {
+                DemoOptions::default()
+            }
+        };
+        for vision in [false, true] {
+            let sim = settings(&o(vision)).unwrap().sim;
+            assert_eq!(sim.physics_hz, 100.0);
+            assert_eq!(sim.solver.arm, ArmSolver::Reflex);
+            assert_eq!(sim.solver.pgs_iterations, 2);
+            // Keys the table leaves out keep their defaults.
+            assert_eq!(sim.solver.arm_substeps, 2);
+            assert_eq!(sim.task, TaskKind::Pick);
+            assert_eq!(sim.cameras.enabled, vision);
+        }
+        // Without a file the demo's physics are the simulator's defaults.
+        let plain = settings(&DemoOptions::default()).unwrap().sim;
+        assert_eq!(
+            plain.physics_hz,
+            SimConfig::for_task(TaskKind::Pick).physics_hz
+        );
+        // A wrong key and a value out of range are refused, naming the file and the key.
+        for (body, key) in [
+            ("[sim]\ntask = \"reach\"\n", "task"),
+            ("[sim.solver]\npgs = 2\n", "pgs"),
+            ("[sim.solver]\npgs_iterations = 0\n", "pgs_iterations"),
+            ("[sim]\nphysics_hz = 30.0\n", "physics_hz"),
+        ] {
+            std::fs::write(&file, body).unwrap();
+            let e = settings(&o(false)).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains("physics.toml") && e.contains(key), "{body}: {e}");
         }
     }
 }
