@@ -51,11 +51,11 @@ fn default_control_hz() -> f64 {
 /// contacts are stable and faithful at, Hz.
 pub const MIN_SOLVER_HZ: f64 = 80.0;
 
-/// Physics rate of [`SimConfig::with_reflex_arm`], Hz.
-pub const REFLEX_ARM_PHYSICS_HZ: f64 = 100.0;
+/// Physics rate of [`SimConfig::with_multibody_arm`], Hz.
+pub const MULTIBODY_PHYSICS_HZ: f64 = 200.0;
 
 fn default_physics_hz() -> f64 {
-    200.0
+    100.0
 }
 fn default_robot() -> String {
     "sim".into()
@@ -139,15 +139,18 @@ impl SimConfig {
         }
     }
 
-    /// The same robot with the arm integrated by reflex ([`crate::arm`]) at the fast setting
-    /// `configs/sim/pick-reflex-arm.toml` ships: contacts and fingers at 100 Hz in one rapier
-    /// iteration of three Gauss-Seidel passes, the arm in two 5 ms steps per physics step.
-    pub fn with_reflex_arm(mut self) -> Self {
-        self.physics_hz = REFLEX_ARM_PHYSICS_HZ;
-        self.solver.arm = ArmSolver::Reflex;
-        self.solver.iterations = 1;
-        self.solver.pgs_iterations = 3;
-        self.solver.arm_substeps = 2;
+    /// The same robot with the arm and fingers as rapier's multibody, the simulator's default
+    /// until 2026-11-28 and what `configs/sim/pick-multibody.toml` ships: 200 Hz physics, one
+    /// solver iteration of one Gauss-Seidel pass, rapier's stabilisation and CCD, no joint warm
+    /// start. About a third of the default's speed; the reference the reflex arm is checked
+    /// against.
+    pub fn with_multibody_arm(mut self) -> Self {
+        self.physics_hz = MULTIBODY_PHYSICS_HZ;
+        self.solver = SolverParams {
+            prediction_distance_m: self.solver.prediction_distance_m,
+            contact_hz: self.solver.contact_hz,
+            ..SolverParams::multibody()
+        };
         self
     }
 

@@ -145,14 +145,16 @@ impl Default for ServoParams {
 }
 
 /// Physics solver parameters (config `[sim.solver]`).
-#[derive(Clone, Debug, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SolverParams {
     /// rapier solver iterations (small steps) per physics step.
     pub iterations: usize,
     /// Speculative contact margin, m.
+    #[serde(serialize_with = "shortest")]
     pub prediction_distance_m: f32,
     /// Natural frequency of contact springs, Hz (rapier's default is 30).
+    #[serde(serialize_with = "shortest")]
     pub contact_hz: f32,
     /// Who integrates the arm's five joints: `rapier` (one rapier multibody with the fingers) or
     /// `reflex` (reflex's own reduced-coordinate dynamics, [`crate::arm`]; rapier then moves the
@@ -177,29 +179,54 @@ pub struct SolverParams {
     pub ccd: bool,
 }
 
+/// An `f32` written as its shortest decimal (0.002, not 0.0020000000949949026): read back, it is
+/// the same `f32`.
+fn shortest<S: serde::Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(v.to_string().parse().unwrap_or(*v as f64))
+}
+
+impl SolverParams {
+    /// rapier's multibody for the arm and fingers with rapier's own settings otherwise (one
+    /// Gauss-Seidel pass, a stabilisation pass, CCD, no joint warm start): the simulator's
+    /// default until 2026-11-28, at 200 Hz physics ([`crate::SimConfig::with_multibody_arm`]).
+    pub fn multibody() -> Self {
+        SolverParams {
+            arm: ArmSolver::Rapier,
+            pgs_iterations: 1,
+            stabilization_iterations: 1,
+            warmstart_joints: false,
+            ccd: true,
+            ..Default::default()
+        }
+    }
+}
+
 /// Who integrates the arm (config `[sim.solver] arm`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ArmSolver {
     /// rapier's multibody: the arm and fingers as one reduced-coordinate body.
-    #[default]
     Rapier,
-    /// reflex's own dynamics of the five joints; fingers and contacts in rapier.
+    /// reflex's own dynamics of the five joints; fingers and contacts in rapier (the default).
+    #[default]
     Reflex,
 }
 
 impl Default for SolverParams {
+    /// reflex's arm at 100 Hz physics (set in [`crate::SimConfig`]): the arm in two 5 ms steps
+    /// per physics step, rapier's one iteration of two warm-started Gauss-Seidel passes for the
+    /// fingers, objects and contacts, no stabilisation pass, no CCD (docs/sim.md, "Speed").
     fn default() -> Self {
         SolverParams {
             iterations: 1,
             prediction_distance_m: 0.002,
             contact_hz: 30.0,
-            arm: ArmSolver::Rapier,
+            arm: ArmSolver::Reflex,
             arm_substeps: 2,
-            pgs_iterations: 1,
-            stabilization_iterations: 1,
-            warmstart_joints: false,
-            ccd: true,
+            pgs_iterations: 2,
+            stabilization_iterations: 0,
+            warmstart_joints: true,
+            ccd: false,
         }
     }
 }
@@ -1058,27 +1085,18 @@ mod tests {
             &model,
             &ServoParams::default(),
             &SolverParams::default(),
-            1.0 / 200.0,
+            1.0 / 100.0,
             &[0.0; 5],
             0.04,
         );
         (model, s)
     }
 
-    fn reflex_solver() -> SolverParams {
-        SolverParams {
-            arm: ArmSolver::Reflex,
-            iterations: 1,
-            pgs_iterations: 3,
-            ..Default::default()
-        }
-    }
-
     #[test]
     fn urdf_fk_matches_rapier_link_poses() {
         // Regression guard: the shared kinematics and the physics must agree on what a joint
         // vector means, or IK actions would land somewhere else than the simulator puts the arm.
-        for solver in [SolverParams::default(), reflex_solver()] {
+        for solver in [SolverParams::multibody(), SolverParams::default()] {
             fk_matches(&solver);
         }
     }
@@ -1112,7 +1130,7 @@ mod tests {
     /// The arm at `start` (gripper open 3 cm) at 200 Hz under rapier's multibody and under
     /// reflex's arm, both commanded to `goal`.
     fn both_solvers(model: &ArmModel, start: &[f64; 5], goal: &[f32; NUM_ACTUATORS]) -> [Scene; 2] {
-        [SolverParams::default(), reflex_solver()].map(|solver| {
+        [SolverParams::multibody(), SolverParams::default()].map(|solver| {
             let mut s = Scene::new(
                 model,
                 &ServoParams::default(),

@@ -595,38 +595,45 @@ fn expert_then_bench(cfg: &str) -> (serde_json::Value, String) {
 }
 
 #[test]
-fn the_fast_pick_preset_from_the_docs_keeps_the_expert_and_its_rates() {
-    // docs/sim.md's fast setting, run as a user runs it: the file, the binary. Its speed is the
-    // bench's business (docs/sim.md), not this test's; what must hold is that it still grasps.
+fn the_multibody_preset_from_the_docs_keeps_the_expert_and_says_who_integrates_the_arm() {
+    // configs/sim/pick-multibody.toml as a user runs it; the same settings as
+    // `SimConfig::with_multibody_arm`, which the determinism and expert tests use. Its speed is
+    // the bench's business (docs/sim.md), not this test's; what must hold is that it still grasps.
     let repo = crate::common::repo();
-    let cfg = repo.join("configs/sim/pick-fast.toml");
-    let cfg = cfg.to_str().unwrap();
-    let (v, out) = expert_then_bench(cfg);
-    assert_eq!(v["physics_hz"].as_f64(), Some(40.0), "{out}");
-    assert_eq!(v["substeps"].as_u64(), Some(2), "{out}");
-    assert!(v["state_only"]["steps_per_s"].as_f64().unwrap() > 0.0);
-}
-
-#[test]
-fn the_reflex_arm_preset_from_the_docs_keeps_the_expert_and_says_who_integrates_the_arm() {
-    // configs/sim/pick-reflex-arm.toml as a user runs it; the same settings as
-    // `SimConfig::with_reflex_arm`, which the determinism and expert tests use.
-    let repo = crate::common::repo();
-    let cfg = repo.join("configs/sim/pick-reflex-arm.toml");
+    let cfg = repo.join("configs/sim/pick-multibody.toml");
     let cfg = cfg.to_str().unwrap();
     let text = std::fs::read_to_string(cfg).unwrap();
     let parsed: toml::Value = toml::from_str(&text).unwrap();
     let sim: reflex_sim::SimConfig = parsed["sim"].clone().try_into().unwrap();
-    let preset = reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick).with_reflex_arm();
+    let preset = reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick).with_multibody_arm();
     assert_eq!(sim.physics_hz, preset.physics_hz);
     assert_eq!(format!("{:?}", sim.solver), format!("{:?}", preset.solver));
+    let (v, out) = expert_then_bench(cfg);
+    assert_eq!(v["arm"], "rapier", "{out}");
+    assert_eq!(v["substeps"].as_u64(), Some(10), "{out}");
+}
+
+#[test]
+fn the_default_pick_config_from_the_docs_integrates_the_arm_by_reflex_and_refuses_coarse_steps() {
+    // configs/sim/pick.toml spells out every default: the binary must run it as the defaults.
+    let repo = crate::common::repo();
+    let cfg = repo.join("configs/sim/pick.toml");
+    let cfg = cfg.to_str().unwrap();
+    let text = std::fs::read_to_string(cfg).unwrap();
+    let parsed: toml::Value = toml::from_str(&text).unwrap();
+    let sim: reflex_sim::SimConfig = parsed["sim"].clone().try_into().unwrap();
+    let default = reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick);
+    assert_eq!(sim.physics_hz, default.physics_hz);
+    assert_eq!(format!("{:?}", sim.solver), format!("{:?}", default.solver));
     let (v, out) = expert_then_bench(cfg);
     assert_eq!(v["arm"], "reflex", "{out}");
     assert_eq!(v["substeps"].as_u64(), Some(5), "{out}");
     // Too coarse an arm step is refused, naming the key and the floor.
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("coarse.toml");
-    std::fs::write(&bad, text.replace("arm_substeps = 2", "arm_substeps = 0")).unwrap();
+    let arm_substeps = "arm_substeps = 2 ";
+    assert!(text.contains(arm_substeps), "{text}");
+    std::fs::write(&bad, text.replace(arm_substeps, "arm_substeps = 0 ")).unwrap();
     let (ok, _, err) = run(&["sim", "bench", "--config", bad.to_str().unwrap(), "--json"]);
     assert!(!ok && err.contains("sim.solver.arm_substeps"), "{err}");
     std::fs::write(

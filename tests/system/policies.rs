@@ -559,13 +559,15 @@ fn missing_corrupt_or_specless_models_fail_at_load_with_the_file_named() {
     assert!(e.contains("specless.policy.toml"), "{e}");
 }
 
-/// Runs a shipped policy through `reflex run` for 100 seeded episodes.
+/// Runs a shipped policy through `reflex run` for 500 seeded episodes: over 100 the rate of the
+/// same policy swings by 25 points from one run seed to the next (18-43 % for `pick.onnx`,
+/// docs/bring-your-own-policy.md), over 500 by a few.
 fn shipped_success(config: &str) -> f64 {
     let v = crate::common::json_output(
         reflex()
             .args(["run", "--config"])
             .arg(repo().join(config))
-            .args(["--episodes", "100", "--json"]),
+            .args(["--episodes", "500", "--json"]),
     );
     v["success_rate"].as_f64().unwrap()
 }

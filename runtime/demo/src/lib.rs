@@ -699,6 +699,7 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
         human: human_cfg,
         sim,
     } = settings(o)?;
+    let sim_text = sim_section(o, &sim)?;
     let mut rig = build_rig(o, learner_cfg, sim)?;
     let spec = rig.lp.robot().spec().clone();
     // The person sees the whole scene, whatever the robot's state reports.
@@ -771,7 +772,7 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     // Keep what was learned, then judge it alone on seeds training never saw.
     let ckpt = dir.join("learner.ckpt");
     rig.sac.save(&ckpt)?;
-    let kept = keep_refined(o, &dir, &rig.sac, average.as_deref(), &spec)?;
+    let kept = keep_refined(o, &sim_text, &dir, &rig.sac, average.as_deref(), &spec)?;
     let trained = rig.lp.episodes().to_vec();
     let held = match (&kept, o.eval_episodes) {
         (_, 0) => None,
@@ -794,7 +795,7 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let base_held = match (&o.vision, o.eval_episodes) {
         (Some(_), n) if n > 0 => {
             progress.message("the base policy alone, on the same held-out episodes");
-            let cfg = reflex_agent::config::RunConfig::load(&keep_base(o, &dir)?)?;
+            let cfg = reflex_agent::config::RunConfig::load(&keep_base(o, &sim_text, &dir)?)?;
             let report = reflex_agent::actor::run_config(&cfg, &Default::default(), progress)?;
             Some(reflex_agent::heldout::HeldOut::of(
                 &report.episodes,
@@ -847,6 +848,7 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
 /// steers a diffusion policy's noise and has no residual to keep (its checkpoint is kept).
 fn keep_refined(
     o: &DemoOptions,
+    sim: &str,
     dir: &std::path::Path,
     sac: &Sac,
     average: Option<&[f32]>,
@@ -888,7 +890,6 @@ fn keep_refined(
          # `reflex eval --config refined.toml` judges it on another held-out seed stream.\n\
          [robot]\nsource = \"sim\"\n\n{sim}\n[policy]\n{policy}\n\n\
          [policy.residual]\nmodel = \"residual.onnx\"\n\n{run}",
-        sim = sim_section(o),
         run = run_section(o),
     );
     let config = dir.join("refined.toml");
@@ -897,16 +898,23 @@ fn keep_refined(
     Ok(Some((model, config)))
 }
 
-/// The `[sim]` tables of a config that runs this demo's robot: `pick`, and for the pixel demo
-/// its cameras and the arm's own state.
-fn sim_section(o: &DemoOptions) -> String {
-    match &o.vision {
-        None => "[sim]\ntask = \"pick\"\n".into(),
+/// The `[sim]` tables of a config that runs this demo's robot: `pick` on the physics the demo
+/// trained on, spelled out so that the kept files keep running on it whatever the defaults
+/// become, and for the pixel demo its cameras and the arm's own state.
+fn sim_section(o: &DemoOptions, sim: &SimConfig) -> Result<String> {
+    let solver = toml::to_string(&sim.solver)
+        .map_err(|e| AgentError::setup("[sim.solver]", e.to_string()))?;
+    let physics = format!(
+        "physics_hz = {:?}\n\n[sim.solver]\n{solver}",
+        sim.physics_hz
+    );
+    Ok(match &o.vision {
+        None => format!("[sim]\ntask = \"pick\"\n{physics}"),
         Some(v) => format!(
-            "[sim]\ntask = \"pick\"\nstate = \"arm\"\n\n[sim.cameras]\nenabled = true\nwidth = {}\nheight = {}\n",
+            "[sim]\ntask = \"pick\"\nstate = \"arm\"\n{physics}\n[sim.cameras]\nenabled = true\nwidth = {}\nheight = {}\n",
             v.camera_size.0, v.camera_size.1
         ),
-    }
+    })
 }
 
 /// The `[run]` table of the held-out evaluation: the simulator's own success judges it.
@@ -920,12 +928,12 @@ fn run_section(o: &DemoOptions) -> String {
 
 /// `base.toml`: the base policy alone on the held-out episodes `refined.toml` runs, the pixel
 /// demo's starting point measured on the same seeds.
-fn keep_base(o: &DemoOptions, dir: &Path) -> Result<PathBuf> {
+fn keep_base(o: &DemoOptions, sim: &str, dir: &Path) -> Result<PathBuf> {
     let base = std::fs::canonicalize(&o.model).map_err(|e| AgentError::io(&o.model, e))?;
     let text = format!(
         "# The base policy of this demo run alone, on the held-out episodes of refined.toml.\n\
          [robot]\nsource = \"sim\"\n\n{}\n[policy]\nkind = \"onnx\"\nmodel = {:?}\nseed = {}\n{}",
-        sim_section(o),
+        sim,
         base.display().to_string(),
         o.seed,
         run_section(o)
@@ -1358,6 +1366,14 @@ mod tests {
             plain.physics_hz,
             SimConfig::for_task(TaskKind::Pick).physics_hz
         );
+        // The kept files (refined.toml, base.toml) run on the physics the demo trained on.
+        for vision in [false, true] {
+            let sim = settings(&o(vision)).unwrap().sim;
+            let text = sim_section(&o(vision), &sim).unwrap();
+            let table: toml::Table = toml::from_str(&text).unwrap();
+            let kept: SimConfig = table["sim"].clone().try_into().unwrap();
+            assert_eq!(format!("{kept:?}"), format!("{sim:?}"), "{text}");
+        }
         // A wrong key and a value out of range are refused, naming the file and the key.
         for (body, key) in [
             ("[sim]\ntask = \"reach\"\n", "task"),
