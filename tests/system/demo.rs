@@ -164,6 +164,54 @@ fn a_partial_learner_table_keeps_the_demos_other_settings() {
 /// demonstrations alone come on top of one per environment step, the kept residual averages the
 /// episodes asked for and is judged held out; offline updates with no demonstrations are refused.
 #[test]
+fn a_demo_configs_sim_table_sets_the_physics_and_the_kept_files_keep_it() {
+    // docs/training.md: `--config` with a `[sim]` table runs the demo on other physics, here
+    // rapier's multibody (configs/sim/pick-multibody.toml's keys); refined.toml must run the
+    // kept policy on the same physics, not on the defaults.
+    use reflex_sim::{SimConfig, TaskKind};
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("multibody.toml");
+    std::fs::write(
+        &f,
+        "[sim]\nphysics_hz = 200.0\n\n[sim.solver]\narm = \"rapier\"\npgs_iterations = 1\n\
+         stabilization_iterations = 1\nwarmstart_joints = false\nccd = true\n",
+    )
+    .unwrap();
+    let runs = dir.path().join("runs");
+    let v = crate::common::json_output(&mut demo(
+        &[
+            "--episodes",
+            "2",
+            "--demos",
+            "1",
+            "--eval-episodes",
+            "2",
+            "--no-record",
+            "--json",
+            "--config",
+            f.to_str().unwrap(),
+        ],
+        &runs,
+    ));
+    assert_eq!(v["episodes"], 2, "{v}");
+    let refined = std::fs::read_to_string(v["refined_config"].as_str().unwrap()).unwrap();
+    let table: toml::Table = toml::from_str(&refined).unwrap();
+    let kept: SimConfig = table["sim"].clone().try_into().unwrap();
+    let multibody = SimConfig::for_task(TaskKind::Pick).with_multibody_arm();
+    assert_eq!(format!("{kept:?}"), format!("{multibody:?}"), "{refined}");
+    // A key the demo does not take is refused before anything runs, naming the file and key.
+    std::fs::write(&f, "[sim]\ntask = \"reach\"\n").unwrap();
+    let out = demo(&["--config", f.to_str().unwrap()], &runs)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("multibody.toml") && err.contains("task"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_offline_phase_and_the_kept_average_run_through_the_binary() {
     let dir = tempfile::tempdir().unwrap();
     let v = crate::common::json_output(&mut demo(
