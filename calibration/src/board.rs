@@ -27,6 +27,7 @@
 //! `calib-targets-chessboard`, refined to sub-pixel by [`refine_corner`]; ChArUco corners and
 //! markers from `calib-targets-charuco`, with its own sub-pixel positions.
 
+use crate::corner_check::{RejectedCorner, check_against_neighbours, check_markers};
 use calib_targets_charuco::{CharucoBoardSpec, CharucoDetector, CharucoParams, Dictionary};
 use calib_targets_chessboard::{
     ChessboardDetector, ChessboardParams, GrayImageView, default_chess_config, detect_corners,
@@ -318,6 +319,25 @@ impl Board {
         )
     }
 
+    /// Bits along a side of a marker's code, border excluded (`None` on a chessboard): 4 for
+    /// `DICT_4X4_50`.
+    pub fn marker_bits(&self) -> Option<usize> {
+        match self.kind {
+            BoardKind::Chessboard => None,
+            BoardKind::Charuco { dictionary, .. } => {
+                Some(dictionary_named(dictionary).marker_size())
+            }
+        }
+    }
+
+    /// Side of a marker, black border included, m (`None` on a chessboard).
+    pub fn marker_m(&self) -> Option<f64> {
+        match self.kind {
+            BoardKind::Chessboard => None,
+            BoardKind::Charuco { marker_m, .. } => Some(marker_m),
+        }
+    }
+
     /// Number of ArUco markers (0 on a chessboard): one per white square.
     pub fn marker_count(&self) -> usize {
         if self.is_charuco() {
@@ -397,13 +417,15 @@ pub enum DetectError {
     NotFound,
     /// Too little of a ChArUco board.
     #[error(
-        "only {found} ChArUco corners found, at least {needed} on two rows and two columns are needed (bring more of the board into view)"
+        "only {found} ChArUco corners found that fit the board ({rejected} more taken out: not where the board's geometry or its markers put them), at least {needed} on two rows and two columns are needed (bring more of the board into view; if many are taken out, check the board's size, marker size and dictionary in its name)"
     )]
     TooFew {
-        /// Corners found.
+        /// Corners found that fit the board.
         found: usize,
         /// Corners needed.
         needed: usize,
+        /// Corners found that did not fit the board's geometry.
+        rejected: usize,
     },
     /// Part of the board.
     #[error("only {found} of the board's {expected} corners found (keep the whole board in view)")]
@@ -435,15 +457,41 @@ pub fn gray_from_rgb(rgb: &[u8]) -> Vec<u8> {
 }
 
 /// Finds the board in a grey image: a chessboard's every corner, or the ChArUco corners its
-/// markers name (at least [`MIN_CHARUCO_CORNERS`]), refined to sub-pixel.
+/// markers name (at least [`MIN_CHARUCO_CORNERS`]), refined to sub-pixel. ChArUco corners are
+/// checked against their neighbours first ([`detect_checked`] says which were taken out).
 pub fn detect(
     board: &Board,
     gray: &[u8],
     width: usize,
     height: usize,
 ) -> Result<Corners, DetectError> {
+    detect_checked(board, gray, width, height).map(|d| d.corners)
+}
+
+/// The board found in one image: the corners used and those the checks took out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Detection {
+    /// The corners to use.
+    pub corners: Corners,
+    /// Corners the detector reported that do not fit the board's geometry (ChArUco only: a
+    /// chessboard view is used whole or not at all).
+    pub rejected: Vec<RejectedCorner>,
+}
+
+/// [`detect`], with the corners the checks took out and why.
+pub fn detect_checked(
+    board: &Board,
+    gray: &[u8],
+    width: usize,
+    height: usize,
+) -> Result<Detection, DetectError> {
     match board.kind {
-        BoardKind::Chessboard => detect_chessboard(board, gray, width, height),
+        BoardKind::Chessboard => {
+            detect_chessboard(board, gray, width, height).map(|corners| Detection {
+                corners,
+                rejected: Vec::new(),
+            })
+        }
         BoardKind::Charuco {
             marker_m,
             dictionary,
@@ -458,7 +506,7 @@ fn detect_charuco(
     gray: &[u8],
     width: usize,
     height: usize,
-) -> Result<Corners, DetectError> {
+) -> Result<Detection, DetectError> {
     // Markers' bits are a few pixels wide at webcam sizes; the detector's grid stage finds
     // far more of a board in the image at twice its size (on the simulator's 640x480 views
     // of a 9x7 board, 18-24 of 48 corners at 1x against 47-48 at 2x). Large images are
@@ -512,7 +560,10 @@ fn detect_charuco(
             ));
         }
     }
-    let corners = Corners::new(ids, pixels);
+    let (corners, mut rejected) = check_against_neighbours(board, &Corners::new(ids, pixels));
+    let (corners, unmarked) = check_markers(board, gray, width, height, &corners);
+    rejected.extend(unmarked);
+    rejected.sort_by_key(|r| r.id);
     let distinct = |f: fn(u32, u32) -> u32| {
         let mut v: Vec<u32> = corners.ids().iter().map(|&id| f(id, board.cols)).collect();
         v.sort_unstable();
@@ -526,9 +577,10 @@ fn detect_charuco(
         return Err(DetectError::TooFew {
             found: corners.len(),
             needed: MIN_CHARUCO_CORNERS,
+            rejected: rejected.len(),
         });
     }
-    Ok(corners)
+    Ok(Detection { corners, rejected })
 }
 
 /// Images up to this many pixels (1280 x 960) are searched for ChArUco boards at twice their

@@ -8,11 +8,13 @@
 //! back and forth between reflex and LeRobot unchanged.
 //!
 //! Cameras: the lens model and its files ([`camera`]), boards and their detection ([`board`]),
+//! detected corners checked against the board's geometry ([`corner_check`]),
 //! intrinsics ([`intrinsics`]) and hand-eye ([`hand_eye`]), on nalgebra with a small
 //! Levenberg-Marquardt ([`lm`]).
 
 pub mod board;
 pub mod camera;
+pub mod corner_check;
 pub mod hand_eye;
 pub mod intrinsics;
 pub mod lm;

@@ -286,6 +286,7 @@ fn camera(a: CameraArgs) -> anyhow::Result<()> {
         "fx {:.2} fy {:.2} cx {:.2} cy {:.2} px; k1 {:.4} k2 {:.4} p1 {:.5} p2 {:.5} k3 {:.4}",
         k[0][0], k[1][1], k[0][2], k[1][2], d[0], d[1], d[2], d[3], d[4]
     );
+    print_warnings(&r.warnings);
     println!("wrote {}", r.out.display());
     Ok(())
 }
@@ -319,17 +320,31 @@ fn hand_eye(a: HandEyeArgs) -> anyhow::Result<()> {
         "reprojection RMS {:.3} px; views agree on the board within {:.2} mm and {:.3} degrees",
         r.rms_px, r.worst_view_mm, r.worst_view_deg
     );
+    println!(
+        "camera's place known to {:.2} mm and {:.3} degrees (1 sigma; {:?}); the arm's poses scatter by {:.3} degrees and {:.2} mm",
+        r.camera_sigma_mm, r.camera_sigma_deg, r.estimate, r.arm_noise_deg, r.arm_noise_mm
+    );
+    print_warnings(&r.warnings);
     println!("wrote {}", r.out.display());
     Ok(())
 }
 
-/// Each image: its reprojection RMS, or why it was skipped.
+/// Each image: its reprojection RMS and the corners left out, or why it was skipped.
 fn print_views(views: &[reflex_tools::calibrate::ImageOutcome]) {
     for v in views {
         match (&v.rms_px, &v.skipped) {
-            (Some(rms), _) => println!("  {:<20} {rms:.3} px", v.image),
-            (None, Some(why)) => println!("  {:<20} skipped: {why}", v.image),
+            (_, Some(why)) => println!("  {:<20} skipped: {why}", v.image),
+            (Some(rms), None) => println!("  {:<20} {rms:.3} px", v.image),
             _ => {}
         }
+        for c in &v.rejected_corners {
+            println!("  {:<20}   corner {} left out: {}", "", c.id, c.reason);
+        }
+    }
+}
+
+fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        println!("warning: {w}");
     }
 }

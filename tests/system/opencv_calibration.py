@@ -11,6 +11,12 @@
         OpenCV's own ChArUco detector (cv2.aruco.CharucoDetector) on images: per image, the ids
         and pixels of the corners it finds, and the board's corners in its frame as OpenCV
         places them (getChessboardCorners).
+    opencv_calibration.py charuco-render BOARD OUTDIR VIEWS SEED
+        views of a ChArUco board that OpenCV draws itself (CharucoBoard.generateImage), seen
+        through a camera OpenCV models (each sample's ray from cv2.undistortPointsIter, 4x4 samples
+        a pixel, cv2.remap into the drawing), from seeded poses that keep the whole board in view
+        and tilt it about different axes; writes view_NNN.png and truth.json (the camera, every
+        pose, and every corner's pixel by cv2.projectPoints): inputs reflex did not make.
 
 A ChArUco board's object points are OpenCV's (cv2.aruco.CharucoBoard.getChessboardCorners,
 indexed by corner id), so reflex's board frame is checked too.
@@ -67,6 +73,88 @@ def charuco_detect(board, images):
     print(json.dumps(out))
 
 
+def charuco_render(board, out_dir, views, seed):
+    """Renders `views` seeded views of the board OpenCV draws (see the module's doc)."""
+    import os
+
+    b = charuco_board(board)
+    sx, sy = b.getChessboardSize()
+    square = b.getSquareLength()
+    # The drawing: 40 px a square and a one-square white margin, pixel centres at integers.
+    px = 40
+    margin = px
+    drawing = b.generateImage((sx * px + 2 * margin, sy * px + 2 * margin), marginSize=margin)
+    width, height = 640, 480
+    k = np.array([[610.0, 0.0, 322.5], [0.0, 608.0, 236.8], [0.0, 0.0, 1.0]])
+    dist = np.array([-0.21, 0.09, 0.0008, -0.0005, -0.02])
+    ss = 4
+    uu, vv = np.meshgrid(
+        np.arange(width * ss, dtype=np.float64) / ss - 0.5 + 0.5 / ss,
+        np.arange(height * ss, dtype=np.float64) / ss - 0.5 + 0.5 / ss,
+    )
+    pts = np.stack([uu.ravel(), vv.ravel()], axis=1).reshape(-1, 1, 2)
+    criteria = (cv2.TERM_CRITERIA_COUNT + cv2.TERM_CRITERIA_EPS, 50, 1e-10)
+    rays = cv2.undistortPointsIter(pts, k, dist, None, None, criteria).reshape(-1, 2)
+    rays = np.concatenate([rays, np.ones((rays.shape[0], 1))], axis=1)
+    obj = object_points(board)
+    rng = np.random.default_rng(seed)
+    centre = np.array([sx * square / 2, sy * square / 2, 0.0])
+    os.makedirs(out_dir, exist_ok=True)
+    truth = {
+        "opencv": cv2.__version__,
+        "board": board,
+        "image_width": width,
+        "image_height": height,
+        "camera_matrix": k.tolist(),
+        "dist": dist.tolist(),
+        "views": [],
+    }
+    n = 0
+    tries = 0
+    while n < views:
+        tries += 1
+        assert tries < 10000, "no pose keeps the board in view"
+        tilt = rng.uniform(-0.6, 0.6, 2)
+        rvec = np.array([tilt[0], tilt[1], rng.uniform(-0.5, 0.5)])
+        r = cv2.Rodrigues(rvec)[0]
+        t = np.array([rng.uniform(-0.04, 0.04), rng.uniform(-0.03, 0.03), rng.uniform(0.3, 0.42)])
+        t = t - r @ centre
+        # The whole board, its margin included, inside the image with 8 px to spare.
+        outline = np.array(
+            [[-square, -square, 0], [(sx + 1) * square, -square, 0],
+             [(sx + 1) * square, (sy + 1) * square, 0], [-square, (sy + 1) * square, 0]]
+        )
+        edge, _ = cv2.projectPoints(outline, cv2.Rodrigues(r)[0], t, k, dist)
+        edge = edge.reshape(-1, 2)
+        if not (np.all(edge > 8) and np.all(edge[:, 0] < width - 8) and np.all(edge[:, 1] < height - 8)):
+            continue
+        # Each ray meets the board's plane: camera centre c and direction d in the board frame.
+        c = -r.T @ t
+        d = rays @ r  # = (r.T @ rays.T).T
+        s = -c[2] / d[:, 2]
+        bx = c[0] + s * d[:, 0]
+        by = c[1] + s * d[:, 1]
+        mx = (margin + bx / square * px - 0.5).astype(np.float32).reshape(height * ss, width * ss)
+        my = (margin + by / square * px - 0.5).astype(np.float32).reshape(height * ss, width * ss)
+        big = cv2.remap(drawing, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=115)
+        img = cv2.resize(big, (width, height), interpolation=cv2.INTER_AREA)
+        name = f"view_{n:03d}.png"
+        cv2.imwrite(os.path.join(out_dir, name), img)
+        corners, _ = cv2.projectPoints(obj, cv2.Rodrigues(r)[0], t, k, dist)
+        truth["views"].append(
+            {
+                "image": name,
+                "rvec": cv2.Rodrigues(r)[0].ravel().tolist(),
+                "tvec": t.tolist(),
+                "corners": corners.reshape(-1, 2).tolist(),
+            }
+        )
+        n += 1
+    with open(os.path.join(out_dir, "truth.json"), "w") as f:
+        json.dump(truth, f)
+    print(json.dumps({"opencv": cv2.__version__, "views": n, "tries": tries}))
+
+
 def read_camera(path):
     fs = cv2.FileStorage(path, cv2.FILE_STORAGE_READ)
     assert fs.isOpened(), path
@@ -107,6 +195,9 @@ def rotation_from_xyzw(q):
 
 
 def main():
+    if sys.argv[1] == "charuco-render":
+        charuco_render(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        return
     if sys.argv[1] == "charuco-detect":
         charuco_detect(sys.argv[2], sys.argv[3:])
         return

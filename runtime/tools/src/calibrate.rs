@@ -9,13 +9,20 @@
 //!   "view_000.png", "joints": [rad, ...]} | {"image": ..., "gripper": Pose}]}`: the arm's joint
 //!   positions (forward kinematics of its URDF gives the gripper) or the gripper's pose itself;
 //! - `truth.json` (simulated views only): the lens and every pose they were rendered with.
+//!
+//! Every image is accounted for: used (with its RMS and any corners taken out) or skipped, with
+//! what kind of problem it had ([`SkipKind`]: the file does not decode, no board in it, the fit
+//! threw it out) and why, in the report and, when too few are left, in the error itself.
 
 use reflex_agent::AgentError;
 use reflex_agent::error::{Result, bail, ctx};
 use reflex_agent::progress::Progress;
-use reflex_calibration::board::{Board, Corners, detect, gray_from_rgb};
+use reflex_calibration::board::{Board, Corners, detect, detect_checked, gray_from_rgb};
 use reflex_calibration::camera::{CameraFile, CameraModel};
-use reflex_calibration::hand_eye::{HandEyeFile, HandEyeView, Pose, Setup, calibrate_hand_eye};
+use reflex_calibration::corner_check::RejectedCorner;
+use reflex_calibration::hand_eye::{
+    Estimate, HandEyeFile, HandEyeView, HeldOut, MotionSpread, Pose, Setup, calibrate_hand_eye,
+};
 use reflex_calibration::intrinsics::calibrate;
 use reflex_runtime::kinematics::Chain;
 use reflex_sim::calib::{board_on_table, hand_eye_views, intrinsics_views};
@@ -23,6 +30,18 @@ use reflex_sim::camera::CameraRig;
 use reflex_sim::world::{ARM_URDF, ArmModel};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+/// What kind of problem kept an image out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SkipKind {
+    /// The file does not decode (truncated or not an image): its board was never looked for.
+    Decode,
+    /// No usable board in it (not found, too little of it, or its corners failed the checks).
+    Board,
+    /// The board was found, and the calibration threw the view out (far from the others' fit).
+    Fit,
+}
 
 /// One image and why it was or was not used.
 #[derive(Clone, Debug, Serialize)]
@@ -35,9 +54,49 @@ pub struct ImageOutcome {
     /// Why not, when not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
+    /// What kind of problem, when skipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skip_kind: Option<SkipKind>,
+    /// Corners the detector reported that were not used, with why (ChArUco views).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rejected_corners: Vec<RejectedCorner>,
     /// The gripper's pose in the base frame (hand-eye views).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gripper: Option<Pose>,
+}
+
+impl ImageOutcome {
+    fn new(image: &str, found: &std::result::Result<FoundView, Skip>) -> Self {
+        let (skipped, skip_kind, rejected_corners) = match found {
+            Ok(f) => (None, None, f.rejected.clone()),
+            Err(s) => (Some(s.reason.clone()), Some(s.kind), Vec::new()),
+        };
+        ImageOutcome {
+            image: image.to_string(),
+            rms_px: None,
+            skipped,
+            skip_kind,
+            rejected_corners,
+            gripper: None,
+        }
+    }
+
+    fn skip(&mut self, kind: SkipKind, reason: String) {
+        self.skip_kind = Some(kind);
+        self.skipped = Some(reason);
+    }
+}
+
+/// Each image's line: its RMS, or why it was skipped (for errors that end a run).
+fn outcome_lines(views: &[ImageOutcome]) -> String {
+    views
+        .iter()
+        .map(|v| match (&v.rms_px, &v.skipped) {
+            (_, Some(why)) => format!("\n  {}: skipped: {why}", v.image),
+            (Some(rms), None) => format!("\n  {}: used ({rms:.3} px)", v.image),
+            (None, None) => format!("\n  {}: usable", v.image),
+        })
+        .collect()
 }
 
 /// What `reflex calibrate camera` found.
@@ -59,6 +118,11 @@ pub struct CameraCalibrationReport {
     pub out: PathBuf,
     /// The detected corners written (for other tools to check against).
     pub corners: Option<PathBuf>,
+    /// How far the board's normals leave the plane that fits them best, degrees (near 0: the
+    /// board was tilted about one axis only; docs/hardware.md, "Degenerate views").
+    pub tilt_spread_deg: f64,
+    /// What to look at before trusting the result.
+    pub warnings: Vec<String>,
     /// What the live capture kept, when the views came from `--live`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveCapture>,
@@ -130,8 +194,93 @@ fn file_name(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Per image of a folder: its name and the board's corners, or why they were not found.
-type Found = Vec<(String, std::result::Result<Corners, String>)>;
+/// Why an image was skipped before calibrating.
+#[derive(Clone, Debug)]
+struct Skip {
+    kind: SkipKind,
+    reason: String,
+}
+
+/// The board found in one image.
+#[derive(Clone, Debug)]
+struct FoundView {
+    corners: Corners,
+    rejected: Vec<RejectedCorner>,
+}
+
+/// Per image of a folder: its name and the board found, or why not.
+type Found = Vec<(String, std::result::Result<FoundView, Skip>)>;
+
+/// Whether a JPEG file holds all of itself: its markers walked from the start of image to the
+/// end of image, through every scan's entropy-coded data. Decoders fill a truncated file's
+/// missing rows with grey and say nothing (the board search then failed and the skip blamed the
+/// board's placement); the walk says where the file ends instead.
+fn jpeg_complete(bytes: &[u8]) -> std::result::Result<(), String> {
+    if bytes.len() < 4 || bytes[0] != 0xFF || bytes[1] != 0xD8 {
+        return Err("not a JPEG file (no start-of-image marker)".into());
+    }
+    let truncated = |at: usize| {
+        Err(format!(
+            "the file ends at byte {} before its end-of-image marker: it was truncated (copied or written only in part); copy it again or retake the picture",
+            at.min(bytes.len())
+        ))
+    };
+    let mut at = 2;
+    loop {
+        // A marker: 0xFF (fill bytes may repeat it), then its code.
+        while at < bytes.len() && bytes[at] == 0xFF {
+            at += 1;
+        }
+        if at >= bytes.len() {
+            return truncated(at);
+        }
+        let code = bytes[at];
+        at += 1;
+        match code {
+            0xD9 => return Ok(()),
+            0x01 | 0xD0..=0xD7 => continue,
+            _ => {}
+        }
+        if at + 2 > bytes.len() {
+            return truncated(at);
+        }
+        let len = u16::from_be_bytes([bytes[at], bytes[at + 1]]) as usize;
+        at += len;
+        if at > bytes.len() {
+            return truncated(bytes.len());
+        }
+        if code == 0xDA {
+            // Entropy-coded data runs to the next marker that is not a stuffed 0xFF00 or a
+            // restart marker.
+            loop {
+                if at + 1 >= bytes.len() {
+                    return truncated(bytes.len());
+                }
+                if bytes[at] == 0xFF && !matches!(bytes[at + 1], 0x00 | 0xD0..=0xD7 | 0xFF) {
+                    break;
+                }
+                at += 1;
+            }
+        } else if bytes.get(at).is_some_and(|b| *b != 0xFF) {
+            return Err(format!(
+                "byte {at} should start a JPEG marker and does not: the file is damaged"
+            ));
+        }
+    }
+}
+
+/// An image of the folder as RGB, or why it does not decode (naming the file).
+fn decode_image(f: &Path) -> std::result::Result<(u32, u32, Vec<u8>), String> {
+    let is_jpeg = f
+        .extension()
+        .is_some_and(|x| matches!(x.to_ascii_lowercase().to_str(), Some("jpg" | "jpeg")));
+    if is_jpeg {
+        let bytes = std::fs::read(f).map_err(|e| format!("`{}`: {e}", f.display()))?;
+        jpeg_complete(&bytes).map_err(|e| format!("`{}` does not decode: {e}", f.display()))?;
+    }
+    reflex_cameras::file::read_image(f)
+        .map_err(|e| format!("`{}` does not decode: {e}", f.display()))
+}
 
 /// Finds the board in every image of a folder, and the images' size (all must share it).
 fn detect_folder(
@@ -144,8 +293,20 @@ fn detect_folder(
     let mut size = None;
     let mut out = Vec::with_capacity(files.len());
     for f in &files {
-        let (w, h, rgb) =
-            reflex_cameras::file::read_image(f).map_err(ctx(f.display().to_string()))?;
+        let (w, h, rgb) = match decode_image(f) {
+            Ok(image) => image,
+            Err(reason) => {
+                out.push((
+                    file_name(f),
+                    Err(Skip {
+                        kind: SkipKind::Decode,
+                        reason,
+                    }),
+                ));
+                progress.inc(1);
+                continue;
+            }
+        };
         if *size.get_or_insert((w, h)) != (w, h) {
             let (w0, h0) = size.unwrap();
             return Err(bail(format!(
@@ -153,13 +314,47 @@ fn detect_folder(
                 f.display()
             )));
         }
-        let found =
-            detect(board, &gray_from_rgb(&rgb), w as usize, h as usize).map_err(|e| e.to_string());
+        let found = detect_checked(board, &gray_from_rgb(&rgb), w as usize, h as usize)
+            .map(|d| FoundView {
+                corners: d.corners,
+                rejected: d.rejected,
+            })
+            .map_err(|e| Skip {
+                kind: SkipKind::Board,
+                reason: e.to_string(),
+            });
         out.push((file_name(f), found));
         progress.inc(1);
     }
     progress.finish();
-    Ok((out, size.expect("at least one image")))
+    let Some(size) = size else {
+        return Err(bail(format!(
+            "no image in `{}` decodes:{}",
+            dir.display(),
+            outcome_lines(
+                &out.iter()
+                    .map(|(name, found)| ImageOutcome::new(name, found))
+                    .collect::<Vec<_>>()
+            )
+        )));
+    };
+    Ok((out, size))
+}
+
+/// Refuses an output path whose folder does not exist before any work is done, naming the
+/// folder: the atomic write would otherwise fail on its temporary file's name, after the
+/// whole folder of images had been searched.
+pub fn check_out_folder(flag: &str, path: &Path) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    match dir {
+        Some(d) if !d.is_dir() => Err(bail(format!(
+            "{flag} {}: the folder `{}` does not exist; create it (mkdir -p {}) or write elsewhere",
+            path.display(),
+            d.display(),
+            d.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
@@ -364,29 +559,40 @@ pub fn calibrate_camera(
     corners: Option<&Path>,
     progress: &dyn Progress,
 ) -> Result<CameraCalibrationReport> {
+    check_out_folder("--out", out)?;
+    if let Some(c) = corners {
+        check_out_folder("--corners", c)?;
+    }
     let (found, (w, h)) = detect_folder(images, board, progress)?;
-    let usable: Vec<(usize, &Corners)> = found
+    let usable: Vec<(usize, &FoundView)> = found
         .iter()
         .enumerate()
         .filter_map(|(k, (_, c))| c.as_ref().ok().map(|c| (k, c)))
         .collect();
-    let views: Vec<Corners> = usable.iter().map(|(_, c)| (*c).clone()).collect();
-    progress.message("refining the camera over every view");
-    let fit = calibrate(board, w, h, &views).map_err(ctx(images.display().to_string()))?;
+    let mut views: Vec<Corners> = usable.iter().map(|(_, c)| c.corners.clone()).collect();
     let mut outcomes: Vec<ImageOutcome> = found
         .iter()
-        .map(|(name, c)| ImageOutcome {
-            image: name.clone(),
-            rms_px: None,
-            skipped: c.as_ref().err().cloned(),
-            gripper: None,
-        })
+        .map(|(name, c)| ImageOutcome::new(name, c))
         .collect();
+    progress.message("refining the camera over every view");
+    let fit = calibrate(board, w, h, &views).map_err(|e| {
+        bail(format!(
+            "`{}`: {e}; each image:{}",
+            images.display(),
+            outcome_lines(&outcomes)
+        ))
+    })?;
     for v in &fit.views {
         outcomes[usable[v.index].0].rms_px = Some(v.rms_px);
     }
     for (k, why) in &fit.rejected {
-        outcomes[usable[*k].0].skipped = Some(why.clone());
+        outcomes[usable[*k].0].skip(SkipKind::Fit, why.clone());
+        outcomes[usable[*k].0].rms_px = None;
+    }
+    for (k, corner) in &fit.rejected_corners {
+        outcomes[usable[*k].0].rejected_corners.push(corner.clone());
+        let (ids, pixels) = views[*k].iter().filter(|(id, _)| *id != corner.id).unzip();
+        views[*k] = Corners::new(ids, pixels);
     }
     write_camera(out, &fit.model, Some(fit.rms_px))?;
     if let Some(path) = corners {
@@ -411,6 +617,8 @@ pub fn calibrate_camera(
         views: outcomes,
         out: out.to_path_buf(),
         corners: corners.map(Path::to_path_buf),
+        tilt_spread_deg: fit.tilt_spread_deg,
+        warnings: fit.warnings,
         live: None,
     })
 }
@@ -469,6 +677,26 @@ pub struct HandEyeReport {
     pub worst_view_mm: f64,
     /// Largest angle between them, degrees.
     pub worst_view_deg: f64,
+    /// Which estimate `camera` is: the refinement, or the closed form when that predicted
+    /// left-out views better.
+    pub estimate: Estimate,
+    /// Reprojection RMS of each view through an estimate fitted without it, px.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_out: Option<HeldOut>,
+    /// The corners' noise, px.
+    pub pixel_noise_px: f64,
+    /// The arm's pose noise the views show, per axis, degrees.
+    pub arm_noise_deg: f64,
+    /// The arm's pose noise the views show, per axis, mm.
+    pub arm_noise_mm: f64,
+    /// Standard deviation of the camera's place, mm.
+    pub camera_sigma_mm: f64,
+    /// Standard deviation of the camera's rotation, degrees.
+    pub camera_sigma_deg: f64,
+    /// How the arm turned between views.
+    pub motion: MotionSpread,
+    /// What to look at before trusting the result.
+    pub warnings: Vec<String>,
     /// Each image.
     pub views: Vec<ImageOutcome>,
     /// The result written.
@@ -503,6 +731,10 @@ pub fn calibrate_hand_eye_folder(
         files.camera.as_path(),
         files.out.as_path(),
     );
+    check_out_folder("--out", out)?;
+    if let Some(c) = &files.corners {
+        check_out_folder("--corners", c)?;
+    }
     let poses = files.poses.as_deref();
     let model = CameraModel::load(camera).map_err(ctx(camera.display().to_string()))?;
     let poses_path = poses
@@ -554,27 +786,16 @@ pub fn calibrate_hand_eye_folder(
                 images.display()
             )));
         };
-        match corners {
-            Ok(c) => {
-                views.push(HandEyeView {
-                    gripper,
-                    corners: c.clone(),
-                });
-                used.push(outcomes.len());
-                outcomes.push(ImageOutcome {
-                    image: pv.image.clone(),
-                    rms_px: None,
-                    skipped: None,
-                    gripper: Some(Pose::from(&gripper)),
-                });
-            }
-            Err(why) => outcomes.push(ImageOutcome {
-                image: pv.image.clone(),
-                rms_px: None,
-                skipped: Some(why.clone()),
-                gripper: Some(Pose::from(&gripper)),
-            }),
+        let mut outcome = ImageOutcome::new(&pv.image, corners);
+        outcome.gripper = Some(Pose::from(&gripper));
+        if let Ok(c) = corners {
+            views.push(HandEyeView {
+                gripper,
+                corners: c.corners.clone(),
+            });
+            used.push(outcomes.len());
         }
+        outcomes.push(outcome);
     }
     if let Some(path) = &files.corners {
         let used_views = outcomes.iter().filter(|o| o.skipped.is_none());
@@ -590,8 +811,13 @@ pub fn calibrate_hand_eye_folder(
         write_json(path, &file)?;
     }
     progress.message("solving AX = XB, then refining on the corners");
-    let fit = calibrate_hand_eye(poses.setup, &model, board, &views)
-        .map_err(ctx(images.display().to_string()))?;
+    let fit = calibrate_hand_eye(poses.setup, &model, board, &views).map_err(|e| {
+        bail(format!(
+            "`{}`: {e}; each image named in `{shown}`:{}",
+            images.display(),
+            outcome_lines(&outcomes)
+        ))
+    })?;
     for (i, rms) in used.iter().zip(&fit.view_rms_px) {
         outcomes[*i].rms_px = Some(*rms);
     }
@@ -617,6 +843,15 @@ pub fn calibrate_hand_eye_folder(
         rms_px: fit.rms_px,
         worst_view_mm: fit.view_board_error.iter().map(|e| e.0).fold(0.0, f64::max),
         worst_view_deg: fit.view_board_error.iter().map(|e| e.1).fold(0.0, f64::max),
+        estimate: fit.estimate,
+        held_out: fit.held_out,
+        pixel_noise_px: fit.pixel_noise_px,
+        arm_noise_deg: fit.arm_noise_deg,
+        arm_noise_mm: fit.arm_noise_mm,
+        camera_sigma_mm: fit.camera_sigma_mm,
+        camera_sigma_deg: fit.camera_sigma_deg,
+        motion: fit.motion,
+        warnings: fit.warnings,
         views: outcomes,
         out: out.to_path_buf(),
     })
@@ -630,6 +865,7 @@ const MAX_BOARD_PIXELS: f64 = 100e6;
 /// them (a 9x6 chessboard of 25 mm squares is 27.5 x 20 cm: A4 or US letter in landscape).
 /// Returns the image's size in pixels.
 pub fn write_board_png(board: &Board, dpi: f64, out: &Path) -> Result<(u32, u32)> {
+    check_out_folder("--out", out)?;
     if !(50.0..=2400.0).contains(&dpi) {
         return Err(bail(format!(
             "--dpi {dpi}: between 50 and 2400 dots per inch"
