@@ -26,8 +26,11 @@ build:
 demo: venv build
 	$(CARGO) run --release --quiet -- demo
 
-## Every test: unit tests of every crate and the system tests (one release build profile).
+## Every test: unit tests of every crate and the system tests (one release build profile). The
+## system test cpus:: reruns the learner as an AVX2-only processor under qemu-x86_64, which
+## tests/other_cpu_setup.sh installs (Debian's qemu-user) when it is missing.
 test: venv
+	tests/other_cpu_setup.sh
 	$(CARGO) test --release --workspace
 
 ## Remake the shipped base policies in models/ (the exact commands and seeds are also recorded

@@ -2,7 +2,7 @@
 
 use crate::cli::{BusArgs, print_json};
 use clap::{Args, Subcommand};
-use reflex_bench::{bus_bench, fleet_bench, learner_bench, loop_bench, pixels_bench};
+use reflex_bench::{bus_bench, fleet_bench, kernel_bench, learner_bench, loop_bench, pixels_bench};
 use reflex_runtime::rt::RtConfig;
 
 #[derive(Subcommand)]
@@ -13,6 +13,9 @@ pub enum BenchCommand {
     Loop(LoopBenchArgs),
     /// SAC update throughput and the wall time of 10k Pendulum steps.
     Learner(LearnerBenchArgs),
+    /// The learner's matrix kernel (the same bits on every processor) against the `gemm`
+    /// crate, product by product, on one thread.
+    Kernel(KernelBenchArgs),
     /// Sync-read and sync-write latency of a whole arm over its emulated servo bus.
     BusServo(crate::cli::ServoBenchArgs),
     /// Each stage of learning from pixels: rendering, the frozen encoder, the actor's image
@@ -204,6 +207,16 @@ pub struct LearnerBenchArgs {
     json: bool,
 }
 
+#[derive(Args)]
+pub struct KernelBenchArgs {
+    /// Timed repetitions of each product.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Bus(a) if a.echo => bus_bench::echo(&a.bus.config())?,
@@ -321,6 +334,24 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                         p.updates_shed,
                         p.updates_per_s,
                         p.robots_at_20hz
+                    );
+                }
+            }
+        }
+        BenchCommand::Kernel(a) => {
+            let out = kernel_bench::run(a.reps as usize);
+            if a.json {
+                print_json(&out);
+            } else {
+                println!("kernel path: {} ({} reps, medians)", out.path, out.reps);
+                for t in &out.shapes {
+                    println!(
+                        "{:<52} kernel {:>8.1} us ({:>5.1} GFLOP/s), gemm {:>8.1} us: {:.2}x",
+                        t.shape.what,
+                        t.kernel_p50_us,
+                        t.kernel_gflop_per_s,
+                        t.gemm_p50_us,
+                        t.speedup
                     );
                 }
             }

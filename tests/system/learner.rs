@@ -21,7 +21,7 @@ fn small(mode: Mode, seed: u64) -> SacConfig {
 }
 
 /// Fills an agent's online buffer with random Pendulum transitions.
-fn fill(sac: &mut Sac, n: usize, seed: u64) {
+pub(crate) fn fill(sac: &mut Sac, n: usize, seed: u64) {
     let mut env = Pendulum::new(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut obs = env.reset();
@@ -890,9 +890,12 @@ fn allocations_per_step(cfg: SacConfig) -> f64 {
 /// batch 256, five critic updates and one actor update). The goal is none. Before the optimiser
 /// kept its moments in its own buffers and the parameters were borrowed without lists on the
 /// heap: 147 and 499; after: 72 and 232; with the temperature read under its lock (no tensor
-/// operations): 64 and 224. What is left is `gemm`'s packing buffers and candle's layout check in
-/// each in-place write (Polyak, Adam), docs/benchmarks.md. The bounds keep what was removed from
-/// coming back.
+/// operations): 64 and 224 on an AVX-512 machine, 246 on an AVX2-only one (issue 54: `gemm`'s
+/// packing buffers were sized from the processor's caches). With reflex's own kernel, whose
+/// copies live in buffers kept per thread: 26 and 106 on both (the system test `cpus::` counts
+/// under an emulated AVX2-only processor too). What is left is candle's layout check in each
+/// in-place write (Polyak, Adam), docs/benchmarks.md. The bounds keep what was removed from
+/// coming back; they do not depend on the processor.
 #[test]
 fn the_hand_written_update_allocates_less_per_step_than_before() {
     let soak = allocations_per_step(SacConfig {
@@ -909,11 +912,11 @@ fn the_hand_written_update_allocates_less_per_step_than_before() {
     });
     eprintln!("hand-written update, allocations per step: soak's size {soak}, demo preset {demo}");
     assert!(
-        soak <= 68.0,
-        "{soak} allocations per step at 16x16, 64 expected: something allocates per update again"
+        soak <= 30.0,
+        "{soak} allocations per step at 16x16, 26 expected: something allocates per update again"
     );
     assert!(
-        demo <= 235.0,
-        "{demo} allocations per step at the demo preset, 224 expected: something allocates again"
+        demo <= 115.0,
+        "{demo} allocations per step at the demo preset, 106 expected: something allocates again"
     );
 }

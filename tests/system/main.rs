@@ -9,6 +9,8 @@ mod calibration;
 mod cli;
 mod common;
 mod control;
+#[cfg(target_arch = "x86_64")]
+mod cpus;
 mod dataset;
 mod demo;
 mod faults;

@@ -1,16 +1,18 @@
 //! The learner's matrix products on the CPU, split over threads the learner is given.
 //!
-//! candle hands its products to the `gemm` crate, which parallelises a product only when it
-//! spans several of its cache blocks: a 256x256 layer at batch 256 is one block, so a second
-//! core sat idle (measured: `reflex bench learner --threads 2` no faster than one thread). Here
-//! the work is split before it reaches `gemm`: an ensemble's members go to different threads, and
-//! a single product is cut into bands of rows. Each output element is still one `gemm` dot
-//! product over the whole inner dimension, so a split changes which thread computes it, not its
-//! value: the results are the same to the bit for any number of threads (a unit test checks).
+//! The arithmetic is [`crate::kernel`]'s: every output element one fused multiply-add chain over
+//! the whole inner dimension, in order, the same bits on every x86-64 processor. The `gemm`
+//! crate (candle's) parallelises a product only when it spans several of its cache blocks: a
+//! 256x256 layer at batch 256 is one block, so a second core sat idle (measured: `reflex bench
+//! learner --threads 2` no faster than one thread). Here the work is split before the kernel:
+//! an ensemble's members go to different threads, and a single product is cut into bands of
+//! rows. A split changes which thread computes an element, not its value: the results are the
+//! same to the bit for any number of threads (a unit test checks).
 //!
 //! [`product`] is the same split for callers that manage their own buffers (the hand-written
 //! networks in [`crate::ensemble`]): strided operands and destination, optionally accumulating.
 
+use crate::kernel::{self, Path, Rows, Strided};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,7 +52,7 @@ fn pool() -> &'static rayon::ThreadPool {
     })
 }
 
-/// A matrix operand as `gemm` reads it: where each batch starts and the row/column strides.
+/// A matrix operand as the kernel reads it: where each batch starts and the row/column strides.
 #[derive(Clone, Copy, Debug)]
 pub struct View {
     /// Offset of batch 0's first element.
@@ -162,7 +164,7 @@ unsafe impl<T> Sync for Shared<T> {}
 
 /// Computes `p` from `a` and `b` (read through their views) into `dst` (written through its
 /// layout; read as well when accumulating), split over the learner's threads when the product is
-/// big enough. Each output element is one `gemm` dot product over the whole inner dimension
+/// big enough. Each output element is one multiply-add chain over the whole inner dimension
 /// whatever the split, so the bits do not depend on the number of threads.
 ///
 /// Panics when a view reaches outside its slice, or when the destination's rows or batches
@@ -219,7 +221,7 @@ pub struct Gemm;
 
 impl CustomOp2 for Gemm {
     fn name(&self) -> &'static str {
-        "gemm (split over the learner's threads)"
+        "gemm (reflex_mlp::kernel, split over the learner's threads)"
     }
 
     fn cpu_fwd(
@@ -244,8 +246,9 @@ impl CustomOp2 for Gemm {
         let out = if k == 0 {
             vec![0f32; len]
         } else {
-            // Not zero-filled first: with `read_dst` false, gemm writes every element of the
-            // destination without reading it (a memset of each product was ~5% of an update).
+            // Not zero-filled first: when not accumulating, the kernel writes every element of
+            // the destination without reading it (a memset of each product was ~5% of an
+            // update).
             let mut out = Vec::<f32>::with_capacity(len);
             run(
                 Product {
@@ -285,6 +288,7 @@ fn run(p: Product, a: (&[f32], View), b: (&[f32], View), dst: (Shared<*mut f32>,
     let (b, ob) = b;
     let (dst, od) = dst;
     let threads = threads();
+    let path = Path::detected();
     let work = batch * m * k * n;
     let tasks = if threads <= 1 || work < SPLIT_MIN_WORK {
         1
@@ -296,30 +300,26 @@ fn run(p: Product, a: (&[f32], View), b: (&[f32], View), dst: (Shared<*mut f32>,
         for i in b0..b1 {
             let pa = oa.start + i * oa.batch_stride;
             let pb = ob.start + i * ob.batch_stride;
-            // SAFETY: every element read lies inside `a` and `b` (views checked by the caller);
-            // the task owns destination rows [r0, r1) of batch i, row stride `od.rs`.
+            let a = Strided {
+                data: a,
+                start: (pa as isize + r0 as isize * oa.rs) as usize,
+                rs: oa.rs,
+                cs: oa.cs,
+            };
+            let b = Strided {
+                data: b,
+                start: pb,
+                rs: ob.rs,
+                cs: ob.cs,
+            };
+            // SAFETY: the task owns destination rows [r0, r1) of batch i (n columns each, row
+            // stride `od.rs`), inside the destination the caller checked.
             unsafe {
-                gemm::gemm(
-                    r1 - r0,
-                    n,
-                    k,
-                    dst.0.add(od.start + i * od.batch_stride + r0 * od.rs),
-                    1,
-                    od.rs as isize,
-                    accumulate,
-                    a.as_ptr().add(pa).offset(r0 as isize * oa.rs),
-                    oa.cs,
-                    oa.rs,
-                    b.as_ptr().add(pb),
-                    ob.cs,
-                    ob.rs,
-                    if accumulate { 1.0 } else { 0.0 },
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
+                let rows = Rows {
+                    ptr: dst.0.add(od.start + i * od.batch_stride + r0 * od.rs),
+                    rs: od.rs,
+                };
+                kernel::product(path, (r1 - r0, k, n), a, b, rows, accumulate);
             }
         }
     };
@@ -351,8 +351,16 @@ mod tests {
     use super::*;
     use candle_core::{Device, Tensor};
 
+    /// A 2-D or 3-D tensor as batches of rows.
+    fn batched(t: &Tensor) -> Vec<Vec<Vec<f32>>> {
+        match t.rank() {
+            2 => vec![t.to_vec2().unwrap()],
+            _ => t.to_vec3().unwrap(),
+        }
+    }
+
     #[test]
-    fn the_split_products_equal_candles_to_the_bit_for_any_thread_count() {
+    fn the_split_products_equal_the_scalar_chains_to_the_bit_for_any_thread_count() {
         let dev = Device::Cpu;
         let t = |shape: &[usize], seed: u64| {
             let n: usize = shape.iter().product();
@@ -379,13 +387,20 @@ mod tests {
         for threads in [1, 2, 3] {
             set_threads(threads);
             for (a, b) in &cases {
-                let want: Vec<f32> = a
-                    .matmul(b)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
+                // The definition, read through candle's own indexing of the strided operands.
+                let (a3, b3) = (batched(a), batched(b));
+                let mut want = Vec::new();
+                for (am, bm) in a3.iter().zip(&b3) {
+                    for row in am {
+                        for c in 0..bm[0].len() {
+                            let chain = row
+                                .iter()
+                                .zip(bm)
+                                .fold(0f32, |s, (x, b_row)| x.mul_add(b_row[c], s));
+                            want.push(chain);
+                        }
+                    }
+                }
                 let got: Vec<f32> = a
                     .apply_op2_no_bwd(b, &Gemm)
                     .unwrap()

@@ -1,5 +1,6 @@
 //! reflex mlp: the arithmetic under the SAC learner's state-only update.
 //!
+//! - [`kernel`]: the matrix kernel, one order of arithmetic (the same bits) on every processor;
 //! - [`gemm`]: matrix products split over the learner's threads (also candle's products in the
 //!   learner, through its `Gemm` op), with the same bits for any thread count;
 //! - [`ensemble`]: N MLPs of one shape (ReLU, optional LayerNorm) forward and backward by hand,
@@ -17,6 +18,7 @@
 pub mod denormal;
 pub mod ensemble;
 pub mod gemm;
+pub mod kernel;
 pub mod norm;
 pub mod ops;
 pub mod squash;

@@ -8,6 +8,7 @@
 //!   bus round trip, a servo bus, the SAC learner (beside Pendulum);
 //! - [`pixels_bench`]: each stage of learning from pixels (rendering, the frozen encoder, the
 //!   actor's image heads, a learner update);
+//! - [`kernel_bench`]: the learner's matrix kernel against the `gemm` crate, product by product;
 //! - [`fleet_bench`]: one learner's ingest and training rates with 1, 2, 4, 8 actors;
 //! - [`soak`]: the actor and its learner for a long run with faults injected;
 //! - [`workloads`]: a robot and a policy that do no work (what is measured is the runtime);
@@ -16,6 +17,7 @@
 
 pub mod bus_bench;
 pub mod fleet_bench;
+pub mod kernel_bench;
 pub mod learner_bench;
 pub mod loop_bench;
 pub mod pendulum;

@@ -164,7 +164,8 @@ pub struct DemoSummary {
     pub intervention_rate_first_20: f64,
     /// ... and among the last 20.
     pub intervention_rate_last_20: f64,
-    /// The first episode at which the rolling 20-episode success reached 90%.
+    /// The first episode ending a full window of 20 in which the robot alone succeeded in at
+    /// least 90% (none before episode 20).
     pub episode_reaching_90pct_rolling_success: Option<usize>,
     /// Wall time, s.
     pub wall_s: f64,
@@ -238,6 +239,20 @@ pub struct DemoReport {
     pub rows: Vec<EpisodeRow>,
 }
 
+/// The first episode (1-based) that ends a full window of `k` episodes whose mean is at least
+/// `rate`. Windows shorter than `k` at the start do not count: the first episode alone is a
+/// "window" of 100% whenever it succeeds (the summary said "reached 90% at episode 1").
+fn first_full_window_reaching(xs: &[f64], k: usize, rate: f64) -> Option<usize> {
+    if k == 0 || xs.len() < k {
+        return None;
+    }
+    xs.windows(k)
+        .position(|w| w.iter().sum::<f64>() / k as f64 >= rate)
+        .map(|i| i + k)
+}
+
+/// The mean of the (up to) `k` values ending at each index: the learning curve's points, where
+/// the first `k - 1` average the episodes so far.
 fn rolling(xs: &[f64], k: usize) -> Vec<f64> {
     (0..xs.len())
         .map(|i| {
@@ -1169,7 +1184,7 @@ fn summarize(
         window(&succ, 0, n.min(20)),
         window(&succ, n.saturating_sub(20), n),
     );
-    let reached = s20.iter().position(|s| *s >= 0.9).map(|i| i + 1);
+    let reached = first_full_window_reaching(&succ, 20, 0.9);
     let summary = DemoSummary {
         episodes: n,
         seed: o.seed,
@@ -1219,6 +1234,22 @@ pub fn mode_name(m: Mode) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_rolling_figure_counts_only_full_windows() {
+        // The summary once said "reached 90% at episode 1": a first success averaged over a
+        // window of one episode.
+        let mut xs = vec![1.0; 5];
+        xs.extend([0.0; 3]);
+        xs.extend([1.0; 30]);
+        assert_eq!(first_full_window_reaching(&xs[..19], 20, 0.9), None);
+        // Episodes 1-5 succeed, 6-8 fail, 9 on succeed: the first window of 20 with at most two
+        // failures ends at episode 26 (episodes 7-26 hold only the failures of 7 and 8).
+        assert_eq!(first_full_window_reaching(&xs, 20, 0.9), Some(26));
+        assert_eq!(first_full_window_reaching(&[1.0; 20], 20, 0.9), Some(20));
+        assert_eq!(first_full_window_reaching(&[0.0; 40], 20, 0.9), None);
+    }
+
     use super::*;
 
     fn pixel_options(config: Option<PathBuf>) -> DemoOptions {

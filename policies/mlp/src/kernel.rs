@@ -1,0 +1,690 @@
+//! The learner's matrix kernel: one order of arithmetic on every x86-64 processor.
+//!
+//! Why not the `gemm` crate, which candle uses: it picks its micro-kernel (AVX-512, AVX2 + FMA,
+//! SSE) and its cache blocking from the processor it runs on, and both decide in which order a
+//! dot product's terms are added. A seeded run then reproduced itself on one machine only: on an
+//! AVX2-only EPYC, `make demo`'s seed 0 printed other success rates than on the AVX-512 EPYC the
+//! README was written on, and its allocations per update (gemm's packing buffers, sized from the
+//! caches) broke a test bound (issue 54).
+//!
+//! Here every output element is one chain of fused multiply-adds over the inner dimension, in
+//! order from `0` to `k - 1`, starting from `+0.0`; when accumulating, the chain's result is then
+//! added to the destination. A fused multiply-add rounds once, exactly as IEEE 754 defines it,
+//! so the chain's value depends on nothing but its inputs. The vector width decides only how many
+//! output columns are computed side by side (16 with AVX2, 32 with AVX-512), never the order of
+//! a sum, and no block size comes from the caches. The bits are the same with AVX-512, with
+//! AVX2 + FMA, and with neither, where `f32::mul_add` is the C library's `fmaf` (exact, slow:
+//! only x86-64 processors from before 2013 take that path). A unit test compares every path
+//! this processor has against a scalar loop, to the bit; the system test `cpus::` runs the
+//! learner as an AVX2-only processor under qemu and compares its parameters with this one's.
+//! Off x86-64 the products still go to `gemm` (see the function `elsewhere`).
+//!
+//! Layout: a tile is `MR` rows of `a` (read in place, one broadcast per element) against one or
+//! two panels of [`PANEL`] columns of `b`, read in place when `b`'s rows are contiguous and
+//! copied otherwise (a transposed `b`, or the last panel, zero-padded past `n`).
+
+// Off x86-64 only `elsewhere` runs; the tiles stay compiled for the portable path's tests.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+/// Columns per packed panel of `b`.
+pub const PANEL: usize = 16;
+
+/// The instruction set a product runs on. Every path gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// 512-bit vectors, 8 rows by 32 columns per tile.
+    Avx512,
+    /// 256-bit vectors with FMA, 6 rows by 16 columns per tile.
+    Avx2Fma,
+    /// Whatever the compiler makes of the portable loop (`fmaf` for each multiply-add).
+    Portable,
+}
+
+impl Path {
+    /// The fastest path this processor runs (looked up once).
+    pub fn detected() -> Path {
+        static DETECTED: OnceLock<Path> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            if Path::Avx512.available() {
+                Path::Avx512
+            } else if Path::Avx2Fma.available() {
+                Path::Avx2Fma
+            } else {
+                Path::Portable
+            }
+        })
+    }
+
+    /// Whether this processor can run the path.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Path::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+                Path::Avx2Fma => {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                }
+                Path::Portable => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Path::Portable
+        }
+    }
+
+    /// `avx512`, `avx2+fma` or `portable` (benchmark reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Avx512 => "avx512",
+            Path::Avx2Fma => "avx2+fma",
+            Path::Portable => "portable",
+        }
+    }
+}
+
+/// A matrix read through strides: element `(r, c)` at `start + r * rs + c * cs`.
+#[derive(Clone, Copy)]
+pub struct Strided<'a> {
+    /// The values the matrix lies in.
+    pub data: &'a [f32],
+    /// Index of element `(0, 0)`.
+    pub start: usize,
+    /// Row stride.
+    pub rs: isize,
+    /// Column stride.
+    pub cs: isize,
+}
+
+impl Strided<'_> {
+    /// Panics unless every element of a `rows x cols` matrix lies inside `data`.
+    fn check(&self, rows: usize, cols: usize, what: &str) {
+        assert!(
+            self.rs >= 0 && self.cs >= 0,
+            "{what}: negative strides ({}, {})",
+            self.rs,
+            self.cs
+        );
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let last = self.start + (rows - 1) * self.rs as usize + (cols - 1) * self.cs as usize;
+        assert!(
+            last < self.data.len(),
+            "{what} of {rows}x{cols} (start {}, strides {} and {}) outside its {} values",
+            self.start,
+            self.rs,
+            self.cs,
+            self.data.len()
+        );
+    }
+
+    fn at(&self, r: usize, c: usize) -> f32 {
+        self.data[self.start + r * self.rs as usize + c * self.cs as usize]
+    }
+}
+
+/// Rows of the destination, each `n` long, `rs` apart, from `ptr` (a pointer, not a slice: the
+/// learner's threads write disjoint column blocks of the same rows, so their rows' spans overlap
+/// although the elements each writes do not).
+#[derive(Clone, Copy)]
+pub struct Rows {
+    /// Row 0's first element.
+    pub ptr: *mut f32,
+    /// Row stride.
+    pub rs: usize,
+}
+
+thread_local! {
+    /// The panels of `b` this thread copies (a transposed `b`, or the last, narrower panel):
+    /// grown to the largest product once, then reused, so a product allocates nothing in steady
+    /// state.
+    static PACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `MR` rows of `a` as a tile reads them: row `r`'s element `i` at `offs[r] + i * cs`. Rows past
+/// the matrix repeat its last row (their results are not stored), so a tile never branches.
+#[derive(Clone, Copy)]
+struct ARows<'a, const MR: usize> {
+    data: &'a [f32],
+    offs: [usize; MR],
+    cs: usize,
+}
+
+impl<'a, const MR: usize> ARows<'a, MR> {
+    /// Rows `r0 ..` of `a` (at least one inside it), `k` elements each.
+    fn new(a: &Strided<'a>, r0: usize, m: usize, k: usize) -> Self {
+        let offs = std::array::from_fn(|r| a.start + (r0 + r).min(m - 1) * a.rs as usize);
+        let cs = a.cs as usize;
+        // What the tiles' unchecked reads rely on (`product` checked `a` as a whole).
+        assert!(offs.iter().all(|o| o + (k - 1) * cs < a.data.len()));
+        ARows {
+            data: a.data,
+            offs,
+            cs,
+        }
+    }
+}
+
+/// [`PANEL`] columns of `b` as a tile reads them: row `i`'s values at `start + i * rs ..`.
+#[derive(Clone, Copy)]
+struct Panel<'a> {
+    data: &'a [f32],
+    start: usize,
+    rs: usize,
+}
+
+impl<'a> Panel<'a> {
+    fn new(data: &'a [f32], start: usize, rs: usize, k: usize) -> Self {
+        // What the tiles' unchecked reads rely on.
+        assert!(start + (k - 1) * rs + PANEL <= data.len());
+        Panel { data, start, rs }
+    }
+}
+
+/// Where each panel of `b` is read from: in place when its rows are contiguous (`cs` 1) and the
+/// panel is whole, otherwise from the copy.
+struct Panels<'a> {
+    b: Strided<'a>,
+    copy: &'a [f32],
+    k: usize,
+    n: usize,
+}
+
+impl<'a> Panels<'a> {
+    fn in_place(&self, p: usize) -> bool {
+        self.b.cs == 1 && (p + 1) * PANEL <= self.n
+    }
+
+    fn get(&self, p: usize) -> Panel<'a> {
+        if self.in_place(p) {
+            Panel::new(
+                self.b.data,
+                self.b.start + p * PANEL,
+                self.b.rs as usize,
+                self.k,
+            )
+        } else {
+            Panel::new(self.copy, p * self.k * PANEL, PANEL, self.k)
+        }
+    }
+
+    /// Copies the panels read from the copy: panel `p`, inner index `i`, column `c` at
+    /// `(p * k + i) * PANEL + c`; columns past `n` are zero.
+    fn fill(b: &Strided, k: usize, n: usize, out: &mut Vec<f32>) {
+        let panels = n.div_ceil(PANEL);
+        out.clear();
+        out.resize(panels * k * PANEL, 0.0);
+        for (p, panel) in out.chunks_exact_mut(k * PANEL).enumerate() {
+            let c0 = p * PANEL;
+            let width = PANEL.min(n - c0);
+            if b.cs == 1 && width == PANEL {
+                continue; // read in place
+            }
+            for (i, row) in panel.chunks_exact_mut(PANEL).enumerate() {
+                for (c, v) in row[..width].iter_mut().enumerate() {
+                    *v = b.at(i, c0 + c);
+                }
+            }
+        }
+    }
+}
+
+/// `dst (+)= a @ b` for `a` `m x k`, `b` `k x n`, on `path` (which must be
+/// [available](Path::available)).
+///
+/// Panics when an operand reaches outside its slice, or when `path` is not available.
+///
+/// # Safety
+/// For every row `r < m`, the `n` elements from `dst.ptr + r * dst.rs` must be valid for writes
+/// (and initialised when `accumulate`), and nothing else may access them during the call.
+pub unsafe fn product(
+    path: Path,
+    (m, k, n): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    dst: Rows,
+    accumulate: bool,
+) {
+    assert!(
+        path.available(),
+        "the {} path on a processor without it",
+        path.name()
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // Empty sums: +0.0, added or stored.
+        for r in 0..m {
+            for c in 0..n {
+                // SAFETY: row r < m, column c < n (the caller's rows).
+                unsafe {
+                    let o = dst.ptr.add(r * dst.rs + c);
+                    o.write(if accumulate { *o + 0.0 } else { 0.0 });
+                }
+            }
+        }
+        return;
+    }
+    a.check(m, k, "lhs");
+    b.check(k, n, "rhs");
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: the operands were checked above; the destination is the caller's contract.
+        unsafe { elsewhere(path, (m, k, n), a, b, dst, accumulate) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    PACK.with_borrow_mut(|copy| {
+        Panels::fill(&b, k, n, copy);
+        let panels = Panels { b, copy, k, n };
+        let job = Job {
+            m,
+            k,
+            n,
+            a,
+            dst,
+            accumulate,
+        };
+        match path {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `available` checked AVX-512F above; `job` carries the caller's contract.
+            Path::Avx512 => unsafe { rows_avx512(&job, &panels) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `available` checked AVX2 and FMA above; `job` carries the caller's contract.
+            Path::Avx2Fma => unsafe { rows_avx2(&job, &panels) },
+            // SAFETY: `job` carries the caller's contract.
+            _ => unsafe { rows::<6, 1>(&job, &panels, tile::<6, 1>, tile::<6, 1>) },
+        }
+    });
+}
+
+/// Off x86-64 (a Jetson's or a Raspberry Pi's ARM cores) the products go to the `gemm` crate and
+/// its NEON kernels, as before this module: the tiles here have no NEON version yet, and the
+/// portable one cannot be measured on the x86 machines reflex is built on. The bits there are
+/// `gemm`'s, the same from run to run on one machine, not necessarily the same as on x86-64.
+///
+/// # Safety
+/// [`product`]'s contract, with the operands checked.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn elsewhere(
+    _path: Path,
+    (m, k, n): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    dst: Rows,
+    accumulate: bool,
+) {
+    // SAFETY: `a` and `b` lie inside their slices (checked by the caller); `dst` is the
+    // caller's, m rows of n values `dst.rs` apart.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.ptr,
+            1,
+            dst.rs as isize,
+            accumulate,
+            a.data.as_ptr().add(a.start),
+            a.cs,
+            a.rs,
+            b.data.as_ptr().add(b.start),
+            b.cs,
+            b.rs,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// One product's operands and destination.
+struct Job<'a> {
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Strided<'a>,
+    dst: Rows,
+    accumulate: bool,
+}
+
+/// # Safety
+/// The processor has AVX-512F and FMA; `job.dst` satisfies [`product`]'s contract.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn rows_avx512(job: &Job, panels: &Panels) {
+    // SAFETY: this function's contract.
+    unsafe { rows::<8, 2>(job, panels, x86::tile_avx512::<2>, x86::tile_avx512::<1>) }
+}
+
+/// # Safety
+/// The processor has AVX2 and FMA; `job.dst` satisfies [`product`]'s contract.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2(job: &Job, panels: &Panels) {
+    // SAFETY: this function's contract.
+    unsafe { rows::<6, 1>(job, panels, x86::tile_avx2, x86::tile_avx2) }
+}
+
+/// A tile's function: `MR` rows of `a` against `NP` panels of `b` (see [`tile`]).
+type Tile<const MR: usize, const NP: usize> =
+    unsafe fn(usize, ARows<MR>, [Panel; NP]) -> [[[f32; PANEL]; NP]; MR];
+
+/// All rows, `MR` at a time, against `NP` panels at a time (`full`), the last odd panel alone
+/// (`one`). Inlined into each path's function, whose instructions the tiles use.
+///
+/// # Safety
+/// The processor runs the tiles; `job.dst` satisfies [`product`]'s contract.
+#[inline(always)]
+unsafe fn rows<const MR: usize, const NP: usize>(
+    job: &Job,
+    panels: &Panels,
+    full: Tile<MR, NP>,
+    one: Tile<MR, 1>,
+) {
+    let Job {
+        m,
+        k,
+        n,
+        a,
+        dst,
+        accumulate,
+    } = *job;
+    let count = n.div_ceil(PANEL);
+    for r0 in (0..m).step_by(MR) {
+        let mr = MR.min(m - r0);
+        let ar = ARows::<MR>::new(&a, r0, m, k);
+        let mut p = 0;
+        while p < count {
+            let np = NP.min(count - p);
+            let acc = if np == NP {
+                // SAFETY: the processor runs the tile (this function's contract).
+                unsafe { full(k, ar, std::array::from_fn(|q| panels.get(p + q))) }
+            } else {
+                // The last panel alone (AVX-512 with an odd number of panels): its elements are
+                // the same chains, so the bits do not change.
+                // SAFETY: as above.
+                let one = unsafe { one(k, ar, [panels.get(p)]) };
+                let mut acc = [[[0.0; PANEL]; NP]; MR];
+                for (r, row) in one.iter().enumerate() {
+                    acc[r][0] = row[0];
+                }
+                acc
+            };
+            for (r, acc_r) in acc.iter().enumerate().take(mr) {
+                for (q, acc_rq) in acc_r.iter().enumerate().take(np) {
+                    let c0 = (p + q) * PANEL;
+                    let width = PANEL.min(n - c0);
+                    // SAFETY (both arms): row `r0 + r < m`, columns `c0 .. c0 + width <= n`:
+                    // inside the caller's rows, which nothing else accesses and which are
+                    // initialised when accumulating (`product`'s contract). Overwriting copies
+                    // without forming a reference, so the rows may start uninitialised.
+                    let out = unsafe { dst.ptr.add((r0 + r) * dst.rs + c0) };
+                    if accumulate {
+                        let out = unsafe { std::slice::from_raw_parts_mut(out, width) };
+                        for (o, v) in out.iter_mut().zip(acc_rq) {
+                            *o += *v;
+                        }
+                    } else {
+                        unsafe { std::ptr::copy_nonoverlapping(acc_rq.as_ptr(), out, width) };
+                    }
+                }
+            }
+            p += np;
+        }
+    }
+}
+
+/// One tile, portably: `MR` rows of `a` against `NP` panels of `b`; element `(r, c)` is
+/// `fma(a[r, k-1], b[k-1, c], ... fma(a[r, 0], b[0, c], 0))`.
+///
+/// # Safety
+/// None beyond the type's: safe code (an `unsafe fn` only to share [`Tile`] with the others).
+unsafe fn tile<const MR: usize, const NP: usize>(
+    k: usize,
+    a: ARows<MR>,
+    b: [Panel; NP],
+) -> [[[f32; PANEL]; NP]; MR] {
+    let mut acc = [[[0.0f32; PANEL]; NP]; MR];
+    for i in 0..k {
+        for (q, bq) in b.iter().enumerate() {
+            let s = bq.start + i * bq.rs;
+            let bv = &bq.data[s..s + PANEL];
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let av = a.data[a.offs[r] + i * a.cs];
+                for (o, bc) in acc_r[q].iter_mut().zip(bv) {
+                    *o = av.mul_add(*bc, *o);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// The tiles in the processor's vector registers, with intrinsics: left to vectorise [`tile`]
+/// for these targets, the compiler chose gathers and scatters over the rows and ran 35 times
+/// slower than `gemm`.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{ARows, PANEL, Panel};
+    use std::arch::x86_64::*;
+
+    /// [`super::tile`] for 6 rows and one panel: two 8-wide accumulators per row.
+    ///
+    /// # Safety
+    /// The processor has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_avx2(k: usize, a: ARows<6>, b: [Panel; 1]) -> [[[f32; PANEL]; 1]; 6] {
+        let mut acc = [[_mm256_setzero_ps(); 2]; 6];
+        let (ap, bp) = (a.data.as_ptr(), b[0].data.as_ptr());
+        for i in 0..k {
+            // SAFETY: `Panel::new` and `ARows::new` checked every index below for `i < k`.
+            unsafe {
+                let row = bp.add(b[0].start + i * b[0].rs);
+                let (b0, b1) = (_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)));
+                for (acc_r, off) in acc.iter_mut().zip(a.offs) {
+                    let av = _mm256_set1_ps(*ap.add(off + i * a.cs));
+                    acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
+                    acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
+                }
+            }
+        }
+        let mut out = [[[0.0; PANEL]; 1]; 6];
+        for (o, acc_r) in out.iter_mut().zip(&acc) {
+            // SAFETY: each row of `out` holds 16 values: two stores of 8.
+            unsafe {
+                _mm256_storeu_ps(o[0].as_mut_ptr(), acc_r[0]);
+                _mm256_storeu_ps(o[0].as_mut_ptr().add(8), acc_r[1]);
+            }
+        }
+        out
+    }
+
+    /// [`super::tile`] for 8 rows and `NP` panels: one 16-wide accumulator per row and panel.
+    ///
+    /// # Safety
+    /// The processor has AVX-512F and FMA.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn tile_avx512<const NP: usize>(
+        k: usize,
+        a: ARows<8>,
+        b: [Panel; NP],
+    ) -> [[[f32; PANEL]; NP]; 8] {
+        let mut acc = [[_mm512_setzero_ps(); NP]; 8];
+        let ap = a.data.as_ptr();
+        for i in 0..k {
+            // SAFETY: `Panel::new` and `ARows::new` checked every index below for `i < k`.
+            unsafe {
+                let bv: [__m512; NP] = std::array::from_fn(|q| {
+                    _mm512_loadu_ps(b[q].data.as_ptr().add(b[q].start + i * b[q].rs))
+                });
+                for (acc_r, off) in acc.iter_mut().zip(a.offs) {
+                    let av = _mm512_set1_ps(*ap.add(off + i * a.cs));
+                    for (acc_rq, bq) in acc_r.iter_mut().zip(&bv) {
+                        *acc_rq = _mm512_fmadd_ps(av, *bq, *acc_rq);
+                    }
+                }
+            }
+        }
+        let mut out = [[[0.0; PANEL]; NP]; 8];
+        for (o, acc_r) in out.iter_mut().zip(&acc) {
+            for (oq, acc_rq) in o.iter_mut().zip(acc_r) {
+                // SAFETY: each panel row of `out` holds 16 values.
+                unsafe { _mm512_storeu_ps(oq.as_mut_ptr(), *acc_rq) };
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition: each element one fused multiply-add chain in inner order, then added.
+    fn reference(
+        (m, k, n): (usize, usize, usize),
+        a: Strided,
+        b: Strided,
+        d: &mut [f32],
+        drs: usize,
+        acc: bool,
+    ) {
+        for r in 0..m {
+            for c in 0..n {
+                let mut s = 0.0f32;
+                for i in 0..k {
+                    s = a.at(r, i).mul_add(b.at(i, c), s);
+                }
+                let o = &mut d[r * drs + c];
+                *o = if acc { *o + s } else { s };
+            }
+        }
+    }
+
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        // Values spread over several binades, so that a different summation order shows.
+        (0..len as u64)
+            .map(|i| {
+                let h = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed).wrapping_mul(0xBF58_476D);
+                let u = ((h >> 11) % 2001) as f32 / 1000.0 - 1.0;
+                u * [1.0, 37.0, 0.013, 900.0][(h % 4) as usize]
+            })
+            .collect()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_path_this_processor_has_gives_the_scalar_chains_bits() {
+        let paths = [Path::Avx512, Path::Avx2Fma, Path::Portable];
+        let have: Vec<Path> = paths.into_iter().filter(|p| p.available()).collect();
+        eprintln!("paths on this processor: {have:?}");
+        // Shapes with row and column tails, odd panel counts, k = 1, and both strides of each
+        // operand (the backward products read transposes).
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (7, 3, 17),
+            (13, 64, 33),
+            (64, 256, 256),
+            (33, 100, 48),
+            (256, 20, 9),
+        ] {
+            for (ta, tb, accumulate) in [
+                (false, false, false),
+                (true, false, true),
+                (false, true, false),
+                (true, true, true),
+            ] {
+                let av = values(m * k, 1);
+                let bv = values(k * n, 2);
+                let a = if ta {
+                    Strided {
+                        data: &av,
+                        start: 0,
+                        rs: 1,
+                        cs: m as isize,
+                    }
+                } else {
+                    Strided {
+                        data: &av,
+                        start: 0,
+                        rs: k as isize,
+                        cs: 1,
+                    }
+                };
+                let b = if tb {
+                    Strided {
+                        data: &bv,
+                        start: 0,
+                        rs: 1,
+                        cs: k as isize,
+                    }
+                } else {
+                    Strided {
+                        data: &bv,
+                        start: 0,
+                        rs: n as isize,
+                        cs: 1,
+                    }
+                };
+                let drs = n + 3;
+                let init = values(m * drs, 3);
+                let mut want = init.clone();
+                reference((m, k, n), a, b, &mut want, drs, accumulate);
+                for &path in &have {
+                    let mut got = init.clone();
+                    // SAFETY: `got` holds m rows of drs >= n values, borrowed for the call.
+                    unsafe {
+                        product(
+                            path,
+                            (m, k, n),
+                            a,
+                            b,
+                            Rows {
+                                ptr: got.as_mut_ptr(),
+                                rs: drs,
+                            },
+                            accumulate,
+                        )
+                    };
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert!(
+                        bits(&want) == bits(&got),
+                        "{} path differs from the scalar chains for {m}x{k}x{n} \
+                         (a^T {ta}, b^T {tb}, accumulate {accumulate})",
+                        path.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_order_of_summation_shows_in_the_bits() {
+        // The test above can only see a different path if a different order changes the bits on
+        // its inputs: summing one of its dot products backwards must differ somewhere.
+        let (k, n) = (256, 64);
+        let a = values(k, 1);
+        let b = values(k * n, 2);
+        let differs = (0..n).any(|c| {
+            let fwd = (0..k).fold(0.0f32, |s, i| a[i].mul_add(b[i * n + c], s));
+            let bwd = (0..k)
+                .rev()
+                .fold(0.0f32, |s, i| a[i].mul_add(b[i * n + c], s));
+            fwd.to_bits() != bwd.to_bits()
+        });
+        assert!(
+            differs,
+            "the test inputs cannot tell one summation order from another"
+        );
+    }
+}
