@@ -28,14 +28,30 @@ What the spec says about the environment (docs/sim.md, "Bring your own simulator
   (before the observation it came with, so the actor's next command is the person's), and hands
   back when the key disappears.
 
+Threads: the environment lives on the thread that created it (the main thread), and every call
+into it (`reset`, `step`) is made there. Zenoh's callbacks only check what arrived and queue it.
+Rendering environments need that: MuJoCo's EGL or OSMesa context, like most OpenGL contexts,
+belongs to the thread that made it, and a `step` on another thread fails (EGL_BAD_ACCESS).
+
+Nothing is lost silently: observations go out reliably with blocking congestion control (a slow
+link makes the bridge wait, it never drops one), and a command that arrives again with the
+number of the last one executed (the controller heard no answer: the observation was lost on
+the way) is answered with that observation again, without stepping; both are counted and logged.
+A reset the environment refuses is answered with its error, which the controller shows; an
+exception in `step` ends the bridge (the environment is in an unknown state), so the controller
+sees the robot leave the bus instead of waiting for an answer that will never come.
+
 Requirements: gymnasium, eclipse-zenoh (same version as reflex's zenoh crate), msgpack, numpy.
 """
 
 import argparse
 import json
+import math
+import queue
+import signal
 import sys
-import threading
 import time
+import traceback
 
 import gymnasium as gym
 import msgpack
@@ -219,6 +235,34 @@ def open_session(args):
     return zenoh.open(conf)
 
 
+class Counter:
+    """Messages of one kind (refused, repeated), counted and logged at most once a second, so a
+    flood cannot flood the log."""
+
+    def __init__(self, what):
+        self.what = what
+        self.count = 0
+        self.last_log = -math.inf
+
+    def add(self, why):
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last_log >= 1.0:
+            self.last_log = now
+            print(f"{self.what} ({self.count} so far): {why}", file=sys.stderr, flush=True)
+
+
+# Commands and resets waiting for the environment's thread. A controller in lockstep has one
+# command in flight; the bound only stops a flood from growing memory without end.
+INBOX = 256
+# How often the environment's thread looks up from an empty inbox (Ctrl-C, SIGTERM).
+IDLE_S = 0.5
+
+
+class Stop(Exception):
+    """SIGTERM: end like Ctrl-C, withdrawing the liveliness token."""
+
+
 def main():
     args = parse_args()
     try:
@@ -227,6 +271,7 @@ def main():
         raise SystemExit(f"--env-kwargs: not JSON ({e}): {args.env_kwargs}")
     if not isinstance(kwargs, dict):
         raise SystemExit(f"--env-kwargs: a JSON object is needed, got {args.env_kwargs}")
+    # This thread makes the environment, so every call into it is made from here (see the top).
     env = gym.make(args.env, **kwargs)
     layout = Layout(env.observation_space, args.env)
     spec = make_spec(env, args.robot, args.env, layout)
@@ -236,10 +281,15 @@ def main():
     session = open_session(args)
 
     spec_bytes = pack(spec)
-    state = {"episode": 0, "step": 0, "seq": 0, "seed": None, "person": False, "teleop_seq": 0}
-    # Zenoh calls back on its own threads; one lock keeps the environment single-threaded and
-    # handles resets and commands in arrival order.
-    lock = threading.Lock()
+    # Touched by the environment's thread only.
+    # seq: the last command executed; last_obs: its observation, encoded (None after a reset:
+    # a repeat of a command from the previous episode is stale, not lost).
+    state = {"episode": 0, "step": 0, "seq": 0, "seed": None, "person": False, "teleop_seq": 0,
+             "last_obs": None}
+    inbox = queue.Queue(maxsize=INBOX)
+    refused = Counter(f"refused a command on {keys['cmd']}")
+    repeated = Counter(f"answered a command on {keys['cmd']} again (its observation was lost on the way)")
+    stale = Counter(f"ignored a command on {keys['cmd']} from before the last reset")
 
     def obs_msg(obs, reward, terminated, truncated, info):
         return {
@@ -276,53 +326,127 @@ def main():
             "intervene": person, "success": False, "failure": False, "reset": False,
         }))
 
+    # Zenoh's threads: check and queue, never touch the environment.
     def on_reset(query):
         payload = query.payload.to_bytes() if query.payload is not None else b""
         seed = None
-        if payload:
-            req = msgpack.unpackb(payload)
-            if req.get("v") != PROTOCOL_VERSION:
-                query.reply_err(pack(f"reset request has protocol version {req.get('v')}, the bridge speaks {PROTOCOL_VERSION}"))
+        try:
+            if payload:
+                req = msgpack.unpackb(payload)
+                if not isinstance(req, dict) or req.get("v") != PROTOCOL_VERSION:
+                    v = req.get("v") if isinstance(req, dict) else None
+                    raise ValueError(f"reset request on {keys['reset']} has protocol version {v}, "
+                                     f"the bridge speaks {PROTOCOL_VERSION}")
+                seed = req.get("seed")
+                if seed is not None and (not isinstance(seed, int) or seed < 0):
+                    raise ValueError(f"reset request on {keys['reset']}: seed {seed!r} is not an unsigned integer")
+            inbox.put_nowait(("reset", query, seed))
+        except queue.Full:
+            query.reply_err(f"robot `{args.robot}` is busy: {INBOX} requests wait for the environment; retry")
+            query.drop()
+        except (ValueError, msgpack.UnpackException, TypeError) as e:
+            query.reply_err(str(e))
+            query.drop()
+
+    def on_cmd(sample):
+        try:
+            cmd = msgpack.unpackb(sample.payload.to_bytes())
+        except (ValueError, msgpack.UnpackException) as e:
+            refused.add(f"not MessagePack: {e}")
+            return
+        if not isinstance(cmd, dict) or cmd.get("v") != PROTOCOL_VERSION:
+            refused.add(f"not a protocol version {PROTOCOL_VERSION} command: {str(cmd)[:200]}")
+            return
+        seq, action = cmd.get("seq"), cmd.get("action")
+        if not isinstance(seq, int) or seq < 0:
+            refused.add(f"command without an unsigned `seq`: {str(cmd)[:200]}")
+            return
+        if (not isinstance(action, list) or len(action) != n_act
+                or not all(isinstance(a, (int, float)) and math.isfinite(a) for a in action)):
+            refused.add(f"command {seq}: the action is not {n_act} finite numbers: {str(action)[:200]}")
+            return
+        try:
+            inbox.put_nowait(("cmd", seq, action))
+        except queue.Full:
+            refused.add(f"command {seq}: {INBOX} requests wait for the environment already")
+
+    # The environment's thread (this one).
+    def do_reset(query, seed):
+        try:
+            try:
+                obs, info = env.reset(seed=seed)
+            except Exception as e:  # the environment's own error, handed to the controller
+                traceback.print_exc()
+                query.reply_err(f"robot `{args.robot}`: the environment's reset(seed={seed}) raised "
+                                f"{type(e).__name__}: {e} (the bridge's log has the traceback)")
                 return
-            seed = req.get("seed")
-        with lock:
-            obs, info = env.reset(seed=seed)
-            state.update(episode=state["episode"] + 1, step=0, seed=seed)
+            state.update(episode=state["episode"] + 1, step=0, seed=seed, last_obs=None)
             # The takeover first: the actor reads it before it acts on the observation.
             relay_person(info)
             query.reply(keys["reset"], pack(obs_msg(obs, 0.0, False, False, info)))
             event("reset")
+        finally:
+            query.drop()
 
-    def on_cmd(sample):
-        cmd = msgpack.unpackb(sample.payload.to_bytes())
-        if cmd.get("v") != PROTOCOL_VERSION or len(cmd.get("action", [])) != n_act:
-            print(f"ignoring bad command on {keys['cmd']}: {cmd}", file=sys.stderr, flush=True)
+    def do_cmd(seq, action):
+        if seq == state["seq"]:
+            # The controller sends a command again only when no observation answered it.
+            if state["last_obs"] is not None:
+                repeated.add(f"command {seq}: sent its observation again")
+                obs_pub.put(state["last_obs"])
+            else:
+                stale.add(f"command {seq} was the last one before the reset")
             return
-        with lock:
-            action = np.asarray(cmd["action"], dtype=np.float32).reshape(env.action_space.shape)
-            obs, reward, terminated, truncated, info = env.step(action)
-            state["seq"] = cmd["seq"]
-            state["step"] += 1
-            relay_person(info)
-            obs_pub.put(pack(obs_msg(obs, reward, terminated, truncated, info)))
-            if terminated or truncated:
-                event("done")
+        a = np.asarray(action, dtype=np.float32).reshape(env.action_space.shape)
+        try:
+            obs, reward, terminated, truncated, info = env.step(a)
+        except Exception:
+            traceback.print_exc()
+            raise SystemExit(f"the environment's step() raised on command {seq} (traceback above); "
+                             "the bridge stops: its state is unknown")
+        state["seq"] = seq
+        state["step"] += 1
+        relay_person(info)
+        state["last_obs"] = pack(obs_msg(obs, reward, terminated, truncated, info))
+        obs_pub.put(state["last_obs"])
+        if terminated or truncated:
+            event("done")
 
-    obs_pub = session.declare_publisher(keys["obs"], express=True)
-    events_pub = session.declare_publisher(keys["events"])
-    teleop_pub = session.declare_publisher(keys["teleop"], express=True)
+    # Observations are large (camera images) and each one answers a command: block rather than
+    # drop when the link is congested.
+    obs_pub = session.declare_publisher(keys["obs"], express=True,
+                                        congestion_control=zenoh.CongestionControl.BLOCK,
+                                        reliability=zenoh.Reliability.RELIABLE)
+    events_pub = session.declare_publisher(keys["events"], congestion_control=zenoh.CongestionControl.BLOCK)
+    teleop_pub = session.declare_publisher(keys["teleop"], express=True,
+                                           congestion_control=zenoh.CongestionControl.BLOCK)
     session.declare_queryable(keys["spec"], lambda q: q.reply(keys["spec"], spec_bytes))
     session.declare_queryable(keys["reset"], on_reset)
     session.declare_subscriber(keys["cmd"], on_cmd)
     token = session.liveliness().declare_token(f"reflex/{args.robot}/alive/robot")
+
+    def on_term(_sig, _frame):
+        raise Stop()
+
+    signal.signal(signal.SIGTERM, on_term)
     print(f"serving {args.env} as robot `{args.robot}` on reflex/{args.robot}/*", file=sys.stderr, flush=True)
     try:
         while True:
-            time.sleep(1.0)
-    except KeyboardInterrupt:
+            try:
+                item = inbox.get(timeout=IDLE_S)
+            except queue.Empty:
+                continue
+            if item[0] == "reset":
+                do_reset(item[1], item[2])
+            else:
+                do_cmd(item[1], item[2])
+    except (KeyboardInterrupt, Stop):
         pass
-    token.undeclare()
-    session.close()
+    finally:
+        print(f"bridge for `{args.robot}` ends: {repeated.count} commands answered again, "
+              f"{refused.count} refused, {stale.count} stale", file=sys.stderr, flush=True)
+        token.undeclare()
+        session.close()
 
 
 if __name__ == "__main__":
