@@ -588,7 +588,7 @@ fn prepare_input(
         } => {
             if !robot.cameras.iter().any(|c| &c.name == camera) {
                 return Err(bad(format!(
-                    "input `{}` needs camera `{camera}`; the robot has {:?} (enable its cameras?)",
+                    "input `{}` needs camera `{camera}`; the robot has {:?} (enable its cameras? one of them under another name is mapped to `{camera}` in the run config's [robot.cameras])",
                     i.name(),
                     robot.cameras.iter().map(|c| &c.name).collect::<Vec<_>>()
                 )));

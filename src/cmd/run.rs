@@ -184,6 +184,15 @@ fn print_text(r: &RunReport) {
             r.stop.state
         );
     }
+    if !r.rejected.is_empty() {
+        // Lost, refused or dropped messages are counted, never silent.
+        let each: Vec<String> = r
+            .rejected
+            .iter()
+            .map(|(k, n)| format!("{n} on `{k}`"))
+            .collect();
+        println!("bus: {}", each.join(", "));
+    }
     if let Some(a) = &r.arm
         && !a.on_exit.is_empty()
     {

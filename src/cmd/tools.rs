@@ -396,7 +396,8 @@ pub enum DeviceArg {
 pub enum EstopAction {
     /// Latch the e-stop: the robot holds, the episode ends, nothing starts.
     Raise,
-    /// Release the latched e-stop the robot's status shows: the robot stays still (paused).
+    /// Release the latched e-stop of every holder (the robot's server, its actor): the robot
+    /// stays still (paused).
     Release,
     /// Resume a paused run: the next episode starts.
     Resume,
@@ -413,10 +414,11 @@ pub struct EstopArgs {
     /// Who acts, shown in the robot's status and log (default: user@host).
     #[arg(long = "as", value_name = "NAME")]
     who: Option<String>,
-    /// How long to wait for the robot's status to confirm, s.
+    /// How long to wait for every holder of the robot's e-stop (its server, its actor) to
+    /// confirm, s.
     #[arg(long, default_value_t = 5.0, value_parser = crate::cli::seconds)]
     wait_s: f64,
-    /// Print the confirming status as JSON.
+    /// Print the confirming reports as JSON.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -457,9 +459,18 @@ pub fn estop(a: EstopArgs) -> anyhow::Result<()> {
             ),
             StopAct::Resume => "the next episode starts".to_string(),
         };
+        // Each holder's count and who acted: a served robot's server and its actor count the
+        // e-stops each heard, so they differ when the actor started later.
+        let who: Vec<String> = out
+            .holders
+            .iter()
+            .map(|h| format!("{}: e-stop {}, by {}", h.holder, h.estops, h.stop_by))
+            .collect();
         println!(
-            "`{}`: e-stop {} (e-stop {}, by {}): {next}",
-            out.robot, out.state, out.estops, out.by
+            "`{}`: e-stop {} ({}): {next}",
+            out.robot,
+            out.state,
+            who.join("; ")
         );
     }
     Ok(())

@@ -25,6 +25,7 @@ mod remote;
 mod replay;
 mod ros2;
 mod secure;
+mod served_estop;
 mod servo_bus;
 mod servo_packets;
 mod sim_tasks;

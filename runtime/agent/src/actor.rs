@@ -416,7 +416,7 @@ pub fn loop_features(
                 return Err(AgentError::setup(
                     format!("encoder `{}`", enc.id()),
                     format!(
-                        "it reads camera `{}`, which robot `{}` does not have (cameras: {:?})",
+                        "it reads camera `{}`, which robot `{}` does not have (cameras: {:?}); if one of them is that camera under another name, map it in [robot.cameras]",
                         c.camera,
                         spec.name,
                         spec.cameras.iter().map(|k| &k.name).collect::<Vec<_>>()
@@ -483,6 +483,7 @@ struct Parts {
     link_progress: Option<Arc<LinkProgress>>,
     rejects: Vec<Arc<reflex_bus::Rejects>>,
     _subs: Vec<zenoh::pubsub::Subscriber<()>>,
+    _stop: Option<reflex_bus::stop::StopInputs>,
     _status: Option<reflex_bus::status::StatusPublisher>,
     _spec: Option<zenoh::query::Queryable<()>>,
     _ros2: Option<reflex_ros2::Ros2Node>,
@@ -550,6 +551,7 @@ impl Wires {
                 link_progress: None,
                 rejects: Vec::new(),
                 _subs: Vec::new(),
+                _stop: None,
                 _status: None,
                 _spec: None,
                 _ros2: None,
@@ -700,16 +702,14 @@ impl Wires {
             reflex_bus::teleop::subscribe(s, keys, tw, spec.action.dim(), teleop_rejects)
                 .map_err(|e| bus_err(&keys.teleop, e))?,
         );
-        self.parts._subs.extend(
-            reflex_bus::teleop::subscribe_stop(
-                s,
-                keys,
-                self.stop.clone(),
-                event_rejects,
-                operator_rejects,
-            )
-            .map_err(|e| bus_err(&keys.events, e))?,
-        );
+        self.parts._stop = Some(reflex_bus::stop::StopInputs::open(
+            s,
+            keys,
+            reflex_contracts::stop::StopHolder::Actor,
+            self.stop.clone(),
+            event_rejects,
+            operator_rejects,
+        )?);
         Ok(())
     }
 
@@ -872,6 +872,10 @@ pub struct RunReport {
     pub features: Option<FeatureReport>,
     /// The success classifier's verdicts, when it gave the run's reward (`[reward]`).
     pub reward: Option<reflex_runtime::reward::RewardCounts>,
+    /// Messages refused, dropped or asked for again on the bus, per key (as in the status),
+    /// keys with none left out: a remote robot's observations that did not fit its spec, the
+    /// commands sent again because no observation answered them, a person's bad teleop.
+    pub rejected: Vec<(String, u64)>,
 }
 
 /// How a residual that sees got its feature maps over a run.
@@ -1309,6 +1313,11 @@ impl<R: Robot> Actor<R> {
         };
         Ok(RunReport {
             stop,
+            rejected: self
+                .rejected()
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect(),
             run_id: self.run_id.clone(),
             episodes: std::mem::take(&mut self.done),
             eval: std::mem::take(&mut self.eval),
@@ -1584,12 +1593,15 @@ pub fn check_arm_bus(cfg: &RunConfig, bus: &BusConfig) -> Result<Option<Nag>> {
     }
 }
 
-/// `robot` judged by the success classifier of `[reward]`, if the config has one: inline in
-/// simulated time, on its own thread in real time; unchanged otherwise.
+/// `robot` with its cameras renamed by `[robot.cameras]` (checked against it here), judged by
+/// the success classifier of `[reward]`, if the config has one: inline in simulated time, on its
+/// own thread in real time; unchanged otherwise.
 pub fn with_reward<R: Robot>(
     robot: R,
     cfg: &RunConfig,
-) -> Result<reflex_runtime::reward::ClassifiedReward<R>> {
+) -> Result<reflex_runtime::reward::ClassifiedReward<crate::cameras::CamerasRenamed<R>>> {
+    // The cameras under the names the classifier, the policy and the encoder read.
+    let robot = crate::cameras::CamerasRenamed::new(robot, &cfg.robot.cameras)?;
     let Some(r) = &cfg.reward else {
         return Ok(reflex_runtime::reward::ClassifiedReward::passthrough(robot));
     };
@@ -1625,7 +1637,7 @@ pub fn judged_by<R: Robot>(
             return Err(AgentError::setup(
                 format!("[reward] classifier `{}`", classifier.display()),
                 format!(
-                    "it reads camera `{cam}`, which robot `{}` does not have (cameras: {:?}; a simulator's need [sim.cameras] enabled = true)",
+                    "it reads camera `{cam}`, which robot `{}` does not have (cameras: {:?}; a simulator's need [sim.cameras] enabled = true; one under another name is mapped in [robot.cameras])",
                     spec.name,
                     spec.cameras.iter().map(|k| &k.name).collect::<Vec<_>>()
                 ),
@@ -1680,11 +1692,14 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
         RobotSource::Remote => {
             let name = cfg.robot_name();
             let s = session.as_ref().expect("remote robots use the bus");
-            let robot = RemoteRobot::connect(
+            let mut robot = RemoteRobot::connect(
                 s,
                 &name,
                 Duration::from_secs_f64(cfg.robot.timeout_ms / 1e3),
             )?;
+            if let Some(ms) = cfg.robot.resend_ms {
+                robot.set_resend_after(Duration::from_secs_f64(ms / 1e3));
+            }
             if cfg.run.clock == ClockKind::Sim && !robot.spec().lockstep {
                 return Err(AgentError::setup(
                     "[run] clock = \"sim\"",
@@ -1693,10 +1708,11 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
                     ),
                 ));
             }
-            let (rejects, dropped) = (robot.rejects(), robot.dropped());
+            let (rejects, dropped, resent) = (robot.rejects(), robot.dropped(), robot.resent());
             let b = ActorBuilder::new(with_reward(robot, cfg)?)
                 .count_rejects(rejects)
-                .count_rejects(dropped);
+                .count_rejects(dropped)
+                .count_rejects(resent);
             drive(b, None, cfg, session, o, episodes, progress)
         }
         RobotSource::So101 | RobotSource::Koch => {

@@ -53,6 +53,15 @@ pub struct RobotSection {
     /// decides).
     #[serde(default)]
     pub on_exit: OnExit,
+    /// Lockstep remote robots: how long to wait for the observation that answers a command
+    /// before sending the command again, ms (default: a quarter of `timeout_ms`, at most 1000).
+    #[serde(default)]
+    pub resend_ms: Option<f64>,
+    /// `[robot.cameras]`: the robot's cameras under the names the policy, the image encoder and
+    /// the success classifier read (robot camera name = "name they read"), e.g.
+    /// `"pixels.front" = "front"`. Checked against the robot at start.
+    #[serde(default)]
+    pub cameras: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -629,6 +638,20 @@ impl Validate for RunConfig {
         }
         self.safety.validate("safety")?;
         in_range("robot", "timeout_ms", self.robot.timeout_ms, 1.0, 600_000.0)?;
+        if let Some(r) = self.robot.resend_ms {
+            in_range("robot", "resend_ms", r, 1.0, self.robot.timeout_ms)?;
+        }
+        for (from, to) in &self.robot.cameras {
+            if from.is_empty() || to.trim().is_empty() {
+                return Err(Invalid {
+                    key: format!("robot.cameras.{from:?}"),
+                    value: format!("{to:?}"),
+                    allowed:
+                        "a robot camera's name = the non-empty name the policy or encoder reads"
+                            .into(),
+                });
+            }
+        }
         in_range("bus", "trace_hz", self.bus.trace_hz, 0.0, 1000.0)?;
         if let Some(g) = self.run.keep_recordings_gb {
             in_range("run", "keep_recordings_gb", g, 1e-6, 1e6)?;

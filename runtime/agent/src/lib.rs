@@ -9,6 +9,7 @@
 //!   (`reflex learn`) or on a thread of the actor's;
 //! - [`assemble`], [`presets`]: from the actor's steps to the learner's transitions (relabelling,
 //!   RLIF, HIL-SERL routing) and the SAC settings the demo measured;
+//! - [`cameras`]: `[robot.cameras]`, a robot's cameras under the names its readers use;
 //! - [`heldout`]: a policy judged alone on held-out seeds (`reflex eval`);
 //! - [`signals`]: SIGINT and SIGTERM as stops; [`summary`]: a run's figures as one type.
 //!
@@ -20,6 +21,7 @@
 
 pub mod actor;
 pub mod assemble;
+pub mod cameras;
 pub mod config;
 pub mod error;
 pub mod heldout;

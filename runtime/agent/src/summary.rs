@@ -144,6 +144,9 @@ pub struct RunSummary {
     pub features: Option<crate::actor::FeatureReport>,
     /// The success classifier's verdicts, when it gave the run's reward.
     pub reward: Option<reflex_runtime::reward::RewardCounts>,
+    /// Messages refused, dropped or asked for again on the bus, per key (keys with none left
+    /// out): e.g. `reflex/<robot>/cmd` with the commands sent again for a lost observation.
+    pub rejected: Vec<(String, u64)>,
     /// The residual version in use at the end.
     pub residual_version: u64,
     /// Recording.
@@ -193,6 +196,7 @@ impl RunReport {
             stop: self.stop.clone(),
             features: self.features.clone(),
             reward: self.reward,
+            rejected: self.rejected.clone(),
             residual_version: s.residual_version,
             recording: self.recording.clone(),
             seeds: self.episodes.iter().map(|e| e.seed).collect(),

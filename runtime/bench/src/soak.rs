@@ -120,6 +120,7 @@ fn hostile_peer(
                     kind: OperatorKind::Release,
                     estops: u64::MAX,
                     source: "soak hostile peer".into(),
+                    to: String::new(),
                 }),
             };
             if session.put(key.clone(), payload).wait().is_ok() {

@@ -3,7 +3,9 @@
 //! - [`robot`]: [`robot::RemoteRobot`] drives any robot that speaks the protocol (the simulator
 //!   served by `reflex sim serve`, the Gymnasium bridge, a driver on another computer);
 //!   [`robot::RobotServer`] serves any [`reflex_contracts::robot::Robot`];
-//! - [`status`], [`teleop`]: the actor's status out, a person's teleop and emergency stops in;
+//! - [`status`], [`teleop`]: the actor's status out, a person's teleop in;
+//! - [`stop`]: every holder's e-stop: emergency stops, an operator's release and resume in, its
+//!   state out (the robot server's with no actor);
 //! - [`trace`]: the decimated step trace for `reflex viz`, and the watcher that reads it;
 //! - [`learnlink`]: both halves of the actor-learner link: numbered transitions with resend,
 //!   versioned chunked weights, the learner's acknowledgements.
@@ -15,6 +17,7 @@ pub mod learnlink;
 pub mod robot;
 pub mod secure;
 pub mod status;
+pub mod stop;
 pub mod teleop;
 pub mod trace;
 
@@ -35,6 +38,7 @@ pub(crate) trait CountsBad: Send + Sync + 'static {
 #[derive(Debug)]
 pub struct Rejects {
     key: String,
+    verb: &'static str,
     count: std::sync::atomic::AtomicU64,
     last_log_ms: std::sync::atomic::AtomicU64,
     t0: std::time::Instant,
@@ -43,8 +47,15 @@ pub struct Rejects {
 impl Rejects {
     /// A counter for `key`.
     pub fn new(key: &str) -> std::sync::Arc<Self> {
+        Self::counting(key, "rejected a message on")
+    }
+
+    /// A counter for `key` of something other than rejected messages (commands sent again,
+    /// observations dropped), logged as "`verb` `key` (N so far): why".
+    pub fn counting(key: &str, verb: &'static str) -> std::sync::Arc<Self> {
         std::sync::Arc::new(Rejects {
             key: key.to_string(),
+            verb,
             count: Default::default(),
             last_log_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             t0: std::time::Instant::now(),
@@ -64,7 +75,7 @@ impl Rejects {
                 .compare_exchange(last, now, Relaxed, Relaxed)
                 .is_ok()
         {
-            tracing::warn!("rejected a message on `{}` ({n} so far): {why}", self.key);
+            tracing::warn!("{} `{}` ({n} so far): {why}", self.verb, self.key);
         }
     }
 

@@ -24,8 +24,8 @@ use reflex_contracts::msg::{
     self, ActionKind, Command, EpisodeEvent, EventKind, Observation, PROTOCOL_VERSION,
     ResetRequest, RobotSpec,
 };
-use reflex_contracts::robot::{Robot, RobotError, check_action};
-use reflex_contracts::stop::StopSwitch;
+use reflex_contracts::robot::{Robot, RobotError, Silence, check_action};
+use reflex_contracts::stop::{StopHolder, StopSwitch};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,8 +62,58 @@ pub struct RemoteRobot {
     cmd: Command,
     rejects: std::sync::Arc<crate::Rejects>,
     dropped: std::sync::Arc<crate::Rejects>,
+    resent: std::sync::Arc<crate::Rejects>,
+    resend_after: Duration,
+    heard: Arc<Heard>,
     _obs_sub: zenoh::pubsub::Subscriber<()>,
 }
+
+/// What the controller last heard from the robot, written by Zenoh's thread and the loop's: the
+/// highest `seq` of any observation that decoded (fitting the spec or not), and when the robot
+/// last answered at all.
+struct Heard {
+    t0: Instant,
+    seq: AtomicU64,
+    /// Nanoseconds after `t0` of the last answer, plus one (0: never).
+    at_ns: AtomicU64,
+}
+
+impl Heard {
+    fn new() -> Self {
+        Heard {
+            t0: Instant::now(),
+            seq: AtomicU64::new(0),
+            at_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) {
+        let ns = self.t0.elapsed().as_nanos() as u64 + 1;
+        self.at_ns.fetch_max(ns, Ordering::AcqRel);
+    }
+
+    fn seq(&self, seq: u64) {
+        self.seq.fetch_max(seq, Ordering::AcqRel);
+        self.now();
+    }
+
+    /// How long ago the robot last answered; `None`: never.
+    fn ago(&self) -> Option<Duration> {
+        match self.at_ns.load(Ordering::Acquire) {
+            0 => None,
+            ns => Some(
+                self.t0
+                    .elapsed()
+                    .saturating_sub(Duration::from_nanos(ns - 1)),
+            ),
+        }
+    }
+}
+
+/// The longest a lockstep controller waits for an observation before it sends the command
+/// again (at most a quarter of its deadline): long next to a step of any simulator we serve,
+/// short next to the deadline, so one lost observation costs a second, not the run.
+const RESEND_AFTER: Duration = Duration::from_secs(1);
 
 /// Observations queued between Zenoh's thread and the loop.
 const OBS_QUEUE: usize = 64;
@@ -125,6 +175,8 @@ impl RemoteRobot {
         })?;
         wait_for_token(session, &keys.alive_robot, robot, timeout)?;
         let spec: RobotSpec = query(session, &keys.spec, robot, Vec::new(), timeout)?;
+        let heard = Arc::new(Heard::new());
+        heard.now();
         // Everything below indexes by the spec's sizes: a spec that does not hold together is
         // refused here, before the loop sees it.
         spec.validate()?;
@@ -160,6 +212,7 @@ impl RemoteRobot {
         let dropped = crate::Rejects::new(&format!("{} (oldest dropped, loop behind)", keys.obs));
         let (obs_key, r, sp) = (keys.obs.clone(), rejects.clone(), spec.clone());
         let (oldest, a, d) = (obs_rx.clone(), aside.clone(), dropped.clone());
+        let h = heard.clone();
         let obs_sub = session
             .declare_subscriber(keys.obs.clone())
             .callback(move |sample| {
@@ -167,6 +220,8 @@ impl RemoteRobot {
                     Ok(o) => o,
                     Err(e) => return r.reject(&e),
                 };
+                // An answer, even one refused below: asking for it again would get it again.
+                h.seq(o.seq);
                 if let Err(e) = o.check_against(&sp) {
                     return r.reject(&e);
                 }
@@ -211,6 +266,10 @@ impl RemoteRobot {
             .wait()
             .map_err(|e| bus_err(&keys.cmd, e))?;
         let act_dim = spec.action.dim();
+        let resent = crate::Rejects::counting(
+            &format!("{} (sent again: unanswered)", keys.cmd),
+            "a command went again on",
+        );
         Ok(RemoteRobot {
             session: session.clone(),
             keys,
@@ -235,8 +294,25 @@ impl RemoteRobot {
             },
             rejects,
             dropped,
+            resent,
+            resend_after: (timeout / 4).min(RESEND_AFTER),
+            heard,
             _obs_sub: obs_sub,
         })
+    }
+
+    /// Commands sent again because no observation answered them (lockstep): each one an
+    /// observation lost on the way, or a robot slower than [`RemoteRobot::set_resend_after`].
+    pub fn resent(&self) -> std::sync::Arc<crate::Rejects> {
+        self.resent.clone()
+    }
+
+    /// How long a lockstep controller waits for the answer to a command before it sends the
+    /// same command again (default: a quarter of the deadline, at most 1 s). The robot answers a
+    /// command it has executed already with the same observation, without stepping again
+    /// (docs/protocol.md); a robot whose step takes longer than this only gets asked twice.
+    pub fn set_resend_after(&mut self, after: Duration) {
+        self.resend_after = after.max(Duration::from_millis(1));
     }
 
     /// Observations rejected so far (malformed, or not fitting the spec), with their key.
@@ -284,11 +360,26 @@ impl RemoteRobot {
             .ok()
     }
 
-    fn timeout_err(&self, key: &str) -> RobotError {
+    /// The deadline passed on `key`: says what was known of the robot (when it last answered,
+    /// whether its liveliness token is still there, how often the request went again).
+    fn timeout_err(&self, key: &str, resent: u32) -> RobotError {
+        let present = self
+            .session
+            .liveliness()
+            .get(self.keys.alive_robot.clone())
+            .timeout(Duration::from_millis(500))
+            .wait()
+            .ok()
+            .map(|replies| replies.recv().is_ok_and(|r| r.result().is_ok()));
         RobotError::Timeout {
             robot: self.keys.robot.clone(),
             key: key.to_string(),
             timeout: self.timeout,
+            silence: Silence {
+                last_answer: self.heard.ago(),
+                present,
+                resent,
+            },
         }
     }
 }
@@ -321,6 +412,7 @@ fn wait_for_token(
                 robot: robot.into(),
                 key: key.into(),
                 timeout,
+                silence: Silence::default(),
             });
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -357,6 +449,7 @@ fn query<T: serde::de::DeserializeOwned + msg::Versioned>(
             robot: robot.into(),
             key: key.into(),
             timeout,
+            silence: Silence::default(),
         },
     })
 }
@@ -397,8 +490,10 @@ impl Robot for RemoteRobot {
                     state: self.stop.as_ref().map_or("latched", |s| s.state().as_str()),
                 });
             }
+            Err(RobotError::Timeout { key, .. }) => return Err(self.timeout_err(&key, 0)),
             Err(e) => return Err(e),
         };
+        self.heard.now();
         obs.check_against(&self.spec)?;
         let obs = without_frame_counters(obs);
         // Anything queued from the previous episode is stale now.
@@ -437,16 +532,38 @@ impl Robot for RemoteRobot {
             if self.have_obs && self.obs.seq >= self.seq {
                 return Ok(&self.obs);
             }
-            let deadline = Instant::now() + self.timeout;
+            let start = Instant::now();
+            let deadline = start + self.timeout;
+            let mut resend_at = start + self.resend_after;
+            let mut resent = 0u32;
             loop {
-                match self.recv_until(deadline) {
+                match self.recv_until(deadline.min(resend_at)) {
                     Some(o) if o.seq >= self.seq => {
                         self.obs = o;
                         self.have_obs = true;
                         return Ok(&self.obs);
                     }
                     Some(_) => continue,
-                    None => return Err(self.timeout_err(&self.keys.obs)),
+                    None if Instant::now() >= deadline => {
+                        return Err(self.timeout_err(&self.keys.obs, resent));
+                    }
+                    None => {
+                        resend_at = Instant::now() + self.resend_after;
+                        // An answer that came and did not fit the spec would come again just
+                        // the same: only an answer that never came is asked for again.
+                        if self.heard.seq.load(Ordering::Acquire) < self.seq {
+                            resent += 1;
+                            self.resent.reject(&format_args!(
+                                "nothing answered command {} within {:.2} s: sent it again (the robot answers a repeat without stepping)",
+                                self.seq,
+                                self.resend_after.as_secs_f64()
+                            ));
+                            self.cmd_pub
+                                .put(self.buf.as_slice())
+                                .wait()
+                                .map_err(|e| bus_err(&self.keys.cmd, e))?;
+                        }
+                    }
                 }
             }
         }
@@ -469,7 +586,7 @@ impl Robot for RemoteRobot {
                     self.obs = o;
                     got = true;
                 }
-                Err(_) => return Err(self.timeout_err(&self.keys.obs)),
+                Err(_) => return Err(self.timeout_err(&self.keys.obs, 0)),
             }
         }
         while !self.obs.done() || !got {
@@ -728,7 +845,11 @@ pub struct RobotServer<R: Robot> {
     /// executed (and one after a reset).
     periods: u32,
     stop: Arc<StopSwitch>,
-    _stop_subs: Vec<zenoh::pubsub::Subscriber<()>>,
+    /// Lockstep: the last command executed and whether its observation is in `buf` (not after
+    /// a reset), to answer a command sent again without stepping again.
+    last_cmd: Option<u64>,
+    answered: bool,
+    _stop: crate::stop::StopInputs,
     _token: zenoh::liveliness::LivelinessToken,
     _cmd_sub: zenoh::pubsub::Subscriber<()>,
     _reset_q: zenoh::query::Queryable<()>,
@@ -750,6 +871,10 @@ pub struct ServeStats {
     pub watchdog_trips: u64,
     /// Commands the e-stop turned into holds (latched or paused).
     pub held_while_stopped: u64,
+    /// Lockstep: commands that came again with the number of the last one executed (their
+    /// observation was lost on the way, or the controller gave up waiting), answered with the
+    /// same observation without stepping.
+    pub repeated_commands: u64,
 }
 
 /// Live counters of a served robot, readable from any thread while it runs.
@@ -763,6 +888,8 @@ pub struct ServeCounters {
     pub holding: AtomicBool,
     /// Commands the e-stop turned into holds.
     pub held_while_stopped: AtomicU64,
+    /// Lockstep: commands answered again without stepping (see [`ServeStats`]).
+    pub repeated_commands: AtomicU64,
 }
 
 impl<R: Robot> RobotServer<R> {
@@ -770,8 +897,10 @@ impl<R: Robot> RobotServer<R> {
     /// name.
     ///
     /// The server obeys the robot's e-stop on its own (`estop` events, an operator's release
-    /// and resume): while it is latched or paused every command becomes the robot's hold, resets
-    /// are refused, and a move the robot makes on its own (a reset) stops.
+    /// and resume addressed to the robot): while it is latched or paused every command becomes
+    /// the robot's hold, resets are refused, and a move the robot makes on its own (a reset)
+    /// stops. It reports that e-stop itself on `reflex/<robot>/stop/robot` (published and
+    /// queryable), so an operator can release and resume it with no actor running.
     pub fn new(session: &zenoh::Session, mut robot: R, mode: ServeMode) -> Result<Self, BusError> {
         let mut spec = robot.spec().clone();
         spec.lockstep = matches!(mode, ServeMode::Lockstep);
@@ -811,14 +940,25 @@ impl<R: Robot> RobotServer<R> {
             .wait()
             .map_err(|e| declare(&keys.events, e))?;
         let stop = StopSwitch::new();
-        let stop_subs = crate::teleop::subscribe_stop(
-            session,
-            &keys,
-            stop.clone(),
+        let (event_rejects, operator_rejects) = (
             crate::Rejects::new(&keys.events),
             crate::Rejects::new(&keys.operator),
-        )
-        .map_err(|e| declare(&keys.events, e))?;
+        );
+        let stop_inputs = crate::stop::StopInputs::open(
+            session,
+            &keys,
+            StopHolder::Robot,
+            stop.clone(),
+            event_rejects.clone(),
+            operator_rejects.clone(),
+        )?
+        .publishing(
+            session,
+            &keys,
+            StopHolder::Robot,
+            stop.clone(),
+            vec![event_rejects, operator_rejects],
+        )?;
         robot.attach_stop(stop.clone());
         let token = session
             .liveliness()
@@ -848,7 +988,9 @@ impl<R: Robot> RobotServer<R> {
             reference: vec![0.0; spec.action.dim()],
             periods: 1,
             stop,
-            _stop_subs: stop_subs,
+            last_cmd: None,
+            answered: false,
+            _stop: stop_inputs,
             _token: token,
             _cmd_sub: cmd_sub,
             _reset_q: reset_q,
@@ -1017,10 +1159,10 @@ impl<R: Robot> RobotServer<R> {
         seq: u64,
     ) -> Result<(), RobotError> {
         if !self.stop.may_move() {
+            let r = &self.keys.robot;
             let _ = query
                 .reply_err(format!(
-                    "robot `{}`: the emergency stop is {} (raised by {}): no reset until it is released and resumed",
-                    self.keys.robot,
+                    "robot `{r}`: its server's emergency stop is {} (raised by {}): no reset until it is released and resumed (`reflex estop release --robot {r}`, then `reflex estop resume --robot {r}`, from any computer on its bus)",
                     self.stop.state().as_str(),
                     self.stop.raised_by()
                 ))
@@ -1028,6 +1170,8 @@ impl<R: Robot> RobotServer<R> {
             return Ok(());
         }
         self.seed = seed;
+        // A repeat of the last command of the previous episode is stale now, not lost.
+        self.answered = false;
         match self.robot.reset(seed) {
             Ok(obs) => {
                 let mut o = obs.clone();
@@ -1050,12 +1194,38 @@ impl<R: Robot> RobotServer<R> {
         }
     }
 
+    /// Lockstep: command `seq` came again. A controller sends a command again only when no
+    /// observation answered it, so it gets the same observation again (still in `buf`), and the
+    /// robot does not step twice; a repeat of the last command before a reset is ignored.
+    fn repeat(&mut self, seq: u64) -> Result<(), RobotError> {
+        if !self.answered {
+            self.cmd_rejects.reject(&format_args!(
+                "command {seq} came again after a reset: ignored (it belonged to the episode before)"
+            ));
+            return Ok(());
+        }
+        let n = self
+            .counters
+            .repeated_commands
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        tracing::warn!(
+            "robot `{}`: command {seq} came again ({n} so far): its observation was lost on the way or came late; sent it again without stepping",
+            self.keys.robot
+        );
+        self.obs_pub
+            .put(self.buf.as_slice())
+            .wait()
+            .map_err(|e| bus_err(&self.keys.obs, e))
+    }
+
     /// Serves until `stop` is set. Returns the counters.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<ServeStats, RobotError> {
         let mut stats = self.serve(stop)?;
         stats.rejected_commands = self.cmd_rejects.count();
         stats.watchdog_trips = self.counters.watchdog_trips.load(Ordering::Relaxed);
         stats.held_while_stopped = self.counters.held_while_stopped.load(Ordering::Relaxed);
+        stats.repeated_commands = self.counters.repeated_commands.load(Ordering::Relaxed);
         Ok(stats)
     }
 
@@ -1066,8 +1236,12 @@ impl<R: Robot> RobotServer<R> {
             ServeMode::Lockstep => {
                 while !stop.load(Ordering::Relaxed) {
                     match self.rx.recv_timeout(Duration::from_millis(50)) {
+                        Ok(Incoming::Cmd(c)) if self.last_cmd == Some(c.seq) => {
+                            self.repeat(c.seq)?;
+                        }
                         Ok(Incoming::Cmd(c)) => {
                             seq = c.seq;
+                            self.last_cmd = Some(seq);
                             self.counters.commands.fetch_add(1, Ordering::Relaxed);
                             if let Err(e) = self.execute(&c) {
                                 tracing::warn!("command {} rejected: {e}", c.seq);
@@ -1075,6 +1249,7 @@ impl<R: Robot> RobotServer<R> {
                                 stats.steps += 1;
                             }
                             self.publish_obs(seq)?;
+                            self.answered = true;
                         }
                         Ok(Incoming::Reset(q, s)) => {
                             stats.resets += 1;

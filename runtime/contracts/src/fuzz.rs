@@ -96,6 +96,7 @@ fn corpus() -> Vec<Vec<u8>> {
             kind: OperatorKind::Release,
             estops: 3,
             source: "operator".into(),
+            to: String::new(),
         }),
     ]
 }
@@ -133,6 +134,7 @@ fn decode_everything(bytes: &[u8]) {
     let _ = decode::<StepTrace>("k", bytes);
     let _ = decode::<TraceFrames>("k", bytes);
     let _ = decode::<StatusMsg>("k", bytes);
+    let _ = decode::<StopStatus>("k", bytes);
 }
 
 /// A valid message with `edits` applied: (position, kind, byte).

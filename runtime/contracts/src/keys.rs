@@ -27,6 +27,12 @@ pub struct Keys {
     pub operator: String,
     /// `reflex/<robot>/status`
     pub status: String,
+    /// `reflex/<robot>/stop/robot`: the robot server's own e-stop ([`crate::msg::StopStatus`])
+    pub stop_robot: String,
+    /// `reflex/<robot>/stop/actor`: the actor's e-stop ([`crate::msg::StopStatus`])
+    pub stop_actor: String,
+    /// `reflex/<robot>/stop/*`: every holder of an e-stop of the robot (a query's key)
+    pub stop_any: String,
     /// `reflex/<robot>/alive/robot`
     pub alive_robot: String,
     /// `reflex/<robot>/trace`
@@ -48,6 +54,14 @@ pub struct Keys {
 }
 
 impl Keys {
+    /// The key on which `holder` reports its e-stop: `stop/robot` or `stop/actor`.
+    pub fn stop_of(&self, holder: crate::stop::StopHolder) -> &str {
+        match holder {
+            crate::stop::StopHolder::Robot => &self.stop_robot,
+            crate::stop::StopHolder::Actor => &self.stop_actor,
+        }
+    }
+
     /// Key expressions for `robot`, which must be a plain name.
     pub fn new(robot: &str) -> Result<Self, BadName> {
         let ok = !robot.is_empty()
@@ -68,6 +82,9 @@ impl Keys {
             teleop: k("teleop"),
             operator: k("operator"),
             status: k("status"),
+            stop_robot: k("stop/robot"),
+            stop_actor: k("stop/actor"),
+            stop_any: k("stop/*"),
             alive_robot: k("alive/robot"),
             trace: k("trace"),
             trace_spec: k("trace/spec"),

@@ -475,6 +475,37 @@ pub struct OperatorMsg {
     pub estops: u64,
     /// Who acts (a person's or a device's name; shown in the status and logs).
     pub source: String,
+    /// Which holder of the robot's e-stop the act is for: `robot` (its server), `actor`, or
+    /// empty for every holder. Each holder counts the e-stops it heard, so when an actor started
+    /// after the server its count differs and `reflex estop` sends each its own.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub to: String,
+}
+
+/// One holder's e-stop, as `reflex estop` reads it: the reply to a query on
+/// `reflex/<robot>/stop/*` (every holder answers on its own key, `stop/robot` or `stop/actor`),
+/// and published by a robot server on `reflex/<robot>/stop/robot` when it changes and at least
+/// once a second, so an operator can release a served robot whose actor is gone.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StopStatus {
+    /// Protocol version.
+    pub v: u16,
+    /// Robot name.
+    pub robot: String,
+    /// `robot` (the process serving it) or `actor`.
+    pub holder: String,
+    /// `running`, `latched` or `paused`.
+    pub stop: String,
+    /// E-stops this holder heard (an operator's release names this count).
+    pub estops: u64,
+    /// Who raised it (latched), released it (paused) or resumed (running after a stop).
+    pub stop_by: String,
+    /// Wall time of the last e-stop, ns since the Unix epoch (0: none yet).
+    pub estop_raised_unix_ns: u64,
+    /// Messages this holder refused on the e-stop's keys (`events`, `operator`), per key; keys
+    /// with none are left out.
+    #[serde(default)]
+    pub rejected: Vec<(String, u64)>,
 }
 
 /// An episode event. Published on `reflex/<robot>/events`.
@@ -873,6 +904,7 @@ versioned!(
     ResetRequest => "ResetRequest",
     EpisodeEvent => "EpisodeEvent",
     OperatorMsg => "OperatorMsg",
+    StopStatus => "StopStatus",
     TeleopMsg => "TeleopMsg",
     StatusMsg => "StatusMsg",
     StepTrace => "StepTrace",

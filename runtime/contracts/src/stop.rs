@@ -97,6 +97,40 @@ impl StopAct {
     }
 }
 
+/// Who holds an e-stop of a robot. A robot served on the bus has two: its server's (which holds
+/// the robot itself, and outlives any actor) and the actor's (which holds the loop). Each
+/// counts the e-stops it heard, so their counts differ when one started later, and an operator
+/// names each holder's own count (`OperatorMsg::to`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StopHolder {
+    /// The process that serves the robot (`reflex sim serve`, `reflex hw serve`).
+    Robot,
+    /// The actor that drives it (`reflex run`).
+    Actor,
+}
+
+impl StopHolder {
+    /// `robot` or `actor`: the last part of its key (`reflex/<robot>/stop/<holder>`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopHolder::Robot => "robot",
+            StopHolder::Actor => "actor",
+        }
+    }
+
+    /// The holder called `s` (see [`StopHolder::as_str`]).
+    pub fn parse(s: &str) -> Option<Self> {
+        [StopHolder::Robot, StopHolder::Actor]
+            .into_iter()
+            .find(|h| h.as_str() == s)
+    }
+
+    /// Whether an operator's act addressed `to` (empty: every holder) is meant for this one.
+    pub fn addressed_by(self, to: &str) -> bool {
+        to.is_empty() || to == self.as_str()
+    }
+}
+
 /// Why a release or a resume did nothing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StopRefused {
@@ -345,5 +379,17 @@ mod tests {
         assert_eq!(clean_name(""), "unknown");
         assert_eq!(clean_name(&"x".repeat(1000)).len(), MAX_WHO);
         assert_eq!(StopState::parse("paused"), Some(StopState::Paused));
+        assert_eq!(StopHolder::parse("robot"), Some(StopHolder::Robot));
+    }
+
+    #[test]
+    fn an_act_addressed_to_one_holder_is_not_the_others() {
+        assert!(
+            StopHolder::Actor.addressed_by(""),
+            "older operators address everyone"
+        );
+        assert!(StopHolder::Actor.addressed_by("actor"));
+        assert!(!StopHolder::Actor.addressed_by("robot"));
+        assert!(!StopHolder::Robot.addressed_by("actor"));
     }
 }

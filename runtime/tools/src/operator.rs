@@ -1,51 +1,66 @@
 //! `reflex estop [raise|release|resume] --robot NAME`: a robot's e-stop from any computer on its
-//! bus, each act confirmed by the robot's own status (`reflex/<robot>/status`, published by the
-//! actor at once when the stop changes).
+//! bus, each act confirmed by every holder of the robot's e-stop: the process serving the robot
+//! (`reflex sim serve`, `reflex hw serve`) and the actor (`reflex run`), whichever are running.
+//! Each answers a query on `reflex/<robot>/stop/*` with its own state and count
+//! ([`StopStatus`]), so a served robot whose actor is gone is released and resumed all the same.
 //!
-//! - raise: an `estop` event on `reflex/<robot>/events`, repeated until the status says
+//! - raise: an `estop` event on `reflex/<robot>/events`, repeated until every holder says
 //!   `latched`; unconfirmed after `wait` it is an error (the person must know the robot may not
 //!   have heard it, and use the power switch);
-//! - release: the e-stop count the status shows, named in an [`OperatorMsg`] on
-//!   `reflex/<robot>/operator` (an e-stop raised after that is not released by it), repeated
-//!   until the status says `paused`;
-//! - resume: the same, until the status says `running`.
+//! - release: to each holder the e-stop count it shows, in an [`OperatorMsg`] on
+//!   `reflex/<robot>/operator` addressed to it (an e-stop raised after that is not released by
+//!   it), repeated until each says `paused`;
+//! - resume: the same, until each says `running`.
 
 use reflex_agent::AgentError;
 use reflex_agent::error::Result;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{
-    self, EpisodeEvent, EventKind, OperatorKind, OperatorMsg, PROTOCOL_VERSION, StatusMsg,
+    self, EpisodeEvent, EventKind, OperatorKind, OperatorMsg, PROTOCOL_VERSION, StopStatus,
 };
-use reflex_contracts::stop::{StopAct, StopState};
-use std::sync::{Arc, Mutex};
+use reflex_contracts::stop::{StopAct, StopHolder, StopState};
 use std::time::{Duration, Instant};
 use zenoh::Wait;
 
-/// How an act ended: the robot's status that confirmed it.
+/// How an act ended: the holders' reports that confirmed it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StopOutcome {
     /// The robot.
     pub robot: String,
     /// `raise`, `release` or `resume`.
     pub act: &'static str,
-    /// The stop's state in the confirming status.
+    /// The stop's state the holders confirmed.
     pub state: String,
-    /// E-stops raised so far.
+    /// E-stops raised so far, as the actor counts them (else the robot's server).
     pub estops: u64,
-    /// Who raised, released or resumed last (the status's `stop_by`).
+    /// Who raised, released or resumed last (the actor's `stop_by`, else the server's).
     pub by: String,
-    /// Times the message was sent before the status confirmed it.
+    /// Times the message was sent before the holders confirmed it.
     pub sends: u32,
+    /// Every holder's confirming report: `robot` (its server) and `actor`, those running.
+    pub holders: Vec<StopStatus>,
 }
 
 /// Publishes one act: a raise on `events`, a release or resume (answering e-stop `estops`) on
-/// `operator`.
+/// `operator`, for every holder of the robot's e-stop.
 pub fn publish(
     session: &zenoh::Session,
     keys: &Keys,
     act: StopAct,
     estops: u64,
     source: &str,
+) -> Result<()> {
+    publish_to(session, keys, act, estops, source, None)
+}
+
+/// Publishes one act for `to` (`None`: every holder); a raise is always for everyone.
+pub fn publish_to(
+    session: &zenoh::Session,
+    keys: &Keys,
+    act: StopAct,
+    estops: u64,
+    source: &str,
+    to: Option<StopHolder>,
 ) -> Result<()> {
     let (key, bytes) = match act {
         StopAct::Raise => (
@@ -70,6 +85,7 @@ pub fn publish(
                 },
                 estops,
                 source: source.to_string(),
+                to: to.map_or(String::new(), |h| h.as_str().to_string()),
             }),
         ),
     };
@@ -79,13 +95,118 @@ pub fn publish(
         .map_err(reflex_agent::error::ctx(key.clone()))
 }
 
-/// Raises, releases or resumes `robot`'s e-stop and waits up to `wait` for its status to
-/// confirm it.
+/// What the holders of `keys.robot`'s e-stop report now, one each (robot's server first), and
+/// the replies refused (not a [`StopStatus`] of this robot from the holder its key names).
+/// Waits at most `within` for them; returns as soon as every holder on the bus has answered.
+pub fn holders(
+    session: &zenoh::Session,
+    keys: &Keys,
+    within: Duration,
+) -> Result<(Vec<StopStatus>, u32)> {
+    let replies = session
+        .get(keys.stop_any.clone())
+        .target(zenoh::query::QueryTarget::All)
+        .consolidation(zenoh::query::ConsolidationMode::None)
+        .timeout(within.max(Duration::from_millis(10)))
+        .wait()
+        .map_err(reflex_agent::error::ctx(keys.stop_any.clone()))?;
+    let (mut out, mut refused) = (Vec::<StopStatus>::new(), 0u32);
+    while let Ok(r) = replies.recv() {
+        let Ok(sample) = r.result() else { continue };
+        let key = sample.key_expr().as_str().to_string();
+        let fits = msg::decode::<StopStatus>(&key, &sample.payload().to_bytes())
+            .ok()
+            .filter(|m| {
+                m.robot == keys.robot
+                    && StopState::parse(&m.stop).is_some()
+                    && StopHolder::parse(&m.holder).is_some_and(|h| keys.stop_of(h) == key)
+            });
+        match fits {
+            // One report per holder: a second answer on the same key replaces the first.
+            Some(m) => match out.iter_mut().find(|o| o.holder == m.holder) {
+                Some(o) => *o = m,
+                None => out.push(m),
+            },
+            None => refused += 1,
+        }
+    }
+    out.sort_by_key(|m| m.holder != StopHolder::Robot.as_str());
+    for m in &mut out {
+        m.stop_by = reflex_contracts::stop::clean_name(&m.stop_by);
+    }
+    Ok((out, refused))
+}
+
+/// Sends a release or resume to every holder of the robot's e-stop with the count it shows,
+/// addressed to it (one message for all when they agree); with no holder answering within
+/// `within`, to everyone with `fallback` (the count an actor's status showed). For a teleop
+/// device's keys, which act once and watch the status.
+pub fn publish_for_holders(
+    session: &zenoh::Session,
+    keys: &Keys,
+    act: StopAct,
+    fallback: u64,
+    source: &str,
+    within: Duration,
+) -> Result<()> {
+    let (now, _) = holders(session, keys, within)?;
+    if now.is_empty() {
+        return publish(session, keys, act, fallback, source);
+    }
+    send_each(session, keys, act, source, &now)
+}
+
+/// One message for every holder when their counts agree, else one addressed to each.
+fn send_each(
+    session: &zenoh::Session,
+    keys: &Keys,
+    act: StopAct,
+    source: &str,
+    targets: &[StopStatus],
+) -> Result<()> {
+    if targets.windows(2).all(|w| w[0].estops == w[1].estops) {
+        return publish(session, keys, act, targets[0].estops, source);
+    }
+    for t in targets {
+        publish_to(
+            session,
+            keys,
+            act,
+            t.estops,
+            source,
+            StopHolder::parse(&t.holder),
+        )?;
+    }
+    Ok(())
+}
+
+fn list(reports: &[StopStatus]) -> String {
+    reports
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {} (e-stop {}, by {})",
+                m.holder,
+                m.stop,
+                m.estops,
+                if m.stop_by.is_empty() {
+                    "nobody"
+                } else {
+                    &m.stop_by
+                }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Raises, releases or resumes `robot`'s e-stop and waits up to `wait` for every holder of it
+/// to confirm.
 ///
 /// # Errors
-/// No status within `wait` (nobody confirmed: the robot may not have heard), a release with
-/// nothing latched, a resume with nothing paused, or an e-stop raised after the one this act
-/// answers.
+/// No holder answers within `wait` (nobody confirmed: the robot may not have heard), a release
+/// with nothing latched, a resume with nothing paused, or an e-stop raised after the one this
+/// act answers.
 pub fn act(
     session: &zenoh::Session,
     robot: &str,
@@ -94,109 +215,157 @@ pub fn act(
     wait: Duration,
 ) -> Result<StopOutcome> {
     let keys = Keys::new(robot).map_err(reflex_bus::BusError::from)?;
-    let latest: Arc<Mutex<Option<(StatusMsg, Instant)>>> = Arc::default();
-    let l = latest.clone();
-    let _sub = session
-        .declare_subscriber(keys.status.clone())
-        .callback(move |s| {
-            if let Ok(m) = msg::decode::<StatusMsg>("status", &s.payload().to_bytes())
-                && let Ok(mut g) = l.lock()
-            {
-                *g = Some((m, Instant::now()));
-            }
-        })
-        .wait()
-        .map_err(reflex_agent::error::ctx(keys.status.clone()))?;
     let t0 = Instant::now();
-    let status_since = |t: Instant| -> Option<StatusMsg> {
-        latest
-            .lock()
-            .ok()?
-            .as_ref()
-            .filter(|(_, at)| *at >= t)
-            .map(|(m, _)| m.clone())
+    let left = || {
+        wait.saturating_sub(t0.elapsed())
+            .min(Duration::from_secs(1))
     };
     let fail =
         |m: String| AgentError::setup(format!("reflex estop {} --robot {robot}", act.as_str()), m);
-    // What a release or resume answers: the e-stop count in a status.
-    let estops = match act {
-        StopAct::Raise => 0,
-        StopAct::Release | StopAct::Resume => loop {
-            if let Some(m) = status_since(t0) {
-                let need = if act == StopAct::Release {
-                    StopState::Latched
-                } else {
-                    StopState::Paused
-                };
-                if m.stop != need.as_str() {
-                    return Err(fail(format!(
-                        "the stop of `{robot}` is {} (by {}); {} needs it {}",
-                        m.stop,
-                        m.stop_by,
-                        act.as_str(),
-                        need.as_str()
-                    )));
-                }
-                break m.figures.estops;
+    let nobody = |refused: u32| {
+        format!(
+            "no holder of its e-stop answered on `{}` within {:.1} s: is `reflex run`, `reflex sim serve` or `reflex hw serve` on this bus (same endpoints, and TLS keys of this robot)?{}",
+            keys.stop_any,
+            wait.as_secs_f64(),
+            if refused > 0 {
+                format!(
+                    " ({refused} replies there were not a holder's report of this robot and were ignored)"
+                )
+            } else {
+                String::new()
             }
-            if t0.elapsed() > wait {
-                return Err(fail(format!(
-                    "no status on `{}` within {:.1} s: is `reflex run` on this bus (same endpoints, and TLS keys with a teleop role)?",
-                    keys.status,
-                    wait.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        },
+        )
     };
     let want = act.leads_to();
+    // A release or resume answers the count each holder shows now.
+    let targets: Vec<StopStatus> = match act {
+        StopAct::Raise => Vec::new(),
+        StopAct::Release | StopAct::Resume => {
+            let need = if act == StopAct::Release {
+                StopState::Latched
+            } else {
+                StopState::Paused
+            };
+            let now = loop {
+                let (now, refused) = holders(session, &keys, left())?;
+                if !now.is_empty() {
+                    break now;
+                }
+                if t0.elapsed() >= wait {
+                    return Err(fail(nobody(refused)));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            if let Some(m) = now
+                .iter()
+                .find(|m| m.stop != need.as_str() && m.stop != want.as_str())
+            {
+                return Err(fail(format!(
+                    "the {}'s stop of `{robot}` is {} (by {}); {} needs it {} (all: {})",
+                    m.holder,
+                    m.stop,
+                    m.stop_by,
+                    act.as_str(),
+                    need.as_str(),
+                    list(&now)
+                )));
+            }
+            let targets: Vec<StopStatus> = now
+                .iter()
+                .filter(|m| m.stop == need.as_str())
+                .cloned()
+                .collect();
+            if targets.is_empty() {
+                return Err(fail(format!(
+                    "nothing to {}: the stop of `{robot}` is {} already ({}); {} needs it {}",
+                    act.as_str(),
+                    want.as_str(),
+                    list(&now),
+                    act.as_str(),
+                    need.as_str()
+                )));
+            }
+            targets
+        }
+    };
     let mut sends = 0u32;
     let mut last_send: Option<Instant> = None;
+    let mut seen = Vec::new();
     loop {
         if last_send.is_none_or(|t| t.elapsed() > Duration::from_millis(200)) {
-            publish(session, &keys, act, estops, source)?;
+            match act {
+                StopAct::Raise => publish(session, &keys, act, 0, source)?,
+                _ => send_each(session, &keys, act, source, &targets)?,
+            }
             sends += 1;
             last_send = Some(Instant::now());
         }
-        if let Some(m) = status_since(t0) {
-            let done = match act {
-                StopAct::Raise => m.stop == want.as_str(),
-                _ => m.stop == want.as_str() && m.figures.estops == estops,
+        let (now, refused) = holders(session, &keys, left())?;
+        if act != StopAct::Raise
+            && let Some((t, m)) = targets.iter().find_map(|t| {
+                now.iter()
+                    .find(|m| m.holder == t.holder && m.estops != t.estops)
+                    .map(|m| (t, m))
+            })
+        {
+            return Err(fail(format!(
+                "e-stop {} was raised on the {} (by {}) after the one this {} answered ({}): look at the robot, then release that one",
+                m.estops,
+                m.holder,
+                m.stop_by,
+                act.as_str(),
+                t.estops
+            )));
+        }
+        let done = !now.is_empty()
+            && match act {
+                StopAct::Raise => now.iter().all(|m| m.stop == want.as_str()),
+                _ => targets.iter().all(|t| {
+                    now.iter()
+                        .any(|m| m.holder == t.holder && m.stop == want.as_str())
+                }),
             };
-            if done {
-                return Ok(StopOutcome {
-                    robot: robot.to_string(),
-                    act: act.as_str(),
-                    state: m.stop,
-                    estops: m.figures.estops,
-                    by: m.stop_by,
-                    sends,
-                });
-            }
-            if act != StopAct::Raise && m.figures.estops != estops {
-                return Err(fail(format!(
-                    "e-stop {} was raised (by {}) after the one this {} answered ({estops}): look at the robot, then release that one",
-                    m.figures.estops,
-                    m.stop_by,
-                    act.as_str()
-                )));
-            }
+        if done {
+            let main = now
+                .iter()
+                .find(|m| m.holder == StopHolder::Actor.as_str())
+                .unwrap_or(&now[0]);
+            return Ok(StopOutcome {
+                robot: robot.to_string(),
+                act: act.as_str(),
+                state: want.as_str().to_string(),
+                estops: main.estops,
+                by: main.stop_by.clone(),
+                sends,
+                holders: now,
+            });
+        }
+        if !now.is_empty() {
+            seen = now;
         }
         if t0.elapsed() > wait {
-            return Err(fail(match act {
-                StopAct::Raise => format!(
-                    "sent {sends} times, but no status on `{}` confirmed the stop within {:.1} s: the robot may NOT have stopped; use its power switch",
-                    keys.status,
-                    wait.as_secs_f64()
+            return Err(fail(match (act, seen.is_empty()) {
+                (StopAct::Raise, true) => format!(
+                    "sent {sends} times, but {}: the robot may NOT have stopped; use its power switch",
+                    nobody(refused)
+                ),
+                (StopAct::Raise, false) => format!(
+                    "sent {sends} times, but not every holder confirmed the stop within {:.1} s ({}): the robot may NOT have stopped; use its power switch",
+                    wait.as_secs_f64(),
+                    list(&seen)
                 ),
                 _ => format!(
-                    "sent {sends} times, but the status on `{}` did not become {} within {:.1} s (is this peer allowed to teleoperate? docs/deploy.md)",
-                    keys.status,
+                    "sent {sends} times, but the stop did not become {} within {:.1} s ({}; is this peer allowed to teleoperate? docs/deploy.md)",
                     want.as_str(),
-                    wait.as_secs_f64()
+                    wait.as_secs_f64(),
+                    if seen.is_empty() {
+                        "no holder answered since".to_string()
+                    } else {
+                        list(&seen)
+                    }
                 ),
             }));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -163,7 +163,15 @@ pub fn drive(
                     on_event(TeleopEvent::Sent("EMERGENCY STOP"));
                 }
                 (_, Some(n)) => {
-                    crate::operator::publish(session, &keys, act, n, &source)?;
+                    // Each holder (the robot's server too) its own count; `n` when none answers.
+                    crate::operator::publish_for_holders(
+                        session,
+                        &keys,
+                        act,
+                        n,
+                        &source,
+                        Duration::from_millis(300),
+                    )?;
                     on_event(TeleopEvent::Sent(act.as_str()));
                 }
                 (_, None) => on_event(TeleopEvent::Sent(
