@@ -375,12 +375,26 @@ unsafe fn rows_avx2(job: &Job, panels: &Panels) {
     unsafe { rows::<6, 1>(job, panels, x86::tile_avx2, x86::tile_avx2) }
 }
 
-/// A tile's function: `MR` rows of `a` against `NP` panels of `b` (see [`tile`]).
-type Tile<const MR: usize, const NP: usize> =
-    unsafe fn(usize, ARows<MR>, [Panel; NP]) -> [[[f32; PANEL]; NP]; MR];
+/// Where a tile puts its `MR x (NP * PANEL)` results: row `r` from `rows[r]`, written, or added
+/// to what is there when `accumulate` (`dst + chain`, one rounding, as the definition says).
+#[derive(Clone, Copy)]
+struct Out<const MR: usize> {
+    rows: [*mut f32; MR],
+    accumulate: bool,
+}
+
+/// A tile's function: `MR` rows of `a` against `NP` panels of `b` into `out` (see [`tile`]).
+///
+/// # Safety (of calling one)
+/// The processor runs the tile; each `out.rows[r]` is valid for `NP * PANEL` writes (and reads
+/// when accumulating), and nothing else accesses them during the call.
+type Tile<const MR: usize, const NP: usize> = unsafe fn(usize, ARows<MR>, [Panel; NP], Out<MR>);
 
 /// All rows, `MR` at a time, against `NP` panels at a time (`full`), the last odd panel alone
-/// (`one`). Inlined into each path's function, whose instructions the tiles use.
+/// (`one`). A whole tile goes straight to the destination from the registers; a tile at the
+/// bottom or right edge goes to a scratch tile first and only its part inside the matrix is
+/// copied (the same values: the copy adds nothing). Inlined into each path's function, whose
+/// instructions the tiles use.
 ///
 /// # Safety
 /// The processor runs the tiles; `job.dst` satisfies [`product`]'s contract.
@@ -400,42 +414,59 @@ unsafe fn rows<const MR: usize, const NP: usize>(
         accumulate,
     } = *job;
     let count = n.div_ceil(PANEL);
+    let mut scratch = [[[0.0f32; PANEL]; NP]; MR];
     for r0 in (0..m).step_by(MR) {
         let mr = MR.min(m - r0);
         let ar = ARows::<MR>::new(&a, r0, m, k);
         let mut p = 0;
         while p < count {
             let np = NP.min(count - p);
-            let acc = if np == NP {
-                // SAFETY: the processor runs the tile (this function's contract).
-                unsafe { full(k, ar, std::array::from_fn(|q| panels.get(p + q))) }
-            } else {
-                // The last panel alone (AVX-512 with an odd number of panels): its elements are
-                // the same chains, so the bits do not change.
-                // SAFETY: as above.
-                let one = unsafe { one(k, ar, [panels.get(p)]) };
-                let mut acc = [[[0.0; PANEL]; NP]; MR];
-                for (r, row) in one.iter().enumerate() {
-                    acc[r][0] = row[0];
+            let c0 = p * PANEL;
+            let width = (np * PANEL).min(n - c0);
+            let whole = mr == MR && width == NP * PANEL;
+            let out = if whole {
+                // SAFETY: rows r0 .. r0 + MR <= m, columns c0 .. c0 + NP * PANEL <= n: the
+                // caller's rows (`product`'s contract).
+                Out {
+                    rows: std::array::from_fn(|r| unsafe { dst.ptr.add((r0 + r) * dst.rs + c0) }),
+                    accumulate,
                 }
-                acc
+            } else {
+                Out {
+                    rows: std::array::from_fn(|r| scratch[r].as_mut_ptr().cast::<f32>()),
+                    accumulate: false,
+                }
             };
-            for (r, acc_r) in acc.iter().enumerate().take(mr) {
-                for (q, acc_rq) in acc_r.iter().enumerate().take(np) {
-                    let c0 = (p + q) * PANEL;
-                    let width = PANEL.min(n - c0);
+            // SAFETY: the processor runs the tiles (this function's contract); `out` points at
+            // MR rows of NP * PANEL values: the destination's (checked above) or `scratch`'s.
+            unsafe {
+                if np == NP {
+                    full(k, ar, std::array::from_fn(|q| panels.get(p + q)), out);
+                } else {
+                    // The last panel alone (AVX-512 with an odd number of panels): its elements
+                    // are the same chains, so the bits do not change.
+                    let out1 = Out {
+                        rows: out.rows,
+                        accumulate: out.accumulate,
+                    };
+                    one(k, ar, [panels.get(p)], out1);
+                }
+            }
+            if !whole {
+                for (r, tile_r) in scratch.iter().enumerate().take(mr) {
+                    let vals = &tile_r.as_flattened()[..width];
                     // SAFETY (both arms): row `r0 + r < m`, columns `c0 .. c0 + width <= n`:
                     // inside the caller's rows, which nothing else accesses and which are
                     // initialised when accumulating (`product`'s contract). Overwriting copies
                     // without forming a reference, so the rows may start uninitialised.
-                    let out = unsafe { dst.ptr.add((r0 + r) * dst.rs + c0) };
+                    let o = unsafe { dst.ptr.add((r0 + r) * dst.rs + c0) };
                     if accumulate {
-                        let out = unsafe { std::slice::from_raw_parts_mut(out, width) };
-                        for (o, v) in out.iter_mut().zip(acc_rq) {
+                        let o = unsafe { std::slice::from_raw_parts_mut(o, width) };
+                        for (o, v) in o.iter_mut().zip(vals) {
                             *o += *v;
                         }
                     } else {
-                        unsafe { std::ptr::copy_nonoverlapping(acc_rq.as_ptr(), out, width) };
+                        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), o, width) };
                     }
                 }
             }
@@ -445,15 +476,16 @@ unsafe fn rows<const MR: usize, const NP: usize>(
 }
 
 /// One tile, portably: `MR` rows of `a` against `NP` panels of `b`; element `(r, c)` is
-/// `fma(a[r, k-1], b[k-1, c], ... fma(a[r, 0], b[0, c], 0))`.
+/// `fma(a[r, k-1], b[k-1, c], ... fma(a[r, 0], b[0, c], 0))`, stored or added into `out`.
 ///
 /// # Safety
-/// None beyond the type's: safe code (an `unsafe fn` only to share [`Tile`] with the others).
+/// [`Tile`]'s.
 unsafe fn tile<const MR: usize, const NP: usize>(
     k: usize,
     a: ARows<MR>,
     b: [Panel; NP],
-) -> [[[f32; PANEL]; NP]; MR] {
+    out: Out<MR>,
+) {
     let mut acc = [[[0.0f32; PANEL]; NP]; MR];
     for i in 0..k {
         for (q, bq) in b.iter().enumerate() {
@@ -467,7 +499,13 @@ unsafe fn tile<const MR: usize, const NP: usize>(
             }
         }
     }
-    acc
+    for (row, acc_r) in out.rows.iter().zip(&acc) {
+        // SAFETY: [`Tile`]'s contract: NP * PANEL values from `row`.
+        let o = unsafe { std::slice::from_raw_parts_mut(*row, NP * PANEL) };
+        for (o, v) in o.iter_mut().zip(acc_r.as_flattened()) {
+            *o = if out.accumulate { *o + *v } else { *v };
+        }
+    }
 }
 
 /// The tiles in the processor's vector registers, with intrinsics: left to vectorise [`tile`]
@@ -475,15 +513,15 @@ unsafe fn tile<const MR: usize, const NP: usize>(
 /// slower than `gemm`.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{ARows, PANEL, Panel};
+    use super::{ARows, Out, PANEL, Panel};
     use std::arch::x86_64::*;
 
     /// [`super::tile`] for 6 rows and one panel: two 8-wide accumulators per row.
     ///
     /// # Safety
-    /// The processor has AVX2 and FMA.
+    /// [`super::Tile`]'s, with AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile_avx2(k: usize, a: ARows<6>, b: [Panel; 1]) -> [[[f32; PANEL]; 1]; 6] {
+    pub(super) unsafe fn tile_avx2(k: usize, a: ARows<6>, b: [Panel; 1], out: Out<6>) {
         let mut acc = [[_mm256_setzero_ps(); 2]; 6];
         let (ap, bp) = (a.data.as_ptr(), b[0].data.as_ptr());
         for i in 0..k {
@@ -498,27 +536,33 @@ mod x86 {
                 }
             }
         }
-        let mut out = [[[0.0; PANEL]; 1]; 6];
-        for (o, acc_r) in out.iter_mut().zip(&acc) {
-            // SAFETY: each row of `out` holds 16 values: two stores of 8.
-            unsafe {
-                _mm256_storeu_ps(o[0].as_mut_ptr(), acc_r[0]);
-                _mm256_storeu_ps(o[0].as_mut_ptr().add(8), acc_r[1]);
+        for (row, acc_r) in out.rows.iter().zip(&acc) {
+            for (h, v) in acc_r.iter().enumerate() {
+                // SAFETY: [`super::Tile`]'s contract: 16 values from `row`.
+                unsafe {
+                    let o = row.add(8 * h);
+                    let v = if out.accumulate {
+                        _mm256_add_ps(_mm256_loadu_ps(o), *v)
+                    } else {
+                        *v
+                    };
+                    _mm256_storeu_ps(o, v);
+                }
             }
         }
-        out
     }
 
     /// [`super::tile`] for 8 rows and `NP` panels: one 16-wide accumulator per row and panel.
     ///
     /// # Safety
-    /// The processor has AVX-512F and FMA.
+    /// [`super::Tile`]'s, with AVX-512F and FMA.
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn tile_avx512<const NP: usize>(
         k: usize,
         a: ARows<8>,
         b: [Panel; NP],
-    ) -> [[[f32; PANEL]; NP]; 8] {
+        out: Out<8>,
+    ) {
         let mut acc = [[_mm512_setzero_ps(); NP]; 8];
         let ap = a.data.as_ptr();
         for i in 0..k {
@@ -535,14 +579,20 @@ mod x86 {
                 }
             }
         }
-        let mut out = [[[0.0; PANEL]; NP]; 8];
-        for (o, acc_r) in out.iter_mut().zip(&acc) {
-            for (oq, acc_rq) in o.iter_mut().zip(acc_r) {
-                // SAFETY: each panel row of `out` holds 16 values.
-                unsafe { _mm512_storeu_ps(oq.as_mut_ptr(), *acc_rq) };
+        for (row, acc_r) in out.rows.iter().zip(&acc) {
+            for (q, v) in acc_r.iter().enumerate() {
+                // SAFETY: [`super::Tile`]'s contract: NP * 16 values from `row`.
+                unsafe {
+                    let o = row.add(PANEL * q);
+                    let v = if out.accumulate {
+                        _mm512_add_ps(_mm512_loadu_ps(o), *v)
+                    } else {
+                        *v
+                    };
+                    _mm512_storeu_ps(o, v);
+                }
             }
         }
-        out
     }
 }
 
