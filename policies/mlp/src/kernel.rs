@@ -281,8 +281,6 @@ pub unsafe fn product(
     }
     #[cfg(target_arch = "x86_64")]
     PACK.with_borrow_mut(|copy| {
-        Panels::fill(&b, k, n, copy);
-        let panels = Panels { b, copy, k, n };
         let job = Job {
             m,
             k,
@@ -291,6 +289,15 @@ pub unsafe fn product(
             dst,
             accumulate,
         };
+        #[cfg(target_arch = "x86_64")]
+        if n <= NARROW && a.rs == 1 && path != Path::Portable {
+            // SAFETY: `available` checked the path's features above; `job` carries the caller's
+            // contract.
+            unsafe { narrow::product(path, &job, &b) };
+            return;
+        }
+        Panels::fill(&b, k, n, copy);
+        let panels = Panels { b, copy, k, n };
         match path {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available` checked AVX-512F above; `job` carries the caller's contract.
@@ -508,6 +515,136 @@ unsafe fn tile<const MR: usize, const NP: usize>(
     }
 }
 
+/// Products at most this many columns wide, whose `a` is stored transposed (rows adjacent), run
+/// lanes over rows (`narrow`): a panel of 16 columns computed for the one column of a critic's
+/// output layer's weight gradient did 16 times the work. With `a` row-major the rows would have
+/// to be transposed first, which cost more than the panel's waste (`reflex bench kernel`: 27 us
+/// against 3 us for `gemm`'s dot products at 256x256x1), so those stay on the panels.
+const NARROW: usize = 8;
+
+/// Narrow products: each vector holds one column's values for 16 (AVX-512) or 8 (AVX2) rows, and
+/// each lane runs its element's chain in inner order, so the bits are the panels' and the scalar
+/// loop's. `a` is stored transposed (a weight gradient reads activations^T): a block's rows are
+/// adjacent, one vector load per inner index.
+#[cfg(target_arch = "x86_64")]
+mod narrow {
+    use super::{Job, NARROW, Path, Strided};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The processor runs `path` (not [`Path::Portable`]); `job.dst` satisfies
+    /// [`super::product`]'s contract, `job.n <= NARROW`, `job.a.rs == 1`, and `job.a` and `b`
+    /// were checked.
+    pub(super) unsafe fn product(path: Path, job: &Job, b: &Strided) {
+        macro_rules! columns {
+            ($f:ident) => {
+                match job.n {
+                    1 => $f::<1>(job, b),
+                    2 => $f::<2>(job, b),
+                    3 => $f::<3>(job, b),
+                    4 => $f::<4>(job, b),
+                    5 => $f::<5>(job, b),
+                    6 => $f::<6>(job, b),
+                    7 => $f::<7>(job, b),
+                    _ => $f::<NARROW>(job, b),
+                }
+            };
+        }
+        // SAFETY: this function's contract.
+        unsafe {
+            match path {
+                Path::Avx512 => columns!(avx512),
+                _ => columns!(avx2),
+            }
+        }
+    }
+
+    /// Rows past the last whole block, one scalar chain per element (fused multiply-adds, as
+    /// the lanes do).
+    ///
+    /// # Safety
+    /// As [`product`]'s.
+    #[inline(always)]
+    unsafe fn tail(job: &Job, b: &Strided, from: usize) {
+        for r in from..job.m {
+            for c in 0..job.n {
+                let s = (0..job.k).fold(0.0f32, |s, i| job.a.at(r, i).mul_add(b.at(i, c), s));
+                // SAFETY: row r < m, column c < n: the caller's rows.
+                unsafe {
+                    let o = job.dst.ptr.add(r * job.dst.rs + c);
+                    o.write(if job.accumulate { *o + s } else { s });
+                }
+            }
+        }
+    }
+
+    macro_rules! narrow_path {
+        ($name:ident, $feat:literal, $lanes:literal, $vec:ty, $zero:ident, $load:ident,
+         $set1:ident, $fma:ident, $store:ident) => {
+            /// # Safety
+            /// As [`product`]'s, on a processor with this function's features.
+            #[target_feature(enable = $feat)]
+            unsafe fn $name<const C: usize>(job: &Job, b: &Strided) {
+                const L: usize = $lanes;
+                let (m, k) = (job.m, job.k);
+                let whole = m / L * L;
+                for r0 in (0..whole).step_by(L) {
+                    let a = &job.a;
+                    debug_assert_eq!(a.rs, 1);
+                    let (col, start, stride) = (a.data, a.start + r0, a.cs as usize);
+                    // What the unchecked loads below rely on.
+                    assert!(start + (k - 1) * stride + L <= col.len());
+                    let mut acc: [$vec; C] = [$zero(); C];
+                    for i in 0..k {
+                        // SAFETY: checked above for every i < k.
+                        let av = unsafe { $load(col.as_ptr().add(start + i * stride)) };
+                        for (c, acc_c) in acc.iter_mut().enumerate() {
+                            *acc_c = $fma(av, $set1(b.at(i, c)), *acc_c);
+                        }
+                    }
+                    for (c, acc_c) in acc.iter().enumerate() {
+                        let mut lanes = [0.0f32; L];
+                        // SAFETY: `lanes` holds L values.
+                        unsafe { $store(lanes.as_mut_ptr(), *acc_c) };
+                        for (l, v) in lanes.iter().enumerate() {
+                            // SAFETY: row r0 + l < m, column c < n: the caller's rows.
+                            unsafe {
+                                let o = job.dst.ptr.add((r0 + l) * job.dst.rs + c);
+                                o.write(if job.accumulate { *o + *v } else { *v });
+                            }
+                        }
+                    }
+                }
+                // SAFETY: this function's contract.
+                unsafe { tail(job, b, whole) };
+            }
+        };
+    }
+
+    narrow_path!(
+        avx512,
+        "avx512f,fma",
+        16,
+        __m512,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_set1_ps,
+        _mm512_fmadd_ps,
+        _mm512_storeu_ps
+    );
+    narrow_path!(
+        avx2,
+        "avx2,fma",
+        8,
+        __m256,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_set1_ps,
+        _mm256_fmadd_ps,
+        _mm256_storeu_ps
+    );
+}
+
 /// The tiles in the processor's vector registers, with intrinsics: left to vectorise [`tile`]
 /// for these targets, the compiler chose gathers and scatters over the rows and ran 35 times
 /// slower than `gemm`.
@@ -647,6 +784,11 @@ mod tests {
             (64, 256, 256),
             (33, 100, 48),
             (256, 20, 9),
+            // Narrow products (lanes over rows), with and without row tails.
+            (37, 50, 1),
+            (100, 64, 3),
+            (16, 5, 8),
+            (5, 7, 2),
         ] {
             for (ta, tb, accumulate) in [
                 (false, false, false),

@@ -26,7 +26,7 @@ pub struct Shape {
 
 /// The products of a 256-wide SAC update at batch 256 (HIL-SERL's, RLPD's size) and of the
 /// demo's 128-wide one.
-pub const SHAPES: [Shape; 5] = [
+pub const SHAPES: [Shape; 7] = [
     Shape {
         what: "hidden layer forward, 256 wide, batch 256",
         m: 256,
@@ -61,6 +61,20 @@ pub const SHAPES: [Shape; 5] = [
         k: 64,
         n: 64,
         a_transposed: false,
+    },
+    Shape {
+        what: "critic output layer forward, 256 wide, batch 256",
+        m: 256,
+        k: 256,
+        n: 1,
+        a_transposed: false,
+    },
+    Shape {
+        what: "critic output layer weight gradient, 256 wide, batch 256",
+        m: 256,
+        k: 256,
+        n: 1,
+        a_transposed: true,
     },
 ];
 
