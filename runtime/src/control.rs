@@ -4,8 +4,9 @@
 //! chunks from the policy and ask for the next one -> choose the action (a person's command while
 //! they intervene, otherwise the chunk's action plus the residual, otherwise hold) -> safety ->
 //! command the robot -> hand the transition to the outbox. While the e-stop is latched or paused
-//! a tick only commands the robot's hold (docs/runtime.md, "Stopping"). Nothing on this path waits for inference, logging, the
-//! network or the learner, and after warm-up nothing on it allocates (a test counts).
+//! a tick only commands the robot's hold (docs/runtime.md, "Stopping") and shows the held robot
+//! to its watchers ([`crate::outbox::Held`]). Nothing on this path waits for inference, logging,
+//! the network or the learner, and after warm-up nothing on it allocates (a test counts).
 
 use crate::chunk::{ActionChunk, ChunkMode, ChunkQueue};
 use crate::clock::Clock;
@@ -14,7 +15,7 @@ use crate::features::LoopFeatures;
 use crate::hist::Histogram;
 use crate::kinematics::Chain;
 use crate::msg::{LoopFigures, Observation, RobotSpec};
-use crate::outbox::{Frames, OutboxSender, Source};
+use crate::outbox::{Frames, Held, OutboxSender, Source};
 use crate::policy::{ChunkSpec, Policy, PolicyThread};
 use crate::residual::ResidualHook;
 use crate::robot::{Robot, RobotError};
@@ -325,6 +326,9 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     teleop: Option<TeleopReader>,
     outbox: Option<OutboxSender>,
     frames: Option<(OutboxSender<Frames>, u32)>,
+    held: Option<(OutboxSender<Held>, u32)>,
+    /// Ticks held since the loop started (the held pool's cadence counts them).
+    held_ticks: u64,
     features: Option<LoopFeatures>,
     swap_at_episode: bool,
     status: Option<Writer<LoopStatus>>,
@@ -381,6 +385,7 @@ pub struct ControlLoopBuilder<R: Robot, C: Clock> {
     teleop: Option<TeleopReader>,
     outbox: Option<OutboxSender>,
     frames: Option<(OutboxSender<Frames>, u32)>,
+    held: Option<(OutboxSender<Held>, u32)>,
     features: Option<LoopFeatures>,
     status: Option<Writer<LoopStatus>>,
     stop: Option<Arc<StopSwitch>>,
@@ -444,6 +449,14 @@ impl<R: Robot, C: Clock> ControlLoopBuilder<R, C> {
         self
     }
 
+    /// The robot as every `every`-th held tick saw it (no episode: the e-stop holds it), with
+    /// the images at the frames' cadence ([`ControlLoopBuilder::frames`]): for watchers of the
+    /// live robot, which the outbox's steps stop feeding while it is stopped.
+    pub fn held(mut self, held: OutboxSender<Held>, every: u32) -> Self {
+        self.held = Some((held, every.max(1)));
+        self
+    }
+
     /// A frozen image encoder's feature maps beside the state, for a residual that sees: the
     /// residual reads the state followed by the maps of the same observation (nothing while they
     /// are missing or stale), and each transition carries the maps of its two observations.
@@ -486,6 +499,7 @@ impl<R: Robot, C: Clock> ControlLoopBuilder<R, C> {
         lp.teleop = self.teleop;
         lp.outbox = self.outbox;
         lp.frames = self.frames;
+        lp.held = self.held;
         lp.features = self.features;
         lp.status = self.status;
         if let Some(stop) = self.stop {
@@ -513,6 +527,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop: None,
             outbox: None,
             frames: None,
+            held: None,
             features: None,
             status: None,
             stop: None,
@@ -552,6 +567,8 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop: None,
             outbox: None,
             frames: None,
+            held: None,
+            held_ticks: 0,
             features: None,
             swap_at_episode: false,
             status: None,
@@ -990,8 +1007,42 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             let o = self.robot.observe()?;
             self.obs.copy_from(o);
         }
+        self.send_held(t);
         self.finish_tick(t, lateness);
         Ok(())
+    }
+
+    /// Hands a held tick's observation to the held pool, if one is attached: the state every
+    /// `every`-th held tick, the images with the frames' cadence. Like the outbox: a free buffer
+    /// or nothing (counted), copies into buffers of the working size, never a wait.
+    fn send_held(&mut self, t: Duration) {
+        let Some((tx, every)) = &mut self.held else {
+            return;
+        };
+        let k = self.held_ticks;
+        self.held_ticks += 1;
+        let images = !self.obs.images.is_empty()
+            && self
+                .frames
+                .as_ref()
+                .is_some_and(|(_, e)| k.is_multiple_of(u64::from(*e)));
+        if !images && !k.is_multiple_of(u64::from(*every)) {
+            return;
+        }
+        let Some(mut h) = tx.slot() else { return };
+        h.t = t;
+        h.state.clone_from(&self.obs.state);
+        h.fresh_images = images;
+        if images {
+            h.images.truncate(self.obs.images.len());
+            for (i, img) in self.obs.images.iter().enumerate() {
+                match h.images.get_mut(i) {
+                    Some(d) => d.copy_from(img),
+                    None => h.images.push(img.clone()),
+                }
+            }
+        }
+        tx.send(h);
     }
 
     fn read_observation(&mut self, t: Duration) -> Result<(), LoopError> {

@@ -103,6 +103,23 @@ pub struct Frames {
     pub images: Vec<crate::msg::Image>,
 }
 
+/// The robot as the loop saw it on a tick that belongs to no episode: the e-stop latched, or
+/// released and waiting for a resume. Held ticks are no steps, so the recorder, the step log and
+/// the learner never see them; watchers of the live robot do (ROS 2's joint states, TF and
+/// images), which would otherwise lose the robot exactly while it is stopped.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Held {
+    /// Loop time of the tick.
+    pub t: Duration,
+    /// The observation's state.
+    pub state: Vec<f32>,
+    /// The observation's images; this tick's only when `fresh_images` (they are copied with the
+    /// camera frames' cadence, not every tick).
+    pub images: Vec<crate::msg::Image>,
+    /// `images` were copied on this tick.
+    pub fresh_images: bool,
+}
+
 impl Transition {
     /// A transition with buffers sized for `state_dim` and `action_dim`.
     pub fn with_dims(state_dim: usize, action_dim: usize) -> Self {
@@ -254,6 +271,15 @@ pub fn outbox_with_features(
 /// A pool of `capacity` frame buffers (their image buffers grow on first use, then are reused).
 pub fn frames(capacity: usize) -> (OutboxSender<Frames>, OutboxReceiver<Frames>) {
     pool(capacity, Frames::default)
+}
+
+/// A pool of `capacity` held-tick buffers with room for a `state_dim` state (their image
+/// buffers grow on first use, then are reused).
+pub fn held(capacity: usize, state_dim: usize) -> (OutboxSender<Held>, OutboxReceiver<Held>) {
+    pool(capacity, || Held {
+        state: Vec::with_capacity(state_dim),
+        ..Default::default()
+    })
 }
 
 fn pool<T>(capacity: usize, make: impl Fn() -> T) -> (OutboxSender<T>, OutboxReceiver<T>) {

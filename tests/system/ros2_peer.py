@@ -7,7 +7,9 @@ It connects to reflex's Zenoh endpoint, reads the ROS 2 graph from the livelines
 every type hash against rosbags' own, decodes the joint states, TF, camera images, camera info
 and diagnostics, then acts as a ROS 2 teleop node: drives the arm with TwistStamped, stops, sends
 an e-stop without an attachment (which a ROS 2 subscriber would drop), `false`, then `true`, then
-`false` again. It prints a JSON summary; any failed check exits non-zero with the reason.
+`false` again, then `true` twice more (repeats, counted), and checks that the robot's joint
+states, TF and images keep coming while the e-stop is latched, with diagnostics saying it is
+stopped. It prints a JSON summary; any failed check exits non-zero with the reason.
 """
 
 import argparse
@@ -378,6 +380,55 @@ def main():
     if any(s[0] != 2 for s in seen):
         fail(f"a ROS 2 `false` released the e-stop: {seen}")
     out["estop_after_false"] = [list(s[:2]) for s in seen]
+
+    # 6. An e-stop node that repeats `true` while latched: counted, not warned again (the test
+    #    counts reflex's warnings).
+    publish(f"{ns}/estop", Bool(data=True))
+    publish(f"{ns}/estop", Bool(data=True))
+    t6 = time.time_ns()
+    _, v = next_diag(
+        t6,
+        "the repeated e-stops counted in the diagnostics",
+        lambda v: v[stop_name][2].get("ros2_estop_repeats") == "2",
+    )
+    out["estop_repeats"] = int(v[stop_name][2]["ros2_estop_repeats"])
+
+    # 7. While it is latched, the robot does not vanish: joint states, TF, both cameras' images
+    #    and camera info keep coming (from the loop's held ticks), and the diagnostics say it is
+    #    stopped. Counted from a diagnostic that already reports held joint states and images.
+    t7, v = next_diag(
+        time.time_ns(),
+        "diagnostics reporting the held robot published",
+        lambda v: int(v[stop_name][2].get("held_joint_states", "0")) > 0
+        and int(v[stop_name][2].get("held_images", "0")) > 0,
+    )
+    held_need = {f"{ns}/joint_states": 5, "/tf": 5}
+    for c in cams:
+        held_need[f"{ns}/{c}/image_raw"] = 2
+        held_need[f"{ns}/{c}/camera_info"] = 2
+    p.wait(
+        "joint states, TF and images while the e-stop is latched",
+        lambda: all(sum(recv > t7 for _, _, recv in got[t]) >= n for t, n in held_need.items()),
+    )
+    t8 = time.time_ns()
+    _, v = next_diag(t8, "a diagnostic after the held samples", lambda v: True)
+    if v[stop_name][0] != 2 or v[loop_name][2].get("stopped") != "true" or not v[loop_name][1].startswith("stopped"):
+        fail(f"the robot's topics flowed, but the diagnostics do not say it is stopped: {v}")
+    with p.lock:
+        snap = {t: list(got[t]) for t in held_need}
+    for t, v_ in snap.items():
+        check_sequence(t, v_)
+    held_js = [m for _, m, recv in snap[f"{ns}/joint_states"] if recv > t7]
+    for m in held_js:
+        if list(m.name) != joints or not all(math.isfinite(x) for x in m.position):
+            fail(f"a held joint state {list(m.name)} {list(m.position)}")
+    held_tf = [m for _, m, recv in snap["/tf"] if recv > t7]
+    if {tr.child_frame_id for tr in held_tf[-1].transforms} != set(frames):
+        fail(f"a held TF lacks frames: {[tr.child_frame_id for tr in held_tf[-1].transforms]}")
+    out["held"] = {
+        t: sum(recv > t7 for _, _, recv in snap[t]) for t in held_need
+    }
+    out["held_diagnostics"] = [v[loop_name][1], v[stop_name][1]]
     del tokens
     print(json.dumps(out))
     sys.stdout.flush()

@@ -467,6 +467,10 @@ struct Wires {
         reflex_runtime::outbox::OutboxSender<reflex_runtime::outbox::Frames>,
         u32,
     )>,
+    held: Option<(
+        reflex_runtime::outbox::OutboxSender<reflex_runtime::outbox::Held>,
+        u32,
+    )>,
     residual: Option<(ResidualMlp, bool)>,
     teleop: Option<reflex_runtime::teleop::TeleopReader>,
     status: Option<reflex_runtime::triple::Writer<reflex_runtime::control::LoopStatus>>,
@@ -539,6 +543,7 @@ impl Wires {
         let mut w = Wires {
             outbox: None,
             frames: None,
+            held: None,
             residual: None,
             teleop: None,
             status: None,
@@ -596,6 +601,7 @@ impl Wires {
         let bus = crate::tap::BusOut {
             trace,
             ros2: topics,
+            held: None,
         };
         if recorder.is_some() || bus.trace.is_some() || bus.ros2.is_some() || link.is_some() {
             w.tap(
@@ -625,11 +631,18 @@ impl Wires {
         &mut self,
         spec: &RobotSpec,
         recorder: Option<(Arc<reflex_record::Recorder>, PathBuf)>,
-        bus: crate::tap::BusOut,
+        mut bus: crate::tap::BusOut,
         link: Option<ActorLink>,
         steps: Option<reflex_data::steplog::StepLog>,
         features: usize,
     ) {
+        if let Some(r) = &bus.ros2 {
+            // While the e-stop holds the robot the loop sends no steps; ROS 2 keeps showing it
+            // from the held ticks (docs/ros2.md).
+            let (htx, hrx) = reflex_runtime::outbox::held(8, spec.state_dim());
+            self.held = Some((htx, r.held_every()));
+            bus.held = Some(hrx);
+        }
         let (otx, orx) = reflex_runtime::outbox::outbox_with_features(
             1024,
             spec.state_dim(),
@@ -725,6 +738,9 @@ impl Wires {
         }
         if let Some((f, every)) = self.frames {
             b = b.frames(f, every);
+        }
+        if let Some((h, every)) = self.held {
+            b = b.held(h, every);
         }
         if let Some(t) = self.teleop {
             b = b.teleop(t);

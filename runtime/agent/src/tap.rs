@@ -3,7 +3,7 @@
 
 use reflex_contracts::msg::RobotSpec;
 use reflex_record::{Live, Recorder, RecorderConfig, RecorderError};
-use reflex_runtime::outbox::{Frames, OutboxReceiver, Transition};
+use reflex_runtime::outbox::{Frames, Held, OutboxReceiver, Transition};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +48,8 @@ pub struct BusOut {
     pub trace: Option<reflex_bus::trace::TracePublisher>,
     /// Joint states, TF and camera images for ROS 2, when `[ros2]` is on.
     pub ros2: Option<reflex_ros2::RobotTopics>,
+    /// The loop's held ticks (the e-stop holds the robot), for ROS 2 alone.
+    pub held: Option<OutboxReceiver<Held>>,
 }
 
 /// What the outbox thread reports when it ends: steps traced, frame sets dropped, step-log
@@ -60,6 +62,7 @@ struct Consumer {
     recorder: Option<Arc<Recorder>>,
     trace: Option<reflex_bus::trace::TracePublisher>,
     ros2: Option<reflex_ros2::RobotTopics>,
+    held_ticks: Option<OutboxReceiver<Held>>,
     link: Option<reflex_bus::learnlink::ActorLink>,
     frames: Option<OutboxReceiver<Frames>>,
     held: Option<Box<Frames>>,
@@ -97,7 +100,21 @@ impl Consumer {
         }
     }
 
+    /// Held ticks go to ROS 2 and nowhere else: they are no steps of any episode. Drained before
+    /// each step and whenever the outbox is idle (a held loop sends no steps), so the robot's
+    /// topics never go back to an older state.
+    fn held_ticks(&mut self) {
+        let Some(rx) = &self.held_ticks else { return };
+        while let Some(h) = rx.try_recv() {
+            if let Some(p) = &mut self.ros2 {
+                p.offer_held(&h);
+            }
+            rx.recycle(h);
+        }
+    }
+
     fn step(&mut self, t: Box<Transition>, rx: &OutboxReceiver) {
+        self.held_ticks();
         // The frames of an episode's last observation (sent just before its last transition)
         // go with that transition: the step log writes the episode when it ends.
         let upto = t.step + u32::from(t.ends_episode());
@@ -187,6 +204,7 @@ impl RecordingTap {
             recorder: recorder.clone(),
             trace: bus.trace,
             ros2: bus.ros2,
+            held_ticks: bus.held,
             link,
             frames,
             held: None,
@@ -206,7 +224,7 @@ impl RecordingTap {
                             }
                             break;
                         }
-                        None => {}
+                        None => c.held_ticks(),
                     }
                     if let Some(l) = &mut c.link {
                         l.tick();

@@ -100,7 +100,7 @@ pub fn spawn_publisher(
                     return;
                 }
             };
-            let mut last_safety = reflex_runtime::safety::SafetyCounters::default();
+            let mut holds = HoldLog::default();
             let mut clips = ClipWindow::default();
             let stop_now = |x: &Option<Arc<StopSwitch>>| x.as_ref().map(|s| (s.state(), s.raises()));
             let mut last_stop = stop_now(&extras.stop);
@@ -114,22 +114,15 @@ pub fn spawn_publisher(
                     last_stop = stop;
                     last_put = std::time::Instant::now();
                     // The loop cannot log (formatting allocates); this thread logs for it.
-                    // Holds and e-stops are warned at once; routine clipping (a step or the
-                    // tool kept inside its limit) is summarised per episode by the actor and
-                    // warned here only when it goes on and on.
+                    // Holds are warned once as they start (`HoldLog`); routine clipping (a
+                    // step or the tool kept inside its limit) is summarised per episode by the
+                    // actor and warned here only when it goes on and on.
                     let now = reader.get().safety;
                     let ticks = reader.get().figures.ticks;
-                    for (i, e) in SafetyEvent::ALL.iter().enumerate() {
-                        let d = now.0[i].saturating_sub(last_safety.0[i]);
-                        if d > 0 && !e.is_clip() {
-                            tracing::warn!(
-                                "safety on `{}`: {} x {} (total {})",
-                                keys.robot,
-                                d,
-                                e.name(),
-                                now.0[i]
-                            );
-                        }
+                    if fresh {
+                        // Only a new snapshot says whether a hold goes on: a heartbeat or an
+                        // e-stop change republishes the old one, which would end it falsely.
+                        holds.update(&keys.robot, &now);
                     }
                     if let Some((n, of)) = clips.update(&now, ticks) {
                         tracing::warn!(
@@ -137,7 +130,6 @@ pub fn spawn_publisher(
                             keys.robot
                         );
                     }
-                    last_safety = now;
                     let mut m = reflex_runtime::status::to_msg(&keys.robot, reader.get());
                     if let Some(r) = &extras.recorder_dropped {
                         m.recorder_dropped = r();
@@ -184,11 +176,116 @@ pub fn fill_stop(m: &mut msg::StatusMsg, sw: &StopSwitch) {
     };
 }
 
+/// Logs the loop's holds for it, once each: a hold (stale observations, a stale policy, a
+/// non-finite action...) is warned when it starts, its further ticks are counted, and one line
+/// says how long it lasted when it ends (the first snapshot with no new tick of it). The
+/// e-stop's held ticks are not warned at all: the raise is, where it happens (the bus's event,
+/// ROS 2's `estop`), naming who raised it and how to release it; here it is counted and
+/// summarised on release.
+///
+/// Why: every status snapshot with new held ticks used to warn again, so a latched e-stop
+/// logged a warning five times a second for as long as it was latched.
+#[derive(Default)]
+struct HoldLog {
+    last: reflex_runtime::safety::SafetyCounters,
+    /// Per kind: the counter when the hold in progress started, and the snapshots since that
+    /// were not warned; `None` when it is not holding.
+    open: [Option<(u64, u64)>; SafetyEvent::ALL.len()],
+    /// Warnings logged.
+    warned: u64,
+    /// Snapshots with new held ticks that were counted, not warned.
+    repeats: u64,
+}
+
+impl HoldLog {
+    fn update(&mut self, robot: &str, now: &reflex_runtime::safety::SafetyCounters) {
+        for (i, e) in SafetyEvent::ALL.iter().enumerate() {
+            if e.is_clip() {
+                continue;
+            }
+            let d = now.0[i].saturating_sub(self.last.0[i]);
+            match (&mut self.open[i], d > 0) {
+                (None, true) => {
+                    self.open[i] = Some((self.last.0[i], 0));
+                    if *e != SafetyEvent::Estop {
+                        self.warned += 1;
+                        tracing::warn!(
+                            "safety on `{robot}`: {} x {} (total {}): the robot holds; further ticks are counted, not warned, until it ends",
+                            d,
+                            e.name(),
+                            now.0[i]
+                        );
+                    }
+                }
+                (Some((_, quiet)), true) => {
+                    *quiet += 1;
+                    self.repeats += 1;
+                }
+                (Some((start, quiet)), false) => {
+                    let (held, quiet) = (now.0[i] - *start, *quiet);
+                    self.open[i] = None;
+                    tracing::info!(
+                        "safety on `{robot}`: {} held the robot for {held} ticks ({quiet} status snapshots not warned; total {})",
+                        e.name(),
+                        now.0[i]
+                    );
+                }
+                (None, false) => {}
+            }
+        }
+        self.last = *now;
+    }
+}
+
 impl Drop for StatusPublisher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reflex_runtime::safety::SafetyCounters;
+
+    fn with(e: SafetyEvent, n: u64) -> SafetyCounters {
+        let mut c = SafetyCounters::default();
+        c.0[SafetyEvent::ALL.iter().position(|x| *x == e).unwrap()] = n;
+        c
+    }
+
+    #[test]
+    fn a_latched_estop_is_not_warned_five_times_a_second() {
+        // The issue: 10 s latched at 20 Hz, a status snapshot every 200 ms, each with 4 new
+        // e-stop ticks, each warned. The raise was warned where it happened; here it is counted.
+        let mut log = HoldLog::default();
+        for k in 1..=50 {
+            log.update("arm", &with(SafetyEvent::Estop, 4 * k));
+        }
+        assert_eq!(
+            log.warned, 0,
+            "the raise is warned where it happens, not per snapshot"
+        );
+        assert_eq!(log.repeats, 49, "every later snapshot counted");
+        // Released: the hold ends, and the next latch is a new one.
+        log.update("arm", &with(SafetyEvent::Estop, 200));
+        assert!(log.open.iter().all(Option::is_none));
+        log.update("arm", &with(SafetyEvent::Estop, 204));
+        assert!(log.open[0].is_some());
+    }
+
+    #[test]
+    fn a_hold_is_warned_once_when_it_starts_and_again_only_after_it_ended() {
+        let mut log = HoldLog::default();
+        for k in 1..=30 {
+            log.update("arm", &with(SafetyEvent::ObsStale, 10 * k));
+        }
+        assert_eq!((log.warned, log.repeats), (1, 29));
+        log.update("arm", &with(SafetyEvent::ObsStale, 300));
+        log.update("arm", &with(SafetyEvent::ObsStale, 301));
+        assert_eq!(log.warned, 2, "a new hold after the first ended");
     }
 }

@@ -5,7 +5,9 @@
 //! - [`RobotTopics`] runs on the outbox's consumer thread (never the loop's): every step's
 //!   `sensor_msgs/JointState` on `<ns>/joint_states` and the arm's links on `/tf`
 //!   (`tf2_msgs/TFMessage`, posed from the URDF by forward kinematics), and each camera's
-//!   `sensor_msgs/Image` and `CameraInfo` on `<ns>/<camera>/image_raw` and `.../camera_info`.
+//!   `sensor_msgs/Image` and `CameraInfo` on `<ns>/<camera>/image_raw` and `.../camera_info`;
+//!   while the e-stop holds the robot, the same from the loop's held ticks. Rates are kept by
+//!   deadline on the loop's clock ([`pace::Pace`]).
 //! - [`Ros2Node`] holds the node's liveliness tokens (what `ros2 node list` and `ros2 topic list`
 //!   read), the loop's `diagnostic_msgs/DiagnosticArray` on `/diagnostics` (from the actor's own
 //!   status), and the two inputs: `std_msgs/Bool` on `<ns>/estop` raises reflex's e-stop (`true`
@@ -14,23 +16,26 @@
 //!   device (MoveIt Servo's input), handing control back when twists stop coming.
 //!
 //! Everything that arrives is checked (attachment, CDR, frame, finite values) and counted in the
-//! key's [`Rejects`].
+//! key's [`Rejects`]. A latched e-stop is warned once; `true`s that find it latched already (an
+//! e-stop node that repeats its state) are counted, not warned ([`Ros2Counters::estop_repeats`],
+//! `/diagnostics`).
 
 #![warn(missing_docs)]
 
 pub mod cdr;
 pub mod msgs;
+pub mod pace;
+mod topics;
 pub mod wire;
 
-use msgs::{RosType, Time, Transform};
+pub use topics::{RobotTopics, TopicCounters};
+
+use msgs::{RosType, Time};
 use reflex_bus::Rejects;
 use reflex_contracts::config::Invalid;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{self, ActionKind, RobotSpec, StatusMsg, TeleopMsg};
-use reflex_contracts::stop::StopSwitch;
-use reflex_runtime::kinematics::{Chain, JointKind, joint_motion, urdf_pose};
-use reflex_runtime::outbox::{Frames, Transition};
-use std::ops::Range;
+use reflex_contracts::stop::{StopState, StopSwitch};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -153,6 +158,9 @@ pub struct Ros2Counters {
     pub published: AtomicU64,
     /// E-stops raised from ROS 2.
     pub estops: AtomicU64,
+    /// Of those, the `true`s that found the e-stop latched already (an e-stop node repeating
+    /// its state, a button held down): counted here and in `/diagnostics`, not warned again.
+    pub estop_repeats: AtomicU64,
     /// Twists taken as teleop commands.
     pub twists: AtomicU64,
     /// Times a twist stream fell silent and the robot went back to its policy.
@@ -169,7 +177,7 @@ impl Ids {
 }
 
 /// One ROS 2 publisher: its data key, its liveliness token and its numbered attachments.
-struct Pub {
+pub(crate) struct Pub {
     publisher: zenoh::pubsub::Publisher<'static>,
     _token: zenoh::liveliness::LivelinessToken,
     gid: [u8; 16],
@@ -178,7 +186,12 @@ struct Pub {
 }
 
 impl Pub {
-    fn declare(node: &NodeCtx, topic_fq: &str, ty: &RosType, qos: Qos) -> Result<Self, Ros2Error> {
+    pub(crate) fn declare(
+        node: &NodeCtx,
+        topic_fq: &str,
+        ty: &RosType,
+        qos: Qos,
+    ) -> Result<Self, Ros2Error> {
         let token =
             node.graph
                 .entity_token(node.ids.next(), EntityKind::Publisher, topic_fq, ty, qos);
@@ -207,7 +220,7 @@ impl Pub {
         })
     }
 
-    fn put(&mut self, payload: &[u8]) {
+    pub(crate) fn put(&mut self, payload: &[u8]) {
         self.seq += 1;
         let att = wire::Attachment {
             seq: self.seq,
@@ -225,7 +238,7 @@ impl Pub {
 }
 
 /// What every entity of the node is declared with.
-struct NodeCtx {
+pub(crate) struct NodeCtx {
     session: zenoh::Session,
     graph: Graph,
     ids: Arc<Ids>,
@@ -234,366 +247,27 @@ struct NodeCtx {
 }
 
 impl NodeCtx {
-    fn topic(&self, relative: &str) -> String {
+    pub(crate) fn topic(&self, relative: &str) -> String {
         wire::qualify(&self.cfg.namespace, relative)
     }
 
-    fn frame(&self, name: &str) -> String {
+    pub(crate) fn frame(&self, name: &str) -> String {
         format!("{}{name}", self.cfg.frame_prefix)
     }
 }
 
-const STATE_QOS: Qos = Qos {
+pub(crate) const STATE_QOS: Qos = Qos {
     reliable: true,
     depth: 10,
 };
-const TF_QOS: Qos = Qos {
+pub(crate) const TF_QOS: Qos = Qos {
     reliable: true,
     depth: 100,
 };
-const IMAGE_QOS: Qos = Qos {
+pub(crate) const IMAGE_QOS: Qos = Qos {
     reliable: false,
     depth: 5,
 };
-
-struct JointTopic {
-    publisher: Pub,
-    names: Vec<String>,
-    position: Range<usize>,
-    velocity: Option<Range<usize>>,
-}
-
-struct TfTopic {
-    publisher: Pub,
-    chain: Chain,
-    joints: Range<usize>,
-    q: Vec<f64>,
-    poses: Vec<nalgebra::Isometry3<f64>>,
-    /// One per movable joint (its child link in the link before), then the tool, then each
-    /// camera with a known mount.
-    transforms: Vec<Transform>,
-    /// The tool link is not the last joint's child: its transform follows the joints'.
-    tool: bool,
-    /// The URDF's other joints (fingers, fixed parts), after the cameras.
-    extras: Vec<Extra>,
-}
-
-/// A URDF joint outside the chain, so that every link of the robot's model is in TF (RViz's
-/// robot model needs them all).
-struct Extra {
-    /// Its transform's place in [`TfTopic::transforms`].
-    at: usize,
-    origin: nalgebra::Isometry3<f64>,
-    /// How it moves; none for a fixed joint.
-    motion: Option<Motion>,
-}
-
-/// A moving joint outside the chain.
-struct Motion {
-    kind: JointKind,
-    axis: nalgebra::Unit<nalgebra::Vector3<f64>>,
-    /// Where its value comes from: a state index and a scale (0 when the state does not say).
-    source: Option<(usize, f64)>,
-}
-
-/// The URDF's joints whose child link the chain does not publish, appended to `transforms`.
-/// A moving joint takes its value from the spec's joint of the same name, or, for a prismatic
-/// finger of a parallel gripper (the scene's `gripper`), half the gripper's opening.
-fn extra_joints(
-    urdf: &urdf_rs::Robot,
-    spec: &RobotSpec,
-    node: &NodeCtx,
-    transforms: &mut Vec<Transform>,
-) -> Vec<Extra> {
-    let arm = spec.scene.as_ref().and_then(|s| s.arm.as_ref());
-    let pos = arm.and_then(|a| spec.field(&a.joint_field));
-    let opening = arm
-        .and_then(|a| a.gripper.as_ref())
-        .map(|g| g.opening_index as usize);
-    let mut out = Vec::new();
-    for j in &urdf.joints {
-        let child = node.frame(&j.child.link);
-        if transforms.iter().any(|t| t.child == child) {
-            continue;
-        }
-        let named = spec.joints.iter().position(|n| *n == j.name);
-        let source = match (named, &pos, opening) {
-            (Some(i), Some(r), _) if i < r.len() => Some((r.start + i, 1.0)),
-            (_, _, Some(o)) if j.joint_type == urdf_rs::JointType::Prismatic => Some((o, 0.5)),
-            _ => None,
-        };
-        let axis = nalgebra::Vector3::new(j.axis.xyz[0], j.axis.xyz[1], j.axis.xyz[2]);
-        let motion = (j.joint_type != urdf_rs::JointType::Fixed).then(|| Motion {
-            kind: if j.joint_type == urdf_rs::JointType::Prismatic {
-                JointKind::Prismatic
-            } else {
-                JointKind::Revolute
-            },
-            axis: nalgebra::Unit::new_normalize(axis),
-            source,
-        });
-        let origin = urdf_pose(&j.origin);
-        let (translation, rotation_xyzw) = iso_parts(&origin);
-        out.push(Extra {
-            at: transforms.len(),
-            origin,
-            motion,
-        });
-        transforms.push(Transform {
-            parent: node.frame(&j.parent.link),
-            child,
-            translation,
-            rotation_xyzw,
-        });
-    }
-    out
-}
-
-struct CameraTopic {
-    image: Pub,
-    info: Pub,
-    frame: String,
-    pinhole: Option<[f64; 4]>,
-}
-
-/// The publishers fed from the outbox's consumer thread: joint states, TF, camera images.
-pub struct RobotTopics {
-    joints: Option<JointTopic>,
-    tf: Option<TfTopic>,
-    cameras: Vec<CameraTopic>,
-    every: u32,
-    image_period: Duration,
-    last_images: Option<Duration>,
-    w: cdr::Writer,
-    gripper: Option<(usize, Arc<AtomicU32>)>,
-}
-
-fn iso_parts(t: &nalgebra::Isometry3<f64>) -> ([f64; 3], [f64; 4]) {
-    let v = t.translation.vector;
-    let q = t.rotation.coords;
-    ([v.x, v.y, v.z], [q.x, q.y, q.z, q.w])
-}
-
-impl RobotTopics {
-    fn new(node: &NodeCtx, spec: &RobotSpec) -> Result<Self, Ros2Error> {
-        let scene_arm = spec.scene.as_ref().and_then(|s| s.arm.as_ref());
-        let pos_field = scene_arm.map_or("joint_pos", |a| a.joint_field.as_str());
-        let n = spec.joints.len();
-        let joints = match spec.field(pos_field) {
-            Some(r) if n > 0 && r.len() >= n => Some(JointTopic {
-                publisher: Pub::declare(
-                    node,
-                    &node.topic("joint_states"),
-                    &msgs::JOINT_STATE,
-                    STATE_QOS,
-                )?,
-                names: spec.joints.clone(),
-                position: r.start..r.start + n,
-                velocity: spec
-                    .field("joint_vel")
-                    .filter(|v| v.len() >= n)
-                    .map(|v| v.start..v.start + n),
-            }),
-            _ => {
-                tracing::warn!(
-                    "ROS 2: robot `{}` has no state field `{pos_field}` with its {n} joints: no joint_states",
-                    spec.name
-                );
-                None
-            }
-        };
-        let tf = match scene_arm {
-            Some(a) => {
-                let model = |message: String| Ros2Error::Model {
-                    robot: spec.name.clone(),
-                    message,
-                };
-                let chain = Chain::from_urdf_str(&a.urdf, &spec.name, &a.base_link, &a.tool_link)
-                    .map_err(|e| model(e.to_string()))?;
-                let dof = chain.dof();
-                let joints = spec
-                    .field(&a.joint_field)
-                    .filter(|r| r.len() >= dof)
-                    .map(|r| r.start..r.start + dof)
-                    .ok_or_else(|| {
-                        model(format!(
-                            "no state field `{}` of {dof} values",
-                            a.joint_field
-                        ))
-                    })?;
-                let mut transforms = Vec::new();
-                let mut parent = a.base_link.clone();
-                for j in chain.joints() {
-                    transforms.push(Transform {
-                        parent: node.frame(&parent),
-                        child: node.frame(&j.child_link),
-                        translation: [0.0; 3],
-                        rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
-                    });
-                    parent = j.child_link.clone();
-                }
-                let tool = a.tool_link != parent;
-                if tool {
-                    transforms.push(Transform {
-                        parent: node.frame(&parent),
-                        child: node.frame(&a.tool_link),
-                        translation: [0.0; 3],
-                        rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
-                    });
-                }
-                for c in &spec.cameras {
-                    if let Some(m) = &c.mount {
-                        let p = if m.parent == "base" {
-                            a.base_link.as_str()
-                        } else {
-                            m.parent.as_str()
-                        };
-                        transforms.push(Transform {
-                            parent: node.frame(p),
-                            child: node.frame(&format!("{}_optical_frame", c.name)),
-                            translation: m.translation_m,
-                            rotation_xyzw: m.rotation_xyzw,
-                        });
-                    }
-                }
-                let urdf = urdf_rs::read_from_string(&a.urdf).map_err(|e| model(e.to_string()))?;
-                let extras = extra_joints(&urdf, spec, node, &mut transforms);
-                Some(TfTopic {
-                    publisher: Pub::declare(node, "/tf", &msgs::TF_MESSAGE, TF_QOS)?,
-                    extras,
-                    q: vec![0.0; dof],
-                    poses: vec![nalgebra::Isometry3::identity(); dof],
-                    chain,
-                    joints,
-                    transforms,
-                    tool,
-                })
-            }
-            None => None,
-        };
-        let mut cameras = Vec::new();
-        for c in &spec.cameras {
-            cameras.push(CameraTopic {
-                image: Pub::declare(
-                    node,
-                    &node.topic(&format!("{}/image_raw", c.name)),
-                    &msgs::IMAGE,
-                    IMAGE_QOS,
-                )?,
-                info: Pub::declare(
-                    node,
-                    &node.topic(&format!("{}/camera_info", c.name)),
-                    &msgs::CAMERA_INFO,
-                    IMAGE_QOS,
-                )?,
-                frame: node.frame(&format!("{}_optical_frame", c.name)),
-                pinhole: c.intrinsics,
-            });
-        }
-        Ok(RobotTopics {
-            joints,
-            tf,
-            cameras,
-            every: (spec.control_hz / node.cfg.state_hz).round().max(1.0) as u32,
-            image_period: Duration::from_secs_f64(1.0 / node.cfg.image_hz),
-            last_images: None,
-            w: cdr::Writer::new(),
-            gripper: None,
-        })
-    }
-
-    /// Publishes the step's joint states and TF if they are due (every step that ends an
-    /// episode, and every k-th step for `state_hz`).
-    pub fn offer(&mut self, t: &Transition) {
-        if let Some((i, g)) = &self.gripper
-            && let Some(&v) = t.action.get(*i)
-        {
-            g.store(v.to_bits(), Ordering::Relaxed);
-        }
-        if !t.ends_episode() && !t.step.is_multiple_of(self.every) {
-            return;
-        }
-        let stamp = Time::now();
-        // The state after the step: where the robot is now.
-        let s = &t.next_obs;
-        if let Some(j) = &mut self.joints
-            && s.len() >= j.position.end
-        {
-            msgs::JointState {
-                stamp,
-                frame_id: "",
-                name: &j.names,
-                position: &s[j.position.clone()],
-                velocity: j
-                    .velocity
-                    .clone()
-                    .filter(|v| s.len() >= v.end)
-                    .map_or(&[][..], |v| &s[v]),
-            }
-            .write(&mut self.w);
-            j.publisher.put(self.w.bytes());
-        }
-        if let Some(tf) = &mut self.tf
-            && s.len() >= tf.joints.end
-        {
-            for (q, &v) in tf.q.iter_mut().zip(&s[tf.joints.clone()]) {
-                *q = v as f64;
-            }
-            tf.chain.link_poses(&tf.q, &mut tf.poses);
-            let mut before = nalgebra::Isometry3::identity();
-            for (k, pose) in tf.poses.iter().enumerate() {
-                (tf.transforms[k].translation, tf.transforms[k].rotation_xyzw) =
-                    iso_parts(&(before.inverse() * pose));
-                before = *pose;
-            }
-            if tf.tool {
-                let dof = tf.poses.len();
-                (
-                    tf.transforms[dof].translation,
-                    tf.transforms[dof].rotation_xyzw,
-                ) = iso_parts(&(before.inverse() * tf.chain.fk(&tf.q)));
-            }
-            for e in &tf.extras {
-                let Some(m) = &e.motion else {
-                    continue;
-                };
-                let q = m
-                    .source
-                    .map_or(0.0, |(i, k)| s.get(i).map_or(0.0, |&v| v as f64 * k));
-                let t = &mut tf.transforms[e.at];
-                (t.translation, t.rotation_xyzw) =
-                    iso_parts(&(e.origin * joint_motion(m.kind, &m.axis, q)));
-            }
-            msgs::write_tf(&mut self.w, stamp, &tf.transforms);
-            tf.publisher.put(self.w.bytes());
-        }
-    }
-
-    /// Publishes the cameras' images and their `CameraInfo` if they are due.
-    pub fn offer_frames(&mut self, f: &Frames) {
-        if self.cameras.is_empty()
-            || self
-                .last_images
-                .is_some_and(|last| f.t >= last && f.t - last < self.image_period)
-        {
-            return;
-        }
-        self.last_images = Some(f.t);
-        let stamp = Time::now();
-        for (c, img) in self.cameras.iter_mut().zip(&f.images) {
-            msgs::write_image(&mut self.w, stamp, &c.frame, img);
-            c.image.put(self.w.bytes());
-            msgs::write_camera_info(
-                &mut self.w,
-                stamp,
-                &c.frame,
-                (img.width, img.height),
-                c.pinhole,
-            );
-            c.info.put(self.w.bytes());
-        }
-    }
-}
 
 /// The node's tokens, subscriptions and diagnostics; dropping it takes the node off the graph.
 pub struct Ros2Node {
@@ -742,6 +416,10 @@ pub fn diagnostics(s: &StatusMsg, hardware_id: &str) -> Vec<msgs::DiagnosticStat
         kv("chunk_age_ms", format!("{:.1}", f.chunk_age_ms)),
         kv("episode", f.episode.to_string()),
         kv("intervening", f.intervening.to_string()),
+        kv(
+            "stopped",
+            matches!(s.stop.as_str(), "latched" | "paused").to_string(),
+        ),
         kv("residual_version", f.residual_version.to_string()),
         kv("outbox_dropped", f.outbox_dropped.to_string()),
         kv("recorder_dropped", s.recorder_dropped.to_string()),
@@ -770,7 +448,15 @@ pub fn diagnostics(s: &StatusMsg, hardware_id: &str) -> Vec<msgs::DiagnosticStat
         DiagnosticStatus {
             level: loop_level,
             name: format!("reflex: {} control loop", s.robot),
-            message: format!("{:.1} Hz, {} missed deadlines", f.rate_hz, f.missed),
+            // Joint states and TF keep coming while the robot is stopped: the loop's own status
+            // says so, so nobody takes them for a robot at work.
+            message: match s.stop.as_str() {
+                st @ ("latched" | "paused") => format!(
+                    "stopped (e-stop {st}), holding: {:.1} Hz, {} missed deadlines",
+                    f.rate_hz, f.missed
+                ),
+                _ => format!("{:.1} Hz, {} missed deadlines", f.rate_hz, f.missed),
+            },
             hardware_id: hardware_id.to_string(),
             values,
         },
@@ -849,6 +535,7 @@ pub fn start(
         String::new(),
     ));
     let (status_key, hw) = (keys.status.clone(), spec.name.clone());
+    let (node_counters, topic_counters) = (node.counters.clone(), topics.counters());
     subs.push(
         session
             .declare_subscriber(status_key.clone())
@@ -867,7 +554,22 @@ pub fn start(
                 }
                 *last = Some(Instant::now());
                 last_stop.clone_from(&m.stop);
-                msgs::write_diagnostics(w, Time::now(), &diagnostics(&m, &hw));
+                let mut d = diagnostics(&m, &hw);
+                // What the node itself did while stopped: the robot's topics kept going, and
+                // repeated ROS 2 e-stops were counted rather than warned.
+                let n = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
+                d[1].values.extend([
+                    (
+                        "ros2_estop_repeats".to_string(),
+                        n(&node_counters.estop_repeats),
+                    ),
+                    (
+                        "held_joint_states".to_string(),
+                        n(&topic_counters.held_states),
+                    ),
+                    ("held_images".to_string(), n(&topic_counters.held_images)),
+                ]);
+                msgs::write_diagnostics(w, Time::now(), &d);
                 p.put(w.bytes());
             })
             .wait()
@@ -887,12 +589,23 @@ pub fn start(
         move |payload| {
             let raise = msgs::read_bool(payload).map_err(|e| e.to_string())?;
             if raise {
+                let latched_already = stop.state() == StopState::Latched;
+                // Raised again even when latched: a newer raise voids a release that answers
+                // an older one, as long as ROS 2 keeps asking for the stop.
                 stop.raise("ros2");
                 counters.estops.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    "EMERGENCY STOP on `{robot}` raised from ROS 2 (e-stop {}): the robot holds; release it with `reflex estop release --robot {robot}`, then resume",
-                    stop.raises()
-                );
+                if latched_already {
+                    // An e-stop node may publish `true` over and over; the latch was warned once.
+                    let n = counters.estop_repeats.fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::debug!(
+                        "ROS 2 e-stop `true` on `{robot}` while latched ({n} repeats): counted"
+                    );
+                } else {
+                    tracing::warn!(
+                        "EMERGENCY STOP on `{robot}` raised from ROS 2 (e-stop {}): the robot holds; release it with `reflex estop release --robot {robot}`, then resume",
+                        stop.raises()
+                    );
+                }
             } else {
                 tracing::info!(
                     "ROS 2 e-stop `false` on `{robot}` ignored: an e-stop is released only with `reflex estop release`"
@@ -1027,6 +740,9 @@ pub fn start(
 }
 
 #[cfg(test)]
+mod node_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1041,6 +757,16 @@ mod tests {
         let d = diagnostics(&s, "arm");
         assert_eq!(d.len(), 2, "no learner, no learner status");
         assert_eq!(d[0].level, msgs::Level::Ok);
+        // Joint states keep flowing while stopped: the loop's own status says it is stopped.
+        assert!(
+            d[0].message.starts_with("stopped (e-stop latched)"),
+            "{}",
+            d[0].message
+        );
+        assert!(
+            d[0].values
+                .contains(&("stopped".to_string(), "true".to_string()))
+        );
         assert_eq!(
             (d[1].level, d[1].message.as_str()),
             (msgs::Level::Error, "latched by ros2")
@@ -1054,6 +780,7 @@ mod tests {
         });
         let d = diagnostics(&s, "arm");
         assert_eq!(d[0].level, msgs::Level::Warn);
+        assert!(d[0].message.starts_with("0.0 Hz"), "{}", d[0].message);
         assert_eq!(d[1].level, msgs::Level::Ok);
         assert_eq!(d[2].name, "reflex: arm learner");
         assert_eq!(d[2].level, msgs::Level::Warn);
