@@ -5,8 +5,8 @@
 //!   [`teleop`] and [`status`] channels, the [`residual`] hook, the [`policy`] thread, the
 //!   [`outbox`], real-time settings ([`rt`]) and the lock-free [`triple`] buffer it is built from;
 //! - [`features`]: a frozen image encoder on the newest frames, inline or on its own thread beside
-//!   the loop (for a learner that sees), and [`reward`]: a success classifier's verdict as a
-//!   robot's reward;
+//!   the loop (for a learner that sees; reflex-adapters' `reward` runs a success classifier on
+//!   it);
 //! - [`kinematics`] (re-exported from reflex-kinematics): forward and damped-least-squares inverse
 //!   kinematics of a serial chain read from a URDF, shared by the simulator, the safety layer, the
 //!   recorder and hardware drivers;
@@ -31,7 +31,6 @@ pub mod hist;
 pub mod outbox;
 pub mod policy;
 pub mod residual;
-pub mod reward;
 pub mod rt;
 pub mod safety;
 pub mod schedule;

@@ -887,7 +887,7 @@ pub struct RunReport {
     /// The frozen image encoder's maps, for a residual that sees.
     pub features: Option<FeatureReport>,
     /// The success classifier's verdicts, when it gave the run's reward (`[reward]`).
-    pub reward: Option<reflex_runtime::reward::RewardCounts>,
+    pub reward: Option<reflex_adapters::reward::RewardCounts>,
     /// Messages refused, dropped or asked for again on the bus, per key (as in the status),
     /// keys with none left out: a remote robot's observations that did not fit its spec, the
     /// commands sent again because no observation answered them, a person's bad teleop.
@@ -1615,11 +1615,15 @@ pub fn check_arm_bus(cfg: &RunConfig, bus: &BusConfig) -> Result<Option<Nag>> {
 pub fn with_reward<R: Robot>(
     robot: R,
     cfg: &RunConfig,
-) -> Result<reflex_runtime::reward::ClassifiedReward<crate::cameras::CamerasRenamed<R>>> {
+) -> Result<reflex_adapters::reward::ClassifiedReward<reflex_adapters::cameras::CamerasRenamed<R>>>
+{
     // The cameras under the names the classifier, the policy and the encoder read.
-    let robot = crate::cameras::CamerasRenamed::new(robot, &cfg.robot.cameras)?;
+    let robot = reflex_adapters::cameras::CamerasRenamed::new(robot, &cfg.robot.cameras)
+        .map_err(|e| crate::AgentError::setup("[robot.cameras]", e.0))?;
     let Some(r) = &cfg.reward else {
-        return Ok(reflex_runtime::reward::ClassifiedReward::passthrough(robot));
+        return Ok(reflex_adapters::reward::ClassifiedReward::passthrough(
+            robot,
+        ));
     };
     judged_by(
         robot,
@@ -1644,8 +1648,8 @@ pub fn judged_by<R: Robot>(
     inline: bool,
     max_age: u32,
     opts: &reflex_policies::onnx_policy::RunOptions,
-) -> Result<reflex_runtime::reward::ClassifiedReward<R>> {
-    use reflex_runtime::reward::{ClassifiedReward, RewardRule};
+) -> Result<reflex_adapters::reward::ClassifiedReward<R>> {
+    use reflex_adapters::reward::{ClassifiedReward, RewardRule};
     let c = reflex_policies::reward::SuccessClassifier::load(classifier, opts)?;
     let spec = robot.spec();
     for cam in c.cameras() {
@@ -1780,7 +1784,7 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
 }
 
 fn drive<R: Robot + 'static>(
-    b: ActorBuilder<reflex_runtime::reward::ClassifiedReward<R>>,
+    b: ActorBuilder<reflex_adapters::reward::ClassifiedReward<R>>,
     default_chain: Option<Chain>,
     cfg: &RunConfig,
     session: Option<zenoh::Session>,

@@ -114,6 +114,15 @@ impl AgentError {
     }
 }
 
+impl From<reflex_config::SetupError> for AgentError {
+    fn from(e: reflex_config::SetupError) -> Self {
+        AgentError::Setup {
+            context: e.context,
+            message: e.message,
+        }
+    }
+}
+
 /// Results of the agent.
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;
 

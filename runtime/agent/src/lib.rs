@@ -4,12 +4,13 @@
 //!
 //! - [`actor`]: [`actor::Actor`], built with [`actor::ActorBuilder`] from any
 //!   [`reflex_contracts::robot::Robot`] and [`reflex_contracts::policy::Policy`], or from a run
-//!   config ([`config::RunConfig`], what `reflex run` reads) with [`actor::run_config`];
+//!   config ([`config::RunConfig`], what `reflex run` reads, parsed and checked by reflex-config)
+//!   with [`actor::run_config`];
 //! - [`learner`]: the residual (or full) SAC learner as a service on the bus, in its own process
 //!   (`reflex learn`) or on a thread of the actor's;
 //! - [`assemble`], [`presets`]: from the actor's steps to the learner's transitions (relabelling,
 //!   RLIF, HIL-SERL routing) and the SAC settings the demo measured;
-//! - [`cameras`]: `[robot.cameras]`, a robot's cameras under the names its readers use;
+//! - `[robot.cameras]` and a success classifier's reward are reflex-adapters' robot wrappers;
 //! - [`heldout`]: a policy judged alone on held-out seeds (`reflex eval`);
 //! - [`signals`]: SIGINT and SIGTERM as stops; [`summary`]: a run's figures as one type.
 //!
@@ -21,8 +22,6 @@
 
 pub mod actor;
 pub mod assemble;
-pub mod cameras;
-pub mod config;
 pub mod error;
 pub mod heldout;
 pub mod learner;
@@ -33,6 +32,8 @@ pub mod summary;
 pub mod tap;
 
 pub use error::AgentError;
+/// The run config (reflex-config), where the actor and the learner read it.
+pub use reflex_config as config;
 
 /// A run id that no other run on this machine has: the time in seconds and microseconds, the
 /// process id and a per-process counter (two runs started in the same second get different ids).

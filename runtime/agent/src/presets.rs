@@ -3,9 +3,9 @@
 
 use crate::AgentError;
 use reflex_contracts::msg::RobotSpec;
-use reflex_learn::sac::SacConfig;
 use reflex_policies::onnx_policy::OnnxPolicy;
 
+pub use reflex_config::{OverlayError, overlay_sac};
 pub use reflex_learn::sac::learner_preset;
 
 /// The learner's state scaling from the base policy's own input normalisation (half widths of
@@ -23,25 +23,6 @@ pub fn state_norm(base: &OnnxPolicy, robot: &RobotSpec) -> Option<reflex_learn::
         .unzip();
     Some(reflex_learn::sac::ObsNorm::from_bounds(&lo, &hi, 0.05))
 }
-
-/// `base` with the keys of `table` replacing its own (a partial table keeps the other values).
-pub fn overlay_sac(base: SacConfig, table: &toml::Table) -> Result<SacConfig, OverlayError> {
-    let mut t = match toml::Value::try_from(&base).map_err(|e| OverlayError(e.to_string()))? {
-        toml::Value::Table(t) => t,
-        _ => unreachable!("a struct serialises to a table"),
-    };
-    for (k, v) in table {
-        t.insert(k.clone(), v.clone());
-    }
-    toml::Value::Table(t)
-        .try_into::<SacConfig>()
-        .map_err(|e| OverlayError(e.to_string()))
-}
-
-/// A `[learner]` table that does not fit SAC's settings (an unknown key, a wrong type).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct OverlayError(pub String);
 
 /// Per state component, the robot spec's finite `(low, high)`, where it gives one.
 fn state_bounds_of(robot: &RobotSpec) -> Vec<Option<(f32, f32)>> {

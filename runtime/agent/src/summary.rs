@@ -143,7 +143,7 @@ pub struct RunSummary {
     /// A residual that sees: its encoder and the feature maps' counters.
     pub features: Option<crate::actor::FeatureReport>,
     /// The success classifier's verdicts, when it gave the run's reward.
-    pub reward: Option<reflex_runtime::reward::RewardCounts>,
+    pub reward: Option<reflex_adapters::reward::RewardCounts>,
     /// Messages refused, dropped or asked for again on the bus, per key (keys with none left
     /// out): e.g. `reflex/<robot>/cmd` with the commands sent again for a lost observation.
     pub rejected: Vec<(String, u64)>,

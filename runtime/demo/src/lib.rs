@@ -10,6 +10,7 @@
 mod vision;
 pub use vision::{VISION_SHIFT, VisionDemo};
 
+use reflex_adapters::reward::ClassifiedReward;
 use reflex_agent::assemble::{Assembler, ChunkAssembler};
 use reflex_agent::presets::{learner_preset, overlay_sac, read_table, state_norm};
 use reflex_agent::progress::Progress;
@@ -27,7 +28,6 @@ use reflex_runtime::clock::SimClock;
 use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
 use reflex_runtime::outbox::{OutboxReceiver, Source, outbox, outbox_with_features};
 use reflex_runtime::residual::WeightsWriter;
-use reflex_runtime::reward::ClassifiedReward;
 use reflex_runtime::teleop::{TeleopWriter, teleop_channel};
 use reflex_sim::human::{HumanConfig, SimHuman, TakeoverReasons};
 use reflex_sim::{SimConfig, SimEnv, TaskKind};

@@ -7,6 +7,7 @@
 //! success they can see is false as a failure (HIL-SERL's operator does the same; the count is
 //! reported), which is the only way the simulator's truth reaches the learner.
 
+use reflex_adapters::reward::ClassifiedReward;
 use reflex_agent::config::VisionSection;
 use reflex_agent::error::Result;
 use reflex_contracts::msg::{Observation, RobotSpec, StepFeatures};
@@ -14,7 +15,6 @@ use reflex_policies::features::FeatureEncoder;
 use reflex_policies::onnx_policy::OnnxPolicy;
 use reflex_runtime::features::LoopFeatures;
 use reflex_runtime::outbox::Transition;
-use reflex_runtime::reward::ClassifiedReward;
 use reflex_sim::{SimConfig, SimEnv, StateView, TaskKind};
 use std::path::PathBuf;
 

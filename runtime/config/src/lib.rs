@@ -1,6 +1,10 @@
 //! The run config: one TOML file describes the actor (`reflex run`) and its learner
 //! (`reflex learn`): `[robot]`, `[sim]`, `[policy]`, `[loop]`, `[safety]`, `[bus]`, `[run]`,
 //! `[learner]`. docs/runtime.md and docs/learner.md list every key.
+//!
+//! reflex-config: the file parsed and checked key by key (an error names the file, the key and
+//! what is allowed); reflex-agent builds the actor and the learner from it.
+#![warn(missing_docs)]
 
 use reflex_bus::BusConfig;
 use reflex_contracts::config::{ConfigError, Invalid, Validate, in_range};
@@ -848,11 +852,11 @@ impl VisionSection {
 
     /// The image heads this section describes: the encoder's spec gives each camera's map shape,
     /// its bytes the encoder's identity. An error names the file and what to do.
-    pub fn heads(&self) -> Result<reflex_learn::sac::VisionHeads, crate::AgentError> {
+    pub fn heads(&self) -> Result<reflex_learn::sac::VisionHeads, SetupError> {
         use reflex_policies::features::{EncoderSpec, encoder_id, encoder_spec_path};
         let spec_path = encoder_spec_path(&self.encoder);
         let spec: EncoderSpec = reflex_contracts::config::load(&spec_path).map_err(|e| {
-            crate::AgentError::setup(
+            SetupError::new(
                 "[learner.vision] encoder",
                 format!(
                     "{e}; the encoder `{}` needs its spec beside it (`reflex bc train --camera ...` writes both)",
@@ -861,7 +865,7 @@ impl VisionSection {
             )
         })?;
         let bytes = std::fs::read(&self.encoder).map_err(|e| {
-            crate::AgentError::setup(
+            SetupError::new(
                 "[learner.vision] encoder",
                 format!(
                     "cannot read `{}`: {e} (a path relative to the config file, or absolute)",
@@ -954,14 +958,14 @@ impl LearnerSection {
     /// A key SAC does not have, or a value of the wrong type, is an error naming it.
     pub fn sac_config(&self, mode: Mode, seed: u64) -> Result<SacConfig, Invalid> {
         let base = match self.preset {
-            Preset::Demo => crate::presets::learner_preset(mode, seed),
+            Preset::Demo => reflex_learn::sac::learner_preset(mode, seed),
             Preset::Sac => SacConfig {
                 seed,
                 ..SacConfig::default()
             },
         };
         let c = match &self.sac {
-            Some(t) => crate::presets::overlay_sac(base, t).map_err(|e| Invalid {
+            Some(t) => overlay_sac(base, t).map_err(|e| Invalid {
                 key: "learner.sac".into(),
                 value: e.to_string(),
                 allowed: "the SAC keys of docs/learner.md".into(),
@@ -974,9 +978,9 @@ impl LearnerSection {
 
     /// The SAC settings with the image heads of `[learner.vision]`, if any (reads the encoder's
     /// spec and bytes).
-    pub fn learner_sac(&self, mode: Mode, seed: u64) -> Result<SacConfig, crate::AgentError> {
+    pub fn learner_sac(&self, mode: Mode, seed: u64) -> Result<SacConfig, SetupError> {
         let mut c = self.sac_config(mode, seed).map_err(|e| {
-            crate::AgentError::setup(
+            SetupError::new(
                 format!("[{}]", e.key),
                 format!("{} ({})", e.value, e.allowed),
             )
@@ -1015,6 +1019,46 @@ impl LearnerSection {
         self.sac_config(mode, 0)?;
         self.link.validate("learner.link")
     }
+}
+
+/// Settings that parse but do not fit together or cannot be used (an encoder file that is not
+/// there): the file, table or option at fault and what to do.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{context}: {message}")]
+pub struct SetupError {
+    /// The file, table or option at fault.
+    pub context: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl SetupError {
+    /// An error about `context`.
+    pub fn new(context: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            context: context.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A `[learner]` table that does not fit SAC's settings (an unknown key, a wrong type).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct OverlayError(pub String);
+
+/// `base` with the keys of `table` replacing its own (a partial table keeps the other values).
+pub fn overlay_sac(base: SacConfig, table: &toml::Table) -> Result<SacConfig, OverlayError> {
+    let mut t = match toml::Value::try_from(&base).map_err(|e| OverlayError(e.to_string()))? {
+        toml::Value::Table(t) => t,
+        _ => unreachable!("a struct serialises to a table"),
+    };
+    for (k, v) in table {
+        t.insert(k.clone(), v.clone());
+    }
+    toml::Value::Table(t)
+        .try_into::<SacConfig>()
+        .map_err(|e| OverlayError(e.to_string()))
 }
 
 #[cfg(test)]

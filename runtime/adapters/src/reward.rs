@@ -13,9 +13,9 @@
 //! The probability goes out with every observation as `success_score`, so the recording and the
 //! step log show it.
 
-use crate::features::{FeatureDriver, FrameKey, LoopFeatures};
-use crate::msg::{Observation, RobotSpec};
-use crate::robot::{Robot, RobotError};
+use reflex_contracts::msg::{Observation, RobotSpec};
+use reflex_contracts::robot::{Robot, RobotError};
+use reflex_runtime::features::{FeatureDriver, FrameKey, LoopFeatures};
 use std::time::Instant;
 
 /// How a classifier's probabilities become the run's reward.
@@ -172,7 +172,7 @@ impl<R: Robot> Robot for ClassifiedReward<R> {
         self.inner.hold_action(out)
     }
 
-    fn attach_stop(&mut self, stop: std::sync::Arc<crate::contracts::stop::StopSwitch>) {
+    fn attach_stop(&mut self, stop: std::sync::Arc<reflex_contracts::stop::StopSwitch>) {
         self.inner.attach_stop(stop)
     }
 }
@@ -180,8 +180,10 @@ impl<R: Robot> Robot for ClassifiedReward<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::{FeatureFeed, FrameEncoder};
-    use crate::msg::{ActionKind, ActionSpec, CameraSpec, Image, PROTOCOL_VERSION, StateField};
+    use reflex_contracts::msg::{
+        ActionKind, ActionSpec, CameraSpec, Image, PROTOCOL_VERSION, StateField,
+    };
+    use reflex_runtime::features::{FeatureFeed, FrameEncoder};
 
     /// A free-running robot with one 2x1 camera whose red value is the step; its own task
     /// "succeeds" at every step (which the classifier must override).

@@ -9,12 +9,18 @@
 //! names a camera the robot lacks, so a typo is an error naming it, never a camera silently left
 //! unread.
 
-use crate::error::{AgentError, Result};
 use reflex_contracts::msg::{Observation, RobotSpec};
 use reflex_contracts::robot::{Robot, RobotError};
 use reflex_contracts::stop::StopSwitch;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// A `[robot.cameras]` mapping that cannot work: the message names the camera at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("[robot.cameras] {0}")]
+pub struct CameraMapError(pub String);
+
+type Result<T> = std::result::Result<T, CameraMapError>;
 
 /// A robot whose cameras go by other names (`[robot.cameras]`: robot name -> new name).
 /// Without a mapping it passes everything through untouched.
@@ -45,7 +51,7 @@ impl<R: Robot> CamerasRenamed<R> {
     /// is the name of another camera of the robot left as it is.
     pub fn new(inner: R, map: &BTreeMap<String, String>) -> Result<Self> {
         let mut spec = inner.spec().clone();
-        let bad = |m: String| AgentError::setup("[robot.cameras]", m);
+        let bad = CameraMapError;
         for (from, to) in map {
             if !spec.cameras.iter().any(|c| &c.name == from) {
                 return Err(bad(format!(
