@@ -584,6 +584,7 @@ fn prepare_input(
             height,
             mean,
             std,
+            eps,
             ..
         } => {
             if !robot.cameras.iter().any(|c| &c.name == camera) {
@@ -599,7 +600,7 @@ fn prepare_input(
                 width: *width,
                 height: *height,
                 mean: *mean,
-                std: *std,
+                std: crate::spec::image_divisor(std, *eps),
             }
         }
         InputSource::Language {

@@ -147,11 +147,13 @@ impl SuccessClassifier {
                 height,
                 mean,
                 std,
+                eps,
                 ..
             } = inp
             else {
                 continue;
             };
+            let std = &crate::spec::image_divisor(std, *eps);
             crate::vla::camera_to_nchw(
                 images,
                 camera,

@@ -19,6 +19,12 @@ pub enum PolicyKind {
 }
 
 /// Normalisation of a vector.
+///
+/// Without `eps` a zero-width range or deviation is clamped at 1e-6 (reflex's own models). With
+/// `eps` the formulas are LeRobot's (0.6, `NormalizerProcessorStep`), so an imported policy sees
+/// the numbers it was trained on: `min_max` replaces a zero `high - low` by `eps`; `mean_std`
+/// normalises with `(x - mean) / (std + eps)` and unnormalises with `x * std + mean` (LeRobot adds
+/// `eps` one way only).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Normalize {
@@ -30,6 +36,9 @@ pub enum Normalize {
         low: Vec<f32>,
         /// Upper bound per component.
         high: Vec<f32>,
+        /// Replaces a zero `high - low` (LeRobot's formula); absent: the width is at least 1e-6.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        eps: Option<f32>,
     },
     /// `(x - mean) / std`.
     MeanStd {
@@ -37,44 +46,64 @@ pub enum Normalize {
         mean: Vec<f32>,
         /// Standard deviation per component.
         std: Vec<f32>,
+        /// Added to `std` when normalising (LeRobot's formula); absent: `std` is at least 1e-6.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        eps: Option<f32>,
     },
 }
 
 impl Normalize {
+    /// The width `high - low` a min-max normalisation divides by.
+    fn range(l: f32, h: f32, eps: Option<f32>) -> f32 {
+        match eps {
+            Some(e) if h - l == 0.0 => e,
+            Some(_) => h - l,
+            None => (h - l).max(1e-6),
+        }
+    }
+
     /// Normalises `x` in place (component `i` uses entry `i % len`, so one set of stats covers a
     /// stacked history or a chunk).
     pub fn apply(&self, x: &mut [f32]) {
         match self {
             Normalize::None => {}
-            Normalize::MinMax { low, high } => {
+            Normalize::MinMax { low, high, eps } => {
                 for (i, v) in x.iter_mut().enumerate() {
                     let (l, h) = (low[i % low.len()], high[i % high.len()]);
-                    let r = (h - l).max(1e-6);
+                    let r = Self::range(l, h, *eps);
                     *v = 2.0 * (*v - l) / r - 1.0;
                 }
             }
-            Normalize::MeanStd { mean, std } => {
+            Normalize::MeanStd { mean, std, eps } => {
                 for (i, v) in x.iter_mut().enumerate() {
-                    *v = (*v - mean[i % mean.len()]) / std[i % std.len()].max(1e-6);
+                    let s = std[i % std.len()];
+                    let d = match eps {
+                        Some(e) => s + e,
+                        None => s.max(1e-6),
+                    };
+                    *v = (*v - mean[i % mean.len()]) / d;
                 }
             }
         }
     }
 
-    /// Inverse of [`Normalize::apply`].
+    /// Inverse of [`Normalize::apply`] (LeRobot's unnormalisation when `eps` is given: see the
+    /// type's documentation).
     pub fn invert(&self, x: &mut [f32]) {
         match self {
             Normalize::None => {}
-            Normalize::MinMax { low, high } => {
+            Normalize::MinMax { low, high, eps } => {
                 for (i, v) in x.iter_mut().enumerate() {
                     let (l, h) = (low[i % low.len()], high[i % high.len()]);
-                    let r = (h - l).max(1e-6);
+                    let r = Self::range(l, h, *eps);
                     *v = (*v + 1.0) * 0.5 * r + l;
                 }
             }
-            Normalize::MeanStd { mean, std } => {
+            Normalize::MeanStd { mean, std, eps } => {
                 for (i, v) in x.iter_mut().enumerate() {
-                    *v = *v * std[i % std.len()].max(1e-6) + mean[i % mean.len()];
+                    let s = std[i % std.len()];
+                    let m = if eps.is_some() { s } else { s.max(1e-6) };
+                    *v = *v * m + mean[i % mean.len()];
                 }
             }
         }
@@ -83,8 +112,8 @@ impl Normalize {
     fn len(&self) -> Option<usize> {
         match self {
             Normalize::None => None,
-            Normalize::MinMax { low, high } => Some(low.len().min(high.len())),
-            Normalize::MeanStd { mean, std } => Some(mean.len().min(std.len())),
+            Normalize::MinMax { low, high, .. } => Some(low.len().min(high.len())),
+            Normalize::MeanStd { mean, std, .. } => Some(mean.len().min(std.len())),
         }
     }
 }
@@ -129,6 +158,9 @@ pub enum InputSource {
         mean: [f32; 3],
         /// Per-channel std.
         std: [f32; 3],
+        /// Added to `std` (LeRobot's `(x - mean) / (std + eps)`); absent: `std` as it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        eps: Option<f32>,
     },
     /// A language instruction tokenised with a Hugging Face `tokenizer.json` (int64 ids, padded).
     Language {
@@ -163,6 +195,12 @@ pub enum InputSource {
 
 /// One graph input fed from the robot (`[[inputs]]` with its `source`).
 pub type InputSpec = InputSource;
+
+/// What an image input divides each channel by: `std`, plus `eps` when the spec gives one
+/// (summed in float32, as LeRobot's torch does).
+pub fn image_divisor(std: &[f32; 3], eps: Option<f32>) -> [f32; 3] {
+    std.map(|s| s + eps.unwrap_or(0.0))
+}
 
 impl InputSource {
     /// The graph input name.
@@ -479,7 +517,7 @@ impl PolicySpec {
         self.inputs.iter().find_map(|i| {
             let InputSource::State {
                 fields,
-                normalize: Normalize::MinMax { low, high },
+                normalize: Normalize::MinMax { low, high, .. },
                 ..
             } = i
             else {
@@ -524,6 +562,41 @@ mod tests {
         .unwrap();
         spec.inputs = vec![state];
         spec
+    }
+
+    #[test]
+    fn eps_gives_lerobots_formulas_and_its_absence_reflexs() {
+        // LeRobot 0.6 (NormalizerProcessorStep): (x - mean) / (std + eps) one way, x * std + mean
+        // back; a zero min-max width becomes eps.
+        let lerobot: Normalize = toml::from_str(
+            "kind = \"mean_std\"\nmean = [1.0, 0.0]\nstd = [0.5, 0.0]\neps = 1e-8\n",
+        )
+        .unwrap();
+        let mut x = [2.0f32, 3e-8];
+        lerobot.apply(&mut x);
+        assert_eq!(x[0], (2.0f32 - 1.0) / (0.5 + 1e-8));
+        assert_eq!(x[1], 3e-8 / 1e-8);
+        let mut y = [2.0f32, 5.0];
+        lerobot.invert(&mut y);
+        assert_eq!(y, [2.0 * 0.5 + 1.0, 0.0]);
+        // Without eps (every spec written before it existed): std clamped at 1e-6 both ways.
+        let reflex: Normalize =
+            toml::from_str("kind = \"mean_std\"\nmean = [0.0]\nstd = [0.0]\n").unwrap();
+        let mut z = [1e-6f32];
+        reflex.apply(&mut z);
+        assert_eq!(z, [1.0]);
+        assert!(!reflex.to_toml_fragment().contains("eps"));
+        let flat: Normalize =
+            toml::from_str("kind = \"min_max\"\nlow = [2.0]\nhigh = [2.0]\neps = 1e-8\n").unwrap();
+        let mut w = [2.0f32 + 1e-7];
+        flat.apply(&mut w);
+        assert_eq!(w[0], 2.0 * (2.0f32 + 1e-7 - 2.0) / 1e-8 - 1.0);
+    }
+
+    impl Normalize {
+        fn to_toml_fragment(&self) -> String {
+            toml::to_string(self).unwrap()
+        }
     }
 
     #[test]

@@ -123,6 +123,7 @@ fn an_image_policy_through_onnxruntime_matches_candle_within_1e_4() {
         height: 32,
         mean: MEAN,
         std: STD,
+        eps: None,
     });
     let model = write(dir.path(), "seeing", &net.to_onnx().unwrap(), &spec);
     let mut robot_spec = NullRobot::new("r", 8, 0).spec().clone();

@@ -357,7 +357,11 @@ pub fn min_max(rows: impl Iterator<Item = Vec<f32>>, dim: usize) -> Normalize {
             hi[i] = m + 1.0;
         }
     }
-    Normalize::MinMax { low: lo, high: hi }
+    Normalize::MinMax {
+        low: lo,
+        high: hi,
+        eps: None,
+    }
 }
 
 fn d_steps() -> usize {
@@ -725,6 +729,7 @@ fn trained_spec(
                 height: f.height as u32,
                 mean: MEAN,
                 std: STD,
+                eps: None,
             })
         }))
         .collect(),

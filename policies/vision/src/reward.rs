@@ -182,6 +182,7 @@ impl RewardNet {
                         height: h as u32,
                         mean: MEAN,
                         std: STD,
+                        eps: None,
                     }
                 })
                 .collect(),

@@ -401,6 +401,7 @@ pub fn residual_spec(sac: &Sac, info: &ExportInfo) -> Result<ResidualSpec, Resid
         Some(n) => Normalize::MinMax {
             low: n.center.iter().zip(&n.half).map(|(c, h)| c - h).collect(),
             high: n.center.iter().zip(&n.half).map(|(c, h)| c + h).collect(),
+            eps: None,
         },
         None => Normalize::None,
     };
@@ -609,7 +610,7 @@ impl ResidualModel {
         let (s, a) = (self.spec.state_dim, self.spec.action_dim);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let (lo, hi) = match &self.spec.state_normalize {
-            Normalize::MinMax { low, high } if low.len() == s && high.len() == s => {
+            Normalize::MinMax { low, high, .. } if low.len() == s && high.len() == s => {
                 (low.clone(), high.clone())
             }
             _ => (vec![-1.0; s], vec![1.0; s]),
