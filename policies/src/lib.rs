@@ -4,6 +4,7 @@
 //! - [`spec`]: the policy spec file beside each model.
 //! - [`onnx_policy`]: running a model (chunk, diffusion or flow) as a loop [`reflex_runtime::policy::Policy`].
 //! - [`sampler`]: DDIM and flow-matching samplers with injectable noise.
+//! - [`rtc`]: real-time chunking, the next chunk sampled as an inpainting of the executing one.
 //! - [`vla`]: image and language inputs.
 //! - [`features`]: a frozen image encoder file (images in, feature maps out) for a learner that
 //!   sees.
@@ -19,6 +20,7 @@ pub mod onnx_read;
 pub mod onnx_write;
 pub mod ort_env;
 pub mod reward;
+pub mod rtc;
 pub mod sampler;
 pub mod spec;
 pub mod vla;

@@ -1,6 +1,7 @@
 //! Base policies on ONNX Runtime: loading a model with its spec, checking one against the other,
 //! preparing inputs from robot observations, running the sampler, and returning action chunks.
 
+use crate::rtc::{Prefix, RtcConfig, RtcScratch, RtcVariant, rtc_ddim_sample, rtc_flow_sample};
 use crate::sampler::Ddim;
 use crate::spec::{InputSource, PolicyKind, PolicySpec, TimeDtype, TimeShape, spec_path};
 use ort::session::{Session, SessionInputValue};
@@ -9,7 +10,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use reflex_runtime::msg::{Observation, RobotSpec};
-use reflex_runtime::policy::{ChunkSpec, Policy, PolicyError};
+use reflex_runtime::policy::{ChunkPrefix, ChunkSpec, Policy, PolicyError};
 use serde::Deserialize;
 use std::borrow::Cow;
 use std::ops::Range;
@@ -538,6 +539,18 @@ pub struct OnnxPolicy {
     time_i64: [i64; 1],
     rng: ChaCha8Rng,
     trace: Option<Vec<Vec<f32>>>,
+    rtc: Rtc,
+}
+
+/// Real-time chunking's settings and buffers (sized at load, reused every chunk).
+struct Rtc {
+    cfg: RtcConfig,
+    target: Vec<f32>,
+    x: Vec<f32>,
+    v: Vec<f32>,
+    noise: Vec<f32>,
+    scratch: RtcScratch,
+    last: Option<RtcVariant>,
 }
 
 /// The buffers of one graph input, sized for `robot`, its fields and cameras checked.
@@ -683,6 +696,7 @@ impl OnnxPolicy {
             .map(|i| Ok((i.name().to_string(), prepare_input(i, robot, dir, &bad)?)))
             .collect::<Result<Vec<_>, LoadError>>()?;
         let n = spec.chunk_len * spec.action_dim;
+        let (spec_rows, spec_dim) = (spec.chunk_len, spec.action_dim);
         let ddim = (spec.kind == PolicyKind::Diffusion)
             .then(|| spec.diffusion.clone().unwrap_or_default().ddim());
         Ok(OnnxPolicy {
@@ -699,7 +713,28 @@ impl OnnxPolicy {
             time_i64: [0],
             rng: ChaCha8Rng::seed_from_u64(opts.seed),
             trace: None,
+            rtc: Rtc {
+                cfg: RtcConfig::default(),
+                target: vec![0.0; n],
+                x: vec![0.0; n],
+                v: vec![0.0; n],
+                noise: Vec::with_capacity(n),
+                scratch: RtcScratch::new(spec_rows, spec_dim),
+                last: None,
+            },
         })
+    }
+
+    /// Real-time chunking (`[policy.rtc]`): with it enabled, a diffusion or flow policy samples
+    /// each chunk as an inpainting of the chunk the robot executes meanwhile (docs/runtime.md).
+    /// A chunk policy (ACT-style) has no sampler to guide and ignores it.
+    pub fn set_rtc(&mut self, cfg: RtcConfig) {
+        self.rtc.cfg = cfg;
+    }
+
+    /// Which real-time chunking sampler produced the last chunk (`None`: plain sampling).
+    pub fn rtc_variant(&self) -> Option<RtcVariant> {
+        self.rtc.last
     }
 
     /// The spec.
@@ -911,6 +946,72 @@ impl OnnxPolicy {
         Ok(())
     }
 
+    /// One chunk by real-time chunking from the noise in `self.x` into `self.x`: the prefix in
+    /// the network's units, then the flow sampler guided toward it, or DDIM with the prefix
+    /// inpainted. No VJP graph is loaded yet, so a flow policy gets hard inpainting
+    /// ([`RtcVariant::Hard`]); `rtc_variant` says which ran.
+    fn sample_rtc(&mut self, p: &ChunkPrefix<'_>) -> Result<(), PolicyError> {
+        let (rows, dim) = (self.spec.chunk_len, self.spec.action_dim);
+        let covered = p.covered.min(rows);
+        let mut target = std::mem::take(&mut self.rtc.target);
+        target[..covered * dim].copy_from_slice(&p.actions[..covered * dim]);
+        target[covered * dim..].fill(0.0);
+        // One row's statistics cover every row (`Normalize::apply` indexes modulo its length).
+        self.spec
+            .action_normalize
+            .apply(&mut target[..covered * dim]);
+        let prefix = Prefix {
+            target: &target,
+            delay: p.delay,
+            end: covered,
+        };
+        let mut x = std::mem::take(&mut self.rtc.x);
+        let mut v = std::mem::take(&mut self.rtc.v);
+        x.copy_from_slice(&self.x);
+        let result = if self.spec.kind == PolicyKind::Diffusion {
+            let ddim = self.ddim.clone().expect("diffusion has a schedule");
+            let mut noise = std::mem::take(&mut self.rtc.noise);
+            let r = rtc_ddim_sample(&ddim, dim, prefix, &mut x, &mut v, &mut noise, |x, t, o| {
+                self.x.copy_from_slice(x);
+                self.time[0] = t as f32;
+                self.time_i64[0] = t as i64;
+                self.run_graph(true)?;
+                o.copy_from_slice(&self.out);
+                Ok(())
+            });
+            self.rtc.noise = noise;
+            r
+        } else {
+            let mut scratch = std::mem::take(&mut self.rtc.scratch);
+            let cfg = self.rtc.cfg.clone();
+            let r = rtc_flow_sample(
+                &cfg,
+                self.spec.flow_steps,
+                dim,
+                prefix,
+                &mut x,
+                &mut v,
+                &mut scratch,
+                |x, t, v| {
+                    self.x.copy_from_slice(x);
+                    self.time[0] = t;
+                    self.run_graph(true)?;
+                    v.copy_from_slice(&self.out);
+                    Ok(())
+                },
+                None,
+            );
+            self.rtc.scratch = scratch;
+            r
+        };
+        self.x.copy_from_slice(&x);
+        self.rtc.x = x;
+        self.rtc.v = v;
+        self.rtc.target = target;
+        self.rtc.last = Some(result?);
+        Ok(())
+    }
+
     /// Keeps the sample after every denoising step of the following inferences (normalised
     /// units; diffusion and flow), for comparing a sampler step by step with another
     /// implementation. Off by default: it allocates per step.
@@ -925,7 +1026,19 @@ impl OnnxPolicy {
 
     /// Computes a chunk (in robot action units) for `obs` into `out`.
     pub fn infer_chunk(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
+        self.infer_chunk_with(obs, None, out)
+    }
+
+    /// As [`Self::infer_chunk`], inpainting the chunk toward `prefix` (what the robot executes
+    /// meanwhile) when real-time chunking is on and the policy samples.
+    pub fn infer_chunk_with(
+        &mut self,
+        obs: &Observation,
+        prefix: Option<&ChunkPrefix<'_>>,
+        out: &mut [f32],
+    ) -> Result<(), PolicyError> {
         self.prepare(obs)?;
+        self.rtc.last = None;
         match self.spec.kind {
             PolicyKind::Chunk => {
                 self.run_graph(false)?;
@@ -954,7 +1067,11 @@ impl OnnxPolicy {
                     }
                 }
                 self.x.copy_from_slice(&self.noise);
-                if self.spec.kind == PolicyKind::Diffusion {
+                let guided = prefix
+                    .filter(|p| self.rtc.cfg.enabled && p.covered > 0 && self.trace.is_none());
+                if let Some(p) = guided {
+                    self.sample_rtc(p)?;
+                } else if self.spec.kind == PolicyKind::Diffusion {
                     let ddim = self.ddim.clone().expect("diffusion has a schedule");
                     for &t in &ddim.timesteps {
                         self.time[0] = t as f32;
@@ -985,6 +1102,13 @@ impl OnnxPolicy {
             }
         }
         self.spec.action_normalize.invert(out);
+        if let (Some(_), Some(p)) = (self.rtc.last, prefix) {
+            // The frozen rows in robot units exactly as the loop executes them, not through a
+            // normalisation round trip.
+            let dim = self.spec.action_dim;
+            let frozen = p.delay.min(p.covered).min(self.spec.chunk_len);
+            out[..frozen * dim].copy_from_slice(&p.actions[..frozen * dim]);
+        }
         Ok(())
     }
 }
@@ -1012,5 +1136,18 @@ impl Policy for OnnxPolicy {
 
     fn infer(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
         self.infer_chunk(obs, out)
+    }
+
+    fn infer_with_prefix(
+        &mut self,
+        obs: &Observation,
+        prefix: &ChunkPrefix<'_>,
+        out: &mut [f32],
+    ) -> Result<(), PolicyError> {
+        self.infer_chunk_with(obs, Some(prefix), out)
+    }
+
+    fn wants_prefix(&self) -> bool {
+        self.rtc.cfg.enabled && self.spec.kind != PolicyKind::Chunk
     }
 }

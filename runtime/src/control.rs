@@ -355,6 +355,7 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     request_pending: bool,
     chunk_age: Duration,
     policy_latency: Duration,
+    latency: crate::policy::LatencyWindow,
     stats: LoopStats,
     last_status: (Duration, u64),
     seeds: ChaCha8Rng,
@@ -600,6 +601,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             request_pending: false,
             chunk_age: Duration::ZERO,
             policy_latency: Duration::ZERO,
+            latency: Default::default(),
             stats: LoopStats::default(),
             last_status: (start, 0),
             seeds: ChaCha8Rng::seed_from_u64(seed),
@@ -811,13 +813,16 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         self.start_if_running()
     }
 
-    fn push_chunk(&mut self) {
+    fn push_chunk(&mut self, t: Duration) {
         match &mut self.driver {
             PolicyDriver::Thread(pt) => {
                 while let Some(c) = pt.poll() {
                     if c.generation == self.generation {
                         self.chunks.push(&c.chunk);
                         self.policy_latency = c.latency;
+                        // On the loop's clock, from the request to this tick: the rows of the
+                        // chunk already in the past, hand-over included.
+                        self.latency.push(t.saturating_sub(c.chunk.t_start));
                         self.stats.chunks += 1;
                         self.request_pending = false;
                         self.since_chunk = 0;
@@ -835,15 +840,30 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         // A thread delivers its chunk a tick or more after the request, so it is asked one tick
         // early; an inline policy answers at once.
         let lead = matches!(self.driver, PolicyDriver::Thread(_)) as usize;
-        let need = self.chunks.is_empty() || self.since_chunk + lead >= cs.execute;
+        // A threaded policy is also asked when the executing chunk's remaining actions fall to
+        // what its recent inference times need (the start threshold), so a slow policy's chunk
+        // arrives before the loop runs out of actions while the policy keeps up.
+        let dt = self.schedule.period();
+        let delay = self.latency.ticks(dt);
+        let need = crate::chunk::request_due(
+            self.chunks.is_empty(),
+            self.since_chunk,
+            cs.execute,
+            (lead > 0).then(|| (self.chunks.newest_remaining(t), delay)),
+            lead,
+        );
         if !need || self.intervening {
             return;
         }
         match &mut self.driver {
             PolicyDriver::Thread(pt) => {
                 // Keep the newest observation flowing to the policy while a request is open: it
-                // always infers from the freshest state.
-                pt.request(t, self.schedule.period(), &self.obs, self.generation);
+                // always infers from the freshest state. A policy that samples its chunk as an
+                // inpainting (real-time chunking) gets what the loop will execute meanwhile.
+                let chunks = &self.chunks;
+                pt.request_with_prefix(t, dt, &self.obs, self.generation, |prefix| {
+                    (chunks.planned(t, dt, cs.dim, prefix), delay)
+                });
                 self.request_pending = true;
             }
             PolicyDriver::Inline { policy, chunk } => {
@@ -900,7 +920,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.finish_tick(t, lateness);
             return Ok(());
         }
-        self.push_chunk();
+        self.push_chunk(t);
         self.maybe_request(t);
         self.chunks.expire(t);
         let mut source = self.choose_action(t);

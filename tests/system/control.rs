@@ -27,14 +27,17 @@ fn cfg(hz: f64, chunks: ChunkMode) -> LoopConfig {
 #[test]
 fn steady_state_allocates_nothing_on_the_loop_thread() {
     // Everything a step can do, at once: a policy thread delivering 16-action chunks that are
-    // ensembled, a residual whose weights another thread swaps, a person taking over and handing
+    // ensembled (and given the loop's plan with each request), a residual whose weights another thread swaps, a person taking over and handing
     // back, the safety layer clipping, and a consumer recycling the outbox.
     let robot = NullRobot::new("alloc", 32, 0);
     let template = Observation {
         state: vec![0.0; 32],
         ..Default::default()
     };
-    let policy = PolicyThread::spawn(Box::new(SweepPolicy::new(16, 8)), &template);
+    // The policy asks for what the loop executes meanwhile, as real-time chunking does, so the
+    // loop gathers the prefix with every request.
+    let policy = PolicyThread::spawn(Box::new(SweepPolicy::new(16, 8).with_prefix()), &template);
+    assert!(policy.wants_prefix());
     let clock = SimClock::new();
     let safety = SafetyConfig {
         max_ee_step_m: 0.004,

@@ -806,3 +806,90 @@ fn policy_check_finds_weights_a_diverged_training_left_nan() {
             .args(["policy", "check", "--model", "models/pick.onnx"]),
     );
 }
+
+#[test]
+fn with_real_time_chunking_the_shipped_diffusion_policy_keeps_what_the_robot_executes() {
+    // models/pick.onnx is a diffusion policy. Given the chunk the robot executes meanwhile,
+    // real-time chunking returns its first `delay` rows exactly (robot units, bit for bit),
+    // stays closer to it over the rest of the overlap than plain sampling from the same noise,
+    // and without a prefix or with it off is plain sampling, bit for bit.
+    use reflex_policies::rtc::{RtcConfig, RtcVariant};
+    use reflex_runtime::policy::{ChunkPrefix, Policy};
+    let mut env =
+        reflex_sim::SimEnv::new(reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick))
+            .unwrap();
+    let spec = env.spec().clone();
+    let model = repo().join("models/pick.onnx");
+    let opts = RunOptions::default();
+    let mut rtc = OnnxPolicy::load(&model, &spec, &opts).unwrap();
+    let mut plain = OnnxPolicy::load(&model, &spec, &opts).unwrap();
+    assert!(!rtc.wants_prefix(), "off by default");
+    rtc.set_rtc(RtcConfig {
+        enabled: true,
+        ..RtcConfig::default()
+    });
+    assert!(rtc.wants_prefix());
+    let (len, dim) = (rtc.spec().chunk_len, rtc.spec().action_dim);
+    let n = len * dim;
+    let obs = env.reset(Some(4)).unwrap().clone();
+    // What the robot executes: the policy's own chunk from another observation and noise,
+    // covering 6 rows of the new chunk, 3 of them before it arrives.
+    let other = env.reset(Some(9)).unwrap().clone();
+    let mut executing = vec![0.0f32; n];
+    plain.set_next_noise(vec![0.3; n]);
+    plain.infer_chunk(&other, &mut executing).unwrap();
+    let (covered, delay) = (6.min(len), 3.min(len));
+    let noise: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 23) as f32 / 11.5) - 1.0)
+        .collect();
+    let prefix = ChunkPrefix {
+        actions: &executing,
+        covered,
+        delay,
+    };
+    let mut a = vec![0.0f32; n];
+    rtc.set_next_noise(noise.clone());
+    rtc.infer_with_prefix(&obs, &prefix, &mut a).unwrap();
+    assert_eq!(
+        rtc.rtc_variant(),
+        Some(RtcVariant::Hard),
+        "no VJP graph: hard"
+    );
+    assert_eq!(
+        a[..delay * dim]
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>(),
+        executing[..delay * dim]
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>(),
+        "the frozen rows are what the robot executes"
+    );
+    let mut b = vec![0.0f32; n];
+    plain.set_next_noise(noise.clone());
+    plain.infer_chunk(&obs, &mut b).unwrap();
+    let gap = |x: &[f32], rows: std::ops::Range<usize>| -> f32 {
+        rows.flat_map(|r| (0..dim).map(move |c| r * dim + c))
+            .map(|j| (x[j] - executing[j]).abs())
+            .sum()
+    };
+    // The action at the boundary: the first row the new chunk executes.
+    assert!(
+        gap(&a, delay..delay + 1) < gap(&b, delay..delay + 1),
+        "boundary jump with RTC {} vs plain {}",
+        gap(&a, delay..delay + 1),
+        gap(&b, delay..delay + 1)
+    );
+    // No prefix: plain sampling, bit for bit.
+    let mut c = vec![0.0f32; n];
+    rtc.set_next_noise(noise.clone());
+    rtc.infer(&obs, &mut c).unwrap();
+    assert_eq!(rtc.rtc_variant(), None);
+    assert_eq!(c, b);
+    // Off: the prefix is ignored.
+    rtc.set_rtc(RtcConfig::default());
+    rtc.set_next_noise(noise);
+    rtc.infer_with_prefix(&obs, &prefix, &mut c).unwrap();
+    assert_eq!(c, b);
+}

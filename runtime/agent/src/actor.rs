@@ -1400,11 +1400,21 @@ pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn P
                 cfg.policy.model.clone().ok_or_else(|| {
                     AgentError::setup("[policy]", "kind = \"onnx\" needs `model`")
                 })?;
-            Some(Box::new(reflex_policies::onnx_policy::OnnxPolicy::load(
-                &model,
-                spec,
-                &onnx_options(cfg),
-            )?))
+            let mut p =
+                reflex_policies::onnx_policy::OnnxPolicy::load(&model, spec, &onnx_options(cfg))?;
+            if cfg.policy.rtc.enabled {
+                if p.spec().kind == reflex_policies::spec::PolicyKind::Chunk {
+                    return Err(AgentError::setup(
+                        "[policy.rtc]",
+                        format!(
+                            "`{}` is a chunk policy (one call, no sampler), so there is nothing to inpaint: set `enabled = false`, or use a diffusion or flow model",
+                            model.display()
+                        ),
+                    ));
+                }
+                p.set_rtc(cfg.policy.rtc.clone());
+            }
+            Some(Box::new(p))
         }
         PolicyKind::Expert => Some(Box::new(
             reflex_sim::expert::ExpertPolicy::new(

@@ -153,6 +153,7 @@ impl Robot for NullRobot {
 pub struct SweepPolicy {
     spec: ChunkSpec,
     calls: u64,
+    prefix: Option<u64>,
 }
 
 impl SweepPolicy {
@@ -165,7 +166,20 @@ impl SweepPolicy {
                 dim: 4,
             },
             calls: 0,
+            prefix: None,
         }
+    }
+
+    /// The same policy asking for what the loop executes meanwhile (as real-time chunking
+    /// does), so the loop's prefix path runs; it blends the prefix's first row into its chunk.
+    pub fn with_prefix(mut self) -> Self {
+        self.prefix = Some(0);
+        self
+    }
+
+    /// Requests that came with a non-empty prefix (for a policy made [`Self::with_prefix`]).
+    pub fn prefixed_calls(&self) -> u64 {
+        self.prefix.unwrap_or(0)
     }
 }
 
@@ -183,6 +197,27 @@ impl Policy for SweepPolicy {
         for i in 0..self.spec.len {
             let phase = (self.calls as f32 * 0.1 + i as f32 * 0.05 + obs.state[0]).sin();
             out[i * 4..i * 4 + 4].copy_from_slice(&[0.005 * phase, -0.005 * phase, 0.0, 0.03]);
+        }
+        Ok(())
+    }
+
+    fn wants_prefix(&self) -> bool {
+        self.prefix.is_some()
+    }
+
+    fn infer_with_prefix(
+        &mut self,
+        obs: &Observation,
+        prefix: &reflex_contracts::policy::ChunkPrefix<'_>,
+        out: &mut [f32],
+    ) -> Result<(), PolicyError> {
+        self.infer(obs, out)?;
+        if let Some(n) = &mut self.prefix {
+            *n += 1;
+            let first = &prefix.actions[..4];
+            for (o, p) in out[..4].iter_mut().zip(first) {
+                *o = 0.5 * (*o + p);
+            }
         }
         Ok(())
     }

@@ -120,6 +120,10 @@ pub struct PolicySection {
     /// learner (docs/training.md).
     #[serde(default)]
     pub residual: Option<ResidualSection>,
+    /// `[policy.rtc]`: real-time chunking for a diffusion or flow model on its own thread
+    /// (docs/runtime.md, "Chunk execution"). Off by default.
+    #[serde(default)]
+    pub rtc: reflex_policies::rtc::RtcConfig,
 }
 
 /// `[policy.residual]`: a residual file written by a learner (`residual.onnx` and its spec).
@@ -151,6 +155,7 @@ impl Default for PolicySection {
             intra_threads: d_threads(),
             execute: None,
             residual: None,
+            rtc: Default::default(),
         }
     }
 }

@@ -25,6 +25,20 @@ pub struct PolicyError {
     pub message: String,
 }
 
+/// What the robot is executing while a chunk is computed: the executing chunk's actions at the
+/// new chunk's times, for a policy that samples its chunk as an inpainting of it (real-time
+/// chunking, arXiv 2506.07339). Robot action units, row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkPrefix<'a> {
+    /// `len * dim` values; rows at and after `covered` are unspecified.
+    pub actions: &'a [f32],
+    /// Rows the executing chunk covers, from the new chunk's first.
+    pub covered: usize,
+    /// Rows the robot will have executed from the executing chunk by the time the new one
+    /// arrives (the inference delay in control ticks, estimated from the policy's own timings).
+    pub delay: usize,
+}
+
 /// A base policy: observation in, action chunk out.
 pub trait Policy: Send {
     /// Name for logs and errors.
@@ -35,4 +49,19 @@ pub trait Policy: Send {
     fn reset(&mut self) {}
     /// Writes `len * dim` action values for `obs` into `out`.
     fn infer(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError>;
+    /// As [`Policy::infer`], knowing what the robot executes meanwhile. A policy that cannot use
+    /// it (the default) ignores it.
+    fn infer_with_prefix(
+        &mut self,
+        obs: &Observation,
+        prefix: &ChunkPrefix<'_>,
+        out: &mut [f32],
+    ) -> Result<(), PolicyError> {
+        let _ = prefix;
+        self.infer(obs, out)
+    }
+    /// Whether [`Policy::infer_with_prefix`] uses the prefix (the loop gathers it only then).
+    fn wants_prefix(&self) -> bool {
+        false
+    }
 }
