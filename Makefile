@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 CARGO ?= cargo
 
-.PHONY: demo test venv build bench fmt clippy clean-venv models bundle bundle-check
+.PHONY: demo test venv build bench fmt clippy clean-venv models bundle bundle-check lerobot-tools parity
 
 ## The pinned Python environment (onnxruntime, eclipse-zenoh, gymnasium, msgpack).
 venv: $(VENV)/.installed
@@ -79,6 +79,29 @@ bundle: venv build
 ## simulator run with the shipped policy on the bundle's own aarch64 ONNX Runtime.
 bundle-check:
 	tests/qemu_bundle_check.sh $(lastword $(sort $(wildcard dist/reflex-*-aarch64-unknown-linux-gnu.tar.gz)))
+
+## The LeRobot tools environment (.venv-lerobot): LeRobot 0.6.1, torch (the CUDA build, the only
+## one on the Python index: 5.1 GB installed, about 2 minutes to make here) and the test-suite's ONNX Runtime, pinned in
+## policies/import/requirements.txt. `reflex policy import lerobot` exports checkpoints with it and
+## makes it itself on first use, the same way. Not part of `make test`: it is too big for CI.
+## LeRobot needs Python >= 3.12; LEROBOT_PYTHON picks the interpreter.
+LEROBOT_VENV := .venv-lerobot
+LEROBOT_PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $(wildcard $(HOME)/.pyenv/versions/3.1[234]*/bin/python3); do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' > /dev/null 2>&1 && { echo $$p; break; }; done)
+lerobot-tools: $(LEROBOT_VENV)/requirements.txt
+
+$(LEROBOT_VENV)/requirements.txt: policies/import/requirements.txt
+	@test -n "$(LEROBOT_PYTHON)" || { echo "no Python >= 3.12 found (LeRobot 0.6 needs it): set LEROBOT_PYTHON=/path/to/python3.12"; exit 1; }
+	@test -x $(LEROBOT_VENV)/bin/python || $(LEROBOT_PYTHON) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar off -r policies/import/requirements.txt
+	@# The copy marks the environment complete; `reflex policy import` compares it with its own.
+	cp policies/import/requirements.txt $@
+
+## Parity of imported LeRobot policies with LeRobot itself (policies/import/parity.py): a
+## checkpoint made with LeRobot's classes, imported by reflex, both run on the same observations;
+## fails above 1e-4. Needs the tools environment above (made on first use), so it is its own target.
+parity: lerobot-tools build
+	$(LEROBOT_VENV)/bin/python policies/import/parity.py --reflex "$(or $(CARGO_TARGET_DIR),target)/release/reflex"
 
 bench: build
 	$(CARGO) run --release --quiet -- sim bench --task pick

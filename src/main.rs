@@ -5,8 +5,9 @@ mod cli;
 mod cmd;
 
 use clap::{Parser, Subcommand};
+use cmd::policy::PolicyCommand;
 use cmd::sim::SimCommand;
-use cmd::tools::{BcCommand, PolicyCommand};
+use cmd::tools::BcCommand;
 
 /// reflex: a real-time runtime for robots that learn on the job.
 #[derive(Parser)]
@@ -129,7 +130,7 @@ fn main() {
         Command::Estop(a) => cmd::tools::estop(a),
         Command::Learn(a) => cmd::learn::run(a),
         Command::Bundle(a) => cmd::bundle::run(a),
-        Command::Policy { command } => cmd::tools::policy(command),
+        Command::Policy { command } => cmd::policy::run(command),
         Command::Bc { command } => cmd::tools::bc(command),
         Command::Reward { command } => cmd::tools::reward(command),
         Command::Dataset { command } => cmd::tools::dataset(command),

@@ -240,8 +240,13 @@ pub fn init(found: &Found) -> Result<&'static ort::environment::Environment, Ort
     Ok(ENV.get_or_init(|| env))
 }
 
-/// Finds and loads ONNX Runtime: the one call a command that runs models makes at start-up.
+/// Finds and loads ONNX Runtime: the one call a command that runs models makes at start-up. A
+/// library this process already loaded ([`init`] with one a command found itself, such as the
+/// LeRobot importer's tools environment) is kept.
 pub fn ensure() -> Result<&'static ort::environment::Environment, OrtError> {
+    if let Some(e) = ENV.get() {
+        return Ok(e);
+    }
     let found = find_onnxruntime()?;
     tracing::info!(
         "ONNX Runtime: {} (via {})",

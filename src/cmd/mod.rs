@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod demo;
 pub mod hw;
 pub mod learn;
+pub mod policy;
 pub mod run;
 pub mod sim;
 pub mod tools;

@@ -25,6 +25,15 @@ pub enum SimCommand {
     /// seeded poses (PNG), with the truth (truth.json): try `reflex calibrate camera|hand-eye`
     /// without a camera.
     BoardViews(BoardViewsArgs),
+    /// Print the robot spec the simulator serves (state fields, action space, cameras) as
+    /// JSON: what `reflex policy import lerobot --robot-spec` and other peers map onto.
+    Spec(SpecArgs),
+}
+
+#[derive(Args)]
+pub struct SpecArgs {
+    #[command(flatten)]
+    sim: SimSelect,
 }
 
 /// A task of the simulator.
@@ -244,6 +253,7 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
             };
             simtools::serve(cfg, mode, &a.bus.config(), &AtomicBool::new(false))?;
         }
+        SimCommand::Spec(a) => print_json(&simtools::robot_spec(a.sim.load()?)?),
         SimCommand::Bench(a) => {
             let out = simtools::bench(a.sim.load()?, a.steps, a.no_cameras)?;
             if a.json {

@@ -1,4 +1,5 @@
-//! `reflex policy`, `bc`, `teleop`, `replay`, `viz`: arguments and what they print.
+//! `reflex bc`, `reward`, `dataset`, `teleop`, `estop`, `replay`, `viz`, `keys`: arguments and what
+//! they print.
 
 use crate::cli::{Bars, BusArgs, command_line, print_json};
 use clap::{Args, Subcommand, ValueEnum};
@@ -9,14 +10,6 @@ use reflex_tools::teleop::TeleopEvent;
 use reflex_tools::viz::{VizOptions, VizTarget};
 use std::path::PathBuf;
 use std::time::Duration;
-
-#[derive(Subcommand)]
-pub enum PolicyCommand {
-    /// Check a model against its spec (names, shapes, element types) and the robot it is for.
-    Check(CheckArgs),
-    /// Time one chunk (all sampler steps) on a provider.
-    Bench(PolicyBenchArgs),
-}
 
 #[derive(Subcommand)]
 pub enum BcCommand {
@@ -125,43 +118,6 @@ pub fn reward(cmd: RewardCommand) -> anyhow::Result<()> {
 }
 
 #[derive(Args)]
-pub struct CheckArgs {
-    /// The .onnx file (its spec is NAME.policy.toml beside it).
-    #[arg(long)]
-    model: PathBuf,
-}
-
-/// An ONNX Runtime execution provider.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum ProviderArg {
-    /// The CPU.
-    Cpu,
-    /// CUDA (an ONNX Runtime build with it and a GPU).
-    Cuda,
-    /// TensorRT (an ONNX Runtime build with it and a GPU).
-    Tensorrt,
-}
-
-#[derive(Args)]
-pub struct PolicyBenchArgs {
-    /// The .onnx file.
-    #[arg(long)]
-    model: PathBuf,
-    /// Execution provider.
-    #[arg(long, value_enum, default_value = "cpu")]
-    provider: ProviderArg,
-    /// ONNX Runtime intra-op threads.
-    #[arg(long, default_value_t = 1, value_parser = crate::cli::threads)]
-    threads: usize,
-    /// Chunks to time.
-    #[arg(long, default_value_t = 500, value_parser = crate::cli::count)]
-    iters: usize,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args)]
 pub struct TrainArgs {
     /// A directory written by `reflex sim demos`.
     #[arg(long, required_unless_present = "dataset", conflicts_with = "dataset")]
@@ -222,46 +178,6 @@ pub struct TrainArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-}
-
-pub fn policy(cmd: PolicyCommand) -> anyhow::Result<()> {
-    match cmd {
-        PolicyCommand::Check(a) => {
-            let r = policytools::check(&a.model)?;
-            for l in &r.lines {
-                println!("{l}");
-            }
-            match r.robot_kind {
-                Some(k) => println!("matches its spec and robot kind `{k}`: ok"),
-                None => println!("matches its spec: ok (no robot kind to check against)"),
-            }
-        }
-        PolicyCommand::Bench(a) => {
-            let provider = match a.provider {
-                ProviderArg::Cpu => "cpu",
-                ProviderArg::Cuda => "cuda",
-                ProviderArg::Tensorrt => "tensorrt",
-            };
-            let v = policytools::bench(&a.model, provider, a.threads, a.iters)?;
-            if a.json {
-                print_json(&v);
-            } else {
-                println!(
-                    "{} on {} ({} thread{}): {} network calls per chunk; per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} chunks",
-                    a.model.display(),
-                    provider,
-                    a.threads,
-                    if a.threads == 1 { "" } else { "s" },
-                    v.network_calls_per_chunk,
-                    v.p50_us,
-                    v.p99_us,
-                    v.max_us,
-                    v.iters
-                );
-            }
-        }
-    }
-    Ok(())
 }
 
 #[derive(Subcommand)]

@@ -19,6 +19,7 @@ mod gym_bridge;
 mod layers;
 mod learn;
 mod learner;
+mod lerobot_import;
 mod pixels;
 mod policies;
 mod remote;

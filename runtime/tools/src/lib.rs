@@ -8,13 +8,17 @@
 //! - [`operator`]: `reflex estop` (raise, release, resume);
 //! - [`viz`], [`replay`]: `reflex viz` and `reflex replay`;
 //! - [`policytools`]: `reflex policy check|bench` and `reflex bc train`;
+//! - [`lerobot`]: `reflex policy import lerobot` (a LeRobot checkpoint made a reflex model);
+//! - [`policy_infer`]: `reflex policy infer` (a model on observations from a file);
 //! - [`calibrate`]: `reflex calibrate camera|hand-eye` and `reflex sim board-views`.
 //!
 //! Long jobs report through [`reflex_agent::progress::Progress`]; nothing here prints.
 #![warn(missing_docs)]
 
 pub mod calibrate;
+pub mod lerobot;
 pub mod operator;
+pub mod policy_infer;
 pub mod policytools;
 pub mod replay;
 pub mod serve;

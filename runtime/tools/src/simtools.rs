@@ -32,6 +32,12 @@ pub fn load_sim_config(path: &Path) -> Result<SimConfig> {
     Ok(reflex_contracts::config::load::<SimFile>(path)?.sim)
 }
 
+/// The robot spec the simulator of `cfg` serves (`reflex sim spec`): state fields, action space,
+/// cameras. A policy importer or a peer maps onto it without starting the simulator's server.
+pub fn robot_spec(cfg: SimConfig) -> Result<reflex_runtime::msg::RobotSpec> {
+    Ok(SimEnv::new(cfg)?.spec().clone())
+}
+
 /// Serves the simulator of `cfg` on the bus until `stop` is set: lockstep, or on its own clock.
 pub fn serve(
     cfg: SimConfig,

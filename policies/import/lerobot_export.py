@@ -1,0 +1,259 @@
+"""Export a LeRobot 0.6 checkpoint to ONNX for `reflex policy import lerobot`.
+
+Run by reflex in the tools environment (.venv-lerobot, policies/import/requirements.txt); reflex
+embeds this file in its binary and writes it to a temporary folder, so the command works outside
+a checkout too. It reads the checkpoint with LeRobot's own classes (the policy and both processor
+pipelines), so what it reports is what LeRobot computes, and writes:
+
+- the ONNX graph of the network alone, between normalised inputs and normalised actions
+  (`torch.onnx.export`, TorchScript exporter, opset 17: ONNX Runtime 1.31 takes it; a model over
+  2 GB puts its weights in files beside the graph, listed in the report);
+- a JSON report: what each graph input is (LeRobot feature, type, shape) with the normalisation
+  LeRobot's preprocessor applies to it, the action's unnormalisation from the postprocessor, the
+  chunk settings, and how far ONNX Runtime's chunk is from torch's on random inputs.
+
+reflex writes the policy spec from the report: the mapping onto the robot is reflex's business.
+Anything this script does not reproduce exactly is refused with a line naming the checkpoint
+file and the setting, exit status 1; nothing is written then.
+
+    python lerobot_export.py --checkpoint DIR --onnx OUT/NAME.onnx --report OUT/export.json
+"""
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+# The TorchScript exporter is deprecated in torch 2.11 but the one that writes a graph ONNX
+# Runtime takes at opset 17 (docs/bring-your-own-policy.md); ACT's loops over a fixed number of
+# tokens make the tracer warn although the trace is right for every batch size.
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+warnings.filterwarnings("ignore", message=".*might cause the trace to be incorrect.*")
+
+# What the graph is checked against and how. Random normalised inputs: the chunk of ONNX Runtime
+# and of torch agree within this on the CPU (both float32); a larger gap means the export lost
+# something.
+CHECK_TOLERANCE = 1e-4
+OPSET = 17
+
+PREPROCESSOR = "policy_preprocessor.json"
+POSTPROCESSOR = "policy_postprocessor.json"
+
+
+class Refused(Exception):
+    """A checkpoint this exporter cannot reproduce exactly; the message says which setting."""
+
+
+def log(msg):
+    print(f"[lerobot export] {msg}", file=sys.stderr, flush=True)
+
+
+def tolist(t):
+    return [float(v) for v in t.detach().reshape(-1).cpu().tolist()]
+
+
+def normalisation(step, key, ftype, shape, where):
+    """The reflex normalisation of feature `key` as LeRobot's (un)normaliser `step` applies it."""
+    from lerobot.configs.types import NormalizationMode
+
+    if step is None:
+        return {"kind": "none"}
+    keys = getattr(step, "normalize_observation_keys", None)
+    if keys is not None and ftype != "ACTION" and key not in keys:
+        return {"kind": "none"}
+    mode = step.norm_map.get(_feature_type(ftype), NormalizationMode.IDENTITY)
+    stats = step._tensor_stats.get(key)
+    if mode == NormalizationMode.IDENTITY or stats is None:
+        # LeRobot leaves a feature without statistics as it is.
+        return {"kind": "none"}
+    eps = float(step.eps)
+    if mode == NormalizationMode.MEAN_STD:
+        return {"kind": "mean_std", "mean": tolist(stats["mean"]), "std": tolist(stats["std"]), "eps": eps}
+    pairs = {
+        NormalizationMode.MIN_MAX: ("min", "max"),
+        NormalizationMode.QUANTILES: ("q01", "q99"),
+        NormalizationMode.QUANTILE10: ("q10", "q90"),
+    }
+    if mode in pairs:
+        lo, hi = pairs[mode]
+        if lo not in stats or hi not in stats:
+            raise Refused(f"{where}: feature `{key}` is normalised {mode.value} but its statistics lack `{lo}`/`{hi}`")
+        # The same formula with other bounds: 2 (x - lo) / (hi - lo) - 1, eps where hi == lo.
+        return {"kind": "min_max", "low": tolist(stats[lo]), "high": tolist(stats[hi]), "eps": eps}
+    raise Refused(f"{where}: feature `{key}` uses normalisation {mode.value}, which reflex does not reproduce yet")
+
+
+def _feature_type(name):
+    from lerobot.configs.types import FeatureType
+
+    return FeatureType(name)
+
+
+def pipeline_steps(ckpt, filename, known):
+    """LeRobot's pipeline `filename` from the checkpoint, its steps by registry name; a step reflex
+    does not reproduce is refused by name."""
+    from lerobot.processor import PolicyProcessorPipeline
+
+    cfg = json.loads((ckpt / filename).read_text())
+    pipe = PolicyProcessorPipeline.from_pretrained(str(ckpt), config_filename=filename)
+    by_name = {}
+    for entry, step in zip(cfg.get("steps", []), pipe.steps, strict=True):
+        name = entry.get("registry_name") or entry.get("class", "?")
+        if name not in known:
+            raise Refused(
+                f"{ckpt / filename}: step `{name}` is not one reflex reproduces yet "
+                f"(it reproduces {', '.join(sorted(known))})"
+            )
+        by_name[name] = step
+    return by_name
+
+
+class ActNetwork:
+    """ACT's network between normalised inputs and the normalised chunk, one graph input per
+    feature (the cameras in the order LeRobot stacks them)."""
+
+    @staticmethod
+    def module(policy, order):
+        import torch
+
+        from lerobot.utils.constants import OBS_IMAGES
+
+        image_keys = list(policy.config.image_features)
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = policy.model
+
+            def forward(self, *xs):
+                batch = dict(zip(order, xs, strict=True))
+                if image_keys:
+                    batch[OBS_IMAGES] = [batch[k] for k in image_keys]
+                return self.model(batch)[0]
+
+        return Net().eval()
+
+
+def export(ckpt, onnx_path, report_path):
+    t0 = time.monotonic()
+    config = json.loads((ckpt / "config.json").read_text())
+    ptype = config.get("type")
+    if ptype != "act":
+        raise Refused(f"{ckpt / 'config.json'}: policy type `{ptype}` is not supported yet (ACT is)")
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    import lerobot
+    from lerobot.policies.act.modeling_act import ACTPolicy
+
+    torch.set_num_threads(1)
+    log(f"LeRobot {lerobot.__version__}, torch {torch.__version__}: loading {ckpt}")
+    try:
+        policy = ACTPolicy.from_pretrained(str(ckpt))
+    except Exception as e:  # noqa: BLE001 - any failure here is the checkpoint's; say which file
+        raise Refused(f"{ckpt / 'model.safetensors'}: LeRobot cannot load the policy from it ({type(e).__name__}: {e})") from e
+    policy.eval()
+    cfg = policy.config
+    if cfg.temporal_ensemble_coeff is not None:
+        # reflex ensembles chunks itself ([loop] chunks = { mode = "ensemble" }); the checkpoint's
+        # coefficient is reported for the run config.
+        log(f"temporal_ensemble_coeff = {cfg.temporal_ensemble_coeff}: set it in the run config's [loop] chunks")
+
+    pre = pipeline_steps(
+        ckpt,
+        PREPROCESSOR,
+        {"rename_observations_processor", "to_batch_processor", "device_processor", "normalizer_processor"},
+    )
+    post = pipeline_steps(ckpt, POSTPROCESSOR, {"unnormalizer_processor", "device_processor"})
+    rename = getattr(pre.get("rename_observations_processor"), "rename_map", {}) or {}
+    normalizer = pre.get("normalizer_processor")
+    unnormalizer = post.get("unnormalizer_processor")
+
+    inputs = []
+    for key, feat in cfg.input_features.items():
+        ftype = feat.type.value
+        if ftype not in ("STATE", "ENV", "VISUAL"):
+            raise Refused(f"{ckpt / 'config.json'}: input feature `{key}` of type {ftype} is not supported yet")
+        norm = normalisation(normalizer, key, ftype, feat.shape, ckpt / PREPROCESSOR)
+        inputs.append({"feature": key, "type": ftype, "shape": list(feat.shape), "normalize": norm})
+    action_key, action_feat = next(iter(cfg.output_features.items()))
+    action_norm = normalisation(unnormalizer, action_key, "ACTION", action_feat.shape, ckpt / POSTPROCESSOR)
+
+    order = [i["feature"] for i in inputs]
+    net = ActNetwork.module(policy, order)
+    gen = torch.Generator().manual_seed(0)
+    example = tuple(torch.randn(1, *i["shape"], generator=gen) for i in inputs)
+    names = order
+    out_name = action_key
+    log(f"exporting {sum(p.numel() for p in policy.model.parameters()) / 1e6:.1f} M parameters to ONNX (opset {OPSET})")
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        torch.onnx.export(
+            net,
+            example,
+            str(onnx_path),
+            input_names=names,
+            output_names=[out_name],
+            dynamic_axes={n: {0: "batch"} for n in [*names, out_name]},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+
+    import onnx
+
+    # The checker follows external data files, so a graph whose weights went beside it is checked
+    # whole; every file the export wrote travels with the model.
+    onnx.checker.check_model(str(onnx_path), full_check=False)
+    files = sorted(p.name for p in onnx_path.parent.iterdir() if p.name != report_path.name)
+
+    log("checking ONNX Runtime's chunk against torch's")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        want = net(*example).numpy()
+    got = sess.run([out_name], {n: x.numpy() for n, x in zip(names, example, strict=True)})[0]
+    diff = float(np.max(np.abs(got - want)))
+    if not diff <= CHECK_TOLERANCE:
+        raise Refused(f"the exported graph's chunk is {diff:.3g} from torch's (tolerance {CHECK_TOLERANCE}): the export lost something")
+
+    report = {
+        "format": "reflex-lerobot-export",
+        "version": 1,
+        "lerobot_version": lerobot.__version__,
+        "torch_version": torch.__version__,
+        "type": ptype,
+        "chunk_size": int(cfg.chunk_size),
+        "n_action_steps": int(cfg.n_action_steps),
+        "temporal_ensemble_coeff": cfg.temporal_ensemble_coeff,
+        "rename_map": rename,
+        "inputs": inputs,
+        "output": {"name": out_name, "feature": action_key, "shape": list(action_feat.shape), "normalize": action_norm},
+        "opset": OPSET,
+        "files": files,
+        "onnx_vs_torch_max_abs": diff,
+        "seconds": time.monotonic() - t0,
+    }
+    report_path.write_text(json.dumps(report, indent=1))
+    log(f"done in {report['seconds']:.0f} s (ONNX Runtime within {diff:.2g} of torch)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--onnx", type=Path, required=True)
+    ap.add_argument("--report", type=Path, required=True)
+    a = ap.parse_args()
+    try:
+        export(a.checkpoint, a.onnx, a.report)
+    except Refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

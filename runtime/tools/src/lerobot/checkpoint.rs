@@ -1,0 +1,275 @@
+//! A LeRobot 0.6 `pretrained_model` folder, read and checked before anything heavy runs: the
+//! files LeRobot writes there, the policy type, its features and chunk settings, and the
+//! processor pipelines' files (LeRobot keeps normalisation outside the weights, so a checkpoint
+//! without them cannot act as it did in training).
+
+use super::ImportError;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// Policy types the importer exports (LeRobot's `type` in config.json).
+pub const SUPPORTED_TYPES: &[&str] = &["act"];
+
+/// The preprocessor pipeline LeRobot 0.6 saves beside the weights (normalisation of inputs).
+pub const PREPROCESSOR: &str = "policy_preprocessor.json";
+/// The postprocessor pipeline (unnormalisation of actions).
+pub const POSTPROCESSOR: &str = "policy_postprocessor.json";
+
+/// What a feature is to LeRobot (`type` in config.json's features).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FeatureKind {
+    /// `STATE`: the robot's proprioception (`observation.state`).
+    State,
+    /// `ENV`: the environment's state (`observation.environment_state`).
+    Env,
+    /// `VISUAL`: a camera image, `[3, height, width]`.
+    Visual,
+    /// `ACTION`.
+    Action,
+    /// Anything else (`LANGUAGE`, `REWARD`): not imported yet.
+    Other(String),
+}
+
+/// One input or output feature of the policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Feature {
+    /// LeRobot's key, e.g. `observation.images.front`.
+    pub key: String,
+    /// Its type.
+    pub kind: FeatureKind,
+    /// Its shape without the batch dimension.
+    pub shape: Vec<usize>,
+}
+
+impl Feature {
+    /// Components of one sample.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A LeRobot checkpoint as far as reflex needs to know before exporting it.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    /// The folder.
+    pub dir: PathBuf,
+    /// LeRobot's policy type (`act`).
+    pub policy_type: String,
+    /// Input features in config.json's order.
+    pub inputs: Vec<Feature>,
+    /// The action feature.
+    pub action: Feature,
+    /// Actions per chunk (`chunk_size`).
+    pub chunk_size: usize,
+    /// Actions executed per chunk (`n_action_steps`).
+    pub n_action_steps: usize,
+    /// The preprocessor's renaming, from the robot's key to the policy's (`rename_map`).
+    pub rename_map: Vec<(String, String)>,
+}
+
+fn read_json(path: &Path, what: &str) -> Result<Value, ImportError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ImportError::checkpoint(
+            path,
+            if e.kind() == std::io::ErrorKind::NotFound {
+                format!("missing: {what}")
+            } else {
+                format!("cannot be read ({e})")
+            },
+        )
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        ImportError::checkpoint(
+            path,
+            format!("is not valid JSON ({e}); the checkpoint is damaged: copy it again"),
+        )
+    })
+}
+
+fn features(config: &Path, v: &Value, key: &str) -> Result<Vec<Feature>, ImportError> {
+    let bad = |m: String| ImportError::checkpoint(config, m);
+    let map = v
+        .get(key)
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad(format!("`{key}` is missing or not a table of features")))?;
+    map.iter()
+        .map(|(k, f)| {
+            let kind = f
+                .get("type")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(format!("`{key}.{k}` has no `type`")))?;
+            let shape = f
+                .get("shape")
+                .and_then(Value::as_array)
+                .and_then(|a| {
+                    a.iter()
+                        .map(|d| d.as_u64().map(|d| d as usize))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| bad(format!("`{key}.{k}.shape` is not a list of sizes")))?;
+            Ok(Feature {
+                key: k.clone(),
+                kind: match kind {
+                    "STATE" => FeatureKind::State,
+                    "ENV" => FeatureKind::Env,
+                    "VISUAL" => FeatureKind::Visual,
+                    "ACTION" => FeatureKind::Action,
+                    other => FeatureKind::Other(other.into()),
+                },
+                shape,
+            })
+        })
+        .collect()
+}
+
+fn count(config: &Path, v: &Value, key: &str) -> Result<usize, ImportError> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .filter(|n| *n >= 1)
+        .map(|n| n as usize)
+        .ok_or_else(|| {
+            ImportError::checkpoint(config, format!("`{key}` is not a positive integer"))
+        })
+}
+
+/// Checks a processor pipeline file and the statistics files its steps name; returns the parsed
+/// pipeline.
+fn pipeline(dir: &Path, file: &str, role: &str) -> Result<Value, ImportError> {
+    let path = dir.join(file);
+    let v = read_json(
+        &path,
+        &format!(
+            "LeRobot 0.6 writes the {role} there beside the weights; a checkpoint of LeRobot before \
+             0.4 has none (convert it with LeRobot's `lerobot.processor.migrate_policy_normalization`)"
+        ),
+    )?;
+    let steps = v.get("steps").and_then(Value::as_array).ok_or_else(|| {
+        ImportError::checkpoint(
+            &path,
+            "has no `steps` list: not a LeRobot processor pipeline",
+        )
+    })?;
+    for s in steps {
+        if let Some(state) = s.get("state_file").and_then(Value::as_str) {
+            let p = dir.join(state);
+            if !p.is_file() {
+                return Err(ImportError::checkpoint(
+                    &p,
+                    format!(
+                        "missing: {file} names it for its statistics; copy the whole checkpoint folder"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(v)
+}
+
+fn rename_map(pre: &Value) -> Vec<(String, String)> {
+    let steps = pre.get("steps").and_then(Value::as_array);
+    steps
+        .into_iter()
+        .flatten()
+        .filter(|s| {
+            s.get("registry_name").and_then(Value::as_str) == Some("rename_observations_processor")
+        })
+        .filter_map(|s| s.pointer("/config/rename_map").and_then(Value::as_object))
+        .flat_map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+        })
+        .collect()
+}
+
+impl Checkpoint {
+    /// Reads and checks the checkpoint folder `dir`.
+    ///
+    /// # Errors
+    /// [`ImportError::Checkpoint`] naming the file at fault (a folder that is not a checkpoint,
+    /// a missing weights or processor file, malformed JSON), [`ImportError::Unsupported`] for a
+    /// policy type reflex does not import yet.
+    pub fn open(dir: &Path) -> Result<Self, ImportError> {
+        if !dir.is_dir() {
+            return Err(ImportError::checkpoint(
+                dir,
+                "is not a folder: give the `pretrained_model` folder of a LeRobot checkpoint \
+                 (e.g. outputs/train/<run>/checkpoints/last/pretrained_model)",
+            ));
+        }
+        let config = dir.join("config.json");
+        if !config.is_file() {
+            return Err(ImportError::checkpoint(
+                &config,
+                "missing: not a LeRobot checkpoint (its `pretrained_model` folder holds config.json, \
+                 model.safetensors and the policy_preprocessor/postprocessor files)",
+            ));
+        }
+        let v = read_json(&config, "the policy's configuration")?;
+        let policy_type = v
+            .get("type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                ImportError::checkpoint(
+                    &config,
+                    "has no `type`: not a LeRobot policy configuration",
+                )
+            })?
+            .to_string();
+        if !SUPPORTED_TYPES.contains(&policy_type.as_str()) {
+            return Err(ImportError::Unsupported {
+                file: config.display().to_string(),
+                what: format!("policy type `{policy_type}`"),
+                supported: SUPPORTED_TYPES.join(", "),
+            });
+        }
+        let weights = dir.join("model.safetensors");
+        if !weights.is_file() {
+            return Err(ImportError::checkpoint(
+                &weights,
+                "missing: the policy's weights; copy the whole checkpoint folder",
+            ));
+        }
+        let pre = pipeline(dir, PREPROCESSOR, "input normalisation")?;
+        pipeline(dir, POSTPROCESSOR, "action unnormalisation")?;
+        let inputs = features(&config, &v, "input_features")?;
+        let outputs = features(&config, &v, "output_features")?;
+        let action = match outputs.as_slice() {
+            [a] if a.kind == FeatureKind::Action && a.shape.len() == 1 => a.clone(),
+            _ => {
+                return Err(ImportError::checkpoint(
+                    &config,
+                    format!(
+                        "`output_features` should be one ACTION vector; it is {:?}",
+                        outputs.iter().map(|f| &f.key).collect::<Vec<_>>()
+                    ),
+                ));
+            }
+        };
+        let chunk_size = count(&config, &v, "chunk_size")?;
+        let n_action_steps = count(&config, &v, "n_action_steps")?;
+        if n_action_steps > chunk_size {
+            return Err(ImportError::checkpoint(
+                &config,
+                format!("`n_action_steps` ({n_action_steps}) exceeds `chunk_size` ({chunk_size})"),
+            ));
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            policy_type,
+            inputs,
+            action,
+            chunk_size,
+            n_action_steps,
+            rename_map: rename_map(&pre),
+        })
+    }
+
+    /// The key the robot's observation carries for the policy's feature `key` (before the
+    /// preprocessor renames it).
+    pub fn robot_key<'a>(&'a self, key: &'a str) -> &'a str {
+        self.rename_map
+            .iter()
+            .find(|(_, to)| to == key)
+            .map_or(key, |(from, _)| from.as_str())
+    }
+}

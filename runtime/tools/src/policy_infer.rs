@@ -1,0 +1,194 @@
+//! `reflex policy infer`: a model run on observations read from a file, its chunks written out.
+//! It is how another program compares its own policy with reflex's (policies/import/parity.py
+//! against LeRobot): the same observations in, the chunks and the time each took out.
+//!
+//! The file is JSON:
+//! ```json
+//! {"observations": [
+//!   {"state": [0.1, ...],
+//!    "images": [{"camera": "front", "width": 128, "height": 128, "rgb8": [12, 40, ...]}],
+//!    "noise": [0.3, ...]}
+//! ]}
+//! ```
+//! `images` (row-major rgb8 bytes) and `noise` (chunk_len x action_dim, the initial sample of a
+//! diffusion or flow policy) are optional. Each observation starts an episode (step 0), so a
+//! stacked history holds it alone, as a policy's first step does.
+
+use crate::lerobot::RobotSource;
+use reflex_agent::AgentError;
+use reflex_agent::error::Result;
+use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
+use reflex_policies::spec::PolicySpec;
+use reflex_runtime::msg::{Image, Observation};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImageIn {
+    camera: String,
+    width: u32,
+    height: u32,
+    rgb8: Vec<u8>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObservationIn {
+    state: Vec<f32>,
+    #[serde(default)]
+    images: Vec<ImageIn>,
+    #[serde(default)]
+    noise: Option<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObservationsFile {
+    observations: Vec<ObservationIn>,
+}
+
+/// The chunks and their times.
+#[derive(Clone, Debug, Serialize)]
+pub struct InferReport {
+    /// The model.
+    pub model: String,
+    /// Actions per chunk.
+    pub chunk_len: usize,
+    /// Components per action.
+    pub action_dim: usize,
+    /// One chunk per observation, `[chunk_len][action_dim]`, in the robot's units.
+    pub chunks: Vec<Vec<Vec<f32>>>,
+    /// Per observation, the median time of `repeat` chunks on it, µs.
+    pub chunk_us: Vec<f64>,
+    /// The median over all observations' chunks, µs.
+    pub p50_us: f64,
+    /// ONNX Runtime's intra-op threads.
+    pub intra_threads: usize,
+    /// Chunks timed per observation (after `warmup` untimed).
+    pub repeat: usize,
+}
+
+/// Runs `model` on every observation of `observations` (the file format is in the module's
+/// documentation) for the robot the spec names (`sim/<task>`) or `robot`. Each chunk is
+/// computed `warmup + repeat` times; the first is the one reported, and every repeat must equal
+/// it (a chunk policy is a function; a sampled one gets the same noise each time).
+///
+/// # Errors
+/// The file, the robot or the model at fault, by name.
+pub fn infer(
+    model: &Path,
+    observations: &Path,
+    robot: Option<RobotSource>,
+    threads: usize,
+    warmup: usize,
+    repeat: usize,
+) -> Result<InferReport> {
+    reflex_policies::onnx_policy::model_file(model)?;
+    let spec = PolicySpec::load_for(model)?;
+    let robot = match robot {
+        Some(r) => r,
+        None => RobotSource::Kind(spec.robot_kind.clone().ok_or_else(|| {
+            AgentError::setup(
+                format!("spec of `{}`", model.display()),
+                "names no robot_kind: give the robot with --robot-kind or --robot-spec",
+            )
+        })?),
+    };
+    let robot = robot
+        .spec()
+        .map_err(|e| AgentError::setup("robot", e.to_string()))?;
+    let text =
+        std::fs::read_to_string(observations).map_err(|e| AgentError::io(observations, e))?;
+    let file: ObservationsFile = serde_json::from_str(&text).map_err(|e| {
+        AgentError::setup(
+            observations.display().to_string(),
+            format!(
+                "not an observations file ({e}); the format is in `reflex policy infer --help`"
+            ),
+        )
+    })?;
+    let opts = RunOptions {
+        intra_threads: threads,
+        ..RunOptions::default()
+    };
+    let mut policy = OnnxPolicy::load(model, &robot, &opts)?;
+    let n = spec.chunk_len * spec.action_dim;
+    let mut chunk = vec![0.0f32; n];
+    let mut again = vec![0.0f32; n];
+    let (mut chunks, mut chunk_us, mut all) = (vec![], vec![], vec![]);
+    for (k, o) in file.observations.into_iter().enumerate() {
+        let bad =
+            |m: String| AgentError::setup(format!("{} observation {k}", observations.display()), m);
+        if o.state.len() != robot.state_dim() {
+            return Err(bad(format!(
+                "state has {} values; robot `{}` has {}",
+                o.state.len(),
+                robot.kind,
+                robot.state_dim()
+            )));
+        }
+        let obs = Observation {
+            state: o.state,
+            images: o
+                .images
+                .into_iter()
+                .map(|i| Image {
+                    camera: i.camera,
+                    width: i.width,
+                    height: i.height,
+                    encoding: "rgb8".into(),
+                    seq: 0,
+                    age_ns: 0,
+                    data: i.rgb8,
+                })
+                .collect(),
+            ..Observation::default()
+        };
+        let mut times = Vec::with_capacity(repeat);
+        for r in 0..warmup + repeat {
+            if let Some(noise) = &o.noise {
+                if noise.len() != n {
+                    return Err(bad(format!(
+                        "noise has {} values; the chunk has {n} ({} x {})",
+                        noise.len(),
+                        spec.chunk_len,
+                        spec.action_dim
+                    )));
+                }
+                policy.set_next_noise_from(noise);
+            }
+            let out = if r == 0 { &mut chunk } else { &mut again };
+            let t0 = Instant::now();
+            policy.infer_chunk(&obs, out)?;
+            let us = t0.elapsed().as_secs_f64() * 1e6;
+            if r >= warmup {
+                times.push(us);
+            }
+            if r > 0
+                && again != chunk
+                && (o.noise.is_some() || spec.kind == reflex_policies::spec::PolicyKind::Chunk)
+            {
+                return Err(bad(
+                    "the same observation gave two different chunks: the model is not deterministic".into(),
+                ));
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        all.extend_from_slice(&times);
+        chunk_us.push(crate::policytools::percentile(&times, 50.0));
+        chunks.push(chunk.chunks(spec.action_dim).map(<[f32]>::to_vec).collect());
+    }
+    all.sort_by(f64::total_cmp);
+    Ok(InferReport {
+        model: model.display().to_string(),
+        chunk_len: spec.chunk_len,
+        action_dim: spec.action_dim,
+        chunks,
+        chunk_us,
+        p50_us: crate::policytools::percentile(&all, 50.0),
+        intra_threads: threads,
+        repeat,
+    })
+}
