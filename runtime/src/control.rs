@@ -120,6 +120,13 @@ pub enum PolicyDriver {
         policy: Box<dyn Policy>,
         /// Its output buffer.
         chunk: ActionChunk,
+        /// Ticks between computing a chunk and executing it: 0 for an inline policy; more to
+        /// stand for a slow policy in simulated time (`reflex bench rtc`).
+        delay: u32,
+        /// When the chunk in flight is handed over (`delay > 0`).
+        due: Option<Duration>,
+        /// What the loop executes meanwhile, for a policy that wants it.
+        prefix: Vec<f32>,
     },
     /// No base policy: the loop holds unless a person drives.
     None,
@@ -128,10 +135,33 @@ pub enum PolicyDriver {
 impl PolicyDriver {
     /// Runs `policy` inline (for simulated time).
     pub fn inline(policy: Box<dyn Policy>) -> Self {
+        Self::inline_delayed(policy, 0)
+    }
+
+    /// Runs `policy` inline, each chunk handed to the loop `delay` ticks after the observation
+    /// it was computed from, as a policy that takes that long would: a slow policy's latency
+    /// made exact and reproducible in simulated time. With it the loop gathers what it executes
+    /// meanwhile for a policy that wants it (real-time chunking) and asks early (the start
+    /// threshold), as for a policy thread.
+    pub fn inline_delayed(policy: Box<dyn Policy>, delay: u32) -> Self {
         let s = policy.chunk_spec();
         let mut chunk = ActionChunk::with_capacity(s.len, s.dim);
         chunk.data.resize(s.len * s.dim, 0.0);
-        PolicyDriver::Inline { policy, chunk }
+        let prefix = vec![
+            0.0;
+            if policy.wants_prefix() {
+                s.len * s.dim
+            } else {
+                0
+            }
+        ];
+        PolicyDriver::Inline {
+            policy,
+            chunk,
+            delay,
+            due: None,
+            prefix,
+        }
     }
 
     fn spec(&self) -> Option<ChunkSpec> {
@@ -351,7 +381,6 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     teleop_seq: u64,
     teleop_seen: bool,
     intervening: bool,
-    since_chunk: usize,
     request_pending: bool,
     chunk_age: Duration,
     policy_latency: Duration,
@@ -597,7 +626,6 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop_seq: 0,
             teleop_seen: false,
             intervening: false,
-            since_chunk: 0,
             request_pending: false,
             chunk_age: Duration::ZERO,
             policy_latency: Duration::ZERO,
@@ -771,7 +799,6 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         self.generation += 1;
         self.chunks.clear();
         self.request_pending = false;
-        self.since_chunk = 0;
         self.last_policy_ok = now;
         self.last_obs_change = now;
         self.last_obs_key = (
@@ -781,8 +808,9 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.obs.time_ns,
         );
         self.safety.reset();
-        if let PolicyDriver::Inline { policy, .. } = &mut self.driver {
+        if let PolicyDriver::Inline { policy, due, .. } = &mut self.driver {
             policy.reset();
+            *due = None;
         }
         self.step_open = false;
         self.episode = EpisodeSummary {
@@ -825,11 +853,17 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                         self.latency.push(t.saturating_sub(c.chunk.t_start));
                         self.stats.chunks += 1;
                         self.request_pending = false;
-                        self.since_chunk = 0;
                     } else {
                         self.stats.stale_chunks += 1;
                     }
                 }
+            }
+            PolicyDriver::Inline { chunk, due, .. } if due.is_some_and(|at| t >= at) => {
+                *due = None;
+                self.chunks.push(chunk);
+                self.latency.push(t.saturating_sub(chunk.t_start));
+                self.stats.chunks += 1;
+                self.request_pending = false;
             }
             PolicyDriver::Inline { .. } | PolicyDriver::None => {}
         }
@@ -837,19 +871,24 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
 
     fn maybe_request(&mut self, t: Duration) {
         let Some(cs) = self.chunk_spec else { return };
-        // A thread delivers its chunk a tick or more after the request, so it is asked one tick
-        // early; an inline policy answers at once.
+        // A thread delivers its chunk a tick or more after the request; an inline policy answers
+        // at once (or, delayed, exactly `delay` ticks later).
         let lead = matches!(self.driver, PolicyDriver::Thread(_)) as usize;
+        let delayed = match &self.driver {
+            PolicyDriver::Inline { due: Some(_), .. } => return, // one chunk in flight
+            PolicyDriver::Inline { delay, .. } => *delay > 0,
+            _ => false,
+        };
         // A threaded policy is also asked when the executing chunk's remaining actions fall to
         // what its recent inference times need (the start threshold), so a slow policy's chunk
         // arrives before the loop runs out of actions while the policy keeps up.
         let dt = self.schedule.period();
         let delay = self.latency.ticks(dt);
         let need = crate::chunk::request_due(
-            self.chunks.is_empty(),
-            self.since_chunk,
+            self.chunks.newest_remaining(t),
+            cs.len,
             cs.execute,
-            (lead > 0).then(|| (self.chunks.newest_remaining(t), delay)),
+            (lead > 0 || delayed).then_some(delay),
             lead,
         );
         if !need || self.intervening {
@@ -866,17 +905,37 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 });
                 self.request_pending = true;
             }
-            PolicyDriver::Inline { policy, chunk } => {
-                match policy.infer(&self.obs, &mut chunk.data) {
+            PolicyDriver::Inline {
+                policy,
+                chunk,
+                delay: ticks,
+                due,
+                prefix,
+            } => {
+                let result = if prefix.is_empty() {
+                    policy.infer(&self.obs, &mut chunk.data)
+                } else {
+                    let covered = self.chunks.planned(t, dt, cs.dim, prefix);
+                    let p = crate::policy::ChunkPrefix {
+                        actions: prefix,
+                        covered,
+                        delay: *ticks as usize,
+                    };
+                    policy.infer_with_prefix(&self.obs, &p, &mut chunk.data)
+                };
+                match result {
                     Ok(()) => {
                         chunk.t_start = t;
-                        chunk.dt = self.schedule.period();
+                        chunk.dt = dt;
                         chunk.len = cs.len;
                         chunk.dim = cs.dim;
                         chunk.seq += 1;
-                        self.chunks.push(chunk);
-                        self.stats.chunks += 1;
-                        self.since_chunk = 0;
+                        if *ticks > 0 {
+                            *due = Some(t + dt * *ticks);
+                        } else {
+                            self.chunks.push(chunk);
+                            self.stats.chunks += 1;
+                        }
                     }
                     Err(e) => tracing::warn!("{e}"),
                 }
@@ -924,7 +983,6 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         self.maybe_request(t);
         self.chunks.expire(t);
         let mut source = self.choose_action(t);
-        self.since_chunk += 1;
         let verdict = self.apply_safety(t);
         if verdict.held {
             source = Source::Hold;

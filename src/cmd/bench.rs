@@ -1,8 +1,11 @@
-//! `reflex bench bus|loop|learner|pixels|fleet`: arguments and what they print.
+//! `reflex bench bus|loop|learner|kernel|bus-servo|pixels|fleet|rtc`: arguments and what they
+//! print.
 
 use crate::cli::{BusArgs, print_json};
 use clap::{Args, Subcommand};
-use reflex_bench::{bus_bench, fleet_bench, kernel_bench, learner_bench, loop_bench, pixels_bench};
+use reflex_bench::{
+    bus_bench, fleet_bench, kernel_bench, learner_bench, loop_bench, pixels_bench, rtc_bench,
+};
 use reflex_runtime::rt::RtConfig;
 
 #[derive(Subcommand)]
@@ -23,6 +26,31 @@ pub enum BenchCommand {
     Pixels(PixelsBenchArgs),
     /// One learner's ingest and training rates with several actors at once (fleet learning).
     Fleet(FleetBenchArgs),
+    /// A chunking policy whose chunks arrive late, per execution mode and delay, on the
+    /// simulator: success, jerk and the jump at chunk boundaries (real-time chunking).
+    Rtc(RtcBenchArgs),
+}
+
+#[derive(Args)]
+pub struct RtcBenchArgs {
+    /// A diffusion or flow model (its spec beside it).
+    #[arg(long, default_value = "models/pick.onnx")]
+    model: std::path::PathBuf,
+    /// Simulator task the model drives.
+    #[arg(long, default_value = "pick")]
+    task: String,
+    /// Delays in control ticks, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2,4,8")]
+    delays: Vec<u32>,
+    /// Episodes per delay and mode (the same seeds for each).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    episodes: u64,
+    /// Seed of the episodes and the policy's noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -335,6 +363,50 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                         p.updates_per_s,
                         p.robots_at_20hz
                     );
+                }
+            }
+        }
+        BenchCommand::Rtc(a) => {
+            let task = a
+                .task
+                .parse()
+                .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
+            let o = rtc_bench::RtcBenchOptions {
+                model: a.model,
+                task,
+                delays: a.delays,
+                modes: vec![
+                    rtc_bench::ExecMode::Naive,
+                    rtc_bench::ExecMode::Ensemble,
+                    rtc_bench::ExecMode::RtcHard,
+                ],
+                episodes: a.episodes,
+                seed: a.seed,
+            };
+            let json = a.json;
+            let out = rtc_bench::run(&o, &mut |c| {
+                if !json {
+                    println!(
+                        "delay {:>2} ticks {:<9} success {:>5.1}% [{:.0}-{:.0}]  jerk mean {:.4} p99 {:.4}  boundary jump {:.4} (other ticks {:.4})  holds {}",
+                        c.delay_ticks,
+                        format!("{:?}", c.mode),
+                        100.0 * c.success_rate,
+                        100.0 * c.success_ci95.0,
+                        100.0 * c.success_ci95.1,
+                        c.jerk_mean,
+                        c.jerk_p99,
+                        c.boundary_jump_mean,
+                        c.step_change_mean,
+                        c.holds_no_chunk
+                    );
+                }
+            })
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            if json {
+                print_json(&out);
+            } else {
+                for n in &out.not_measured {
+                    println!("not measured: {n}");
                 }
             }
         }

@@ -786,3 +786,190 @@ fn a_lockstep_episode_cut_by_an_estop_ends_with_a_flagged_step() {
     assert_eq!(lp.stats().stopped_ticks, 26);
     assert!(!lp.in_episode());
 }
+
+// The loop's chunk bookkeeping on a fake clock (reflex_runtime::chunk's pieces, in the order
+// the loop runs them), for a policy slower than one tick.
+const MS: Duration = Duration::from_millis(1);
+use reflex_runtime::chunk::{ActionChunk, ChunkQueue, request_due};
+
+/// The loop's chunk bookkeeping for a threaded policy that takes `d` ticks from request to
+/// hand-over, on a fake clock: per tick, take an arrived chunk, ask when due (with the
+/// prefix), expire, execute. Returns the ticks that held after the second chunk, and every
+/// request's prefix beside what the loop then executed at those ticks.
+#[allow(clippy::type_complexity)]
+fn simulate_chunking(
+    d: usize,
+    len: usize,
+    execute: usize,
+    mode: ChunkMode,
+) -> (Vec<usize>, Vec<(Vec<f32>, Vec<Option<f32>>)>) {
+    use reflex_runtime::policy::LatencyWindow;
+    let dt = 10 * MS;
+    let mut q = ChunkQueue::new(4, len, 1, mode);
+    let mut window = LatencyWindow::default();
+    let mut seq = 0u64;
+    let mut in_flight: Option<(usize, ActionChunk)> = None;
+    let mut requests: Vec<(usize, Vec<f32>, usize)> = vec![];
+    let mut executed: Vec<Option<f32>> = vec![];
+    let (mut arrived, mut holds) = (0, vec![]);
+    let mut prefix = vec![0.0f32; len];
+    for k in 0..400 {
+        let t = dt * k as u32;
+        if in_flight.as_ref().is_some_and(|(at, _)| *at == k) {
+            let (_, c) = in_flight.take().unwrap();
+            window.push(t - c.t_start);
+            q.push(&c);
+            arrived += 1;
+        }
+        let delay = window.ticks(dt);
+        let due = request_due(q.newest_remaining(t), len, execute, Some(delay), 1);
+        if due && in_flight.is_none() {
+            let covered = q.planned(t, dt, 1, &mut prefix);
+            requests.push((k, prefix[..covered.min(delay)].to_vec(), covered));
+            seq += 1;
+            let data = (0..len).map(|r| (1000 * seq + r as u64) as f32).collect();
+            let c = ActionChunk {
+                t_start: t,
+                dt,
+                len,
+                dim: 1,
+                data,
+                seq,
+            };
+            in_flight = Some((k + d, c));
+        }
+        q.expire(t);
+        let mut a = [0.0f32];
+        let got = q.action_at(t, &mut a).map(|_| a[0]);
+        if got.is_none() && arrived >= 2 {
+            holds.push(k);
+        }
+        executed.push(got);
+    }
+    let pairs = requests
+        .into_iter()
+        .filter(|(_, p, _)| !p.is_empty())
+        .filter(|(k, p, _)| k + p.len() <= executed.len())
+        .map(|(k, p, _)| (p.clone(), executed[k..k + p.len()].to_vec()))
+        .collect();
+    (holds, pairs)
+}
+
+#[test]
+fn a_slow_policys_chunk_arrives_before_the_executing_one_runs_out_and_its_prefix_is_what_ran() {
+    for mode in [ChunkMode::NewestWins, ChunkMode::Ensemble { m: 0.01 }] {
+        for (len, execute) in [(16, 16), (16, 8), (10, 4)] {
+            // Up to half the chunk: a policy slower than that cannot keep up at any
+            // threshold once execute + d exceeds the chunk.
+            for d in 1..=len / 2 {
+                let (holds, pairs) = simulate_chunking(d, len, execute, mode);
+                assert!(
+                    holds.is_empty(),
+                    "{mode:?} len {len} execute {execute} delay {d}: held at ticks {holds:?}"
+                );
+                assert!(!pairs.is_empty(), "no request carried a prefix");
+                for (prefix, ran) in pairs {
+                    let ran: Vec<f32> = ran.into_iter().map(|a| a.unwrap()).collect();
+                    assert_eq!(
+                        prefix.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        ran.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{mode:?} delay {d}: the frozen prefix is what the loop executed"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn without_the_start_threshold_a_slow_policy_leaves_the_loop_without_actions() {
+    // The same bookkeeping asking only after `execute` actions: with the whole chunk
+    // executed, a policy of 3 ticks leaves gaps. (The threshold is what closes them.)
+    let dt = 10 * MS;
+    let (len, d) = (16usize, 3usize);
+    let mut q = ChunkQueue::new(4, len, 1, ChunkMode::NewestWins);
+    let (mut in_flight, mut holds, mut arrived) = (None, 0, 0);
+    for k in 0..200usize {
+        let t = dt * k as u32;
+        if in_flight
+            .as_ref()
+            .is_some_and(|(at, _): &(usize, ActionChunk)| *at == k)
+        {
+            q.push(&in_flight.take().unwrap().1);
+            arrived += 1;
+        }
+        if request_due(q.newest_remaining(t), len, len, None, 1) && in_flight.is_none() {
+            let c = ActionChunk {
+                t_start: t,
+                dt,
+                len,
+                dim: 1,
+                data: vec![1.0; len],
+                seq: k as u64,
+            };
+            in_flight = Some((k + d, c));
+        }
+        q.expire(t);
+        let mut a = [0.0f32];
+        if q.action_at(t, &mut a).is_none() && arrived >= 2 {
+            holds += 1;
+        }
+    }
+    assert!(holds > 10, "holds {holds}");
+}
+
+#[test]
+fn reflex_bench_rtc_runs_every_mode_at_every_delay_with_the_late_ticks_counted() {
+    // The real binary, from the repository (its default model is models/pick.onnx). At delay 0
+    // nothing is frozen, so real-time chunking samples exactly as plain sampling does; at a
+    // delay of d ticks every episode waits d ticks for its first chunk and never again.
+    let out = reflex()
+        .args([
+            "bench",
+            "rtc",
+            "--delays",
+            "0,2",
+            "--episodes",
+            "4",
+            "--json",
+        ])
+        .current_dir(crate::common::repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cells = v["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 6, "{v}");
+    let cell = |mode: &str, d: u64| {
+        cells
+            .iter()
+            .find(|c| c["mode"] == mode && c["delay_ticks"] == d)
+            .unwrap_or_else(|| panic!("no {mode} at {d}: {v}"))
+    };
+    for key in [
+        "success_rate",
+        "jerk_mean",
+        "jerk_p99",
+        "boundary_jump_mean",
+        "wall_s",
+    ] {
+        assert!(cell("naive", 0)[key].is_number(), "{key}");
+    }
+    for key in [
+        "success_rate",
+        "jerk_mean",
+        "jerk_p99",
+        "boundary_jump_mean",
+    ] {
+        assert_eq!(cell("rtc_hard", 0)[key], cell("naive", 0)[key], "{key}");
+    }
+    for mode in ["naive", "ensemble", "rtc_hard"] {
+        assert_eq!(cell(mode, 0)["holds_no_chunk"], 0);
+        assert_eq!(cell(mode, 2)["holds_no_chunk"], 2 * 4, "{mode}");
+    }
+    assert!(!v["not_measured"].as_array().unwrap().is_empty());
+}

@@ -9,6 +9,7 @@
 //! - [`pixels_bench`]: each stage of learning from pixels (rendering, the frozen encoder, the
 //!   actor's image heads, a learner update);
 //! - [`kernel_bench`]: the learner's matrix kernel against the `gemm` crate, product by product;
+//! - [`rtc_bench`]: a chunking policy whose chunks arrive late, per execution mode and delay;
 //! - [`fleet_bench`]: one learner's ingest and training rates with 1, 2, 4, 8 actors;
 //! - [`soak`]: the actor and its learner for a long run with faults injected;
 //! - [`workloads`]: a robot and a policy that do no work (what is measured is the runtime);
@@ -23,6 +24,7 @@ pub mod loop_bench;
 pub mod pendulum;
 pub mod pendulum_run;
 pub mod pixels_bench;
+pub mod rtc_bench;
 pub mod scratch;
 pub mod servo_bench;
 pub mod soak;
