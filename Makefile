@@ -81,7 +81,7 @@ bundle-check:
 	tests/qemu_bundle_check.sh $(lastword $(sort $(wildcard dist/reflex-*-aarch64-unknown-linux-gnu.tar.gz)))
 
 ## The LeRobot tools environment (.venv-lerobot): LeRobot 0.6.1, torch (the CUDA build, the only
-## one on the Python index: 5.1 GB installed, about 2 minutes to make here) and the test-suite's ONNX Runtime, pinned in
+## one on the Python index: 5.2 GB installed, about 2 minutes to make here) and the test-suite's ONNX Runtime, pinned in
 ## policies/import/requirements.txt. `reflex policy import lerobot` exports checkpoints with it and
 ## makes it itself on first use, the same way. Not part of `make test`: it is too big for CI.
 ## LeRobot needs Python >= 3.12; LEROBOT_PYTHON picks the interpreter.
@@ -97,11 +97,14 @@ $(LEROBOT_VENV)/requirements.txt: policies/import/requirements.txt
 	@# The copy marks the environment complete; `reflex policy import` compares it with its own.
 	cp policies/import/requirements.txt $@
 
-## Parity of imported LeRobot policies with LeRobot itself (policies/import/parity.py): a
-## checkpoint made with LeRobot's classes, imported by reflex, both run on the same observations;
-## fails above 1e-4. Needs the tools environment above (made on first use), so it is its own target.
+## Parity of imported LeRobot policies with LeRobot itself (policies/import/parity.py): for ACT
+## and Diffusion Policy, a checkpoint made with LeRobot's classes, imported by reflex, both run on
+## the same observations (and initial noise); fails above 1e-4. Needs the tools environment above
+## (made on first use), so it is its own target.
+PARITY_REFLEX = "$(or $(CARGO_TARGET_DIR),target)/release/reflex"
 parity: lerobot-tools build
-	$(LEROBOT_VENV)/bin/python policies/import/parity.py --reflex "$(or $(CARGO_TARGET_DIR),target)/release/reflex"
+	$(LEROBOT_VENV)/bin/python policies/import/parity.py --policy act --reflex $(PARITY_REFLEX)
+	$(LEROBOT_VENV)/bin/python policies/import/parity.py --policy diffusion --observations 4 --reflex $(PARITY_REFLEX)
 
 bench: build
 	$(CARGO) run --release --quiet -- sim bench --task pick

@@ -5,12 +5,14 @@ embeds this file in its binary and writes it to a temporary folder, so the comma
 a checkout too. It reads the checkpoint with LeRobot's own classes (the policy and both processor
 pipelines), so what it reports is what LeRobot computes, and writes:
 
-- the ONNX graph of the network alone, between normalised inputs and normalised actions
+- the ONNX graph of the network alone, between normalised inputs and normalised actions: ACT's
+  whole forward pass, or Diffusion Policy's denoiser (reflex runs the sampler around it)
   (`torch.onnx.export`, TorchScript exporter, opset 17: ONNX Runtime 1.31 takes it; a model over
   2 GB puts its weights in files beside the graph, listed in the report);
 - a JSON report: what each graph input is (LeRobot feature, type, shape) with the normalisation
   LeRobot's preprocessor applies to it, the action's unnormalisation from the postprocessor, the
-  chunk settings, and how far ONNX Runtime's chunk is from torch's on random inputs.
+  chunk settings (and the sampler's, for a diffusion policy), and how far ONNX Runtime's output
+  is from torch's on random inputs.
 
 reflex writes the policy spec from the report: the mapping onto the robot is reflex's business.
 Anything this script does not reproduce exactly is refused with a line naming the checkpoint
@@ -110,58 +112,164 @@ def pipeline_steps(ckpt, filename, known):
     return by_name
 
 
-class ActNetwork:
+def act_network(policy, order):
     """ACT's network between normalised inputs and the normalised chunk, one graph input per
-    feature (the cameras in the order LeRobot stacks them)."""
+    feature (the cameras in the order LeRobot stacks them). Returns the module, its example
+    inputs' extra leading entries (none) and the report's kind-specific part."""
+    import torch
 
-    @staticmethod
-    def module(policy, order):
-        import torch
+    from lerobot.utils.constants import OBS_IMAGES
 
-        from lerobot.utils.constants import OBS_IMAGES
+    cfg = policy.config
+    if cfg.temporal_ensemble_coeff is not None:
+        # reflex ensembles chunks itself ([loop] chunks = { mode = "ensemble" }); the checkpoint's
+        # coefficient is reported for the run config.
+        log(f"temporal_ensemble_coeff = {cfg.temporal_ensemble_coeff}: set it in the run config's [loop] chunks")
+    image_keys = list(cfg.image_features)
 
-        image_keys = list(policy.config.image_features)
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = policy.model
 
-        class Net(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = policy.model
+        def forward(self, *xs):
+            batch = dict(zip(order, xs, strict=True))
+            if image_keys:
+                batch[OBS_IMAGES] = [batch[k] for k in image_keys]
+            return self.model(batch)[0]
 
-            def forward(self, *xs):
-                batch = dict(zip(order, xs, strict=True))
-                if image_keys:
-                    batch[OBS_IMAGES] = [batch[k] for k in image_keys]
-                return self.model(batch)[0]
+    return Net().eval(), [], {
+        "kind": "chunk",
+        "chunk_size": int(cfg.chunk_size),
+        "temporal_ensemble_coeff": cfg.temporal_ensemble_coeff,
+    }
 
-        return Net().eval()
+
+def diffusion_network(policy, order, ckpt):
+    """Diffusion Policy's denoiser: the noise (or sample) the U-Net predicts for a noisy chunk at
+    an integer timestep, conditioned on the observation (state, and the cameras through their
+    ResNet encoders, as LeRobot's `_prepare_global_conditioning` makes it). reflex runs the
+    sampler around it; the observation encoders run at every step."""
+    import torch
+
+    from lerobot.utils.constants import OBS_ENV_STATE, OBS_IMAGES, OBS_STATE
+
+    cfg = policy.config
+    where = ckpt / "config.json"
+    if cfg.n_obs_steps != 1:
+        raise Refused(
+            f"{where}: n_obs_steps = {cfg.n_obs_steps} (a history of observation frames) is not supported yet; "
+            "reflex imports Diffusion Policies trained with n_obs_steps = 1"
+        )
+    if cfg.noise_scheduler_type != "DDIM":
+        raise Refused(
+            f"{where}: noise_scheduler_type = {cfg.noise_scheduler_type} is not supported yet; "
+            "reflex samples as LeRobot's DDIM does (eta 0)"
+        )
+    if cfg.beta_schedule not in ("squaredcos_cap_v2", "linear"):
+        raise Refused(f"{where}: beta_schedule = {cfg.beta_schedule} is not supported yet (squaredcos_cap_v2 and linear are)")
+    model = policy.diffusion
+    image_keys = list(cfg.image_features)
+    fix_centre_crops(model, cfg)
+    state_key = OBS_STATE if cfg.robot_state_feature else None
+    env_key = OBS_ENV_STATE if cfg.env_state_feature else None
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, noisy_actions, timestep, *xs):
+            feats = dict(zip(order, xs, strict=True))
+            # One observation step: (B, 1, ...), cameras stacked as predict_action_chunk does.
+            batch = {}
+            if state_key:
+                batch[OBS_STATE] = feats[state_key].unsqueeze(1)
+            if env_key:
+                batch[OBS_ENV_STATE] = feats[env_key].unsqueeze(1)
+            if image_keys:
+                batch[OBS_IMAGES] = torch.stack([feats[k].unsqueeze(1) for k in image_keys], dim=-4)
+            cond = self.model._prepare_global_conditioning(batch)
+            return self.model.unet(noisy_actions, timestep, global_cond=cond)
+
+    horizon, adim = int(cfg.horizon), int(cfg.action_feature.shape[0])
+    steps = int(model.num_inference_steps)
+    extra = [
+        ("noisy_actions", torch.randn(1, horizon, adim, generator=torch.Generator().manual_seed(1))),
+        ("timestep", torch.tensor([int(cfg.num_train_timesteps) // 2], dtype=torch.long)),
+    ]
+    return Net().eval(), extra, {
+        "kind": "diffusion",
+        "chunk_size": horizon,
+        "temporal_ensemble_coeff": None,
+        "graph": {"sample_input": "noisy_actions", "time_input": "timestep", "time_dtype": "int64", "time_shape": "batch"},
+        "diffusion": {
+            "train_steps": int(cfg.num_train_timesteps),
+            "inference_steps": steps,
+            "schedule": cfg.beta_schedule,
+            "beta_start": float(cfg.beta_start),
+            "beta_end": float(cfg.beta_end),
+            "clip_sample": float(cfg.clip_sample_range) if cfg.clip_sample else 0.0,
+            "prediction": cfg.prediction_type,
+        },
+    }
+
+
+def fix_centre_crops(model, cfg):
+    """torchvision's CenterCrop computes its offsets from the image's size, which the tracer
+    sees as a tensor (`round` of it fails); the size is fixed, so the same crop is a slice with
+    the offsets torchvision computes: round((size - crop) / 2)."""
+    import torch
+
+    if cfg.crop_shape is None or not cfg.image_features:
+        return
+    size = cfg.resize_shape or next(iter(cfg.image_features.values())).shape[1:]
+    ch, cw = cfg.crop_shape
+    h, w = size
+    if ch > h or cw > w:
+        raise Refused(f"crop_shape {cfg.crop_shape} is larger than the images ({h}x{w}): LeRobot pads them, reflex does not yet")
+    top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+
+    class Crop(torch.nn.Module):
+        def forward(self, x):
+            return x[..., top : top + ch, left : left + cw]
+
+    encoders = model.rgb_encoder if isinstance(model.rgb_encoder, torch.nn.ModuleList) else [model.rgb_encoder]
+    for enc in encoders:
+        if enc.do_crop:
+            enc.center_crop = Crop()
+
+
+POLICIES = {
+    "act": ("lerobot.policies.act.modeling_act", "ACTPolicy"),
+    "diffusion": ("lerobot.policies.diffusion.modeling_diffusion", "DiffusionPolicy"),
+}
 
 
 def export(ckpt, onnx_path, report_path):
     t0 = time.monotonic()
     config = json.loads((ckpt / "config.json").read_text())
     ptype = config.get("type")
-    if ptype != "act":
-        raise Refused(f"{ckpt / 'config.json'}: policy type `{ptype}` is not supported yet (ACT is)")
+    if ptype not in POLICIES:
+        raise Refused(f"{ckpt / 'config.json'}: policy type `{ptype}` is not supported yet ({', '.join(POLICIES)} are)")
+
+    import importlib
 
     import numpy as np
     import onnxruntime as ort
     import torch
 
     import lerobot
-    from lerobot.policies.act.modeling_act import ACTPolicy
 
     torch.set_num_threads(1)
     log(f"LeRobot {lerobot.__version__}, torch {torch.__version__}: loading {ckpt}")
+    module, cls = POLICIES[ptype]
     try:
-        policy = ACTPolicy.from_pretrained(str(ckpt))
+        policy = getattr(importlib.import_module(module), cls).from_pretrained(str(ckpt))
     except Exception as e:  # noqa: BLE001 - any failure here is the checkpoint's; say which file
         raise Refused(f"{ckpt / 'model.safetensors'}: LeRobot cannot load the policy from it ({type(e).__name__}: {e})") from e
     policy.eval()
     cfg = policy.config
-    if cfg.temporal_ensemble_coeff is not None:
-        # reflex ensembles chunks itself ([loop] chunks = { mode = "ensemble" }); the checkpoint's
-        # coefficient is reported for the run config.
-        log(f"temporal_ensemble_coeff = {cfg.temporal_ensemble_coeff}: set it in the run config's [loop] chunks")
 
     pre = pipeline_steps(
         ckpt,
@@ -184,12 +292,18 @@ def export(ckpt, onnx_path, report_path):
     action_norm = normalisation(unnormalizer, action_key, "ACTION", action_feat.shape, ckpt / POSTPROCESSOR)
 
     order = [i["feature"] for i in inputs]
-    net = ActNetwork.module(policy, order)
+    if ptype == "act":
+        net, extra, kind_report = act_network(policy, order)
+        out_name = action_key
+    else:
+        net, extra, kind_report = diffusion_network(policy, order, ckpt)
+        out_name = "eps" if cfg.prediction_type == "epsilon" else "sample"
+    kind_report.setdefault("graph", {})["output"] = out_name
     gen = torch.Generator().manual_seed(0)
-    example = tuple(torch.randn(1, *i["shape"], generator=gen) for i in inputs)
-    names = order
-    out_name = action_key
-    log(f"exporting {sum(p.numel() for p in policy.model.parameters()) / 1e6:.1f} M parameters to ONNX (opset {OPSET})")
+    example = tuple(x for _, x in extra) + tuple(torch.randn(1, *i["shape"], generator=gen) for i in inputs)
+    names = [n for n, _ in extra] + order
+    params = sum(p.numel() for p in net.parameters())
+    log(f"exporting {params / 1e6:.1f} M parameters to ONNX (opset {OPSET})")
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         torch.onnx.export(
@@ -210,7 +324,7 @@ def export(ckpt, onnx_path, report_path):
     onnx.checker.check_model(str(onnx_path), full_check=False)
     files = sorted(p.name for p in onnx_path.parent.iterdir() if p.name != report_path.name)
 
-    log("checking ONNX Runtime's chunk against torch's")
+    log("checking ONNX Runtime's output against torch's")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
@@ -219,7 +333,7 @@ def export(ckpt, onnx_path, report_path):
     got = sess.run([out_name], {n: x.numpy() for n, x in zip(names, example, strict=True)})[0]
     diff = float(np.max(np.abs(got - want)))
     if not diff <= CHECK_TOLERANCE:
-        raise Refused(f"the exported graph's chunk is {diff:.3g} from torch's (tolerance {CHECK_TOLERANCE}): the export lost something")
+        raise Refused(f"the exported graph's output is {diff:.3g} from torch's (tolerance {CHECK_TOLERANCE}): the export lost something")
 
     report = {
         "format": "reflex-lerobot-export",
@@ -227,17 +341,17 @@ def export(ckpt, onnx_path, report_path):
         "lerobot_version": lerobot.__version__,
         "torch_version": torch.__version__,
         "type": ptype,
-        "chunk_size": int(cfg.chunk_size),
         "n_action_steps": int(cfg.n_action_steps),
-        "temporal_ensemble_coeff": cfg.temporal_ensemble_coeff,
         "rename_map": rename,
         "inputs": inputs,
         "output": {"name": out_name, "feature": action_key, "shape": list(action_feat.shape), "normalize": action_norm},
+        "parameters": params,
         "opset": OPSET,
         "files": files,
         "onnx_vs_torch_max_abs": diff,
-        "seconds": time.monotonic() - t0,
+        **kind_report,
     }
+    report["seconds"] = time.monotonic() - t0
     report_path.write_text(json.dumps(report, indent=1))
     log(f"done in {report['seconds']:.0f} s (ONNX Runtime within {diff:.2g} of torch)")
 

@@ -1,13 +1,16 @@
 """Parity of `reflex policy import lerobot` with LeRobot itself (`make parity`).
 
-Builds a LeRobot 0.6.1 ACT checkpoint with LeRobot's own classes (random weights, ResNet-18 not
-pretrained: nothing is downloaded) whose features are those of reflex's simulated `pick` robot,
-saves it the way `lerobot-train` does (the policy, then both processor pipelines with their
-statistics), imports it with reflex, and runs the same observations through both:
+Builds a LeRobot 0.6.1 checkpoint (ACT, or Diffusion Policy with --policy diffusion) with
+LeRobot's own classes (random weights, ResNet-18 not pretrained: nothing is downloaded) whose
+features are those of reflex's simulated `pick` robot, saves it the way `lerobot-train` does (the
+policy, then both processor pipelines with their statistics), imports it with reflex, and runs the
+same observations (and, for a diffusion policy, the same initial noise) through both:
 
 - LeRobot: `prepare_observation_for_inference` (uint8 camera frames to [0, 1], channel first),
-  the checkpoint's preprocessor, `predict_action_chunk`, the postprocessor (unnormalisation);
-- reflex: `reflex policy infer` on the imported model (its spec's normalisation, ONNX Runtime).
+  the checkpoint's preprocessor, the policy (ACT's `predict_action_chunk`; Diffusion Policy's
+  `select_action`, whose queue holds the executed actions), the postprocessor (unnormalisation);
+- reflex: `reflex policy infer` on the imported model (its spec's normalisation, its sampler,
+  ONNX Runtime).
 
 It prints the largest difference between the two chunks (in the robot's units) and each side's
 time per chunk (median, one thread each: torch.set_num_threads(1), ONNX Runtime's
@@ -15,6 +18,7 @@ intra_threads = 1), writes them as JSON with --json-out, and exits 1 when the di
 above 1e-4.
 
     .venv-lerobot/bin/python policies/import/parity.py --reflex target/release/reflex
+    .venv-lerobot/bin/python policies/import/parity.py --policy diffusion --reflex target/release/reflex
 
 The checkpoint maps one of its cameras by another name (`observation.images.top` onto the
 robot's `front`) so the importer's --map is part of what is checked.
@@ -37,17 +41,15 @@ def sh(cmd, **kw):
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
-def make_checkpoint(out, robot, seed, chunk_size, n_action_steps):
-    """An ACT checkpoint for `robot` as lerobot-train saves one, with random weights and
-    statistics; returns its image feature keys with the robot camera each reads."""
+def make_checkpoint(out, robot, a):
+    """A checkpoint of policy `a.policy` for `robot` as lerobot-train saves one, with random weights
+    and statistics; returns its image feature keys with the robot camera each reads, the
+    statistics and the parameter count."""
     import torch
 
     from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.policies.act.modeling_act import ACTPolicy
-    from lerobot.policies.act.processor_act import make_act_pre_post_processors
 
-    torch.manual_seed(seed)
+    torch.manual_seed(a.seed)
     state_dim = sum(f["size"] for f in robot["state"])
     action_dim = len(robot["action"]["names"])
     cams = robot["cameras"]
@@ -56,24 +58,61 @@ def make_checkpoint(out, robot, seed, chunk_size, n_action_steps):
     inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (state_dim,))}
     for k, c in keys.items():
         inputs[k] = PolicyFeature(FeatureType.VISUAL, (3, c["height"], c["width"]))
-    cfg = ACTConfig(
+    common = dict(
         input_features=inputs,
         output_features={"action": PolicyFeature(FeatureType.ACTION, (action_dim,))},
         pretrained_backbone_weights=None,
         device="cpu",
-        chunk_size=chunk_size,
-        n_action_steps=n_action_steps,
     )
-    policy = ACTPolicy(cfg)
-    stats = {
-        "observation.state": {"mean": torch.randn(state_dim), "std": torch.rand(state_dim) + 0.1},
-        # Actions of order one, so a wrong statistic or formula shows far above the tolerance.
-        "action": {"mean": torch.randn(action_dim), "std": torch.rand(action_dim) + 0.5},
-    }
+    if a.policy == "act":
+        from lerobot.policies.act.configuration_act import ACTConfig
+        from lerobot.policies.act.modeling_act import ACTPolicy
+        from lerobot.policies.act.processor_act import make_act_pre_post_processors as make_processors
+
+        cfg = ACTConfig(**common, chunk_size=a.chunk_size, n_action_steps=a.n_action_steps)
+        policy = ACTPolicy(cfg)
+    else:
+        from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+        from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+        from lerobot.policies.diffusion.processor_diffusion import (
+            make_diffusion_pre_post_processors as make_processors,
+        )
+
+        # What reflex imports today: one observation frame, DDIM. The U-Net at Diffusion Policy's
+        # published width (256/512/1024), an in-graph centre crop as LeRobot evaluates it.
+        cfg = DiffusionConfig(
+            **common,
+            n_obs_steps=1,
+            horizon=a.chunk_size,
+            n_action_steps=a.n_action_steps,
+            noise_scheduler_type="DDIM",
+            num_inference_steps=a.inference_steps,
+            down_dims=(256, 512, 1024),
+            crop_shape=(112, 112),
+        )
+        policy = DiffusionPolicy(cfg)
+
+    def vector_stats(n):
+        low = torch.randn(n) - 1.0 - torch.rand(n)
+        return {
+            "mean": torch.randn(n),
+            "std": torch.rand(n) + 0.5,
+            "min": low,
+            "max": low + 2.0 * torch.rand(n) + 0.5,
+        }
+
+    # Of order one, so a wrong statistic or formula shows far above the tolerance; every
+    # statistic LeRobot's compute_stats writes, whichever mode the policy normalises with.
+    stats = {"observation.state": vector_stats(state_dim), "action": vector_stats(action_dim)}
     # Per channel, shaped (3, 1, 1) as LeRobot's compute_stats writes image statistics.
     for k in keys:
-        stats[k] = {"mean": torch.rand(3, 1, 1) * 0.4 + 0.3, "std": torch.rand(3, 1, 1) * 0.2 + 0.1}
-    pre, post = make_act_pre_post_processors(cfg, dataset_stats=stats)
+        stats[k] = {
+            "mean": torch.rand(3, 1, 1) * 0.4 + 0.3,
+            "std": torch.rand(3, 1, 1) * 0.2 + 0.1,
+            "min": torch.zeros(3, 1, 1),
+            "max": torch.ones(3, 1, 1),
+        }
+    pre, post = make_processors(cfg, dataset_stats=stats)
     policy.save_pretrained(out)
     pre.save_pretrained(out)
     post.save_pretrained(out)
@@ -81,49 +120,63 @@ def make_checkpoint(out, robot, seed, chunk_size, n_action_steps):
     return {k: c["name"] for k, c in keys.items()}, stats, params
 
 
-def observations(robot, stats, n, seed):
-    """`n` observations: states drawn around the checkpoint's statistics, random camera frames."""
+def observations(robot, stats, a, action_dim):
+    """Observations: states drawn around the checkpoint's statistics, random camera frames, and
+    for a diffusion policy the initial noise both sides start from."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(a.seed + 1)
     mean = stats["observation.state"]["mean"].numpy()
     std = stats["observation.state"]["std"].numpy()
     out = []
-    for _ in range(n):
+    for _ in range(a.observations):
         state = (mean + std * rng.standard_normal(mean.shape)).astype(np.float32)
         images = {c["name"]: rng.integers(0, 256, (c["height"], c["width"], 3), dtype=np.uint8) for c in robot["cameras"]}
-        out.append((state, images))
+        noise = rng.standard_normal((a.chunk_size, action_dim)).astype(np.float32) if a.policy == "diffusion" else None
+        out.append((state, images, noise))
     return out
 
 
-def lerobot_chunks(ckpt, cams, obs, warmup, repeat):
+def lerobot_chunks(ckpt, cams, obs, a):
+    """LeRobot's chunks as its rollout makes them: the frame converted by
+    `prepare_observation_for_inference`, the preprocessor, the policy, the postprocessor. ACT's
+    whole chunk from `predict_action_chunk`; a diffusion policy's executed part from
+    `select_action` (its queue of n_action_steps actions), started from the given noise."""
     import torch
 
-    from lerobot.policies.act.modeling_act import ACTPolicy
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.policies.utils import prepare_observation_for_inference
 
-    policy = ACTPolicy.from_pretrained(str(ckpt))
+    if a.policy == "act":
+        from lerobot.policies.act.modeling_act import ACTPolicy as Policy
+    else:
+        from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy as Policy
+
+    policy = Policy.from_pretrained(str(ckpt))
     policy.eval()
     pre, post = make_pre_post_processors(policy.config, pretrained_path=str(ckpt))
     chunks, times = [], []
-    for state, images in obs:
+    for state, images, noise in obs:
         t = []
-        for r in range(warmup + repeat):
+        for r in range(a.warmup + a.repeat):
             frame = {"observation.state": state.copy()}
             for key, cam in cams.items():
                 frame[key] = images[cam].copy()
             t0 = time.perf_counter()
-            batch = prepare_observation_for_inference(frame, torch.device("cpu"))
-            batch = pre(batch)
+            batch = pre(prepare_observation_for_inference(frame, torch.device("cpu")))
             with torch.no_grad():
-                actions = policy.predict_action_chunk(batch)
+                if a.policy == "act":
+                    actions = policy.predict_action_chunk(batch)[0]
+                else:
+                    policy.reset()
+                    first = policy.select_action(batch, noise=torch.from_numpy(noise)[None])
+                    actions = torch.cat([first, *list(policy._queues["action"])], dim=0)
             actions = post(actions)
             dt = time.perf_counter() - t0
-            if r >= warmup:
+            if r >= a.warmup:
                 t.append(dt * 1e6)
             if r == 0:
-                chunks.append(actions[0].numpy())
+                chunks.append(actions.numpy())
         times.append(sorted(t)[len(t) // 2])
     return chunks, times
 
@@ -131,16 +184,22 @@ def lerobot_chunks(ckpt, cams, obs, warmup, repeat):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reflex", type=Path, required=True, help="the reflex binary")
+    ap.add_argument("--policy", choices=["act", "diffusion"], default="act")
     ap.add_argument("--task", default="pick", help="the simulated robot (sim/<task>)")
     ap.add_argument("--work", type=Path, help="folder for the checkpoint, model and files (default: temporary)")
     ap.add_argument("--observations", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--chunk-size", type=int, default=100, help="ACT's chunk_size (LeRobot's default 100)")
-    ap.add_argument("--n-action-steps", type=int, default=100)
+    ap.add_argument("--chunk-size", type=int, help="ACT's chunk_size (default LeRobot's, 100), Diffusion Policy's horizon (16)")
+    ap.add_argument("--n-action-steps", type=int, help="default: the chunk for ACT, 8 for Diffusion Policy")
+    ap.add_argument("--inference-steps", type=int, default=10, help="Diffusion Policy's DDIM steps")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json-out", type=Path, help="write the figures here as JSON")
     a = ap.parse_args()
+    if a.chunk_size is None:
+        a.chunk_size = 100 if a.policy == "act" else 16
+    if a.n_action_steps is None:
+        a.n_action_steps = a.chunk_size if a.policy == "act" else 8
 
     import numpy as np
     import torch
@@ -165,35 +224,43 @@ def main():
 
     robot = json.loads(sh([reflex, "sim", "spec", "--task", a.task, "--cameras"], capture_output=True, text=True).stdout)
     ckpt = a.work / "pretrained_model"
-    cams, stats, params = make_checkpoint(ckpt, robot, a.seed, a.chunk_size, a.n_action_steps)
-    model = a.work / "models" / "act-parity.onnx"
+    cams, stats, params = make_checkpoint(ckpt, robot, a)
+    model = a.work / "models" / f"{a.policy}-parity.onnx"
     maps = [arg for k, cam in cams.items() if not k.endswith("." + cam) for arg in ("--map", f"{k}={cam}")]
     t0 = time.monotonic()
     sh([reflex, "policy", "import", "lerobot", ckpt, "--out", model, "--robot-kind", f"sim/{a.task}",
         "--tools-env", sys.prefix, *maps])
     import_s = time.monotonic() - t0
 
-    obs = observations(robot, stats, a.observations, a.seed + 1)
+    action_dim = len(robot["action"]["names"])
+    obs = observations(robot, stats, a, action_dim)
     obs_file = a.work / "observations.json"
     obs_file.write_text(json.dumps({"observations": [
         {"state": s.tolist(), "images": [
             {"camera": cam, "width": int(img.shape[1]), "height": int(img.shape[0]), "rgb8": img.reshape(-1).tolist()}
-            for cam, img in images.items()]}
-        for s, images in obs]}))
+            for cam, img in images.items()], **({"noise": n.reshape(-1).tolist()} if n is not None else {})}
+        for s, images, n in obs]}))
     out = sh([reflex, "policy", "infer", "--model", model, "--observations", obs_file,
               "--warmup", a.warmup, "--repeat", a.repeat], capture_output=True, text=True).stdout
     ours = json.loads(out)
-    theirs, lerobot_us = lerobot_chunks(ckpt, cams, obs, a.warmup, a.repeat)
+    theirs, lerobot_us = lerobot_chunks(ckpt, cams, obs, a)
 
-    diffs = [float(np.max(np.abs(np.asarray(r, dtype=np.float32) - l))) for r, l in zip(ours["chunks"], theirs, strict=True)]
+    # LeRobot's diffusion policy hands out only the executed part (n_action_steps from index 0
+    # with one observation frame); reflex's chunk is the whole horizon, executed from its start.
+    diffs = [
+        float(np.max(np.abs(np.asarray(r, dtype=np.float32)[: len(l)] - l)))
+        for r, l in zip(ours["chunks"], theirs, strict=True)
+    ]
     scale = float(max(np.max(np.abs(l)) for l in theirs))
     figures = {
         "task": a.task,
         "lerobot_version": lerobot.__version__,
         "torch_version": torch.__version__,
-        "policy": "act",
+        "policy": a.policy,
         "parameters_m": round(params / 1e6, 1),
         "chunk_size": a.chunk_size,
+        "compared_actions": int(len(theirs[0])),
+        "inference_steps": a.inference_steps if a.policy == "diffusion" else None,
         "cameras": list(cams.values()),
         "observations": a.observations,
         "max_abs_diff": max(diffs),
@@ -209,7 +276,7 @@ def main():
         a.json_out.write_text(json.dumps(figures, indent=1) + "\n")
     ok = figures["max_abs_diff"] <= TOLERANCE
     print(
-        f"ACT on sim/{a.task} ({figures['parameters_m']} M parameters, chunk {a.chunk_size}, cameras {figures['cameras']}): "
+        f"{a.policy} on sim/{a.task} ({figures['parameters_m']} M parameters, chunk {a.chunk_size}, cameras {figures['cameras']}): "
         f"reflex vs LeRobot max |diff| {figures['max_abs_diff']:.2e} over {a.observations} observations "
         f"(actions up to {scale:.3g}) {'<=' if ok else '>'} {TOLERANCE}; per chunk, 1 thread: "
         f"reflex {figures['reflex_chunk_us_p50'] / 1e3:.1f} ms, LeRobot {figures['lerobot_chunk_us_p50'] / 1e3:.1f} ms",

@@ -26,9 +26,10 @@ pub enum PolicyCommand {
 
 #[derive(Subcommand)]
 pub enum ImportCommand {
-    /// A LeRobot 0.6 checkpoint (ACT): exported with LeRobot's own classes in the tools
-    /// environment (.venv-lerobot, made on first use: about 5 GB), its features mapped onto the
-    /// robot, its normalisation written into the spec (docs/bring-your-own-policy.md).
+    /// A LeRobot 0.6 checkpoint (ACT; Diffusion Policy with one observation frame and DDIM):
+    /// exported with LeRobot's own classes in the tools environment (.venv-lerobot, made on
+    /// first use: about 5 GB), its features mapped onto the robot, its normalisation and sampler
+    /// written into the spec (docs/bring-your-own-policy.md).
     Lerobot(LerobotImportArgs),
 }
 

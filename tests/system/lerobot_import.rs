@@ -114,12 +114,44 @@ fn an_unsupported_policy_type_is_refused_by_name_naming_config_json() {
     let ckpt = act_checkpoint(dir.path(), "observation.images.front");
     let config = ckpt.join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace("\"act\"", "\"diffusion\"")).unwrap();
+    std::fs::write(&config, text.replace("\"act\"", "\"smolvla\"")).unwrap();
     let err = refused(dir.path(), &ckpt, &PICK);
     assert!(
         err.contains(&config.display().to_string())
-            && err.contains("policy type `diffusion` is not supported yet")
-            && err.contains("act"),
+            && err.contains("policy type `smolvla` is not supported yet")
+            && err.contains("act, diffusion"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_diffusion_policy_with_frame_history_or_ddpm_sampling_is_refused_by_its_setting() {
+    // LeRobot's defaults (n_obs_steps 2, DDPM) need what reflex does not do yet: image history,
+    // a chunk executed from index n_obs_steps - 1, and DDPM's noise at every step.
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = act_checkpoint(dir.path(), "observation.images.front");
+    let config = ckpt.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["type"] = "diffusion".into();
+    v["horizon"] = 16.into();
+    v["n_action_steps"] = 8.into();
+    v["n_obs_steps"] = 2.into();
+    v["noise_scheduler_type"] = "DDIM".into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let err = refused(dir.path(), &ckpt, &PICK);
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("n_obs_steps = 2")
+            && err.contains("not supported yet"),
+        "{err}"
+    );
+    v["n_obs_steps"] = 1.into();
+    v["noise_scheduler_type"] = "DDPM".into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let err = refused(dir.path(), &ckpt, &PICK);
+    assert!(
+        err.contains("noise_scheduler_type = \"DDPM\"") && err.contains("not supported yet"),
         "{err}"
     );
 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Policy types the importer exports (LeRobot's `type` in config.json).
-pub const SUPPORTED_TYPES: &[&str] = &["act"];
+pub const SUPPORTED_TYPES: &[&str] = &["act", "diffusion"];
 
 /// The preprocessor pipeline LeRobot 0.6 saves beside the weights (normalisation of inputs).
 pub const PREPROCESSOR: &str = "policy_preprocessor.json";
@@ -59,7 +59,7 @@ pub struct Checkpoint {
     pub inputs: Vec<Feature>,
     /// The action feature.
     pub action: Feature,
-    /// Actions per chunk (`chunk_size`).
+    /// Actions per chunk (ACT's `chunk_size`, Diffusion Policy's `horizon`).
     pub chunk_size: usize,
     /// Actions executed per chunk (`n_action_steps`).
     pub n_action_steps: usize,
@@ -165,6 +165,34 @@ fn pipeline(dir: &Path, file: &str, role: &str) -> Result<Value, ImportError> {
     Ok(v)
 }
 
+/// The Diffusion Policy settings reflex does not reproduce yet, refused before the export: a
+/// history of observation frames (reflex's image inputs have none, and LeRobot then executes its
+/// chunk from index `n_obs_steps - 1`), and DDPM sampling (reflex samples with DDIM).
+fn diffusion_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
+    let unsupported = |what: String| ImportError::Unsupported {
+        file: config.display().to_string(),
+        what,
+        supported: "Diffusion Policies with n_obs_steps = 1 and noise_scheduler_type = \"DDIM\""
+            .into(),
+    };
+    let n_obs = v.get("n_obs_steps").and_then(Value::as_u64).unwrap_or(2);
+    if n_obs != 1 {
+        return Err(unsupported(format!(
+            "n_obs_steps = {n_obs} (a history of observation frames)"
+        )));
+    }
+    let sched = v
+        .get("noise_scheduler_type")
+        .and_then(Value::as_str)
+        .unwrap_or("DDPM");
+    if sched != "DDIM" {
+        return Err(unsupported(format!(
+            "noise_scheduler_type = \"{sched}\" (LeRobot's stochastic sampler)"
+        )));
+    }
+    Ok(())
+}
+
 fn rename_map(pre: &Value) -> Vec<(String, String)> {
     let steps = pre.get("steps").and_then(Value::as_array);
     steps
@@ -245,7 +273,18 @@ impl Checkpoint {
                 ));
             }
         };
-        let chunk_size = count(&config, &v, "chunk_size")?;
+        if policy_type == "diffusion" {
+            diffusion_settings(&config, &v)?;
+        }
+        let chunk_size = count(
+            &config,
+            &v,
+            if policy_type == "diffusion" {
+                "horizon"
+            } else {
+                "chunk_size"
+            },
+        )?;
         let n_action_steps = count(&config, &v, "n_action_steps")?;
         if n_action_steps > chunk_size {
             return Err(ImportError::checkpoint(

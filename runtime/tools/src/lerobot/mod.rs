@@ -16,7 +16,9 @@ pub mod tools_env;
 use checkpoint::Checkpoint;
 use mapping::Binding;
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions, check_graph, open_session};
-use reflex_policies::spec::{GraphIo, InputSource, Normalize, PolicyKind, PolicySpec, spec_path};
+use reflex_policies::spec::{
+    DiffusionSpec, GraphIo, InputSource, Normalize, PolicyKind, PolicySpec, spec_path,
+};
 use reflex_runtime::config::Validate;
 use reflex_runtime::msg::{Image, Observation, RobotSpec};
 use serde::Deserialize;
@@ -209,7 +211,6 @@ struct ExportInput {
 
 #[derive(Deserialize)]
 struct ExportOutput {
-    name: String,
     normalize: Normalize,
 }
 
@@ -218,9 +219,14 @@ struct ExportOutput {
 struct ExportReport {
     lerobot_version: String,
     torch_version: String,
+    /// `chunk` (ACT) or `diffusion` (the graph is the denoiser).
+    kind: PolicyKind,
     chunk_size: usize,
     n_action_steps: usize,
     temporal_ensemble_coeff: Option<f64>,
+    graph: GraphIo,
+    #[serde(default)]
+    diffusion: Option<DiffusionSpec>,
     inputs: Vec<ExportInput>,
     output: ExportOutput,
     opset: u32,
@@ -435,18 +441,15 @@ fn policy_spec(
         format: "reflex-policy".into(),
         version: 1,
         name: name.into(),
-        kind: PolicyKind::Chunk,
+        kind: report.kind,
         action_dim: ckpt.action.numel(),
         chunk_len: report.chunk_size,
         execute: report.n_action_steps,
         robot_kind: Some(robot.kind.clone()),
         action_normalize: report.output.normalize.clone(),
-        graph: GraphIo {
-            output: report.output.name.clone(),
-            ..GraphIo::default()
-        },
+        graph: report.graph.clone(),
         inputs,
-        diffusion: None,
+        diffusion: report.diffusion.clone(),
         flow_steps: 10,
         provenance: Some(format!(
             "{command} (LeRobot {} `{}` checkpoint {}; exported by torch {} at opset {}, ONNX Runtime within {:.1e} of torch)",
