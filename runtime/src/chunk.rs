@@ -171,13 +171,19 @@ impl ChunkQueue {
     }
 
     /// Rows of the newest chunk still ahead at `t` (the one due at `t` included); 0 when it
-    /// does not cover `t`.
+    /// does not cover `t`. The chunk's age is rounded to the nearest tick, so a wall clock's
+    /// jitter (a request tick that woke a little late, this one a little early) does not count
+    /// a tick short.
     pub fn newest_remaining(&self, t: Duration) -> usize {
         if self.len == 0 {
             return 0;
         }
         let c = &self.ring[self.order[self.len - 1]];
-        c.index_at(t).map_or(0, |i| c.len - i)
+        if c.dt.is_zero() || t + c.dt / 2 < c.t_start {
+            return 0;
+        }
+        let i = ((t + c.dt / 2 - c.t_start).as_nanos() / c.dt.as_nanos()) as usize;
+        c.len.saturating_sub(i)
     }
 
     /// Writes the actions the queue will execute at `t`, `t + dt`, ... into `out` (`dim` values

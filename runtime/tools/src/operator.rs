@@ -156,6 +156,17 @@ pub fn publish_for_holders(
     send_each(session, keys, act, source, &now)
 }
 
+/// Whether an actor of the robot holds its liveliness token now (it holds an e-stop too, so a
+/// raise waits for its confirmation).
+fn actor_alive(session: &zenoh::Session, keys: &Keys) -> bool {
+    session
+        .liveliness()
+        .get(keys.alive_actor.clone())
+        .timeout(Duration::from_millis(200))
+        .wait()
+        .is_ok_and(|r| r.recv().is_ok())
+}
+
 /// One message for every holder when their counts agree, else one addressed to each.
 fn send_each(
     session: &zenoh::Session,
@@ -291,6 +302,7 @@ pub fn act(
     let mut sends = 0u32;
     let mut last_send: Option<Instant> = None;
     let mut seen = Vec::new();
+    let mut latest: Vec<StopStatus> = Vec::new();
     loop {
         if last_send.is_none_or(|t| t.elapsed() > Duration::from_millis(200)) {
             match act {
@@ -317,9 +329,30 @@ pub fn act(
                 t.estops
             )));
         }
+        // A holder that answered an earlier round keeps its last report until it answers again,
+        // so a raise is confirmed by every holder seen, not only by those that answered this
+        // round in time (a loaded actor can miss a round).
+        for m in &now {
+            match latest
+                .iter_mut()
+                .find(|o: &&mut StopStatus| o.holder == m.holder)
+            {
+                Some(o) => *o = m.clone(),
+                None => latest.push(m.clone()),
+            }
+        }
+        let now = if act == StopAct::Raise {
+            latest.clone()
+        } else {
+            now
+        };
         let done = !now.is_empty()
             && match act {
-                StopAct::Raise => now.iter().all(|m| m.stop == want.as_str()),
+                StopAct::Raise => {
+                    now.iter().all(|m| m.stop == want.as_str())
+                        && (now.iter().any(|m| m.holder == StopHolder::Actor.as_str())
+                            || !actor_alive(session, &keys))
+                }
                 _ => targets.iter().all(|t| {
                     now.iter()
                         .any(|m| m.holder == t.holder && m.stop == want.as_str())
