@@ -89,8 +89,14 @@ pub fn publish_to(
             }),
         ),
     };
+    // An e-stop act must not be dropped or queued behind a robot's observations on a busy link
+    // (a loaded actor behind the server missed every raise with put's default, drop): it blocks
+    // rather than drops and travels at the highest priority, on every hop.
     session
         .put(key.clone(), bytes)
+        .congestion_control(zenoh::qos::CongestionControl::Block)
+        .priority(zenoh::qos::Priority::RealTime)
+        .express(true)
         .wait()
         .map_err(reflex_agent::error::ctx(key.clone()))
 }
@@ -156,13 +162,18 @@ pub fn publish_for_holders(
     send_each(session, keys, act, source, &now)
 }
 
+/// How long a raise keeps asking before it takes "no actor answered" to mean there is none: a
+/// command's fresh session learns of peers behind the server over its first moments, so an
+/// actor's report (and token) can miss the first rounds.
+const SETTLE: Duration = Duration::from_millis(700);
+
 /// Whether an actor of the robot holds its liveliness token now (it holds an e-stop too, so a
 /// raise waits for its confirmation).
 fn actor_alive(session: &zenoh::Session, keys: &Keys) -> bool {
     session
         .liveliness()
         .get(keys.alive_actor.clone())
-        .timeout(Duration::from_millis(200))
+        .timeout(Duration::from_millis(500))
         .wait()
         .is_ok_and(|r| r.recv().is_ok())
 }
@@ -351,7 +362,7 @@ pub fn act(
                 StopAct::Raise => {
                     now.iter().all(|m| m.stop == want.as_str())
                         && (now.iter().any(|m| m.holder == StopHolder::Actor.as_str())
-                            || !actor_alive(session, &keys))
+                            || (t0.elapsed() >= SETTLE && !actor_alive(session, &keys)))
                 }
                 _ => targets.iter().all(|t| {
                     now.iter()
