@@ -837,7 +837,9 @@ fn spawn_learner(
         .expect("spawn the learner thread")
 }
 
-fn obs_template(spec: &RobotSpec) -> Observation {
+/// An observation of `spec`'s shape (zero state, black frames of every camera): what sizes the
+/// loop's buffers, and a placeholder input for a policy check.
+pub fn obs_template(spec: &RobotSpec) -> Observation {
     Observation {
         state: vec![0.0; spec.state_dim()],
         images: spec

@@ -20,7 +20,7 @@ use reflex_policies::spec::{
     DiffusionSpec, GraphIo, InputSource, Normalize, PolicyKind, PolicySpec, spec_path,
 };
 use reflex_runtime::config::Validate;
-use reflex_runtime::msg::{Image, Observation, RobotSpec};
+use reflex_runtime::msg::RobotSpec;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -499,23 +499,11 @@ fn check_runs(
     drop(session);
     let mut policy =
         OnnxPolicy::load(model, robot, &RunOptions::default()).map_err(|e| check(e.to_string()))?;
-    let obs = Observation {
-        state: vec![0.0; robot.state_dim()],
-        images: robot
-            .cameras
-            .iter()
-            .map(|c| Image {
-                camera: c.name.clone(),
-                width: c.width,
-                height: c.height,
-                encoding: "rgb8".into(),
-                seq: 0,
-                age_ns: 0,
-                data: vec![128; (c.width * c.height * 3) as usize],
-            })
-            .collect(),
-        ..Observation::default()
-    };
+    // The loop's observation template, with mid-grey frames.
+    let mut obs = reflex_agent::actor::obs_template(robot);
+    for img in &mut obs.images {
+        img.data.fill(128);
+    }
     let mut chunk = vec![0.0f32; spec.chunk_len * spec.action_dim];
     policy
         .infer_chunk(&obs, &mut chunk)
