@@ -103,7 +103,7 @@ impl BusArgs {
                 .zip(self.tls_name.as_ref())
                 .map(|(d, n)| reflex_bus::secure::TlsFiles::in_dir(d, n)),
             access: None,
-            router: false,
+            mode: Default::default(),
         }
     }
 }

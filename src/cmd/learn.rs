@@ -41,7 +41,9 @@ pub struct LearnArgs {
 pub fn run(a: LearnArgs) -> anyhow::Result<()> {
     let mut cfg = RunConfig::load(&a.config)?;
     let mut extra = a.bus.config();
-    extra.router = a.router;
+    if a.router {
+        extra.mode = reflex_bus::Mode::Router;
+    }
     let mut bus = cfg.bus_config(&extra);
     // [bus.access] guards the robot's key space in the actor; the learner receives the actor's
     // steps and must not filter them by the robot's rules.

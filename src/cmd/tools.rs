@@ -353,7 +353,10 @@ pub fn estop(a: EstopArgs) -> anyhow::Result<()> {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{user}@{}", host.trim())
     });
-    let session = a.bus.config().open()?;
+    // A client of the robot's bus: its one link carries the act (see `reflex_bus::Mode`).
+    let mut bus = a.bus.config();
+    bus.mode = reflex_bus::Mode::Client;
+    let session = bus.open()?;
     let out = reflex_tools::operator::act(
         &session,
         &a.robot,

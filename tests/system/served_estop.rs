@@ -99,9 +99,12 @@ fn a_served_robot_whose_actor_died_while_latched_is_released_and_resumed_remotel
 
     let (ok, said) = estop("raise", &ep);
     assert!(ok && said.contains("latched"), "{said}");
+    // Both holders confirm. The command repeats its raise until they do, so a holder may
+    // count more than one.
     assert!(
-        said.contains("robot: e-stop 1") && said.contains("actor: e-stop 1"),
-        "both holders confirm: {said}"
+        said.contains("robot: e-stop ") && said.contains("actor: e-stop "),
+        "both holders confirm: {said}\nactor stderr:\n{}",
+        child_stderr(&dir, "actor")
     );
     // The actor dies while latched.
     actor.0.kill().unwrap();
@@ -117,9 +120,9 @@ fn a_served_robot_whose_actor_died_while_latched_is_released_and_resumed_remotel
             .is_err()
     });
     let latched = server_stop.wait("the server latched", "latched");
-    assert_eq!(
-        (latched.estops, latched.stop_by.as_str()),
-        (1, "the operator")
+    assert!(
+        latched.estops >= 1 && latched.stop_by == "the operator",
+        "{latched:?}"
     );
 
     // A new actor cannot start an episode while the server's stop is latched, and says why.
@@ -143,7 +146,7 @@ fn a_served_robot_whose_actor_died_while_latched_is_released_and_resumed_remotel
     let (ok, said) = estop("release", &ep);
     assert!(ok && said.contains("paused"), "{said}");
     assert!(
-        said.contains("robot: e-stop 1") && !said.contains("actor:"),
+        said.contains("robot: e-stop ") && !said.contains("actor:"),
         "{said}"
     );
     server_stop.wait("the server paused", "paused");

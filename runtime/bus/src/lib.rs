@@ -170,9 +170,24 @@ pub struct BusConfig {
     pub tls: Option<secure::TlsFiles>,
     /// Access control on the robot's key space (the robot's side): who may do what.
     pub access: Option<(String, secure::Access)>,
-    /// Zenoh's router mode (a fleet's learner on a workstation, `reflex learn --router`): the
-    /// peers connected to it reach each other through it. Otherwise a peer.
-    pub router: bool,
+    /// How this process takes part in the Zenoh network.
+    pub mode: Mode,
+}
+
+/// A Zenoh session's role.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// A peer (the default): it meets the peers it hears of and talks to them directly.
+    #[default]
+    Peer,
+    /// A router (a fleet's learner on a workstation, `reflex learn --router`): the peers
+    /// connected to it reach each other through it.
+    Router,
+    /// A client: one link to the peer or router it connects to, which carries everything, and
+    /// no links of its own to other peers. For a short operator command (`reflex estop`): a
+    /// peer that joins for a second makes the others open links to it and move their routes
+    /// while it acts, and under load an e-stop sent in that window did not reach the actor.
+    Client,
 }
 
 impl BusConfig {
@@ -209,7 +224,11 @@ impl BusConfig {
             c.insert_json5(k, &v)
                 .map_err(|e| BusError::Config(format!("{k} = {v}: {}", zenoh_text(&e))))
         };
-        let mode = if self.router { "router" } else { "peer" };
+        let mode = match self.mode {
+            Mode::Peer => "peer",
+            Mode::Router => "router",
+            Mode::Client => "client",
+        };
         set(&mut c, "mode", format!("{mode:?}"))?;
         let json_list = |v: &[String]| serde_json_list(v);
         if !self.listen.is_empty() {

@@ -493,11 +493,11 @@ impl RunConfig {
                     },
                 )
             }),
-            router: false,
+            mode: Default::default(),
         };
         bus.listen.extend(extra.listen.iter().cloned());
         bus.connect.extend(extra.connect.iter().cloned());
-        bus.router = extra.router;
+        bus.mode = extra.mode;
         bus
     }
 
