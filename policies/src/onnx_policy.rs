@@ -540,6 +540,17 @@ pub struct OnnxPolicy {
     rng: ChaCha8Rng,
     trace: Option<Vec<Vec<f32>>>,
     rtc: Rtc,
+    vjp: Option<VjpSession>,
+}
+
+/// A flow policy's vector-Jacobian-product graph (`[graph.vjp]`), loaded beside the model, with
+/// its cotangent and result buffers.
+struct VjpSession {
+    session: Session,
+    cotangent_input: String,
+    output: String,
+    e: Vec<f32>,
+    out: Vec<f32>,
 }
 
 /// Real-time chunking's settings and buffers (sized at load, reused every chunk).
@@ -645,6 +656,61 @@ fn prepare_input(
     })
 }
 
+/// Opens the VJP graph `v` names beside `model` and checks its inputs and output against the
+/// spec: the model's inputs, the cotangent, and the output.
+fn load_vjp(
+    model: &Path,
+    spec: &PolicySpec,
+    v: &crate::spec::VjpGraph,
+    opts: &RunOptions,
+) -> Result<VjpSession, LoadError> {
+    let dir = model.parent().unwrap_or(Path::new("."));
+    let path = dir.join(&v.file);
+    if !path.is_file() {
+        return Err(LoadError::Mismatch {
+            path: model.display().to_string(),
+            spec: spec_path(model).display().to_string(),
+            problems: vec![format!(
+                "graph.vjp.file names `{}`, which does not exist: write it again with the model (`reflex bc train --objective flow` writes NAME.vjp.onnx), or remove [graph.vjp] to sample without guidance",
+                path.display()
+            )],
+        });
+    }
+    let session = open_session(&path, opts)?;
+    let mut problems = vec![];
+    let has_in = |n: &str| session.inputs().iter().any(|i| i.name() == n);
+    let wanted = spec
+        .inputs
+        .iter()
+        .map(|i| i.name().to_string())
+        .chain(spec.graph.sample_input.clone())
+        .chain(spec.graph.time_input.clone())
+        .chain(std::iter::once(v.cotangent_input.clone()));
+    for n in wanted {
+        if !has_in(&n) {
+            problems.push(format!("the VJP graph has no input `{n}`"));
+        }
+    }
+    if !session.outputs().iter().any(|o| o.name() == v.output) {
+        problems.push(format!("the VJP graph has no output `{}`", v.output));
+    }
+    if !problems.is_empty() {
+        return Err(LoadError::Mismatch {
+            path: path.display().to_string(),
+            spec: spec_path(model).display().to_string(),
+            problems,
+        });
+    }
+    let n = spec.chunk_len * spec.action_dim;
+    Ok(VjpSession {
+        session,
+        cotangent_input: v.cotangent_input.clone(),
+        output: v.output.clone(),
+        e: vec![0.0; n],
+        out: vec![0.0; n],
+    })
+}
+
 impl OnnxPolicy {
     /// Loads `model` and the spec beside it, checks both against each other and against `robot`.
     pub fn load(model: &Path, robot: &RobotSpec, opts: &RunOptions) -> Result<Self, LoadError> {
@@ -699,6 +765,10 @@ impl OnnxPolicy {
         let (spec_rows, spec_dim) = (spec.chunk_len, spec.action_dim);
         let ddim = (spec.kind == PolicyKind::Diffusion)
             .then(|| spec.diffusion.clone().unwrap_or_default().ddim());
+        let vjp = match &spec.graph.vjp {
+            Some(v) => Some(load_vjp(model, &spec, v, opts)?),
+            None => None,
+        };
         Ok(OnnxPolicy {
             spec,
             session,
@@ -722,7 +792,41 @@ impl OnnxPolicy {
                 scratch: RtcScratch::new(spec_rows, spec_dim),
                 last: None,
             },
+            vjp,
         })
+    }
+
+    /// Whether the model carries a VJP graph, so real-time chunking guides its sampling (the
+    /// paper's method) rather than inpainting hard.
+    pub fn has_vjp(&self) -> bool {
+        self.vjp.is_some()
+    }
+
+    /// `J_v(x)^T e` at the noisy chunk `x` (normalised units) and flow time `t` for the last
+    /// prepared observation, through the VJP graph; `None` without one.
+    pub fn vjp_at(
+        &mut self,
+        obs: &Observation,
+        x: &[f32],
+        t: f32,
+        e: &[f32],
+        out: &mut [f32],
+    ) -> Option<Result<(), PolicyError>> {
+        self.vjp.as_ref()?;
+        Some(self.prepare(obs).and_then(|()| {
+            self.x.copy_from_slice(x);
+            self.time[0] = t;
+            self.run_vjp(e, out)
+        }))
+    }
+
+    /// Runs the VJP graph at `self.x` and `self.time` with cotangent `e` into `out`.
+    fn run_vjp(&mut self, e: &[f32], out: &mut [f32]) -> Result<(), PolicyError> {
+        let v = self.vjp.as_mut().expect("a VJP graph is loaded");
+        v.e.copy_from_slice(e);
+        self.run_on(true, true)?;
+        out.copy_from_slice(&self.vjp.as_ref().expect("loaded").out);
+        Ok(())
     }
 
     /// Real-time chunking (`[policy.rtc]`): with it enabled, a diffusion or flow policy samples
@@ -839,6 +943,12 @@ impl OnnxPolicy {
     }
 
     fn run_graph(&mut self, sample: bool) -> Result<(), PolicyError> {
+        self.run_on(sample, false)
+    }
+
+    /// Runs the model (its output into `self.out`), or with `vjp` the VJP graph (the cotangent
+    /// from and the result into the [`VjpSession`]'s buffers).
+    fn run_on(&mut self, sample: bool, vjp: bool) -> Result<(), PolicyError> {
         let err = |e: ort::Error| PolicyError {
             policy: self.spec.name.clone(),
             message: e.to_string(),
@@ -937,6 +1047,21 @@ impl OnnxPolicy {
                 }
             }
         }
+        if vjp {
+            let v = self.vjp.as_mut().expect("a VJP graph is loaded");
+            feeds.push((
+                v.cotangent_input.as_str().into(),
+                TensorRef::from_array_view(([1usize, t, a], &v.e[..]))
+                    .map_err(err)?
+                    .into(),
+            ));
+            let outputs = v.session.run(feeds).map_err(err)?;
+            let (_, data) = outputs[v.output.as_str()]
+                .try_extract_tensor::<f32>()
+                .map_err(err)?;
+            v.out.copy_from_slice(&data[..t * a]);
+            return Ok(());
+        }
         let output = self.spec.graph.output.clone();
         let outputs = self.session.run(feeds).map_err(err)?;
         let (_, data) = outputs[output.as_str()]
@@ -947,9 +1072,9 @@ impl OnnxPolicy {
     }
 
     /// One chunk by real-time chunking from the noise in `self.x` into `self.x`: the prefix in
-    /// the network's units, then the flow sampler guided toward it, or DDIM with the prefix
-    /// inpainted. No VJP graph is loaded yet, so a flow policy gets hard inpainting
-    /// ([`RtcVariant::Hard`]); `rtc_variant` says which ran.
+    /// the network's units, then the flow sampler guided toward it (with the model's VJP graph,
+    /// [`RtcVariant::Guided`]; without one, or with `guidance = false`, hard inpainting), or
+    /// DDIM with the prefix inpainted; `rtc_variant` says which ran.
     fn sample_rtc(&mut self, p: &ChunkPrefix<'_>) -> Result<(), PolicyError> {
         let (rows, dim) = (self.spec.chunk_len, self.spec.action_dim);
         let covered = p.covered.min(rows);
@@ -984,22 +1109,33 @@ impl OnnxPolicy {
         } else {
             let mut scratch = std::mem::take(&mut self.rtc.scratch);
             let cfg = self.rtc.cfg.clone();
+            let steps = self.spec.flow_steps;
+            let guided = cfg.guidance && self.vjp.is_some();
+            // Both the velocity and the VJP run graphs of this policy, one at a time.
+            let me = std::cell::RefCell::new(&mut *self);
+            let mut vjp = |x: &[f32], t: f32, e: &[f32], out: &mut [f32]| {
+                let mut p = me.borrow_mut();
+                p.x.copy_from_slice(x);
+                p.time[0] = t;
+                p.run_vjp(e, out)
+            };
             let r = rtc_flow_sample(
                 &cfg,
-                self.spec.flow_steps,
+                steps,
                 dim,
                 prefix,
                 &mut x,
                 &mut v,
                 &mut scratch,
                 |x, t, v| {
-                    self.x.copy_from_slice(x);
-                    self.time[0] = t;
-                    self.run_graph(true)?;
-                    v.copy_from_slice(&self.out);
+                    let mut p = me.borrow_mut();
+                    p.x.copy_from_slice(x);
+                    p.time[0] = t;
+                    p.run_graph(true)?;
+                    v.copy_from_slice(&p.out);
                     Ok(())
                 },
-                None,
+                guided.then_some(&mut vjp as crate::rtc::Vjp<'_, PolicyError>),
             );
             self.rtc.scratch = scratch;
             r

@@ -66,6 +66,14 @@ pub struct RtcConfig {
     /// The clip `beta` on the guidance weight (the paper uses 5).
     #[serde(default = "d_beta")]
     pub max_guidance_weight: f32,
+    /// Guide a flow policy's sampling with its VJP graph when the model has one (the paper's
+    /// method); `false` inpaints hard even then (for comparing the two).
+    #[serde(default = "d_guidance")]
+    pub guidance: bool,
+}
+
+fn d_guidance() -> bool {
+    true
 }
 
 impl Default for RtcConfig {
@@ -74,6 +82,7 @@ impl Default for RtcConfig {
             enabled: false,
             prefix_attention_schedule: d_schedule(),
             max_guidance_weight: d_beta(),
+            guidance: d_guidance(),
         }
     }
 }

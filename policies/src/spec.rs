@@ -351,6 +351,29 @@ pub struct GraphIo {
     pub time_shape: TimeShape,
     /// Output: the chunk (chunk), the noise or sample prediction (diffusion), or the velocity (flow).
     pub output: String,
+    /// A second graph that returns the velocity network's vector-Jacobian product (flow only),
+    /// for guided real-time chunking (`[policy.rtc]`); without one, RTC inpaints hard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vjp: Option<VjpGraph>,
+}
+
+/// A flow policy's vector-Jacobian-product graph: the model's inputs plus a cotangent `e` shaped
+/// like the chunk, and one output `J^T e`, `J` the Jacobian of the velocity with respect to the
+/// noisy chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VjpGraph {
+    /// The ONNX file, relative to the model's folder (`NAME.vjp.onnx` as reflex writes it).
+    pub file: String,
+    /// The input that takes the cotangent (`[B, T, A]`).
+    pub cotangent_input: String,
+    /// The output (`[B, T, A]`).
+    pub output: String,
+}
+
+/// Where reflex writes the VJP graph of the model at `model`: `NAME.vjp.onnx` beside it.
+pub fn vjp_path_for(model: &std::path::Path) -> std::path::PathBuf {
+    model.with_extension("vjp.onnx")
 }
 
 /// The policy spec file.
@@ -437,6 +460,15 @@ impl Validate for PolicySpec {
                         key: key(&key(p, "graph"), "time_dtype"),
                         value: "\"int64\"".into(),
                         allowed: "\"float32\" for kind = \"flow\" (t runs through [0, 1])".into(),
+                    });
+                }
+                if let Some(v) = &self.graph.vjp
+                    && self.kind != PolicyKind::Flow
+                {
+                    return Err(Invalid {
+                        key: key(&key(p, "graph"), "vjp"),
+                        value: format!("{:?}", v.file),
+                        allowed: "a VJP graph only for kind = \"flow\" (guided RTC is derived for flow policies)".into(),
                     });
                 }
                 if self.kind == PolicyKind::Diffusion {

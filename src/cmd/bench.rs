@@ -371,15 +371,24 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 .task
                 .parse()
                 .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
+            let mut modes = vec![
+                rtc_bench::ExecMode::Naive,
+                rtc_bench::ExecMode::Ensemble,
+                rtc_bench::ExecMode::RtcHard,
+            ];
+            // The paper's method where the model carries its VJP graph (a flow policy).
+            if reflex_policies::spec::PolicySpec::load_for(&a.model)?
+                .graph
+                .vjp
+                .is_some()
+            {
+                modes.push(rtc_bench::ExecMode::RtcGuided);
+            }
             let o = rtc_bench::RtcBenchOptions {
                 model: a.model,
                 task,
                 delays: a.delays,
-                modes: vec![
-                    rtc_bench::ExecMode::Naive,
-                    rtc_bench::ExecMode::Ensemble,
-                    rtc_bench::ExecMode::RtcHard,
-                ],
+                modes,
                 episodes: a.episodes,
                 seed: a.seed,
             };

@@ -175,9 +175,25 @@ pub struct TrainArgs {
     /// Largest random shift of a training image, pixels (DrQ's augmentation; 0: none).
     #[arg(long, default_value_t = 4)]
     shift: usize,
+    /// What the policy learns: `diffusion` (DDPM noise, DDIM sampling) or `flow` (flow-matching
+    /// velocity, Euler sampling; also writes NAME.vjp.onnx, which guided real-time chunking uses).
+    #[arg(long, value_enum, default_value = "diffusion")]
+    objective: ObjectiveArg,
+    /// Euler steps of a flow policy's sampler.
+    #[arg(long, default_value_t = 10, value_parser = crate::cli::count)]
+    flow_steps: usize,
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+/// `reflex bc train --objective`.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ObjectiveArg {
+    /// Diffusion Policy's: predict the noise.
+    Diffusion,
+    /// Flow matching: predict the velocity from noise to the chunk.
+    Flow,
 }
 
 #[derive(Subcommand)]
@@ -269,6 +285,11 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
             execute: a.execute,
             ema: 0.995,
             shift: a.shift,
+            objective: match a.objective {
+                ObjectiveArg::Diffusion => reflex_imitate::Objective::Diffusion,
+                ObjectiveArg::Flow => reflex_imitate::Objective::Flow,
+            },
+            flow_steps: a.flow_steps,
             seed: a.seed,
         },
         state_fields: a.state_fields,
@@ -284,6 +305,12 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
         r.final_loss,
         r.wall_s
     );
+    if let Some(v) = &r.vjp {
+        println!(
+            "wrote {} (the velocity's vector-Jacobian product, for guided real-time chunking)",
+            v.display()
+        );
+    }
     if let Some(e) = &r.encoder {
         println!(
             "wrote {} (its image encoder, frozen: the features [learner.vision] encoder reads)",

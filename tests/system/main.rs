@@ -15,6 +15,7 @@ mod dataset;
 mod demo;
 mod faults;
 mod fleet;
+mod guided_rtc;
 mod gym_bridge;
 mod layers;
 mod learn;

@@ -8,6 +8,13 @@
 //! schedule, horizon 16 with 8 executed, min-max normalisation to [-1, 1], EMA of the weights.
 //! The same forward pass is written as ONNX operators, and a test checks that ONNX Runtime running
 //! the exported file matches candle within 1e-5.
+//!
+//! With `objective = flow` the same network learns a flow-matching velocity instead (Lipman et
+//! al. 2023; the conditional flow of pi0, Black et al. 2024): `x_t = t A + (1 - t) noise` for
+//! `t ~ U(0, 1)`, regressing `A - noise`; inference integrates it from noise at `t = 0` to the
+//! chunk at `t = 1` in `flow_steps` Euler steps. A flow policy's export also writes a second
+//! graph that returns the network's vector-Jacobian product with respect to the noisy chunk
+//! ([`Denoiser::to_onnx_vjp`]), which guided real-time chunking needs (`reflex_policies::rtc`).
 #![warn(missing_docs)]
 
 use candle_core::{Device, Tensor, Var};
@@ -38,6 +45,21 @@ pub enum BcError {
     #[error(transparent)]
     Vision(#[from] reflex_vision::VisionError),
 }
+
+/// What the network learns to predict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// The noise of a DDPM-noised chunk (Diffusion Policy); DDIM samples it.
+    #[default]
+    Diffusion,
+    /// The velocity of a straight flow from noise to the chunk; Euler integration samples it.
+    Flow,
+}
+
+/// Flow time `t` in [0, 1] is scaled by this before the sinusoidal embedding, so the embedding
+/// spans about the same range of phases as a diffusion step in 0..100 does.
+pub const FLOW_TIME_SCALE: f32 = 100.0;
 
 /// Shape of the denoiser.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -89,6 +111,7 @@ pub struct Denoiser {
     layers: Vec<Linear>,
     freqs: Tensor,
     encoders: Vec<ImageEncoder>,
+    output: &'static str,
     dev: Device,
 }
 
@@ -136,6 +159,7 @@ impl Denoiser {
             layers,
             freqs: Tensor::from_vec(freqs, (1, half), &dev)?,
             encoders,
+            output: "eps",
             dev,
         })
     }
@@ -156,6 +180,20 @@ impl Denoiser {
     /// The shape.
     pub fn shape(&self) -> DenoiserShape {
         self.shape
+    }
+
+    /// The same network as a flow policy's velocity: its time input (`t` in [0, 1]) is scaled by
+    /// [`FLOW_TIME_SCALE`] before the embedding (baked into the embedding's frequencies, so the
+    /// export takes `t` itself), and the export's output is named `velocity`.
+    pub fn into_flow(mut self) -> Result<Self, BcError> {
+        self.freqs = (&self.freqs * FLOW_TIME_SCALE as f64)?;
+        self.output = "velocity";
+        Ok(self)
+    }
+
+    /// The name of the exported graph's output: `eps` (diffusion) or `velocity` (flow).
+    pub fn output_name(&self) -> &'static str {
+        self.output
     }
 
     fn vars(&self) -> Vec<Var> {
@@ -202,16 +240,27 @@ impl Denoiser {
     }
 
     /// The same network as an ONNX graph: inputs `noisy_actions` `[B,T,A]`, `timestep` `[B,1]`,
-    /// `obs` `[B,obs_dim]` and `image_<camera>` `[B,3,H,W]` per camera; output `eps` `[B,T,A]`.
+    /// `obs` `[B,obs_dim]` and `image_<camera>` `[B,3,H,W]` per camera; output `eps` `[B,T,A]`
+    /// (the noise), or a flow policy's `velocity`.
     pub fn to_onnx(&self) -> Result<Vec<u8>, BcError> {
+        self.write_graph(false)
+    }
+
+    /// The network's vector-Jacobian product as a second ONNX graph: the inputs of
+    /// [`Self::to_onnx`] and `cotangent` `[B,T,A]` (`e`), output `vjp` `[B,T,A]`: `J^T e`, with
+    /// `J` the Jacobian of the output with respect to `noisy_actions` at the given inputs. It is
+    /// the forward pass followed by its backward pass through the linear layers and SiLUs
+    /// (`silu'(z) = s (1 + z (1 - s))`, `s = sigmoid(z)`), written out by hand.
+    pub fn to_onnx_vjp(&self) -> Result<Vec<u8>, BcError> {
+        self.write_graph(true)
+    }
+
+    fn write_graph(&self, vjp: bool) -> Result<Vec<u8>, BcError> {
         let s = self.shape;
         let (t, a) = (s.horizon as i64, s.action_dim as i64);
+        let chunk_dims = || vec![batch(), Dim::Fixed(t), Dim::Fixed(a)];
         let mut g = Graph::new();
-        let x = g.input(
-            "noisy_actions",
-            Elem::F32,
-            vec![batch(), Dim::Fixed(t), Dim::Fixed(a)],
-        );
+        let x = g.input("noisy_actions", Elem::F32, chunk_dims());
         let ts = g.input("timestep", Elem::F32, vec![batch(), Dim::Fixed(1)]);
         let obs = g.input(
             "obs",
@@ -230,6 +279,8 @@ impl Denoiser {
         let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
         let mut h = g.concat(&refs, 1);
         let n = self.layers.len();
+        // Each layer's weight constant and pre-activation, for the backward pass.
+        let mut saved = Vec::with_capacity(n);
         for (i, l) in self.layers.iter().enumerate() {
             let (n_out, n_in) = l.w.as_tensor().dims2()?;
             let w_in_out =
@@ -239,19 +290,46 @@ impl Denoiser {
                     .flatten_all()?
                     .to_vec1::<f32>()?;
             let b = l.b.as_tensor().to_vec1::<f32>()?;
-            h = g.linear(&h, &w_in_out, &b, n_in, n_out);
-            if i + 1 < n {
-                h = g.silu(&h);
-            }
+            let w = g.constant("w", &[n_in as i64, n_out as i64], &w_in_out);
+            let bias = g.constant("b", &[n_out as i64], &b);
+            let y = g.op("MatMul", &[&h, &w], vec![]);
+            let z = g.op("Add", &[&y, &bias], vec![]);
+            h = if i + 1 < n { g.silu(&z) } else { z.clone() };
+            saved.push((w, z));
         }
-        let out = g.reshape(&h, &[-1, t, a]);
-        g.output(
-            &out,
-            "eps",
-            Elem::F32,
-            vec![batch(), Dim::Fixed(t), Dim::Fixed(a)],
-        );
-        Ok(g.to_bytes("reflex_diffusion_denoiser", "reflex"))
+        if !vjp {
+            let out = g.reshape(&h, &[-1, t, a]);
+            g.output(&out, self.output, Elem::F32, chunk_dims());
+            return Ok(g.to_bytes("reflex_diffusion_denoiser", "reflex"));
+        }
+        let e = g.input("cotangent", Elem::F32, chunk_dims());
+        let mut grad = g.reshape(&e, &[-1, t * a]);
+        let one = g.constant("one", &[1], &[1.0]);
+        for (i, (w, z)) in saved.iter().enumerate().rev() {
+            if i + 1 < n {
+                let sg = g.op("Sigmoid", &[z], vec![]);
+                let rest = g.op("Sub", &[&one, &sg], vec![]);
+                let zr = g.op("Mul", &[z, &rest], vec![]);
+                let inner = g.op("Add", &[&one, &zr], vec![]);
+                let slope = g.op("Mul", &[&sg, &inner], vec![]);
+                grad = g.op("Mul", &[&grad, &slope], vec![]);
+            }
+            let wt = g.op(
+                "Transpose",
+                &[w],
+                vec![("perm", reflex_policies::onnx_write::Attr::Ints(vec![1, 0]))],
+            );
+            grad = g.op("MatMul", &[&grad, &wt], vec![]);
+        }
+        // The gradient with respect to the first layer's input; the noisy chunk is its first
+        // T*A columns.
+        let starts = g.constant_i64("starts", &[0]);
+        let ends = g.constant_i64("ends", &[t * a]);
+        let axes = g.constant_i64("axes", &[1]);
+        let dx = g.op("Slice", &[&grad, &starts, &ends, &axes], vec![]);
+        let out = g.reshape(&dx, &[-1, t, a]);
+        g.output(&out, "vjp", Elem::F32, chunk_dims());
+        Ok(g.to_bytes("reflex_denoiser_vjp", "reflex"))
     }
 
     /// Runs DDIM with this network on one normalised observation (and one normalised
@@ -422,9 +500,19 @@ pub struct TrainConfig {
     /// Largest random shift of a training image, pixels on each axis (0: none).
     #[serde(default = "d_shift")]
     pub shift: usize,
+    /// What the network learns: diffusion (the default) or flow.
+    #[serde(default)]
+    pub objective: Objective,
+    /// Euler steps of a flow policy's sampler (its spec's `flow_steps`).
+    #[serde(default = "d_flow_steps")]
+    pub flow_steps: usize,
     /// Seed of initialisation, batches, timesteps and noise.
     #[serde(default)]
     pub seed: u64,
+}
+
+fn d_flow_steps() -> usize {
+    10
 }
 
 impl Default for TrainConfig {
@@ -439,6 +527,8 @@ impl Default for TrainConfig {
             execute: d_execute(),
             ema: d_ema(),
             shift: d_shift(),
+            objective: Objective::Diffusion,
+            flow_steps: d_flow_steps(),
             seed: 0,
         }
     }
@@ -535,12 +625,12 @@ fn alpha_bars(d: &DiffusionSpec) -> Vec<f32> {
     .collect()
 }
 
-/// One batch's buffers: observations, clean chunks, noise, noised chunks, timesteps, and one
-/// shifted image per camera.
+/// One batch's buffers: observations, clean chunks, regression targets (the noise, or the flow's
+/// velocity), noised chunks, times, and one shifted image per camera.
 struct BatchBufs {
     ob: Vec<f32>,
     x0: Vec<f32>,
-    noise: Vec<f32>,
+    target: Vec<f32>,
     xt: Vec<f32>,
     tt: Vec<f32>,
     img: Vec<Vec<f32>>,
@@ -548,9 +638,16 @@ struct BatchBufs {
 }
 
 impl BatchBufs {
-    /// Draws a batch: random samples, random timesteps, noise added per the schedule, images
-    /// randomly shifted.
-    fn draw(&mut self, data: &Dataset, chunk: usize, abar: &[f32], rng: &mut ChaCha8Rng) {
+    /// Draws a batch: random samples, random times, noise added per the schedule (diffusion) or
+    /// along the straight flow (flow), images randomly shifted.
+    fn draw(
+        &mut self,
+        data: &Dataset,
+        chunk: usize,
+        objective: Objective,
+        abar: &[f32],
+        rng: &mut ChaCha8Rng,
+    ) {
         let od = data.obs_dim;
         for b in 0..self.tt.len() {
             let i = rng.random_range(0..data.n);
@@ -572,13 +669,26 @@ impl BatchBufs {
             }
             self.x0[b * chunk..(b + 1) * chunk]
                 .copy_from_slice(&data.act[i * chunk..(i + 1) * chunk]);
-            let t = rng.random_range(0..abar.len());
-            self.tt[b] = t as f32;
-            let (sa, s1a) = (abar[t].sqrt(), (1.0 - abar[t]).sqrt());
-            for k in b * chunk..(b + 1) * chunk {
-                let e: f32 = StandardNormal.sample(rng);
-                self.noise[k] = e;
-                self.xt[k] = sa * self.x0[k] + s1a * e;
+            match objective {
+                Objective::Diffusion => {
+                    let t = rng.random_range(0..abar.len());
+                    self.tt[b] = t as f32;
+                    let (sa, s1a) = (abar[t].sqrt(), (1.0 - abar[t]).sqrt());
+                    for k in b * chunk..(b + 1) * chunk {
+                        let e: f32 = StandardNormal.sample(rng);
+                        self.target[k] = e;
+                        self.xt[k] = sa * self.x0[k] + s1a * e;
+                    }
+                }
+                Objective::Flow => {
+                    let t: f32 = rng.random();
+                    self.tt[b] = t;
+                    for k in b * chunk..(b + 1) * chunk {
+                        let e: f32 = StandardNormal.sample(rng);
+                        self.target[k] = self.x0[k] - e;
+                        self.xt[k] = t * self.x0[k] + (1.0 - t) * e;
+                    }
+                }
             }
         }
     }
@@ -618,6 +728,10 @@ pub fn train(
         Some(f) => Denoiser::with_cameras(shape, &f.cameras, (f.width, f.height), cfg.seed)?,
         None => Denoiser::new(shape, cfg.seed)?,
     };
+    let net = match cfg.objective {
+        Objective::Diffusion => net,
+        Objective::Flow => net.into_flow()?,
+    };
     let diffusion = DiffusionSpec::default();
     let abar = alpha_bars(&diffusion);
     let mut opt = AdamW::new(
@@ -636,7 +750,7 @@ pub fn train(
     let mut buf = BatchBufs {
         ob: vec![0.0; bsz * data.obs_dim],
         x0: vec![0.0; bsz * chunk],
-        noise: vec![0.0; bsz * chunk],
+        target: vec![0.0; bsz * chunk],
         xt: vec![0.0; bsz * chunk],
         tt: vec![0.0; bsz],
         img: frames.map_or(vec![], |f| {
@@ -645,7 +759,7 @@ pub fn train(
         shifts: Shifts::new(cfg.shift, cfg.seed ^ 0x5417),
     };
     for step in 1..=cfg.steps {
-        buf.draw(&data, chunk, &abar, &mut rng);
+        buf.draw(&data, chunk, cfg.objective, &abar, &mut rng);
         let images = match frames {
             Some(f) => buf
                 .img
@@ -660,7 +774,7 @@ pub fn train(
             &Tensor::from_slice(&buf.ob, (bsz, data.obs_dim), &dev)?,
             &images,
         )?;
-        let target = Tensor::from_slice(&buf.noise, (bsz, t_len, a), &dev)?;
+        let target = Tensor::from_slice(&buf.target, (bsz, t_len, a), &dev)?;
         let loss = (pred - target)?.sqr()?.mean_all()?;
         opt.backward_step(&loss)?;
         if let Some(e) = &mut ema {
@@ -703,7 +817,10 @@ fn trained_spec(
         format: "reflex-policy".into(),
         version: 1,
         name: name.into(),
-        kind: PolicyKind::Diffusion,
+        kind: match cfg.objective {
+            Objective::Diffusion => PolicyKind::Diffusion,
+            Objective::Flow => PolicyKind::Flow,
+        },
         action_dim,
         chunk_len: cfg.horizon,
         execute: cfg.execute,
@@ -712,7 +829,10 @@ fn trained_spec(
         graph: GraphIo {
             sample_input: Some("noisy_actions".into()),
             time_input: Some("timestep".into()),
-            output: "eps".into(),
+            output: match cfg.objective {
+                Objective::Diffusion => "eps".into(),
+                Objective::Flow => "velocity".into(),
+            },
             ..Default::default()
         },
         inputs: std::iter::once(InputSpec::State {
@@ -733,11 +853,11 @@ fn trained_spec(
             })
         }))
         .collect(),
-        diffusion: Some(DiffusionSpec {
+        diffusion: (cfg.objective == Objective::Diffusion).then_some(DiffusionSpec {
             prediction: Prediction::Epsilon,
             ..diffusion
         }),
-        flow_steps: 10,
+        flow_steps: cfg.flow_steps,
         provenance: None,
     }
 }

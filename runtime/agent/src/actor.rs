@@ -1414,6 +1414,20 @@ pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn P
                         ),
                     ));
                 }
+                let guided = p.spec().kind == reflex_policies::spec::PolicyKind::Flow
+                    && p.has_vjp()
+                    && cfg.policy.rtc.guidance;
+                tracing::info!(
+                    "real-time chunking on `{}`: {}",
+                    model.display(),
+                    if guided {
+                        "guided by the velocity's VJP graph (the paper's method)"
+                    } else if p.spec().kind == reflex_policies::spec::PolicyKind::Flow {
+                        "hard inpainting (no VJP graph beside the model, or guidance = false)"
+                    } else {
+                        "hard inpainting (a diffusion policy's DDIM)"
+                    }
+                );
                 p.set_rtc(cfg.policy.rtc.clone());
             }
             Some(Box::new(p))

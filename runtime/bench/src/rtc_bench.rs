@@ -5,7 +5,7 @@
 //! by the loop's delayed inline driver: the chunk computed from the observation at tick `k` is
 //! handed over at tick `k + d` (`PolicyDriver::inline_delayed`). For each delay and each
 //! execution mode (newest wins, ACT's temporal ensembling, real-time chunking by hard
-//! inpainting), the same seeds run, and per episode the executed actions give the jerk (third
+//! inpainting or guided by the velocity's VJP), the same seeds run, and per episode the executed actions give the jerk (third
 //! difference per tick) and the jump at chunk boundaries (the action's change at the tick a new
 //! chunk takes over, beside its change at every other tick).
 
@@ -28,8 +28,12 @@ pub enum ExecMode {
     Naive,
     /// ACT's temporal ensembling (`m = 0.01`) of every chunk covering the time.
     Ensemble,
-    /// Real-time chunking, hard inpainting of the executing chunk (`[policy.rtc]`).
+    /// Real-time chunking, hard inpainting of the executing chunk (`[policy.rtc]` with
+    /// `guidance = false`).
     RtcHard,
+    /// Real-time chunking guided by the velocity's VJP (the paper's method; a flow model with a
+    /// VJP graph).
+    RtcGuided,
 }
 
 /// What to run.
@@ -112,8 +116,16 @@ fn cell(
     };
     let mut policy = OnnxPolicy::load(&o.model, &spec, &opts)?;
     let (len, execute) = (policy.spec().chunk_len, policy.spec().execute);
+    if mode == ExecMode::RtcGuided && !policy.has_vjp() {
+        return Err(format!(
+            "{}: mode rtc_guided needs a flow model with a VJP graph ([graph.vjp] in its spec; `reflex bc train --objective flow` writes one)",
+            o.model.display()
+        )
+        .into());
+    }
     policy.set_rtc(RtcConfig {
-        enabled: mode == ExecMode::RtcHard,
+        enabled: matches!(mode, ExecMode::RtcHard | ExecMode::RtcGuided),
+        guidance: mode == ExecMode::RtcGuided,
         ..RtcConfig::default()
     });
     let mut cfg = LoopConfig::at(spec.control_hz);
@@ -201,11 +213,16 @@ pub fn run(
         chunk_len,
         execute,
         cells,
-        not_measured: vec![
-            "guided RTC (the paper's method): no model file carries the denoiser's VJP graph yet"
-                .into(),
-            "a task where timing matters (a moving target): the simulator's targets are static"
-                .into(),
-        ],
+        not_measured: o
+            .modes
+            .iter()
+            .all(|m| *m != ExecMode::RtcGuided)
+            .then(|| "guided RTC (the paper's method): not among the modes run".to_string())
+            .into_iter()
+            .chain(std::iter::once(
+                "a task where timing matters (a moving target): the simulator's targets are static"
+                    .to_string(),
+            ))
+            .collect(),
     })
 }

@@ -249,6 +249,8 @@ pub struct TrainReport {
     pub model: PathBuf,
     /// Its spec.
     pub spec: PathBuf,
+    /// A flow policy's vector-Jacobian-product graph (`<model>.vjp.onnx`, named in the spec).
+    pub vjp: Option<PathBuf>,
     /// A policy that sees: its image encoder's convolutions as a frozen encoder file
     /// (`<model>.encoder.onnx`), the features a learner that sees reads.
     pub encoder: Option<PathBuf>,
@@ -258,7 +260,7 @@ pub struct TrainReport {
     pub wall_s: f64,
 }
 
-/// Trains a diffusion policy on recorded episodes and exports it to ONNX with its spec.
+/// Trains a diffusion or flow policy on recorded episodes and exports it to ONNX with its spec.
 pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport> {
     // The episodes, the action size, the robot kind and where they came from.
     let mut frames = None;
@@ -372,6 +374,23 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
         t0.elapsed().as_secs_f64()
     ));
     let onnx = trained.net.to_onnx()?;
+    // A flow policy's VJP graph goes first: the spec that names it is written last.
+    let vjp = if trained.spec.kind == reflex_policies::spec::PolicyKind::Flow {
+        let path = reflex_policies::spec::vjp_path_for(&o.out);
+        let bytes = trained.net.to_onnx_vjp()?;
+        reflex_runtime::fsio::atomic_write(&path, &bytes).map_err(|e| AgentError::io(&path, e))?;
+        trained.spec.graph.vjp = Some(reflex_policies::spec::VjpGraph {
+            file: path
+                .file_name()
+                .map(|f| f.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            cotangent_input: "cotangent".into(),
+            output: "vjp".into(),
+        });
+        Some(path)
+    } else {
+        None
+    };
     write_model(&o.out, &onnx, &trained.spec)?;
     let encoder = if trained.net.encoders().is_empty() {
         None
@@ -395,6 +414,7 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
     Ok(TrainReport {
         model: o.out.clone(),
         spec: spec_path(&o.out),
+        vjp,
         encoder,
         final_loss: trained.losses.last().copied().unwrap_or(f32::NAN),
         wall_s: t0.elapsed().as_secs_f64(),
