@@ -48,6 +48,13 @@ pub struct RtcBenchArgs {
     /// Seed of the episodes and the policy's noise.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The RTC modes' weights over the soft part of the overlap (`[policy.rtc]
+    /// prefix_attention_schedule`): exp, linear, ones or zeros.
+    #[arg(long, default_value = "exp")]
+    prefix_attention_schedule: String,
+    /// The guided mode's clip on the guidance weight (`[policy.rtc] max_guidance_weight`).
+    #[arg(long, default_value_t = 5.0)]
+    max_guidance_weight: f32,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -391,6 +398,19 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 modes,
                 episodes: a.episodes,
                 seed: a.seed,
+                rtc: reflex_policies::rtc::RtcConfig {
+                    prefix_attention_schedule: serde_json::from_value(serde_json::Value::String(
+                        a.prefix_attention_schedule.clone(),
+                    ))
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "--prefix-attention-schedule {}: one of exp, linear, ones, zeros",
+                            a.prefix_attention_schedule
+                        )
+                    })?,
+                    max_guidance_weight: a.max_guidance_weight,
+                    ..Default::default()
+                },
             };
             let json = a.json;
             let out = rtc_bench::run(&o, &mut |c| {

@@ -319,6 +319,17 @@ fn a_flow_policy_trained_by_reflex_runs_guided_rtc_in_the_bench_and_in_reflex_ru
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let cells = v["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 8, "four modes at two delays: {v}");
+    // Nothing is frozen at delay 0: hard inpainting is plain sampling, bit for bit.
+    let cell = |mode: &str, d: u64| {
+        cells
+            .iter()
+            .find(|c| c["mode"] == mode && c["delay_ticks"] == d)
+            .unwrap_or_else(|| panic!("no {mode} at {d}: {v}"))
+            .clone()
+    };
+    for key in ["success_rate", "jerk_mean", "boundary_jump_mean"] {
+        assert_eq!(cell("rtc_hard", 0)[key], cell("naive", 0)[key], "{key}");
+    }
     for d in [0u64, 2] {
         let guided = cells
             .iter()

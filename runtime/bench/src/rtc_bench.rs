@@ -51,6 +51,9 @@ pub struct RtcBenchOptions {
     pub episodes: u64,
     /// Seed of the episode stream and the policy's noise.
     pub seed: u64,
+    /// The real-time chunking settings the RTC modes run with (`enabled` and `guidance` are set
+    /// per mode).
+    pub rtc: RtcConfig,
 }
 
 /// One delay and mode.
@@ -91,6 +94,8 @@ pub struct RtcBenchReport {
     pub chunk_len: usize,
     /// Actions executed per chunk.
     pub execute: usize,
+    /// The RTC modes' settings.
+    pub rtc: RtcConfig,
     /// Every delay and mode.
     pub cells: Vec<RtcCell>,
     /// What was not measured, said plainly.
@@ -126,7 +131,7 @@ fn cell(
     policy.set_rtc(RtcConfig {
         enabled: matches!(mode, ExecMode::RtcHard | ExecMode::RtcGuided),
         guidance: mode == ExecMode::RtcGuided,
-        ..RtcConfig::default()
+        ..o.rtc.clone()
     });
     let mut cfg = LoopConfig::at(spec.control_hz);
     cfg.chunks = match mode {
@@ -212,6 +217,7 @@ pub fn run(
         model: o.model.display().to_string(),
         chunk_len,
         execute,
+        rtc: o.rtc.clone(),
         cells,
         not_measured: o
             .modes
