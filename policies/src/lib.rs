@@ -11,7 +11,6 @@
 //! - [`onnx_write`], [`onnx_read`]: reflex's own ONNX files, as [`onnx_proto`]'s messages (prost).
 //!
 //! The learners that make and refine these models (SAC, imitation) are in reflex-learn.
-#![warn(missing_docs)]
 
 pub mod features;
 pub mod onnx_policy;

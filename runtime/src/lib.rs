@@ -15,7 +15,6 @@
 //! It depends on [`reflex_contracts`] (re-exported as [`msg`], [`robot`], [`config`], [`keys`])
 //! and on no transport, recorder or learning framework: the Zenoh bus, the Rerun recorder and the
 //! learner live in reflex-bus, reflex-record and reflex-agent (docs/architecture.md).
-#![warn(missing_docs)]
 
 pub use reflex_contracts as contracts;
 pub use reflex_contracts::{config, keys, msg, robot};
@@ -23,6 +22,7 @@ pub use reflex_contracts::{config, keys, msg, robot};
 pub use reflex_kinematics as kinematics;
 
 pub mod chunk;
+#[allow(unsafe_code)] // clock_nanosleep on an absolute deadline
 pub mod clock;
 pub mod control;
 pub mod features;
@@ -31,11 +31,13 @@ pub mod hist;
 pub mod outbox;
 pub mod policy;
 pub mod residual;
+#[allow(unsafe_code)] // SCHED_FIFO, mlockall and mallopt through libc
 pub mod rt;
 pub mod safety;
 pub mod schedule;
 pub mod status;
 pub mod teleop;
+#[allow(unsafe_code)] // the lock-free triple buffer shares slots between two threads
 pub mod triple;
 
 /// The types most users need, in one import.

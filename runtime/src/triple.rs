@@ -36,6 +36,7 @@ pub struct Reader<T> {
 
 // SAFETY: the halves only hand out access to the slot they own.
 unsafe impl<T: Send> Send for Writer<T> {}
+// SAFETY: as for the writer: the reader touches only the slot it owns.
 unsafe impl<T: Send> Send for Reader<T> {}
 
 /// A triple buffer whose three slots start as clones of `initial` (preallocate buffers here).

@@ -9,7 +9,6 @@
 //! - [`calib`]: calibration boards seen by those cameras, with their truth.
 //!
 //! docs/sim.md describes the model, the tasks and their numbers.
-#![warn(missing_docs)]
 
 /// The arm integrated by reflex's own dynamics (`[sim.solver] arm = "reflex"`).
 pub use reflex_arm_dynamics as arm;

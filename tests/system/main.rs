@@ -1,5 +1,8 @@
 //! Whole-system tests of reflex. One test binary (every file directly in tests/ would link the
 //! whole dependency tree again); each module is one subject.
+// The tests count allocations with a global allocator and signal, time and pipe their child
+// processes through libc: unsafe is theirs to use, and each call's safety is local.
+#![allow(unsafe_code, clippy::undocumented_unsafe_blocks)]
 
 mod alloc_count;
 mod arm;

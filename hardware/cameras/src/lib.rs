@@ -10,8 +10,6 @@
 //!   time on the loop's clock; [`Capture::latest`] takes the newest without blocking, and
 //!   [`Capture::is_stale`] says when the camera has stopped delivering (the robot then holds).
 
-#![warn(missing_docs)]
-
 pub mod file;
 pub mod pixels;
 pub mod recorded;

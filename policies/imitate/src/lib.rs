@@ -15,7 +15,6 @@
 //! chunk at `t = 1` in `flow_steps` Euler steps. A flow policy's export also writes a second
 //! graph that returns the network's vector-Jacobian product with respect to the noisy chunk
 //! ([`Denoiser::to_onnx_vjp`]), which guided real-time chunking needs (`reflex_policies::rtc`).
-#![warn(missing_docs)]
 
 use candle_core::{Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};

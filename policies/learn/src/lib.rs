@@ -2,6 +2,5 @@
 //! candle on the CPU (candle's CUDA backend is not enabled in this build): its replay, checkpoints,
 //! the residual exported to ONNX and the hook the control loop runs it through. Imitation training
 //! of base policies is reflex-imitate's job.
-#![warn(missing_docs)]
 
 pub mod sac;

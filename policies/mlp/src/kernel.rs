@@ -432,9 +432,9 @@ unsafe fn rows<const MR: usize, const NP: usize>(
             let width = (np * PANEL).min(n - c0);
             let whole = mr == MR && width == NP * PANEL;
             let out = if whole {
-                // SAFETY: rows r0 .. r0 + MR <= m, columns c0 .. c0 + NP * PANEL <= n: the
-                // caller's rows (`product`'s contract).
                 Out {
+                    // SAFETY: rows r0 .. r0 + MR <= m, columns c0 .. c0 + NP * PANEL <= n: the
+                    // caller's rows (`product`'s contract).
                     rows: std::array::from_fn(|r| unsafe { dst.ptr.add((r0 + r) * dst.rs + c0) }),
                     accumulate,
                 }
@@ -462,17 +462,19 @@ unsafe fn rows<const MR: usize, const NP: usize>(
             if !whole {
                 for (r, tile_r) in scratch.iter().enumerate().take(mr) {
                     let vals = &tile_r.as_flattened()[..width];
-                    // SAFETY (both arms): row `r0 + r < m`, columns `c0 .. c0 + width <= n`:
+                    // SAFETY: row `r0 + r < m`, columns `c0 .. c0 + width <= n`:
                     // inside the caller's rows, which nothing else accesses and which are
                     // initialised when accumulating (`product`'s contract). Overwriting copies
                     // without forming a reference, so the rows may start uninitialised.
                     let o = unsafe { dst.ptr.add((r0 + r) * dst.rs + c0) };
                     if accumulate {
+                        // SAFETY: as above; accumulated rows are initialised.
                         let o = unsafe { std::slice::from_raw_parts_mut(o, width) };
                         for (o, v) in o.iter_mut().zip(vals) {
                             *o += *v;
                         }
                     } else {
+                        // SAFETY: as above; a copy forms no reference to the destination.
                         unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), o, width) };
                     }
                 }

@@ -15,9 +15,12 @@
 //! Nothing here knows about SAC: `reflex_learn::sac` puts the pieces together and keeps the
 //! parameters (candle `Var`s, so checkpoints and the ONNX export read them as before).
 
+#[allow(unsafe_code)] // the MXCSR / FPCR registers (flush-to-zero), by intrinsic or asm
 pub mod denormal;
 pub mod ensemble;
+#[allow(unsafe_code)] // the threaded product writes disjoint parts of one buffer
 pub mod gemm;
+#[allow(unsafe_code)] // AVX-512 and AVX2+FMA intrinsics behind run-time feature checks
 pub mod kernel;
 pub mod norm;
 pub mod ops;

@@ -10,7 +10,6 @@
 //!
 //! Both are written as ONNX graphs with `image_<camera>` inputs, so ONNX Runtime runs them where
 //! the base policy runs.
-#![warn(missing_docs)]
 
 pub mod encoder;
 pub mod head;

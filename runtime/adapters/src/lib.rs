@@ -6,7 +6,6 @@
 //!   success (HIL-SERL's reward classifier);
 //! - [`cameras`]: the robot's cameras under the names a policy, an encoder or a classifier
 //!   reads (`[robot.cameras]`).
-#![warn(missing_docs)]
 
 pub mod cameras;
 pub mod reward;

@@ -18,7 +18,6 @@
 //! in reflex-tools.
 //!
 //! Long jobs report through [`progress::Progress`]; nothing here prints.
-#![warn(missing_docs)]
 
 pub mod actor;
 pub mod assemble;

@@ -14,10 +14,10 @@
 //! - [`soak`]: the actor and its learner for a long run with faults injected;
 //! - [`workloads`]: a robot and a policy that do no work (what is measured is the runtime);
 //! - [`pendulum`], [`pendulum_run`]: Gymnasium's Pendulum-v1 in Rust and its SAC runs.
-#![warn(missing_docs)]
 
 pub mod bus_bench;
 pub mod fleet_bench;
+#[allow(unsafe_code)] // calls the kernel's unsafe product with its checked preconditions
 pub mod kernel_bench;
 pub mod learner_bench;
 pub mod loop_bench;

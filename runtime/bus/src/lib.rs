@@ -11,7 +11,6 @@
 //!   versioned chunked weights, the learner's acknowledgements.
 //!
 //! Nothing here runs on the control loop's thread.
-#![warn(missing_docs)]
 
 pub mod learnlink;
 pub mod robot;

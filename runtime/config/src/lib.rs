@@ -4,7 +4,6 @@
 //!
 //! reflex-config: the file parsed and checked key by key (an error names the file, the key and
 //! what is allowed); reflex-agent builds the actor and the learner from it.
-#![warn(missing_docs)]
 
 use reflex_bus::BusConfig;
 use reflex_contracts::config::{ConfigError, Invalid, Validate, in_range};

@@ -12,7 +12,6 @@
 //!
 //! It depends on serde and its formats only: no Zenoh, Rerun, candle or ONNX Runtime
 //! (docs/architecture.md).
-#![warn(missing_docs)]
 
 pub mod config;
 pub mod keys;

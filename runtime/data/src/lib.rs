@@ -9,7 +9,6 @@
 //! - [`videos`]: the dataset's camera frames as H.264 MP4 video features, out and in;
 //! - [`plot`]: learning curves and camera snapshots as PNG;
 //! - [`rotate`]: a records directory kept within a size and an age.
-#![warn(missing_docs)]
 
 pub mod dataset;
 pub mod demos;

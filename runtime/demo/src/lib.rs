@@ -5,7 +5,6 @@
 //! step the learner does its updates and, at episode ends, publishes new residual weights, which
 //! the loop swaps in atomically. With `--vision` ([`VisionDemo`]) the same run learns from the
 //! simulator's cameras with a success classifier's reward (module `vision`).
-#![warn(missing_docs)]
 
 mod vision;
 pub use vision::{VISION_SHIFT, VisionDemo};

@@ -3,7 +3,6 @@
 //! - [`bundle`]: one tarball with the binary, ONNX Runtime, models, configs, the systemd unit and
 //!   an installer (`reflex bundle`);
 //! - [`doctor`]: what this machine and this build can drive (`reflex doctor`), as a typed report.
-#![warn(missing_docs)]
 
 pub mod bundle;
 pub mod doctor;

@@ -7,7 +7,6 @@
 //! (the link frame expressed in the chain's base frame).
 //!
 //! Forward kinematics allocates nothing, so the control loop may call it every step.
-#![warn(missing_docs)]
 
 use nalgebra::{DMatrix, Isometry3, Matrix6, Translation3, Unit, UnitQuaternion, Vector3, Vector6};
 use smallvec::{SmallVec, smallvec};

@@ -12,7 +12,6 @@
 //! measured position; per action component the base action, the residual and the executed action;
 //! the intervention flag; reward and success; episode and safety events; loop lateness and chunk
 //! age; and a blueprint that lays it out.
-#![warn(missing_docs)]
 
 mod blueprint;
 mod episode;

@@ -20,8 +20,6 @@
 //! e-stop node that repeats its state) are counted, not warned ([`Ros2Counters::estop_repeats`],
 //! `/diagnostics`).
 
-#![warn(missing_docs)]
-
 pub mod cdr;
 pub mod msgs;
 pub mod pace;

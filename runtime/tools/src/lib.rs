@@ -13,7 +13,6 @@
 //! - [`calibrate`]: `reflex calibrate camera|hand-eye` and `reflex sim board-views`.
 //!
 //! Long jobs report through [`reflex_agent::progress::Progress`]; nothing here prints.
-#![warn(missing_docs)]
 
 pub mod calibrate;
 pub mod lerobot;

@@ -10,7 +10,6 @@
 //!
 //! Neither runs on the control loop: the export writes videos, a file camera decodes on its own
 //! capture thread. Every error names the file.
-#![warn(missing_docs)]
 
 use openh264::OpenH264API;
 use openh264::decoder::{DecodedYUV, Decoder, DecoderConfig, Flush};
