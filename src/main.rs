@@ -54,6 +54,9 @@ enum Command {
     },
     /// The actor: runs the control loop against a robot with a policy (config file).
     Run(cmd::run::RunArgs),
+    /// A refined policy (base + residual, as executed, with the person's corrections) made into
+    /// the next base policy: trained on the run's successful rollouts, evaluated alone.
+    Distill(cmd::distill::DistillArgs),
     /// Judge a policy alone: the config's robot and policy (and a kept residual), no learner, no
     /// person, seeds apart from training's; success with a 95% Wilson interval.
     Eval(cmd::run::EvalArgs),
@@ -124,6 +127,7 @@ fn main() {
         Command::Run(a) => cmd::run::run(a),
         Command::Eval(a) => cmd::run::eval(a),
         Command::Demo(a) => cmd::demo::run(a),
+        Command::Distill(a) => cmd::distill::run(a),
         Command::Replay(a) => cmd::tools::replay(a),
         Command::Viz(a) => cmd::tools::viz(a),
         Command::Teleop(a) => cmd::tools::teleop(a),

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bundle;
 pub mod calibrate;
 pub mod demo;
+pub mod distill;
 pub mod hw;
 pub mod learn;
 pub mod policy;

@@ -196,6 +196,15 @@ pub enum ObjectiveArg {
     Flow,
 }
 
+impl From<ObjectiveArg> for reflex_imitate::Objective {
+    fn from(o: ObjectiveArg) -> Self {
+        match o {
+            ObjectiveArg::Diffusion => reflex_imitate::Objective::Diffusion,
+            ObjectiveArg::Flow => reflex_imitate::Objective::Flow,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 pub enum DatasetCommand {
     /// Write recorded episodes as a dataset other tools read (LeRobotDataset v3.0).
@@ -274,6 +283,7 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
         source,
         out: a.out,
         episodes: a.episodes,
+        only: None,
         robot_kind: a.robot_kind,
         cfg: TrainConfig {
             steps: a.steps,
@@ -285,10 +295,7 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
             execute: a.execute,
             ema: 0.995,
             shift: a.shift,
-            objective: match a.objective {
-                ObjectiveArg::Diffusion => reflex_imitate::Objective::Diffusion,
-                ObjectiveArg::Flow => reflex_imitate::Objective::Flow,
-            },
+            objective: a.objective.into(),
             flow_steps: a.flow_steps,
             seed: a.seed,
         },

@@ -16,6 +16,7 @@ mod control;
 mod cpus;
 mod dataset;
 mod demo;
+mod distill;
 mod faults;
 mod fleet;
 mod guided_rtc;

@@ -15,6 +15,7 @@
 //! Long jobs report through [`reflex_agent::progress::Progress`]; nothing here prints.
 
 pub mod calibrate;
+pub mod distill;
 pub mod lerobot;
 pub mod operator;
 pub mod policy_infer;

@@ -228,6 +228,8 @@ pub struct TrainOptions {
     pub out: PathBuf,
     /// Use only the first N episodes.
     pub episodes: Option<usize>,
+    /// Use only the episodes of these indices (reflex's demos and step logs).
+    pub only: Option<Vec<u64>>,
     /// The robot kind to write into the spec instead of the episodes' own.
     pub robot_kind: Option<String>,
     /// The network and optimiser settings.
@@ -270,7 +272,10 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
             let take = o.episodes.unwrap_or(m.episodes.len()).min(m.episodes.len());
             let ranges = state_ranges(&m.spec, &o.state_fields, dir)?;
             let mut eps = vec![];
-            for e in &m.episodes[..take] {
+            let chosen = m.episodes[..take]
+                .iter()
+                .filter(|e| o.only.as_ref().is_none_or(|k| k.contains(&e.index)));
+            for e in chosen {
                 let ep = reflex_data::demos::read_episode(dir, e)?;
                 if !o.cameras.is_empty() && !ep.actions.is_empty() {
                     if !ep.frame_observations.is_empty() {

@@ -1,0 +1,110 @@
+//! `reflex distill` through the binary: a demo run's refined policy made into a new base.
+
+use crate::common::{reflex, repo};
+use reflex_policies::spec::{PolicyKind, PolicySpec};
+
+#[test]
+fn a_demo_runs_refined_policy_is_distilled_into_a_base_of_the_same_shape_and_judged_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let o = reflex()
+        .current_dir(repo())
+        .args([
+            "demo",
+            "--episodes",
+            "6",
+            "--demos",
+            "2",
+            "--eval-episodes",
+            "0",
+        ])
+        .args(["--json", "--runs"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let run = std::path::PathBuf::from(summary["run_dir"].as_str().unwrap());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("steps/manifest.json")).unwrap()).unwrap();
+    let episodes = manifest["episodes"].as_array().unwrap();
+    let successes = episodes.iter().filter(|e| e["success"] == true).count();
+    assert!(
+        successes > 0,
+        "the person's demonstrations succeed: {manifest}"
+    );
+    let out = dir.path().join("pick-distilled.onnx");
+    let distil = |extra: &[&str]| {
+        let o = reflex()
+            .current_dir(repo())
+            .args(["distill", "--run"])
+            .arg(&run)
+            .arg("--out")
+            .arg(&out)
+            .args(["--steps", "30", "--batch", "32", "--hidden", "32"])
+            .args(["--eval-episodes", "3", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let r = distil(&[]);
+    assert_eq!(r["episodes_used"], successes, "{r}");
+    assert_eq!(r["episodes_in_run"], episodes.len(), "{r}");
+    assert_eq!(r["held_out"]["episodes"], 3, "{r}");
+    assert_eq!(r["held_out"]["takeovers"], 0, "{r}");
+    assert_eq!(r["seeds_seen_in_distillation"], 0, "held out: {r}");
+    assert!(r["person_steps"].as_u64().unwrap() > 0, "{r}");
+    // The same architecture as the base, with where it came from.
+    let base = PolicySpec::load_for(&repo().join("models/pick.onnx")).unwrap();
+    let spec = PolicySpec::load_for(&out).unwrap();
+    assert_eq!(spec.kind, PolicyKind::Diffusion);
+    assert_eq!(
+        (spec.chunk_len, spec.execute, spec.action_dim),
+        (base.chunk_len, base.execute, base.action_dim)
+    );
+    let provenance = spec.provenance.unwrap();
+    assert!(
+        provenance.contains("reflex distill") && provenance.contains(run.to_str().unwrap()),
+        "{provenance}"
+    );
+    // Every episode, failed ones too.
+    let r = distil(&["--all-episodes"]);
+    assert_eq!(r["episodes_used"], episodes.len(), "{r}");
+    // The new base runs as a base: a run config that names it.
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[robot]\nsource = \"sim\"\n[sim]\ntask = \"pick\"\n[policy]\nkind = \"onnx\"\nmodel = {:?}\n[run]\nepisodes = 1\nseed = 2\n",
+            out.display()
+        ),
+    )
+    .unwrap();
+    let o = reflex()
+        .args(["run", "--json", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn distilling_a_folder_that_is_not_a_run_says_what_a_run_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = reflex()
+        .args(["distill", "--run"])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("x.onnx"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("refined.toml") && err.contains(dir.path().to_str().unwrap()),
+        "{err}"
+    );
+    assert!(!dir.path().join("x.onnx").exists());
+}
