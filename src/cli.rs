@@ -427,3 +427,21 @@ mod tests {
         );
     }
 }
+
+/// `reflex bc train --objective`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ObjectiveArg {
+    /// Diffusion Policy's: predict the noise.
+    Diffusion,
+    /// Flow matching: predict the velocity from noise to the chunk.
+    Flow,
+}
+
+impl From<ObjectiveArg> for reflex_imitate::Objective {
+    fn from(o: ObjectiveArg) -> Self {
+        match o {
+            ObjectiveArg::Diffusion => reflex_imitate::Objective::Diffusion,
+            ObjectiveArg::Flow => reflex_imitate::Objective::Flow,
+        }
+    }
+}

@@ -5,9 +5,9 @@ mod cli;
 mod cmd;
 
 use clap::{Parser, Subcommand};
+use cmd::bc::BcCommand;
 use cmd::policy::PolicyCommand;
 use cmd::sim::SimCommand;
-use cmd::tools::BcCommand;
 
 /// reflex: a real-time runtime for robots that learn on the job.
 #[derive(Parser)]
@@ -37,7 +37,7 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
-    /// Imitation learning: train a diffusion policy from recorded episodes or a LeRobot dataset.
+    /// Imitation learning: train a diffusion or flow policy from recorded episodes or a LeRobot dataset.
     Bc {
         #[command(subcommand)]
         command: BcCommand,
@@ -45,12 +45,12 @@ enum Command {
     /// A reward the robot can see: train a success classifier on recorded camera frames.
     Reward {
         #[command(subcommand)]
-        command: cmd::tools::RewardCommand,
+        command: cmd::reward::RewardCommand,
     },
     /// Datasets: export recorded episodes as a LeRobotDataset v3.0.
     Dataset {
         #[command(subcommand)]
-        command: cmd::tools::DatasetCommand,
+        command: cmd::dataset::DatasetCommand,
     },
     /// The actor: runs the control loop against a robot with a policy (config file).
     Run(cmd::run::RunArgs),
@@ -61,16 +61,16 @@ enum Command {
     /// person, seeds apart from training's; success with a 95% Wilson interval.
     Eval(cmd::run::EvalArgs),
     /// Open a recorded episode in the Rerun viewer, or print its summary.
-    Replay(cmd::tools::ReplayArgs),
+    Replay(cmd::replay::ReplayArgs),
     /// The learner on the bus, for an actor started with the same config file.
     Learn(cmd::learn::LearnArgs),
     /// Drive a robot by hand from this terminal (take over, correct, label success or failure).
-    Teleop(cmd::tools::TeleopArgs),
+    Teleop(cmd::teleop::TeleopArgs),
     /// A robot's emergency stop from any computer on its bus: raise it (anyone), release it and
     /// resume (an operator), each confirmed by the robot's status.
-    Estop(cmd::tools::EstopArgs),
+    Estop(cmd::estop::EstopArgs),
     /// Watch a robot over the bus in Rerun (live viewer or episode files).
-    Viz(cmd::tools::VizArgs),
+    Viz(cmd::viz::VizArgs),
     /// Checks what a first run needs: ONNX Runtime and its providers, serial ports, cameras,
     /// real-time permissions, clock source, disk, bus certificates; each problem with its fix.
     Doctor(DoctorArgs),
@@ -81,7 +81,7 @@ enum Command {
     /// Certificates for a link only the right peers can use (TLS, mutual authentication).
     Keys {
         #[command(subcommand)]
-        command: cmd::tools::KeysCommand,
+        command: cmd::keys::KeysCommand,
     },
     /// Calibration: an arm's joints (LeRobot's format), a camera's intrinsics, hand-eye.
     Calibrate {
@@ -128,16 +128,16 @@ fn main() {
         Command::Eval(a) => cmd::run::eval(a),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Distill(a) => cmd::distill::run(a),
-        Command::Replay(a) => cmd::tools::replay(a),
-        Command::Viz(a) => cmd::tools::viz(a),
-        Command::Teleop(a) => cmd::tools::teleop(a),
-        Command::Estop(a) => cmd::tools::estop(a),
+        Command::Replay(a) => cmd::replay::replay(a),
+        Command::Viz(a) => cmd::viz::viz(a),
+        Command::Teleop(a) => cmd::teleop::teleop(a),
+        Command::Estop(a) => cmd::estop::estop(a),
         Command::Learn(a) => cmd::learn::run(a),
         Command::Bundle(a) => cmd::bundle::run(a),
         Command::Policy { command } => cmd::policy::run(command),
-        Command::Bc { command } => cmd::tools::bc(command),
-        Command::Reward { command } => cmd::tools::reward(command),
-        Command::Dataset { command } => cmd::tools::dataset(command),
+        Command::Bc { command } => cmd::bc::bc(command),
+        Command::Reward { command } => cmd::reward::reward(command),
+        Command::Dataset { command } => cmd::dataset::dataset(command),
         Command::Doctor(a) => cli::doctor(
             &reflex_deploy::doctor::DoctorOptions {
                 tls: a.tls_dir.zip(a.tls_name),
@@ -149,7 +149,7 @@ fn main() {
         Command::Soak(a) => cmd::bench::soak(a),
         Command::Hw { command } => cmd::hw::run(command),
         Command::Calibrate { command } => cmd::calibrate::calibrate(command),
-        Command::Keys { command } => cmd::tools::keys(command),
+        Command::Keys { command } => cmd::keys::keys(command),
     };
     if let Err(e) = result {
         eprintln!("error: {}", cli::error_text(&e));

@@ -31,7 +31,7 @@ pub struct DistillArgs {
     execute: Option<usize>,
     /// What the new base learns (default: the base's kind).
     #[arg(long, value_enum)]
-    objective: Option<crate::cmd::tools::ObjectiveArg>,
+    objective: Option<crate::cli::ObjectiveArg>,
     /// Held-out episodes of the new base alone, on the run's held-out seed stream (0: skip).
     #[arg(long, default_value_t = 100)]
     eval_episodes: u64,

@@ -2,7 +2,7 @@
 
 use crate::cli::{Bars, command_line, print_json};
 use clap::{Args, Subcommand, ValueEnum};
-use reflex_tools::lerobot::{ImportOptions, RobotSource};
+use reflex_import::{ImportOptions, RobotSource};
 use reflex_tools::policytools;
 use std::path::PathBuf;
 
@@ -169,7 +169,7 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
                 python: a.python,
                 command: command_line(),
             };
-            let r = reflex_tools::lerobot::import_lerobot(&o, &Bars::new(a.json))?;
+            let r = reflex_import::import_lerobot(&o, &Bars::new(a.json))?;
             if a.json {
                 print_json(&r);
             } else {
