@@ -7,6 +7,19 @@ use std::time::Duration;
 /// Largest duration told apart, ns (one hour); longer ones are counted as one hour.
 const HIGHEST_NS: u64 = 3_600_000_000_000;
 
+/// The `p`-th percentile (0-100) of samples sorted ascending, by nearest rank: the smallest
+/// sample with at least `p` % of the samples at or below it (NaN when there are none). Every
+/// report that keeps its samples (benchmarks, `reflex policy bench`) uses this definition;
+/// [`Histogram::percentile`] estimates the same from its buckets for what cannot keep them (the
+/// control loop).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
 /// Histogram of non-negative durations in nanoseconds; the largest value is also kept exactly.
 #[derive(Clone)]
 pub struct Histogram {
@@ -94,6 +107,16 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles_of_samples() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 5.0);
+        assert_eq!(percentile(&v, 99.0), 10.0);
+        assert_eq!(percentile(&v, 90.0), 9.0);
+        assert_eq!(percentile(&v, 0.0), 1.0);
+        assert!(percentile(&[], 50.0).is_nan());
+    }
 
     #[test]
     fn percentiles_within_resolution() {

@@ -8,7 +8,7 @@
 use reflex_agent::error::{Result, ctx};
 use reflex_bus::BusConfig;
 use reflex_contracts::msg::{self, Command, Image, Observation, PROTOCOL_VERSION};
-use reflex_tools::policytools::percentile;
+use reflex_runtime::hist::percentile;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use zenoh::Wait;

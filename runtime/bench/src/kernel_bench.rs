@@ -119,7 +119,7 @@ fn values(len: usize, seed: u32) -> Vec<f32> {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    reflex_runtime::hist::percentile(&v, 50.0)
 }
 
 /// Times each of [`SHAPES`] `reps` times with either implementation, alternating.

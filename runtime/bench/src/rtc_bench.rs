@@ -187,7 +187,7 @@ fn cell(
             success_rate: k as f64 / o.episodes as f64,
             success_ci95: wilson_95(k, o.episodes),
             jerk_mean: mean(&jerks),
-            jerk_p99: reflex_tools::policytools::percentile(&jerks, 99.0),
+            jerk_p99: reflex_runtime::hist::percentile(&jerks, 99.0),
             boundary_jump_mean: mean(&jumps),
             step_change_mean: mean(&steps),
             holds_no_chunk: lp.stats().holds_no_chunk,

@@ -19,20 +19,15 @@ pub struct Latency {
     pub n: usize,
 }
 
-fn percentiles(mut d: Vec<Duration>) -> Latency {
-    d.sort();
-    let at = |q: f64| {
-        if d.is_empty() {
-            f64::NAN
-        } else {
-            d[((d.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6
-        }
-    };
+fn percentiles(d: Vec<Duration>) -> Latency {
+    let mut us: Vec<f64> = d.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    us.sort_by(f64::total_cmp);
+    let at = |p: f64| reflex_runtime::hist::percentile(&us, p);
     Latency {
-        p50_us: at(0.5),
-        p99_us: at(0.99),
-        max_us: at(1.0),
-        n: d.len(),
+        p50_us: at(50.0),
+        p99_us: at(99.0),
+        max_us: at(100.0),
+        n: us.len(),
     }
 }
 

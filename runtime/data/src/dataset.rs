@@ -194,7 +194,9 @@ impl Column {
     }
 }
 
-/// The `q` quantile of sorted `v`, linear between neighbours (numpy's default).
+/// The `q` quantile of sorted `v`, linear between neighbours (numpy's default). Not the reports'
+/// nearest-rank percentile (`reflex_runtime::hist::percentile`): these are dataset statistics
+/// that LeRobot computes with numpy, and they must match its own.
 fn quantile(v: &[f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;

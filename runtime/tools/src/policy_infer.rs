@@ -14,9 +14,9 @@
 //! diffusion or flow policy) are optional. Each observation starts an episode (step 0), so a
 //! stacked history holds it alone, as a policy's first step does.
 
-use crate::lerobot::RobotSource;
 use reflex_agent::AgentError;
 use reflex_agent::error::Result;
+use reflex_import::RobotSource;
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
 use reflex_policies::spec::PolicySpec;
 use reflex_runtime::msg::{Image, Observation};
@@ -177,7 +177,7 @@ pub fn infer(
         }
         times.sort_by(f64::total_cmp);
         all.extend_from_slice(&times);
-        chunk_us.push(crate::policytools::percentile(&times, 50.0));
+        chunk_us.push(reflex_runtime::hist::percentile(&times, 50.0));
         chunks.push(chunk.chunks(spec.action_dim).map(<[f32]>::to_vec).collect());
     }
     all.sort_by(f64::total_cmp);
@@ -187,7 +187,7 @@ pub fn infer(
         action_dim: spec.action_dim,
         chunks,
         chunk_us,
-        p50_us: crate::policytools::percentile(&all, 50.0),
+        p50_us: reflex_runtime::hist::percentile(&all, 50.0),
         intra_threads: threads,
         repeat,
     })

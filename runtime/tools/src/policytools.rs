@@ -8,6 +8,7 @@ use reflex_policies::onnx_policy::{
     OnnxPolicy, Provider, RunOptions, check_graph, graph_io, open_session,
 };
 use reflex_policies::spec::{PolicySpec, spec_path};
+use reflex_runtime::hist::percentile;
 use reflex_sim::{SimConfig, SimEnv, TaskKind};
 use reflex_vision::encoder::Frames;
 use std::path::{Path, PathBuf};
@@ -105,15 +106,6 @@ pub fn check(model: &Path) -> Result<CheckReport> {
         lines,
         robot_kind: robot.map(|r| r.spec().kind.clone()),
     })
-}
-
-/// Percentile of already sorted values (nearest rank).
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// What `reflex policy bench` measured: the latency of one whole chunk (every sampler step).
