@@ -32,6 +32,7 @@ demo: venv build
 test: venv
 	tests/other_cpu_setup.sh
 	$(CARGO) test --release --workspace
+	$(CARGO) test --release -p reflex-runtime --features loom --lib triple
 
 ## Remake the shipped base policies in models/ (the exact commands and seeds are also recorded
 ## in each model's spec as `provenance`; their rates in docs/bring-your-own-policy.md).

@@ -2,10 +2,41 @@
 //! complete one. Neither side ever blocks or allocates after construction, which is how the
 //! control loop exchanges observations, action chunks, teleop commands and weights with the
 //! threads beside it.
+//!
+//! With the `loom` feature the atomics and cells are loom's, and
+//! `loom::every_interleaving_of_one_writer_and_one_reader_is_race_free_and_newest_first`
+//! model-checks the protocol: every interleaving of a writer and a reader, loom's happens-before
+//! tracking flagging any access to a slot that the index swaps do not order (`make test` runs
+//! it: `cargo test -p reflex-runtime --features loom --lib triple`).
 
-use std::cell::UnsafeCell;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use sync::{Arc, AtomicU8, Ordering, UnsafeCell, slot_ptr};
+
+/// The primitives, from std or (feature `loom`) from loom.
+#[cfg(not(feature = "loom"))]
+mod sync {
+    pub use std::cell::UnsafeCell;
+    pub use std::sync::Arc;
+    pub use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// A pointer to the slot's value.
+    pub fn slot_ptr<T>(c: &UnsafeCell<T>) -> *mut T {
+        c.get()
+    }
+}
+
+/// The primitives, from std or (feature `loom`) from loom.
+#[cfg(feature = "loom")]
+mod sync {
+    pub use loom::cell::UnsafeCell;
+    pub use loom::sync::Arc;
+    pub use loom::sync::atomic::{AtomicU8, Ordering};
+
+    /// A pointer to the slot's value; loom records a write access to the slot here, which it
+    /// checks against every other access for a happens-before order.
+    pub fn slot_ptr<T>(c: &UnsafeCell<T>) -> *mut T {
+        c.with_mut(|p| p)
+    }
+}
 
 const DIRTY: u8 = 0b100;
 const INDEX: u8 = 0b011;
@@ -62,7 +93,7 @@ impl<T> Writer<T> {
     /// The writer's own slot, to fill in place before [`Writer::publish`].
     pub fn slot(&mut self) -> &mut T {
         // SAFETY: `index` is owned by the writer until it is swapped away in `publish`.
-        unsafe { &mut *self.shared.slots[self.index as usize].get() }
+        unsafe { &mut *slot_ptr(&self.shared.slots[self.index as usize]) }
     }
 
     /// Makes the slot visible to the reader; the writer continues in another slot.
@@ -96,17 +127,43 @@ impl<T> Reader<T> {
     /// The value taken by the last successful [`Reader::update`].
     pub fn get(&self) -> &T {
         // SAFETY: `index` is owned by the reader until the next `update`.
-        unsafe { &*self.shared.slots[self.index as usize].get() }
+        unsafe { &*slot_ptr(&self.shared.slots[self.index as usize]) }
     }
 
     /// Mutable access to the reader's current value (e.g. to take buffers out of it).
     pub fn get_mut(&mut self) -> &mut T {
         // SAFETY: as in `get`, and `&mut self` makes the access exclusive.
-        unsafe { &mut *self.shared.slots[self.index as usize].get() }
+        unsafe { &mut *slot_ptr(&self.shared.slots[self.index as usize]) }
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "loom"))]
+mod loom {
+    #[test]
+    fn every_interleaving_of_one_writer_and_one_reader_is_race_free_and_newest_first() {
+        loom::model(|| {
+            let (mut w, mut r) = super::triple(0u64);
+            let writer = loom::thread::spawn(move || {
+                for i in 1..=3 {
+                    w.write(|v| *v = i);
+                }
+            });
+            let mut last = 0;
+            for _ in 0..3 {
+                if r.update() {
+                    let v = *r.get();
+                    assert!(v > last, "{v} after {last}");
+                    last = v;
+                }
+            }
+            writer.join().unwrap();
+            r.update();
+            assert_eq!(*r.get(), 3, "the last value published is the one read");
+        });
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use super::*;
 

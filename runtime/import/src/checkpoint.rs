@@ -3,7 +3,7 @@
 //! processor pipelines' files (LeRobot keeps normalisation outside the weights, so a checkpoint
 //! without them cannot act as it did in training).
 
-use super::ImportError;
+use crate::ImportError;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

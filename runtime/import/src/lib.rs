@@ -1,5 +1,5 @@
-//! `reflex policy import lerobot`: a LeRobot 0.6 checkpoint made into a reflex model, acting as
-//! LeRobot does.
+//! reflex-import: policies trained elsewhere made into reflex models. `reflex policy import
+//! lerobot`: a LeRobot 0.6 checkpoint made into a reflex model, acting as LeRobot does.
 //!
 //! The order is the failure order a person wants: the checkpoint folder and the mapping onto the
 //! robot are checked first, in Rust, in a second ([`checkpoint`], [`mapping`]); then the tools

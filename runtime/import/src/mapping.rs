@@ -3,8 +3,8 @@
 //! differ. Checked before the export, so a feature the robot does not have is an error in a
 //! second, not after a minute of torch.
 
-use super::ImportError;
-use super::checkpoint::{Checkpoint, Feature, FeatureKind};
+use crate::ImportError;
+use crate::checkpoint::{Checkpoint, Feature, FeatureKind};
 use reflex_runtime::msg::RobotSpec;
 
 /// Where one of the policy's input features comes from on the robot.

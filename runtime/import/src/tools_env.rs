@@ -6,14 +6,14 @@
 //! folder; the environment is current when its copy of the requirements (written last, after
 //! pip succeeded) equals reflex's. `make lerobot-tools` makes the same environment the same way.
 
-use super::ImportError;
+use crate::ImportError;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// policies/import/requirements.txt, as this reflex was built with it.
-pub const REQUIREMENTS: &str = include_str!("../../../../policies/import/requirements.txt");
+pub const REQUIREMENTS: &str = include_str!("../../../policies/import/requirements.txt");
 /// policies/import/lerobot_export.py.
-pub const EXPORTER: &str = include_str!("../../../../policies/import/lerobot_export.py");
+pub const EXPORTER: &str = include_str!("../../../policies/import/lerobot_export.py");
 /// The environment's folder name.
 pub const DIR_NAME: &str = ".venv-lerobot";
 

@@ -8,7 +8,7 @@
 //! - [`operator`]: `reflex estop` (raise, release, resume);
 //! - [`viz`], [`replay`]: `reflex viz` and `reflex replay`;
 //! - [`policytools`]: `reflex policy check|bench` and `reflex bc train`;
-//! - [`lerobot`]: `reflex policy import lerobot` (a LeRobot checkpoint made a reflex model);
+//! - [`distill`]: `reflex distill` (a refined policy made into the next base);
 //! - [`policy_infer`]: `reflex policy infer` (a model on observations from a file);
 //! - [`calibrate`]: `reflex calibrate camera|hand-eye` and `reflex sim board-views`.
 //!
@@ -16,7 +16,6 @@
 
 pub mod calibrate;
 pub mod distill;
-pub mod lerobot;
 pub mod operator;
 pub mod policy_infer;
 pub mod policytools;
