@@ -248,6 +248,15 @@ pub fn open_session(path: &Path, opts: &RunOptions) -> Result<Session, LoadError
             })?;
     }
     b.commit_from_file(path).map_err(|e| {
+        // Weights kept in an external data file that did not travel with the model: say which.
+        if let Ok(missing) = crate::onnx_read::missing_external_files(path)
+            && let Some((name, at)) = missing.first()
+        {
+            return model_err(&format!(
+                "its weights are kept in `{name}` (ONNX external data), which is not beside it at {}: copy that file with the model",
+                at.display()
+            ));
+        }
         let m = e.to_string();
         if opts.provider != Provider::Cpu
             && (m.contains("provider")

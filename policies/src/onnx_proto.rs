@@ -149,6 +149,13 @@ pub struct TensorProto {
     /// `raw_data`: little-endian values, the form reflex writes.
     #[prost(bytes = "vec", optional, tag = "9")]
     pub raw_data: Option<Vec<u8>>,
+    /// `external_data`: where the values are when they are in another file (`location`,
+    /// `offset`, `length`).
+    #[prost(message, repeated, tag = "13")]
+    pub external_data: Vec<StringStringEntryProto>,
+    /// `data_location`: 1 (`EXTERNAL`) when the values are in another file.
+    #[prost(int32, optional, tag = "14")]
+    pub data_location: Option<i32>,
 }
 
 /// `ValueInfoProto`: a graph input or output.

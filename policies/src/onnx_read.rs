@@ -5,6 +5,116 @@
 
 use crate::onnx_proto::{FLOAT, ModelProto, TensorProto};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// `TensorProto.DataLocation.EXTERNAL`.
+const EXTERNAL: i32 = 1;
+
+/// Where a tensor's values are kept outside the model file: the file (relative to the model's
+/// folder), the byte offset and the length (`None`: to the end).
+struct External {
+    location: String,
+    offset: u64,
+    length: Option<u64>,
+}
+
+fn external(t: &TensorProto) -> Option<External> {
+    if t.data_location != Some(EXTERNAL) {
+        return None;
+    }
+    let get = |k: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key.as_deref() == Some(k))
+            .and_then(|e| e.value.clone())
+    };
+    Some(External {
+        location: get("location").unwrap_or_default(),
+        offset: get("offset").and_then(|v| v.parse().ok()).unwrap_or(0),
+        length: get("length").and_then(|v| v.parse().ok()),
+    })
+}
+
+/// The external data files a model's initializers name (ONNX's external data: the weights of a
+/// large model kept beside it, e.g. `model.onnx.data`), each once, in order of first use.
+pub fn external_files(model: &[u8]) -> Result<Vec<String>, ReadError> {
+    let m = <ModelProto as prost::Message>::decode(model).map_err(|e| ReadError(e.to_string()))?;
+    let mut out: Vec<String> = vec![];
+    for t in m.graph.iter().flat_map(|g| &g.initializer) {
+        if let Some(e) = external(t)
+            && !out.contains(&e.location)
+        {
+            out.push(e.location);
+        }
+    }
+    Ok(out)
+}
+
+/// The external data files of the model at `path` that are not where it says: (the name it
+/// gives, the path looked at). Empty when every file is there, or the model keeps its weights
+/// inside itself.
+pub fn missing_external_files(path: &Path) -> Result<Vec<(String, PathBuf)>, ReadError> {
+    let bytes = std::fs::read(path).map_err(|e| ReadError(format!("{}: {e}", path.display())))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    Ok(external_files(&bytes)?
+        .into_iter()
+        .map(|l| {
+            let p = dir.join(&l);
+            (l, p)
+        })
+        .filter(|(_, p)| !p.is_file())
+        .collect())
+}
+
+/// The float32 initializers of the model file at `path`, by name, with the values of those kept
+/// in external data files read from beside it.
+pub fn float_initializers_of_file(path: &Path) -> Result<HashMap<String, Initializer>, ReadError> {
+    let bytes = std::fs::read(path).map_err(|e| ReadError(format!("{}: {e}", path.display())))?;
+    let m =
+        <ModelProto as prost::Message>::decode(&bytes[..]).map_err(|e| ReadError(e.to_string()))?;
+    let graph = m
+        .graph
+        .ok_or_else(|| ReadError("no graph in the file".into()))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut files: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut out = HashMap::new();
+    for mut t in graph.initializer {
+        if let Some(e) = external(&t) {
+            if t.data_type != Some(FLOAT) {
+                continue;
+            }
+            if !files.contains_key(&e.location) {
+                let p = dir.join(&e.location);
+                let data = std::fs::read(&p).map_err(|err| {
+                    ReadError(format!(
+                        "initializer `{}` is kept in `{}`: {err}",
+                        t.name.clone().unwrap_or_default(),
+                        p.display()
+                    ))
+                })?;
+                files.insert(e.location.clone(), data);
+            }
+            let data = &files[&e.location];
+            let start = e.offset as usize;
+            let end = e
+                .length
+                .map_or(data.len(), |l| start.saturating_add(l as usize));
+            let Some(raw) = data.get(start..end) else {
+                return Err(ReadError(format!(
+                    "initializer `{}`: bytes {start}..{end} of `{}`, which has {}",
+                    t.name.clone().unwrap_or_default(),
+                    e.location,
+                    data.len()
+                )));
+            };
+            t.raw_data = Some(raw.to_vec());
+        }
+        if let Some((name, init)) = tensor(t)? {
+            out.insert(name, init);
+        }
+    }
+    Ok(out)
+}
 
 /// A float32 initializer.
 #[derive(Clone, Debug, PartialEq)]

@@ -443,10 +443,16 @@ fn a_constant_input_reaches_the_graph_and_policy_check_suggests_it() {
 /// Builds the chunk policy of tests/system/make_onnx_model.py (with a constant `gain` input when
 /// given), runs it in reflex and checks the chunk against onnxruntime's Python API.
 fn model_built_in_python(gain: Option<f64>) -> tempfile::TempDir {
+    model_built_in_python_with(gain, &[])
+}
+
+/// As [`model_built_in_python`], with the script's flags (`--external`).
+fn model_built_in_python_with(gain: Option<f64>, flags: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let state: Vec<f32> = vec![0.25, -1.5, 0.75, 2.0, -0.125];
     let mut cmd = std::process::Command::new(python());
     cmd.arg(repo().join("tests/system/make_onnx_model.py"))
+        .args(flags)
         .arg(dir.path())
         .arg(serde_json::to_string(&state).unwrap());
     if let Some(g) = gain {
@@ -481,6 +487,67 @@ fn model_built_in_python(gain: Option<f64>) -> tempfile::TempDir {
     assert_eq!(got, py, "reflex and onnxruntime (Python) disagree");
     assert!(got.iter().any(|x| x.abs() > 0.05), "a chunk far from zero");
     dir
+}
+
+#[test]
+fn a_model_whose_weights_are_in_an_external_data_file_runs_is_checked_and_needs_that_file() {
+    // The ONNX library's own external data (what torch.onnx.export writes for a large model):
+    // reflex runs it as onnxruntime does, `policy check` reads the weights from the data file,
+    // and without that file the load names it.
+    let dir = model_built_in_python_with(None, &["--external"]);
+    let model = dir.path().join("py.onnx");
+    let data = dir.path().join("py.onnx.data");
+    assert!(data.is_file());
+    let check = |m: &Path| {
+        reflex()
+            .args(["policy", "check", "--model"])
+            .arg(m)
+            .output()
+            .unwrap()
+    };
+    let o = check(&model);
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && said.contains("py.onnx.data"),
+        "{said}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A NaN weight in the data file is seen.
+    let nan = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(python());
+    let out = cmd
+        .arg(repo().join("tests/system/make_onnx_model.py"))
+        .args(["--external", "--nan"])
+        .arg(nan.path())
+        .arg("[0.25, -1.5, 0.75, 2.0, -0.125]")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let o = check(&nan.path().join("py.onnx"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("NaN") && err.contains("\"w\""),
+        "{err}"
+    );
+    // Without its data file the model does not load, and the error names the file.
+    std::fs::remove_file(&data).unwrap();
+    let robot = NullRobot::new("r", 5, 0);
+    let mut spec = robot.spec().clone();
+    spec.action.names.truncate(3);
+    spec.action.low.truncate(3);
+    spec.action.high.truncate(3);
+    let err = match OnnxPolicy::load(&model, &spec, &RunOptions::default()) {
+        Ok(_) => panic!("loaded without its weights"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("py.onnx.data") && err.contains("copy that file with the model"),
+        "{err}"
+    );
 }
 
 #[test]

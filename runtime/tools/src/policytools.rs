@@ -75,19 +75,31 @@ pub fn check(model: &Path) -> Result<CheckReport> {
     }
     let mut problems = check_graph(&spec, &session, robot.as_ref().map(|r| r.spec()));
     // A training that diverged leaves NaN weights: the graph matches, every action is NaN.
-    let bytes = std::fs::read(model).map_err(|e| AgentError::io(model, e))?;
-    if let Ok(inits) = reflex_policies::onnx_read::float_initializers(&bytes) {
-        let mut bad: Vec<&String> = inits
-            .iter()
-            .filter(|(_, t)| t.data.iter().any(|v| !v.is_finite()))
-            .map(|(name, _)| name)
-            .collect();
-        bad.sort();
-        if !bad.is_empty() {
-            problems.push(format!(
-                "weights {bad:?} hold NaN or infinite values (a training that diverged): train it again"
-            ));
+    // Weights in external data files beside the model are read too.
+    match reflex_policies::onnx_read::float_initializers_of_file(model) {
+        Ok(inits) => {
+            let mut bad: Vec<&String> = inits
+                .iter()
+                .filter(|(_, t)| t.data.iter().any(|v| !v.is_finite()))
+                .map(|(name, _)| name)
+                .collect();
+            bad.sort();
+            if !bad.is_empty() {
+                problems.push(format!(
+                    "weights {bad:?} hold NaN or infinite values (a training that diverged): train it again"
+                ));
+            }
+            let external = reflex_policies::onnx_read::external_files(
+                &std::fs::read(model).map_err(|e| AgentError::io(model, e))?,
+            )
+            .unwrap_or_default();
+            if !external.is_empty() {
+                lines.push(format!(
+                    "  weights kept in {external:?} beside it (read and checked)"
+                ));
+            }
         }
+        Err(e) => lines.push(format!("  weights not checked for NaN: {e}")),
     }
     if !problems.is_empty() {
         return Err(reflex_agent::error::bail(format!(
