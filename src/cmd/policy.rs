@@ -135,6 +135,10 @@ pub struct PolicyBenchArgs {
     /// Chunks to time.
     #[arg(long, default_value_t = 500, value_parser = crate::cli::count)]
     iters: usize,
+    /// Also time real-time chunking's chunks (alternating with plain ones): `guided` (the
+    /// paper's method; a flow model with a VJP graph) or `hard` (inpainting).
+    #[arg(long, value_parser = ["guided", "hard"])]
+    rtc: Option<String>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -213,7 +217,13 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
                 ProviderArg::Cuda => "cuda",
                 ProviderArg::Tensorrt => "tensorrt",
             };
-            let v = policytools::bench(&a.model, provider, a.threads, a.iters)?;
+            let v = policytools::bench(
+                &a.model,
+                provider,
+                a.threads,
+                a.iters,
+                a.rtc.as_deref().map(|r| r == "guided"),
+            )?;
             if a.json {
                 print_json(&v);
             } else {
@@ -229,6 +239,18 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
                     v.max_us,
                     v.iters
                 );
+                if let Some(r) = &v.rtc {
+                    println!(
+                        "real-time chunking ({:?}, {} overlapping rows, {} frozen): per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us ({:.2}x plain)",
+                        r.variant,
+                        r.overlap_rows,
+                        r.delay_rows,
+                        r.p50_us,
+                        r.p99_us,
+                        r.max_us,
+                        r.p50_over_plain
+                    );
+                }
             }
         }
     }

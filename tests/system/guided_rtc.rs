@@ -338,6 +338,21 @@ fn a_flow_policy_trained_by_reflex_runs_guided_rtc_in_the_bench_and_in_reflex_ru
         assert!(guided["success_rate"].is_number() && guided["jerk_mean"].is_number());
         assert_eq!(guided["holds_no_chunk"], 2 * d, "{guided}");
     }
+    // Its chunk time with guided RTC beside plain sampling, in one run.
+    let o = run(&[
+        "policy",
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--rtc",
+        "guided",
+        "--iters",
+        "5",
+        "--json",
+    ]);
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(b["rtc"]["variant"], "guided", "{b}");
+    assert!(b["rtc"]["p50_us"].as_f64().unwrap() > 0.0 && b["p50_us"].as_f64().unwrap() > 0.0);
     let cfg = dir.path().join("run.toml");
     std::fs::write(
         &cfg,

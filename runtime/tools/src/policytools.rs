@@ -139,14 +139,41 @@ pub struct PolicyBenchReport {
     pub p99_us: f64,
     /// Slowest chunk, µs.
     pub max_us: f64,
+    /// With `--rtc`: the same chunks sampled by real-time chunking, timed alternately with the
+    /// plain ones in the same run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtc: Option<RtcTiming>,
 }
 
-/// `reflex policy bench`: per-chunk latency (all sampler steps) on a provider.
+/// Per-chunk latency of real-time chunking beside plain sampling.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RtcTiming {
+    /// The sampler that ran (`guided`: with the model's VJP graph; `hard`: inpainting).
+    pub variant: reflex_policies::rtc::RtcVariant,
+    /// Rows of the previous chunk the new one overlaps, and of them frozen (the delay).
+    pub overlap_rows: usize,
+    /// Frozen rows.
+    pub delay_rows: usize,
+    /// Median chunk latency, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// Slowest chunk, µs.
+    pub max_us: f64,
+    /// Median over the plain chunk's median.
+    pub p50_over_plain: f64,
+}
+
+/// `reflex policy bench`: per-chunk latency (all sampler steps) on a provider; with `rtc`
+/// (`Some(guided)`), real-time chunking's chunks too, alternating with the plain ones, with the
+/// policy's own previous chunk as the executing one (overlap `chunk_len - execute` rows, delay
+/// half of it, at least one).
 pub fn bench(
     model: &Path,
     provider: &str,
     threads: usize,
     iters: usize,
+    rtc: Option<bool>,
 ) -> Result<PolicyBenchReport> {
     reflex_policies::onnx_policy::model_file(model)?;
     let spec = PolicySpec::load_for(model)?;
@@ -169,13 +196,68 @@ pub fn bench(
     for _ in 0..20 {
         policy.infer_chunk(&obs, &mut out)?;
     }
-    let mut lat = Vec::with_capacity(iters);
+    let overlap = spec.chunk_len - spec.execute;
+    let delay = (overlap / 2).max(1).min(overlap);
+    if rtc.is_some() {
+        if spec.kind == reflex_policies::spec::PolicyKind::Chunk || overlap == 0 {
+            return Err(AgentError::setup(
+                "reflex policy bench --rtc",
+                format!(
+                    "`{}` is a chunk policy or executes its whole chunk (execute = chunk_len): real-time chunking has nothing to inpaint",
+                    model.display()
+                ),
+            ));
+        }
+        if rtc == Some(true) && !policy.has_vjp() {
+            return Err(AgentError::setup(
+                "reflex policy bench --rtc guided",
+                format!(
+                    "`{}` has no VJP graph ([graph.vjp] in its spec; `reflex bc train --objective flow` writes one): time `--rtc hard`",
+                    model.display()
+                ),
+            ));
+        }
+        policy.set_rtc(reflex_policies::rtc::RtcConfig {
+            enabled: true,
+            guidance: rtc == Some(true),
+            ..Default::default()
+        });
+    }
+    // The executing chunk: the policy's own, shifted by what was executed.
+    let dim = spec.action_dim;
+    let mut executing = vec![0.0f32; out.len()];
+    executing[..overlap * dim].copy_from_slice(&out[spec.execute * dim..]);
+    let mut rtc_out = vec![0.0f32; out.len()];
+    let mut variant = None;
+    let (mut lat, mut rtc_lat) = (Vec::with_capacity(iters), vec![]);
     for _ in 0..iters {
         let t0 = Instant::now();
         policy.infer_chunk(&obs, &mut out)?;
         lat.push(t0.elapsed().as_secs_f64() * 1e6);
+        if rtc.is_some() {
+            let prefix = reflex_runtime::policy::ChunkPrefix {
+                actions: &executing,
+                covered: overlap,
+                delay,
+            };
+            let t0 = Instant::now();
+            policy.infer_chunk_with(&obs, Some(&prefix), &mut rtc_out)?;
+            rtc_lat.push(t0.elapsed().as_secs_f64() * 1e6);
+            variant = policy.rtc_variant();
+        }
     }
     lat.sort_by(|x, y| x.total_cmp(y));
+    rtc_lat.sort_by(|x, y| x.total_cmp(y));
+    let plain_p50 = percentile(&lat, 50.0);
+    let rtc = variant.map(|variant| RtcTiming {
+        variant,
+        overlap_rows: overlap,
+        delay_rows: delay,
+        p50_us: percentile(&rtc_lat, 50.0),
+        p99_us: percentile(&rtc_lat, 99.0),
+        max_us: rtc_lat.last().copied().unwrap_or(f64::NAN),
+        p50_over_plain: percentile(&rtc_lat, 50.0) / plain_p50,
+    });
     let calls = match spec.kind {
         reflex_policies::spec::PolicyKind::Diffusion => {
             spec.diffusion.clone().unwrap_or_default().inference_steps
@@ -189,9 +271,10 @@ pub fn bench(
         intra_threads: threads,
         network_calls_per_chunk: calls as u32,
         iters,
-        p50_us: percentile(&lat, 50.0),
+        p50_us: plain_p50,
         p99_us: percentile(&lat, 99.0),
         max_us: lat.last().copied().unwrap_or(f64::NAN),
+        rtc,
     })
 }
 
