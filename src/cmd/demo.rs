@@ -83,6 +83,11 @@ pub struct DemoArgs {
     /// training episode (each: the learner's critic updates and an actor update).
     #[arg(long, value_name = "N", default_value_t = 0)]
     offline_updates: usize,
+    /// Real-time chunking on the base policy (a diffusion or flow model): `guided` (the paper's
+    /// method; a flow model with a VJP graph) or `hard` (inpainting). In simulated time the
+    /// policy answers at once, so it shapes the overlap only (docs/runtime.md).
+    #[arg(long, value_parser = ["guided", "hard"])]
+    rtc: Option<String>,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
@@ -121,6 +126,11 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         eval_episodes: a.eval_episodes,
         keep_average: a.keep_average.map(|k| k as usize),
         offline_updates: a.offline_updates,
+        rtc: a.rtc.as_deref().map(|r| reflex_policies::rtc::RtcConfig {
+            enabled: true,
+            guidance: r == "guided",
+            ..Default::default()
+        }),
     };
     let r = reflex_demo::run(&o, &Bars::new(a.json))?;
     if a.json {

@@ -374,4 +374,45 @@ fn a_flow_policy_trained_by_reflex_runs_guided_rtc_in_the_bench_and_in_reflex_ru
     assert!(err.contains("guided by the velocity's VJP graph"), "{err}");
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["episodes"], 1, "{summary}");
+    // The residual learner on a base sampled with guided RTC: the demo trains, judges it alone
+    // with RTC on, and the kept refined.toml runs it the same way.
+    let runs = dir.path().join("runs");
+    let o = run(&[
+        "demo",
+        "--model",
+        model.to_str().unwrap(),
+        "--rtc",
+        "guided",
+        "--episodes",
+        "3",
+        "--demos",
+        "1",
+        "--eval-episodes",
+        "2",
+        "--no-record",
+        "--json",
+        "--runs",
+        runs.to_str().unwrap(),
+    ]);
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(d["held_out"]["episodes"], 2, "{d}");
+    let refined =
+        std::fs::read_to_string(std::path::Path::new(d["refined_config"].as_str().unwrap()))
+            .unwrap();
+    assert!(
+        refined.contains("[policy.rtc]") && refined.contains("guidance = true"),
+        "{refined}"
+    );
+    // A base without a VJP graph cannot be guided, and the demo says so.
+    let o = reflex()
+        .current_dir(repo())
+        .args(["demo", "--rtc", "guided", "--episodes", "1", "--runs"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no VJP graph") && err.contains("--rtc hard"),
+        "{err}"
+    );
 }

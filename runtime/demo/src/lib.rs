@@ -66,6 +66,9 @@ pub struct DemoOptions {
     /// Learner steps (`utd` critic updates and an actor update each) on the person's
     /// demonstrations after they end and before the first training episode (0: none).
     pub offline_updates: usize,
+    /// Real-time chunking on the base policy (`--rtc guided|hard`), in training, in the
+    /// held-out episodes and in the kept `refined.toml` (`[policy.rtc]`); `None`: off.
+    pub rtc: Option<reflex_policies::rtc::RtcConfig>,
 }
 
 impl Default for DemoOptions {
@@ -85,6 +88,7 @@ impl Default for DemoOptions {
             vision: None,
             keep_average: None,
             offline_updates: 0,
+            rtc: None,
         }
     }
 }
@@ -442,7 +446,34 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<
             },
         )
     };
-    let base = load(o.seed)?;
+    let mut base = load(o.seed)?;
+    if let Some(rtc) = &o.rtc {
+        if o.mode != Mode::Residual {
+            return Err(AgentError::setup(
+                "--rtc",
+                "real-time chunking runs on the base a residual refines; drop --mode",
+            ));
+        }
+        if base.spec().kind == reflex_policies::spec::PolicyKind::Chunk {
+            return Err(AgentError::setup(
+                "--rtc",
+                format!(
+                    "{} is a chunk policy: nothing to inpaint",
+                    o.model.display()
+                ),
+            ));
+        }
+        if rtc.guidance && !base.has_vjp() {
+            return Err(AgentError::setup(
+                "--rtc guided",
+                format!(
+                    "{} has no VJP graph ([graph.vjp]; `reflex bc train --objective flow` writes one): use --rtc hard",
+                    o.model.display()
+                ),
+            ));
+        }
+        base.set_rtc(rtc.clone());
+    }
     // A second copy labels person-driven steps with what the base would have done (ResFiT's
     // relabelling of demonstration transitions).
     let relabel = load(o.seed ^ 1)?;
@@ -898,12 +929,19 @@ fn keep_refined(
             o.seed
         ),
     };
+    let rtc = match &o.rtc {
+        Some(r) => format!(
+            "[policy.rtc]\nenabled = true\nguidance = {}\n\n",
+            r.guidance
+        ),
+        None => String::new(),
+    };
     let text = format!(
         "# The refined policy of this demo run: the base policy with the residual its learner kept,\n\
          # no learner. `reflex run --config refined.toml` runs the demo's held-out episodes again;\n\
          # `reflex eval --config refined.toml` judges it on another held-out seed stream.\n\
          [robot]\nsource = \"sim\"\n\n{sim}\n[policy]\n{policy}\n\n\
-         [policy.residual]\nmodel = \"residual.onnx\"\n\n{run}",
+         [policy.residual]\nmodel = \"residual.onnx\"\n\n{rtc}{run}",
         run = run_section(o),
     );
     let config = dir.join("refined.toml");
