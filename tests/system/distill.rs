@@ -72,6 +72,15 @@ fn a_demo_runs_refined_policy_is_distilled_into_a_base_of_the_same_shape_and_jud
     // Every episode, failed ones too.
     let r = distil(&["--all-episodes"]);
     assert_eq!(r["episodes_used"], episodes.len(), "{r}");
+    // As a flow policy, the way docs/training.md distils: its VJP graph is written beside it.
+    distil(&["--objective", "flow"]);
+    let flow = PolicySpec::load_for(&out).unwrap();
+    assert_eq!(flow.kind, PolicyKind::Flow);
+    assert!(reflex_policies::spec::vjp_path_for(&out).is_file());
+    assert_eq!(
+        flow.graph.vjp.map(|v| v.file),
+        Some("pick-distilled.vjp.onnx".to_string())
+    );
     // The new base runs as a base: a run config that names it.
     let cfg = dir.path().join("run.toml");
     std::fs::write(

@@ -319,6 +319,42 @@ fn a_flow_policy_trained_by_reflex_runs_guided_rtc_in_the_bench_and_in_reflex_ru
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let cells = v["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 8, "four modes at two delays: {v}");
+    assert_eq!(
+        v["rtc"]["max_guidance_weight"], 5.0,
+        "the paper's clip by default: {v}"
+    );
+    // The RTC settings docs/benchmarks.md compares, taken and reported; a schedule that does
+    // not exist is refused with the ones that do.
+    let o = run(&[
+        "bench",
+        "rtc",
+        "--model",
+        model.to_str().unwrap(),
+        "--delays",
+        "1",
+        "--episodes",
+        "1",
+        "--max-guidance-weight",
+        "1",
+        "--prefix-attention-schedule",
+        "linear",
+        "--json",
+    ]);
+    let w: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(w["rtc"]["max_guidance_weight"], 1.0, "{w}");
+    assert_eq!(w["rtc"]["prefix_attention_schedule"], "linear", "{w}");
+    let bad = reflex()
+        .current_dir(repo())
+        .args(["bench", "rtc", "--model"])
+        .arg(&model)
+        .args(["--prefix-attention-schedule", "steep", "--episodes", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("exp, linear, ones, zeros"),
+        "{err}"
+    );
     // Nothing is frozen at delay 0: hard inpainting is plain sampling, bit for bit.
     let cell = |mode: &str, d: u64| {
         cells
