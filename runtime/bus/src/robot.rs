@@ -1111,6 +1111,7 @@ impl<R: Robot> RobotServer<R> {
             step,
             seed: self.seed,
             source: "robot".into(),
+            act: 0,
         };
         if let Err(e) = self.events_pub.put(msg::encode(&ev)).wait() {
             tracing::warn!("cannot publish on {}: {e}", self.keys.events);

@@ -92,7 +92,9 @@ impl StopInputs {
             move |ev: EpisodeEvent| {
                 if ev.kind == EventKind::Estop {
                     let by = clean_name(&ev.source);
-                    s.raise(&by);
+                    if !s.raise_act(&by, ev.act) {
+                        return; // a repeat of the act that latched it
+                    }
                     tracing::warn!(
                         "EMERGENCY STOP on `{robot}` raised by {by} (e-stop {}, the {}'s count): it holds; release it with `reflex estop release --robot {robot}`, then resume",
                         s.raises(),

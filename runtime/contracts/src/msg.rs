@@ -523,6 +523,11 @@ pub struct EpisodeEvent {
     pub seed: Option<u64>,
     /// Who raised it: `robot`, `teleop`, `actor`, `safety`, ...
     pub source: String,
+    /// For an e-stop: the operator's act it belongs to. `reflex estop` repeats its raise until
+    /// every holder confirms it, and a holder counts one act once while it stays latched
+    /// (`StopSwitch::raise_act`). 0 (and absent, from older senders): every message counts.
+    #[serde(default)]
+    pub act: u64,
 }
 
 /// A teleoperation message. Published on `reflex/<robot>/teleop` by a teleop device.

@@ -194,6 +194,8 @@ pub struct StopSwitch {
     state: AtomicU8,
     raises: AtomicU64,
     last_raised_unix_ns: AtomicU64,
+    /// The act the last raise belonged to (0: none named).
+    last_act: AtomicU64,
     who: Mutex<Who>,
 }
 
@@ -231,6 +233,23 @@ impl StopSwitch {
 
     /// Latches the stop, whatever the state; `by` names who raised it.
     pub fn raise(&self, by: &str) {
+        self.raise_act(by, 0);
+    }
+
+    /// Latches the stop for the operator's act `act`, and says whether this counted as a new
+    /// e-stop. A sender over the bus repeats one act until every holder confirms it, so a
+    /// repeat of the act that latched the stop while it is still latched changes nothing (one
+    /// press, one e-stop in the count a release must name). Any other raise counts: another
+    /// act, an act of 0 (unnamed), or a repeat arriving after the stop was released, which
+    /// latches it again.
+    pub fn raise_act(&self, by: &str, act: u64) -> bool {
+        if act != 0
+            && self.state() == StopState::Latched
+            && self.last_act.load(Ordering::Acquire) == act
+        {
+            return false;
+        }
+        self.last_act.store(act, Ordering::Release);
         if let Ok(mut w) = self.who.lock() {
             w.raised_by.clear();
             w.raised_by.push_str(&clean_name(by));
@@ -240,6 +259,7 @@ impl StopSwitch {
         self.raises.fetch_add(1, Ordering::AcqRel);
         self.state
             .store(StopState::Latched as u8, Ordering::Release);
+        true
     }
 
     fn transition(
@@ -371,6 +391,27 @@ mod tests {
         s.release(3, "op").unwrap();
         assert!(s.release(3, "op").is_err());
         assert_eq!(s.state(), StopState::Paused);
+    }
+
+    #[test]
+    fn repeats_of_one_act_count_once_while_it_latches_and_every_other_raise_counts() {
+        let s = StopSwitch::new();
+        assert!(s.raise_act("op", 7));
+        // The sender repeats its act until every holder confirms: still one e-stop.
+        assert!(!s.raise_act("op", 7));
+        assert!(!s.raise_act("op", 7));
+        assert_eq!((s.raises(), s.state()), (1, StopState::Latched));
+        // Another person's press, and an unnamed raise, are e-stops of their own.
+        assert!(s.raise_act("other", 8));
+        assert!(s.raise_act("local", 0));
+        assert!(s.raise_act("local", 0));
+        assert_eq!(s.raises(), 4);
+        // A late repeat after a release latches again and counts, so the operator who
+        // released sees that something raised it since.
+        assert!(s.raise_act("op", 9));
+        s.release(5, "op").unwrap();
+        assert!(s.raise_act("op", 9));
+        assert_eq!((s.raises(), s.state()), (6, StopState::Latched));
     }
 
     #[test]

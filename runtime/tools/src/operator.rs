@@ -53,7 +53,8 @@ pub fn publish(
     publish_to(session, keys, act, estops, source, None)
 }
 
-/// Publishes one act for `to` (`None`: every holder); a raise is always for everyone.
+/// Publishes one act for `to` (`None`: every holder); a raise is always for everyone, and
+/// counts as an e-stop of its own at every holder.
 pub fn publish_to(
     session: &zenoh::Session,
     keys: &Keys,
@@ -61,6 +62,27 @@ pub fn publish_to(
     estops: u64,
     source: &str,
     to: Option<StopHolder>,
+) -> Result<()> {
+    send(session, keys, act, estops, source, to, 0)
+}
+
+/// A number for one operator's act that another act is unlikely to share (time and process).
+fn act_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (t ^ (u64::from(std::process::id()) << 40)) | 1
+}
+
+/// [`publish_to`], with a raise naming the act `raise_act` it repeats (0: none).
+fn send(
+    session: &zenoh::Session,
+    keys: &Keys,
+    act: StopAct,
+    estops: u64,
+    source: &str,
+    to: Option<StopHolder>,
+    raise_act: u64,
 ) -> Result<()> {
     let (key, bytes) = match act {
         StopAct::Raise => (
@@ -72,6 +94,7 @@ pub fn publish_to(
                 step: 0,
                 seed: None,
                 source: source.to_string(),
+                act: raise_act,
             }),
         ),
         StopAct::Release | StopAct::Resume => (
@@ -311,13 +334,15 @@ pub fn act(
         }
     };
     let mut sends = 0u32;
+    let raise_act = act_id();
     let mut last_send: Option<Instant> = None;
     let mut seen = Vec::new();
     let mut latest: Vec<StopStatus> = Vec::new();
     loop {
         if last_send.is_none_or(|t| t.elapsed() > Duration::from_millis(200)) {
             match act {
-                StopAct::Raise => publish(session, &keys, act, 0, source)?,
+                // Each repeat names this act: a holder counts it once.
+                StopAct::Raise => send(session, &keys, act, 0, source, None, raise_act)?,
                 _ => send_each(session, &keys, act, source, &targets)?,
             }
             sends += 1;
