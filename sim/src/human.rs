@@ -186,6 +186,18 @@ pub struct TakeoverReasons {
     pub closing_high: u64,
 }
 
+impl TakeoverReasons {
+    /// Adds another person's counts (a fleet's people together).
+    pub fn add(&mut self, o: &TakeoverReasons) {
+        self.stall += o.stall;
+        self.stray += o.stray;
+        self.late += o.late;
+        self.misaligned += o.misaligned;
+        self.missed += o.missed;
+        self.closing_high += o.closing_high;
+    }
+}
+
 impl SimHuman {
     /// A person for the robot described by `spec` (a simulator task).
     pub fn new(spec: &RobotSpec, cfg: HumanConfig) -> Result<Self, ExpertError> {

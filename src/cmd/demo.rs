@@ -88,6 +88,11 @@ pub struct DemoArgs {
     /// policy answers at once, so it shapes the overlap only (docs/runtime.md).
     #[arg(long, value_parser = ["guided", "hard"])]
     rtc: Option<String>,
+    /// Simulated robots feeding the one learner, each with its own seed and simulated person
+    /// (a fleet); --episodes and --demos count the fleet's, and the learner updates per robot
+    /// step as for one robot.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=reflex_demo::MAX_ROBOTS as u64))]
+    robots: u64,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
@@ -131,6 +136,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             guidance: r == "guided",
             ..Default::default()
         }),
+        robots: a.robots as usize,
     };
     let r = reflex_demo::run(&o, &Bars::new(a.json))?;
     if a.json {
@@ -216,6 +222,11 @@ fn print_table(o: &DemoOptions, r: &DemoReport) {
         s.episodes, s.env_steps, s.updates, s.wall_s
     );
     match s.episode_reaching_90pct_rolling_success {
+        Some(e) if s.robots > 1 => println!(
+            "  rolling 20-episode success reached 90% at the fleet's episode {e} ({:.1} per robot of {})",
+            e as f64 / s.robots as f64,
+            s.robots
+        ),
         Some(e) => println!("  rolling 20-episode success reached 90% at episode {e}"),
         None => println!("  rolling 20-episode success did not reach 90%"),
     }

@@ -69,7 +69,13 @@ pub struct DemoOptions {
     /// Real-time chunking on the base policy (`--rtc guided|hard`), in training, in the
     /// held-out episodes and in the kept `refined.toml` (`[policy.rtc]`); `None`: off.
     pub rtc: Option<reflex_policies::rtc::RtcConfig>,
+    /// Simulated robots feeding the one learner (`--robots N`; 1: the demo), each with its own
+    /// seed and person; `episodes` and `demos` count the fleet's.
+    pub robots: usize,
 }
+
+/// The largest demo fleet (`--robots`).
+pub const MAX_ROBOTS: usize = 16;
 
 impl Default for DemoOptions {
     fn default() -> Self {
@@ -89,6 +95,7 @@ impl Default for DemoOptions {
             keep_average: None,
             offline_updates: 0,
             rtc: None,
+            robots: 1,
         }
     }
 }
@@ -126,8 +133,10 @@ impl Validate for DemoFile {
 /// Per-episode record of a demo run.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct EpisodeRow {
-    /// Training episode index.
+    /// Training episode index (the fleet's, in the order the episodes ended).
     pub episode: usize,
+    /// The robot of the fleet that ran it (0 for a demo of one robot).
+    pub robot: usize,
     /// The task succeeded (with or without help).
     pub success: bool,
     /// Steps.
@@ -170,6 +179,11 @@ pub struct DemoSummary {
     /// The first episode ending a full window of 20 in which the robot alone succeeded in at
     /// least 90% (none before episode 20).
     pub episode_reaching_90pct_rolling_success: Option<usize>,
+    /// Simulated robots that fed the learner.
+    pub robots: usize,
+    /// The robot's own time to that window: the fleet's episode there over the robots (each
+    /// robot ran about this many training episodes by then).
+    pub episodes_per_robot_reaching_90pct: Option<f64>,
     /// Wall time, s.
     pub wall_s: f64,
     /// Environment steps.
@@ -406,11 +420,11 @@ fn settings(o: &DemoOptions) -> Result<Settings> {
     })
 }
 
-/// The loop, the learner and everything the demo's step needs.
-struct Rig {
+/// One simulated robot of the demo: its loop, the person beside it, and what carries its steps
+/// to the learner and its recordings to disk. A fleet (`--robots N`) is several of them feeding
+/// one learner.
+struct Arm {
     lp: ControlLoop<ClassifiedReward<SimEnv>, SimClock>,
-    sac: Sac,
-    norm: ActionNorm,
     teleop: TeleopWriter,
     orx: OutboxReceiver,
     weights: Option<WeightsWriter>,
@@ -418,16 +432,65 @@ struct Rig {
     asm: Assembler,
     chunk_asm: ChunkAssembler,
     vision: Option<vision::VisionRig>,
+    human: Option<SimHuman>,
+    msg: TeleopMsg,
+    count: PersonCount,
+    /// Demonstrations this robot's person still gives before training.
+    demos_left: usize,
+    recorder: Option<Recorder>,
+    log: Option<reflex_data::steplog::StepLog>,
+    /// The step on its way to the learner (reused).
+    wire: WireStep,
 }
 
-fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<Rig> {
-    let v = o.vision.as_ref();
-    if v.is_some() && o.mode != Mode::Residual {
-        return Err(AgentError::setup(
-            "--vision",
-            "the pixel demo refines its image base policy with a residual; drop --mode",
-        ));
+/// The robots and the one learner they feed.
+struct Rig {
+    arms: Vec<Arm>,
+    sac: Sac,
+    norm: ActionNorm,
+}
+
+/// Robot `i`'s seed in a fleet on the demo's `seed`: the seed itself for the first robot (a
+/// fleet of one is the demo), a SplitMix64 stream apart for each other (episodes, base policy,
+/// residual noise, person).
+pub fn robot_seed(seed: u64, i: usize) -> u64 {
+    if i == 0 {
+        return seed;
     }
+    let mut z = (seed ^ 0x464c_4545_5400_0000 ^ i as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) >> 1
+}
+
+/// Robot `i`'s share of the fleet's `demos` demonstrations (the first robots give one more when
+/// they do not divide evenly).
+fn demos_of(demos: usize, robots: usize, i: usize) -> usize {
+    demos / robots + usize::from(i < demos % robots)
+}
+
+/// Where robot `i`'s recordings go: the run's own `episodes/` and `steps/` for the first robot
+/// (what `reflex distill` and `reflex replay` read), `robot<i>/` for the others.
+fn arm_dir(dir: &Path, i: usize) -> PathBuf {
+    if i == 0 {
+        dir.to_path_buf()
+    } else {
+        dir.join(format!("robot{i}"))
+    }
+}
+
+/// A robot's simulator (judged by the classifier when learning from pixels), its base policy
+/// and the base's second copy that relabels the person's steps.
+struct ArmParts {
+    robot: ClassifiedReward<SimEnv>,
+    seeing: Option<vision::Seeing>,
+    base: OnnxPolicy,
+    relabel: OnnxPolicy,
+    seed: u64,
+}
+
+fn arm_parts(o: &DemoOptions, sim: SimConfig, seed: u64) -> Result<ArmParts> {
+    let v = o.vision.as_ref();
     let env = SimEnv::new(sim)?;
     let seeing = v.map(|v| vision::seeing(v, env.spec())).transpose()?;
     let robot = match v {
@@ -435,7 +498,6 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<
         None => ClassifiedReward::passthrough(env),
     };
     let spec = robot.spec().clone();
-    let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
     let load = |seed: u64| {
         OnnxPolicy::load(
             &o.model,
@@ -446,14 +508,8 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<
             },
         )
     };
-    let mut base = load(o.seed)?;
+    let mut base = load(seed)?;
     if let Some(rtc) = &o.rtc {
-        if o.mode != Mode::Residual {
-            return Err(AgentError::setup(
-                "--rtc",
-                "real-time chunking runs on the base a residual refines; drop --mode",
-            ));
-        }
         if base.spec().kind == reflex_policies::spec::PolicyKind::Chunk {
             return Err(AgentError::setup(
                 "--rtc",
@@ -476,17 +532,58 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<
     }
     // A second copy labels person-driven steps with what the base would have done (ResFiT's
     // relabelling of demonstration transitions).
-    let relabel = load(o.seed ^ 1)?;
+    let relabel = load(seed ^ 1)?;
+    Ok(ArmParts {
+        robot,
+        seeing,
+        base,
+        relabel,
+        seed,
+    })
+}
+
+fn build_rig(
+    o: &DemoOptions,
+    learner_cfg: SacConfig,
+    human_cfg: &HumanConfig,
+    sim: SimConfig,
+    dir: &Path,
+) -> Result<Rig> {
+    if o.vision.is_some() && o.mode != Mode::Residual {
+        return Err(AgentError::setup(
+            "--vision",
+            "the pixel demo refines its image base policy with a residual; drop --mode",
+        ));
+    }
+    if o.robots > 1 && o.mode == Mode::Noise {
+        return Err(AgentError::setup(
+            "--robots",
+            "a fleet runs the residual or the full learner: noise mode stores a chunk's transition as it closes, and a fleet's chunks would interleave in the buffer its n-step returns walk; drop --mode noise",
+        ));
+    }
+    if o.rtc.is_some() && o.mode != Mode::Residual {
+        return Err(AgentError::setup(
+            "--rtc",
+            "real-time chunking runs on the base a residual refines; drop --mode",
+        ));
+    }
+    let parts = (0..o.robots.max(1))
+        .map(|i| arm_parts(o, sim.clone(), robot_seed(o.seed, i)))
+        .collect::<Result<Vec<_>>>()?;
+    // The first robot sizes the learner: every robot is the same simulated arm.
+    let first = &parts[0];
+    let spec = first.robot.spec().clone();
+    let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
     let mut learner_cfg = learner_cfg;
     if learner_cfg.obs_norm.is_none() {
-        learner_cfg.obs_norm = state_norm(&relabel, &spec);
+        learner_cfg.obs_norm = state_norm(&first.relabel, &spec);
     }
     // The heads a config's `[learner.vision]` resolved, else SERL's on the demo's encoder.
     if learner_cfg.vision.is_none() {
-        learner_cfg.vision = seeing.as_ref().map(|s| s.heads.clone());
+        learner_cfg.vision = first.seeing.as_ref().map(|s| s.heads.clone());
     }
     let noise_dim = match o.mode {
-        Mode::Noise => relabel.noise_len(),
+        Mode::Noise => first.relabel.noise_len(),
         _ => act_dim,
     };
     if o.mode == Mode::Noise && noise_dim == 0 {
@@ -505,6 +602,34 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<
         vec![]
     };
     let norm = ActionNorm::new(&spec.action.low, &spec.action.high, &scales);
+    let arms = parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| build_arm(o, p, i, &sac, &norm, human_cfg, dir))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Rig { arms, sac, norm })
+}
+
+/// Robot `i` of the fleet, wired to the learner `sac`; its records under the run's `dir`.
+fn build_arm(
+    o: &DemoOptions,
+    p: ArmParts,
+    i: usize,
+    sac: &Sac,
+    norm: &ActionNorm,
+    human_cfg: &HumanConfig,
+    dir: &Path,
+) -> Result<Arm> {
+    let dir = arm_dir(dir, i);
+    let ArmParts {
+        robot,
+        seeing,
+        base,
+        relabel,
+        seed,
+    } = p;
+    let spec = robot.spec().clone();
+    let (obs_dim, act_dim) = (spec.state_dim(), spec.action.dim());
     let (teleop, teleop_rx) = teleop_channel(act_dim);
     let (otx, orx) = match &sac.cfg.vision {
         Some(h) => {
@@ -520,7 +645,7 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<
     let driver = match o.mode {
         Mode::Residual => PolicyDriver::inline(Box::new(base) as Box<dyn Policy>),
         Mode::Noise => {
-            let (p, w, t) = SteeredPolicy::new(base, &sac, true, o.seed ^ 7)?;
+            let (p, w, t) = SteeredPolicy::new(base, sac, true, seed ^ 7)?;
             tap = Some(t);
             weights = Some(w);
             PolicyDriver::inline(Box::new(p))
@@ -531,9 +656,9 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<
         .config(LoopConfig::at(spec.control_hz))
         .policy(driver)
         .chain(Some(chain))
-        .seed(o.seed);
+        .seed(seed);
     if o.mode == Mode::Residual {
-        let (hook, w) = ResidualMlp::new(&sac, norm.clone(), true, o.seed ^ 7)?;
+        let (hook, w) = ResidualMlp::new(sac, norm.clone(), true, seed ^ 7)?;
         b = b.residual(Box::new(hook), false);
         weights = Some(w);
     }
@@ -550,18 +675,86 @@ fn build_rig(o: &DemoOptions, learner_cfg: SacConfig, sim: SimConfig) -> Result<
         None => (Some(relabel), None),
     };
     let lp = b.teleop(teleop_rx).outbox(otx).build()?;
-    Ok(Rig {
+    // The person sees the whole scene, whatever the robot's state reports.
+    let scene_spec = reflex_contracts::msg::RobotSpec {
+        state: reflex_sim::env::state_fields(TaskKind::Pick),
+        ..spec.clone()
+    };
+    let human = o
+        .human
+        .then(|| {
+            SimHuman::new(
+                &scene_spec,
+                HumanConfig {
+                    seed: robot_seed(human_cfg.seed, i),
+                    ..human_cfg.clone()
+                },
+            )
+        })
+        .transpose()?;
+    // Every episode to Rerun, off the loop (the recorder's own thread and bounded queue).
+    let recorder = o
+        .record
+        .then(|| {
+            reflex_agent::tap::make_recorder(
+                Some(dir.join("episodes")),
+                reflex_record::Live::Off,
+                &spec,
+                true,
+            )
+        })
+        .transpose()?;
+    let log = o
+        .record
+        .then(|| {
+            reflex_data::steplog::StepLog::create(
+                &dir.join("steps"),
+                &spec,
+                &format!(
+                    "reflex demo --seed {} --mode {}{}",
+                    o.seed,
+                    mode_name(o.mode),
+                    robots_flag(o)
+                ),
+            )
+        })
+        .transpose()?;
+    Ok(Arm {
         lp,
         vision,
-        asm: Assembler::new(o.mode, norm.clone(), relabel, o.rlif, act_dim),
+        // n-step returns walk a buffer's consecutive rows: a fleet's robots interleave, so each
+        // stores its episodes whole at their ends (as the fleet learner on the bus does).
+        asm: Assembler::new(o.mode, norm.clone(), relabel, o.rlif, act_dim)
+            .whole_episodes(o.robots > 1 && sac.cfg.n_step > 1),
         chunk_asm: ChunkAssembler::new(o.rlif),
-        sac,
-        norm,
         teleop,
         orx,
         weights,
         tap,
+        msg: TeleopMsg {
+            action: vec![0.0; act_dim],
+            ..Default::default()
+        },
+        demos_left: if human.is_some() {
+            demos_of(o.demos, o.robots.max(1), i)
+        } else {
+            0
+        },
+        human,
+        count: PersonCount::default(),
+        recorder,
+        log,
+        wire: WireStep::default(),
     })
+}
+
+/// ` --robots N` for a fleet's provenance lines, nothing for one robot.
+fn robots_flag(o: &DemoOptions) -> String {
+    if o.robots > 1 {
+        format!(" --robots {}", o.robots)
+    } else {
+        String::new()
+    }
 }
 
 /// The person's takeovers in the current episode, counted by the demo itself: in `full` mode the
@@ -582,6 +775,25 @@ impl PersonCount {
 }
 
 impl Rig {
+    /// One control step of robot `a`: its person looks and acts, the loop steps, the learner
+    /// takes the step and trains. Says whether an episode ended.
+    fn step(&mut self, a: usize, o: &DemoOptions) -> Result<bool> {
+        let Rig { arms, sac, norm } = self;
+        let arm = &mut arms[a];
+        arm.person_and_learner_act(o, sac, norm)?;
+        let before = arm.lp.episodes().len();
+        arm.lp.step()?;
+        arm.learn_from_step(o, sac)?;
+        Ok(arm.lp.episodes().len() > before)
+    }
+
+    /// Demonstrations the fleet's people still give before training.
+    fn demos_left(&self) -> usize {
+        self.arms.iter().map(|a| a.demos_left).sum()
+    }
+}
+
+impl Arm {
     /// The steered policy alone on `o.eval_episodes` more episodes (noise mode, which keeps no
     /// residual file): nobody takes over, no training, the held-out seed stream (checked against
     /// training's in [`HeldOut`]); the steered policy still samples its noise from the actor's
@@ -629,35 +841,34 @@ impl Rig {
     fn person_and_learner_act(
         &mut self,
         o: &DemoOptions,
-        human: &mut Option<SimHuman>,
-        demos_left: usize,
-        msg: &mut TeleopMsg,
-        count: &mut PersonCount,
+        sac: &mut Sac,
+        norm: &ActionNorm,
     ) -> Result<()> {
         // The person looks at the scene (all of it, whatever the robot's state reports).
         let env = self.lp.robot().inner();
         let mut obs_now: Observation = env.obs().clone();
         obs_now.state.clear();
         obs_now.state.extend_from_slice(env.scene_state());
-        match human {
-            Some(h) if demos_left > 0 => h.demonstrate(&obs_now, msg),
+        let msg = &mut self.msg;
+        match &mut self.human {
+            Some(h) if self.demos_left > 0 => h.demonstrate(&obs_now, msg),
             Some(h) => h.act(&obs_now, msg),
             None => msg.intervene = false,
         }
-        count.note(msg.intervene);
+        self.count.note(msg.intervene);
         if msg.intervene
             && let Some(v) = &mut self.vision
         {
             v.note_person(env.obs(), msg.action.len())?;
         }
         if o.mode == Mode::Full && !msg.intervene {
-            let an = if (self.sac.counters.env_steps as usize) < self.sac.cfg.warmup_steps {
-                self.sac.random_action()
+            let an = if (sac.counters.env_steps as usize) < sac.cfg.warmup_steps {
+                sac.random_action()
             } else {
-                self.sac.act(&obs_now.state, &[], false)?
+                sac.act(&obs_now.state, &[], false)?
             };
             let mut act = an.clone();
-            self.norm.to_robot(&mut act);
+            norm.to_robot(&mut act);
             msg.action.copy_from_slice(&act);
             msg.intervene = true;
             msg.seq += 1;
@@ -670,31 +881,24 @@ impl Rig {
     }
 
     /// Hands the step's transitions to the recorder and the learner, and trains.
-    fn learn_from_step(
-        &mut self,
-        o: &DemoOptions,
-        recorder: Option<&Recorder>,
-        log: Option<&mut reflex_data::steplog::StepLog>,
-        human: &Option<SimHuman>,
-        step: &mut WireStep,
-    ) -> Result<()> {
-        let mut log = log;
+    fn learn_from_step(&mut self, o: &DemoOptions, sac: &mut Sac) -> Result<()> {
         // The noise of a chunk the steered policy started in this step.
         let mut noise = self.tap.as_ref().and_then(|t| t.try_recv());
+        let step = &mut self.wire;
         while let Some(mut tr) = self.orx.try_recv() {
             if let Some(v) = &mut self.vision
-                && human.is_some()
+                && self.human.is_some()
             {
                 v.judge_end(&mut tr, self.lp.robot().inner().ended_scene_success());
             }
-            if let Some(r) = recorder {
+            if let Some(r) = &self.recorder {
                 r.record(&tr);
             }
             // In `full` mode the learner's own commands also travel the teleop path; only the
             // simulated person's are interventions.
             tr.to_wire(step);
             step.teleop = tr.source == Source::Teleop
-                && (o.mode != Mode::Full || human.as_ref().is_some_and(|h| h.intervening()));
+                && (o.mode != Mode::Full || self.human.as_ref().is_some_and(|h| h.intervening()));
             if let Some(v) = &mut self.vision {
                 v.maps_into(&tr, step);
                 if step.teleop
@@ -703,34 +907,36 @@ impl Rig {
                     step.base.clone_from(b);
                 }
             }
-            if let Some(l) = log.as_deref_mut() {
+            if let Some(l) = &mut self.log {
                 let seed = self.lp.episodes().last().and_then(|e| e.seed);
                 l.push(&tr, step.teleop, seed)?;
             }
             if o.mode == Mode::Noise {
                 let before = self.chunk_asm.stored;
-                self.chunk_asm.push(&mut self.sac, step, noise.as_deref());
+                self.chunk_asm.push(sac, step, noise.as_deref());
                 if let (Some(n), Some(t)) = (noise.take(), &self.tap) {
                     t.recycle(n);
                 }
                 // One learner step per chunk transition (the learner's time runs in chunks).
                 for _ in before..self.chunk_asm.stored {
-                    self.sac.train_step()?;
+                    sac.train_step()?;
                 }
             } else {
-                self.asm.push(&mut self.sac, step)?;
+                self.asm.push(sac, step)?;
             }
             self.orx.recycle(tr);
         }
         if o.mode != Mode::Noise {
-            self.sac.train_step()?;
+            sac.train_step()?;
         }
         Ok(())
     }
 }
 
 /// Runs the demo; writes `summary.json`, `learning_curve.png`, `learning.rrd` and (when
-/// recording) every episode under `runs/<run-id>/`.
+/// recording) every episode under `runs/<run-id>/`. With `robots` > 1 the simulated robots take
+/// turns stepping (each step its own learner steps, as for one robot) and feed one learner;
+/// each takes the newest weights at the end of its own episodes.
 pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let t0 = Instant::now();
     if o.offline_updates > 0 && !(o.human && o.demos > 0) {
@@ -739,75 +945,52 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
             "the offline updates train on the person's demonstrations, and this run has none (--no-human or --demos 0)",
         ));
     }
+    if !(1..=MAX_ROBOTS).contains(&o.robots) {
+        return Err(AgentError::setup(
+            "--robots",
+            format!(
+                "{} robots: a demo fleet has 1 to {MAX_ROBOTS} (each is a simulator and two copies of the base policy in this process)",
+                o.robots
+            ),
+        ));
+    }
     let Settings {
         learner: learner_cfg,
         human: human_cfg,
         sim,
     } = settings(o)?;
     let sim_text = sim_section(o, &sim)?;
-    let mut rig = build_rig(o, learner_cfg, sim)?;
-    let spec = rig.lp.robot().spec().clone();
-    // The person sees the whole scene, whatever the robot's state reports.
-    let scene_spec = reflex_contracts::msg::RobotSpec {
-        state: reflex_sim::env::state_fields(TaskKind::Pick),
-        ..spec.clone()
-    };
-    let mut human = o
-        .human
-        .then(|| SimHuman::new(&scene_spec, human_cfg.clone()))
-        .transpose()?;
-    let mut msg = TeleopMsg {
-        action: vec![0.0; spec.action.dim()],
-        ..Default::default()
-    };
     let dir = o
         .runs
         .join(reflex_agent::run_id(&format!("demo-seed{}", o.seed)));
     std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-    // Every episode to Rerun, off the loop (the recorder's own thread and bounded queue).
-    let recorder = o
-        .record
-        .then(|| {
-            reflex_agent::tap::make_recorder(
-                Some(dir.join("episodes")),
-                reflex_record::Live::Off,
-                &spec,
-                true,
-            )
-        })
-        .transpose()?;
-    let mut log = o
-        .record
-        .then(|| {
-            reflex_data::steplog::StepLog::create(
-                &dir.join("steps"),
-                &spec,
-                &format!("reflex demo --seed {} --mode {}", o.seed, mode_name(o.mode)),
-            )
-        })
-        .transpose()?;
-    let mut step = WireStep::default();
+    let mut rig = build_rig(o, learner_cfg, &human_cfg, sim, &dir)?;
+    let spec = rig.arms[0].lp.robot().spec().clone();
     let mut t = Tally {
         rows: vec![],
-        count: PersonCount::default(),
         version: 0,
         rate: UpdateRate::new(rig.sac.counters.critic_updates),
-        demos_left: if human.is_some() { o.demos } else { 0 },
         average: WeightMean::default(),
     };
-    if t.demos_left > 0 {
-        progress.start(t.demos_left as u64, "demonstrations");
+    if rig.demos_left() > 0 {
+        progress.start(rig.demos_left() as u64, "demonstrations");
         progress.message("the person demonstrates before training starts");
     } else {
         progress.start(o.episodes as u64, "episodes");
     }
     while t.rows.len() < o.episodes {
-        rig.person_and_learner_act(o, &mut human, t.demos_left, &mut msg, &mut t.count)?;
-        let episodes_before = rig.lp.episodes().len();
-        rig.lp.step()?;
-        rig.learn_from_step(o, recorder.as_ref(), log.as_mut(), &human, &mut step)?;
-        if rig.lp.episodes().len() > episodes_before {
-            t.episode_ended(&mut rig, o, progress)?;
+        let demonstrating = rig.demos_left() > 0;
+        for a in 0..rig.arms.len() {
+            // While the fleet's people demonstrate, a robot whose share is given waits.
+            if demonstrating && rig.arms[a].demos_left == 0 {
+                continue;
+            }
+            if rig.step(a, o)? {
+                t.episode_ended(&mut rig, a, o, progress)?;
+            }
+            if t.rows.len() >= o.episodes {
+                break;
+            }
         }
     }
     let rows = t.rows;
@@ -818,7 +1001,11 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let ckpt = dir.join("learner.ckpt");
     rig.sac.save(&ckpt)?;
     let kept = keep_refined(o, &sim_text, &dir, &rig.sac, average.as_deref(), &spec)?;
-    let trained = rig.lp.episodes().to_vec();
+    let trained: Vec<reflex_runtime::control::EpisodeSummary> = rig
+        .arms
+        .iter()
+        .flat_map(|a| a.lp.episodes().iter().cloned())
+        .collect();
     let held = match (&kept, o.eval_episodes) {
         (_, 0) => None,
         // The kept files judged as a robot would run them: `reflex run --config refined.toml`
@@ -833,7 +1020,7 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
             ))
         }
         (None, _) => Some(reflex_agent::heldout::HeldOut::of(
-            &rig.evaluate_alone(o, progress)?,
+            &rig.arms[0].evaluate_alone(o, progress)?,
             Some(&trained),
         )),
     };
@@ -849,14 +1036,23 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
         }
         _ => None,
     };
-    if let Some(r) = recorder {
-        let st = r.finish();
-        let dropped = st.dropped.load(std::sync::atomic::Ordering::Relaxed);
-        if dropped > 0 {
-            tracing::warn!("the recorder dropped {dropped} steps (it fell behind)");
+    let mut reasons: Option<TakeoverReasons> = None;
+    let (mut confirmed, mut vetoed) = (0, 0);
+    for arm in &mut rig.arms {
+        if let Some(r) = arm.recorder.take() {
+            let st = r.finish();
+            let dropped = st.dropped.load(std::sync::atomic::Ordering::Relaxed);
+            if dropped > 0 {
+                tracing::warn!("the recorder dropped {dropped} steps (it fell behind)");
+            }
+        }
+        if let Some(h) = &arm.human {
+            reasons.get_or_insert_default().add(&h.reasons);
+        }
+        if let Some(v) = &arm.vision {
+            (confirmed, vetoed) = (confirmed + v.confirmed, vetoed + v.vetoed);
         }
     }
-    let reasons = human.as_ref().map(|h| h.reasons);
     let mut r = summarize(o, &dir, rows, wall, &rig.sac, reasons, held.as_ref())?;
     r.summary.checkpoint = Some(ckpt.display().to_string());
     if let Some((model, config)) = &kept {
@@ -868,13 +1064,13 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     // names (`success_rate_last_20`).
     r.summary.success_rate = held.as_ref().map(|h| h.success_rate);
     r.summary.held_out = held;
-    if let (Some(v), Some(vr)) = (&o.vision, &rig.vision) {
+    if let Some(v) = &o.vision {
         r.summary.vision = Some(VisionFigures {
             encoder: v.encoder.display().to_string(),
             classifier: v.classifier.display().to_string(),
             consecutive_frames: v.consecutive_frames,
-            classifier_successes_confirmed: vr.confirmed,
-            classifier_successes_vetoed: vr.vetoed,
+            classifier_successes_confirmed: confirmed,
+            classifier_successes_vetoed: vetoed,
             base_held_out: base_held,
         });
     }
@@ -910,11 +1106,12 @@ fn keep_refined(
         action_high: &spec.action.high,
         base_model: Some(&base),
         provenance: format!(
-            "reflex demo --seed {} --episodes {} --mode {}{}",
+            "reflex demo --seed {} --episodes {} --mode {}{}{}",
             o.seed,
             o.episodes,
             mode_name(o.mode),
-            if o.vision.is_some() { " --vision" } else { "" }
+            if o.vision.is_some() { " --vision" } else { "" },
+            robots_flag(o)
         ),
     };
     match average {
@@ -999,10 +1196,8 @@ fn keep_base(o: &DemoOptions, sim: &str, dir: &Path) -> Result<PathBuf> {
 /// The demo's running count of episodes.
 struct Tally {
     rows: Vec<EpisodeRow>,
-    count: PersonCount,
     version: u64,
     rate: UpdateRate,
-    demos_left: usize,
     /// The residual weights at the ends of the last [`keep_average`] episodes so far.
     average: WeightMean,
 }
@@ -1036,19 +1231,22 @@ impl WeightMean {
 }
 
 impl Tally {
-    /// An episode ended: a demonstration counted down, or a training episode recorded and the
-    /// new residual published (swapped in at the episode boundary).
+    /// An episode of robot `a` ended: a demonstration counted down (the last of the fleet's
+    /// starts training), or a training episode recorded and the newest residual published to
+    /// that robot (swapped in at its episode boundary).
     fn episode_ended(
         &mut self,
         rig: &mut Rig,
+        a: usize,
         o: &DemoOptions,
         progress: &dyn Progress,
     ) -> Result<()> {
-        if self.demos_left > 0 {
-            self.demos_left -= 1;
-            self.count = PersonCount::default();
+        let arm = &mut rig.arms[a];
+        if arm.demos_left > 0 {
+            arm.demos_left -= 1;
+            arm.count = PersonCount::default();
             progress.inc(1);
-            if self.demos_left == 0 {
+            if rig.arms.iter().all(|x| x.demos_left == 0) {
                 progress.finish();
                 if o.offline_updates > 0 {
                     progress.start(o.offline_updates as u64, "offline updates");
@@ -1063,12 +1261,12 @@ impl Tally {
             }
             return Ok(());
         }
-        let e = rig.lp.episodes().last().expect("just finished").clone();
+        let e = arm.lp.episodes().last().expect("just finished").clone();
         // Learning from pixels the classifier's verdict is the reward, not the result: the row
         // says what the scene showed at the end.
-        let (success, classifier_success) = match &rig.vision {
+        let (success, classifier_success) = match &arm.vision {
             Some(_) => (
-                rig.lp
+                arm.lp
                     .robot()
                     .inner()
                     .ended_scene_success()
@@ -1079,21 +1277,22 @@ impl Tally {
         };
         self.rows.push(EpisodeRow {
             episode: self.rows.len(),
+            robot: a,
             success,
             classifier_success,
             steps: e.steps,
             ret: e.ret,
-            interventions: self.count.interventions,
-            intervention_steps: self.count.steps,
+            interventions: arm.count.interventions,
+            intervention_steps: arm.count.steps,
         });
-        self.count = PersonCount::default();
+        arm.count = PersonCount::default();
         let averaged = keep_average(o) > 1 && self.rows.len() + keep_average(o) > o.episodes;
-        if rig.weights.is_some() || averaged {
+        if arm.weights.is_some() || averaged {
             let w = export_actor(&rig.sac)?;
             if averaged {
                 self.average.add(&w);
             }
-            if let Some(wr) = &mut rig.weights {
+            if let Some(wr) = &mut arm.weights {
                 self.version += 1;
                 wr.publish(self.version, &w);
             }
@@ -1179,7 +1378,16 @@ fn summarize(
         .map(|r| (r.interventions > 0) as u8 as f64)
         .collect();
     let (s20, i20) = (rolling(&succ, 20), rolling(&intv, 20));
-    let title = format!("reflex demo, {} mode, seed {}", mode_name(o.mode), o.seed);
+    let title = format!(
+        "reflex demo, {} mode, seed {}{}",
+        mode_name(o.mode),
+        o.seed,
+        if o.robots > 1 {
+            format!(", {} robots", o.robots)
+        } else {
+            String::new()
+        }
+    );
     reflex_data::plot::curves_png(
         &dir.join("learning_curve.png"),
         &reflex_data::plot::Chart {
@@ -1234,6 +1442,8 @@ fn summarize(
         intervention_rate_first_20: window(&intv, 0, n.min(20)),
         intervention_rate_last_20: window(&intv, n.saturating_sub(20), n),
         episode_reaching_90pct_rolling_success: reached,
+        robots: o.robots,
+        episodes_per_robot_reaching_90pct: reached.map(|e| e as f64 / o.robots.max(1) as f64),
         wall_s: wall,
         env_steps: sac.counters.env_steps,
         updates: sac.counters.critic_updates,
