@@ -387,6 +387,10 @@ fn expected_inputs(
 
 /// Every way the graph disagrees with the spec (empty when they agree). `robot` lets the state
 /// input sizes be checked too.
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpec>) -> Vec<String> {
     let (inputs, outputs) = graph_io(session);
     let mut problems = vec![];
@@ -957,6 +961,10 @@ impl OnnxPolicy {
 
     /// Runs the model (its output into `self.out`), or with `vjp` the VJP graph (the cotangent
     /// from and the result into the [`VjpSession`]'s buffers).
+    #[allow(
+        clippy::too_many_lines,
+        reason = "over the house limit: to be split by stage (issue 57)"
+    )]
     fn run_on(&mut self, sample: bool, vjp: bool) -> Result<(), PolicyError> {
         let err = |e: ort::Error| PolicyError {
             policy: self.spec.name.clone(),

@@ -3,6 +3,8 @@
 // The tests count allocations with a global allocator and signal, time and pipe their child
 // processes through libc: unsafe is theirs to use, and each call's safety is local.
 #![allow(unsafe_code, clippy::undocumented_unsafe_blocks)]
+// A system test reads as one scenario from start to end; the length limit is for library code.
+#![allow(clippy::too_many_lines)]
 
 mod alloc_count;
 mod arm;

@@ -1,3 +1,7 @@
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test reads as one scenario; the limit is for library code"
+)]
 use super::*;
 use std::path::{Path, PathBuf};
 

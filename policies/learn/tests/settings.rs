@@ -1,5 +1,9 @@
 //! The learner's settings are range-checked where they are read, each refusal naming its key:
 //! a zero-width layer or a zero batch used to reach the learner's thread and panic it there.
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test reads as one scenario; the limit is for library code"
+)]
 
 use reflex_learn::sac::{Sac, SacConfig};
 use reflex_runtime::config::Validate;

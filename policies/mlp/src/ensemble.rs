@@ -305,6 +305,10 @@ pub struct InputGrad<'a> {
 /// gradient `dout` of the output (`[N, rows, out]`), the parameters' gradients into `grads`
 /// (overwritten; `None` skips them, as when a critic only scores an actor's actions) and the
 /// input's gradient into `dx` when asked for.
+#[allow(
+    clippy::too_many_lines,
+    reason = "hand-derived gradient: the forward and backward passes read as one derivation"
+)]
 pub fn backward(
     shape: &Shape,
     p: &Params<'_>,
@@ -470,6 +474,10 @@ mod tests {
     /// Every parameter's and the input's gradient against central differences (in f64 sums of
     /// f32 passes), for two members with and without LayerNorm, reading a prefix of wider rows.
     #[test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "hand-derived gradient: the forward and backward passes read as one derivation"
+    )]
     fn gradients_match_finite_differences() {
         for layer_norm in [false, true] {
             let shape = Shape {

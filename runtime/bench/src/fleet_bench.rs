@@ -122,6 +122,10 @@ pub fn run(o: &FleetBenchOptions) -> Result<FleetBenchReport> {
     })
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 fn point(
     o: &FleetBenchOptions,
     spec: &msg::RobotSpec,

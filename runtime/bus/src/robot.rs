@@ -164,6 +164,10 @@ impl Aside {
 impl RemoteRobot {
     /// Finds the robot named `robot` on the bus and fetches its spec. Fails with a
     /// [`RobotError::Timeout`] naming the key when nobody serves it within `timeout`.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "over the house limit: to be split by stage (issue 57)"
+    )]
     pub fn connect(
         session: &zenoh::Session,
         robot: &str,

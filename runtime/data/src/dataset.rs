@@ -337,6 +337,10 @@ fn check_episode(spec: &RobotSpec, ep: &Episode, file: &Path) -> Result<()> {
 }
 
 /// Writes the episodes of `o.demos` as a LeRobotDataset v3.0 in `o.out`.
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
     if o.out.exists()
         && std::fs::read_dir(&o.out)
@@ -626,6 +630,10 @@ pub(crate) fn chunk_files(root: &Path) -> Result<Vec<PathBuf>> {
 
 /// Reads the frames of a LeRobotDataset v3.0 at `dir`: the `state_key` and `action_key`
 /// features of every frame, grouped into episodes by `episode_index`, in `index` order.
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeRobotData> {
     let info_path = dir.join("meta/info.json");
     let text = std::fs::read(&info_path).map_err(|e| DataError::io(&info_path, e))?;

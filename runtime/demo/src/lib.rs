@@ -675,50 +675,8 @@ fn build_arm(
         None => (Some(relabel), None),
     };
     let lp = b.teleop(teleop_rx).outbox(otx).build()?;
-    // The person sees the whole scene, whatever the robot's state reports.
-    let scene_spec = reflex_contracts::msg::RobotSpec {
-        state: reflex_sim::env::state_fields(TaskKind::Pick),
-        ..spec.clone()
-    };
-    let human = o
-        .human
-        .then(|| {
-            SimHuman::new(
-                &scene_spec,
-                HumanConfig {
-                    seed: robot_seed(human_cfg.seed, i),
-                    ..human_cfg.clone()
-                },
-            )
-        })
-        .transpose()?;
-    // Every episode to Rerun, off the loop (the recorder's own thread and bounded queue).
-    let recorder = o
-        .record
-        .then(|| {
-            reflex_agent::tap::make_recorder(
-                Some(dir.join("episodes")),
-                reflex_record::Live::Off,
-                &spec,
-                true,
-            )
-        })
-        .transpose()?;
-    let log = o
-        .record
-        .then(|| {
-            reflex_data::steplog::StepLog::create(
-                &dir.join("steps"),
-                &spec,
-                &format!(
-                    "reflex demo --seed {} --mode {}{}",
-                    o.seed,
-                    mode_name(o.mode),
-                    robots_flag(o)
-                ),
-            )
-        })
-        .transpose()?;
+    let human = person(o, human_cfg, &spec, i)?;
+    let (recorder, log) = records(o, &dir, &spec)?;
     Ok(Arm {
         lp,
         vision,
@@ -746,6 +704,53 @@ fn build_arm(
         log,
         wire: WireStep::default(),
     })
+}
+
+/// Robot `i`'s simulated person (none with `--no-human`), with a seed of its own.
+fn person(
+    o: &DemoOptions,
+    human_cfg: &HumanConfig,
+    spec: &reflex_contracts::msg::RobotSpec,
+    i: usize,
+) -> Result<Option<SimHuman>> {
+    // The person sees the whole scene, whatever the robot's state reports.
+    let scene_spec = reflex_contracts::msg::RobotSpec {
+        state: reflex_sim::env::state_fields(TaskKind::Pick),
+        ..spec.clone()
+    };
+    let cfg = HumanConfig {
+        seed: robot_seed(human_cfg.seed, i),
+        ..human_cfg.clone()
+    };
+    Ok(o.human
+        .then(|| SimHuman::new(&scene_spec, cfg))
+        .transpose()?)
+}
+
+/// A robot's recordings under `dir` (with `--record`): every episode to Rerun, off the loop
+/// (the recorder's own thread and bounded queue), and the step log.
+fn records(
+    o: &DemoOptions,
+    dir: &Path,
+    spec: &reflex_contracts::msg::RobotSpec,
+) -> Result<(Option<Recorder>, Option<reflex_data::steplog::StepLog>)> {
+    if !o.record {
+        return Ok((None, None));
+    }
+    let recorder = reflex_agent::tap::make_recorder(
+        Some(dir.join("episodes")),
+        reflex_record::Live::Off,
+        spec,
+        true,
+    )?;
+    let provenance = format!(
+        "reflex demo --seed {} --mode {}{}",
+        o.seed,
+        mode_name(o.mode),
+        robots_flag(o)
+    );
+    let log = reflex_data::steplog::StepLog::create(&dir.join("steps"), spec, &provenance)?;
+    Ok((Some(recorder), Some(log)))
 }
 
 /// ` --robots N` for a fleet's provenance lines, nothing for one robot.
@@ -939,6 +944,68 @@ impl Arm {
 /// each takes the newest weights at the end of its own episodes.
 pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let t0 = Instant::now();
+    check(o)?;
+    let Settings {
+        learner: learner_cfg,
+        human: human_cfg,
+        sim,
+    } = settings(o)?;
+    let sim_text = sim_section(o, &sim)?;
+    let dir = o
+        .runs
+        .join(reflex_agent::run_id(&format!("demo-seed{}", o.seed)));
+    std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
+    let mut rig = build_rig(o, learner_cfg, &human_cfg, sim, &dir)?;
+    let spec = rig.arms[0].lp.robot().spec().clone();
+    let t = train(&mut rig, o, progress)?;
+    let (rows, average, n) = (t.rows, t.average.mean(), t.average.n);
+    let wall = t0.elapsed().as_secs_f64();
+    // Keep what was learned, then judge it alone on seeds training never saw.
+    let ckpt = dir.join("learner.ckpt");
+    rig.sac.save(&ckpt)?;
+    let kept = keep_refined(o, &sim_text, &dir, &rig.sac, average.as_deref(), &spec)?;
+    let judged = judge(o, &mut rig, kept.as_ref(), &sim_text, &dir, progress)?;
+    let people = rig.finish();
+    let mut r = summarize(
+        o,
+        &dir,
+        rows,
+        wall,
+        &rig.sac,
+        people.reasons,
+        judged.held.as_ref(),
+    )?;
+    r.summary.checkpoint = Some(ckpt.display().to_string());
+    if let Some((model, config)) = &kept {
+        r.summary.residual = Some(model.display().to_string());
+        r.summary.residual_averages_episodes = Some(n.max(1));
+        r.summary.refined_config = Some(config.display().to_string());
+    }
+    // The headline is the policy alone on held-out seeds; training's figures keep their own
+    // names (`success_rate_last_20`).
+    r.summary.success_rate = judged.held.as_ref().map(|h| h.success_rate);
+    r.summary.held_out = judged.held;
+    if let Some(v) = &o.vision {
+        r.summary.vision = Some(VisionFigures {
+            encoder: v.encoder.display().to_string(),
+            classifier: v.classifier.display().to_string(),
+            consecutive_frames: v.consecutive_frames,
+            classifier_successes_confirmed: people.confirmed,
+            classifier_successes_vetoed: people.vetoed,
+            base_held_out: judged.base_held,
+        });
+    }
+    let summary_file = dir.join("summary.json");
+    let body =
+        serde_json::to_vec_pretty(&serde_json::json!({ "summary": r.summary, "episodes": r.rows }))
+            .expect("json of plain values");
+    reflex_runtime::fsio::atomic_write(&summary_file, &body)
+        .map_err(|e| AgentError::io(&summary_file, e))?;
+    Ok(r)
+}
+
+/// Options that cannot run together, refused before anything is built.
+fn check(o: &DemoOptions) -> Result<()> {
     if o.offline_updates > 0 && !(o.human && o.demos > 0) {
         return Err(AgentError::setup(
             "--offline-updates",
@@ -954,18 +1021,12 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
             ),
         ));
     }
-    let Settings {
-        learner: learner_cfg,
-        human: human_cfg,
-        sim,
-    } = settings(o)?;
-    let sim_text = sim_section(o, &sim)?;
-    let dir = o
-        .runs
-        .join(reflex_agent::run_id(&format!("demo-seed{}", o.seed)));
-    std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-    let mut rig = build_rig(o, learner_cfg, &human_cfg, sim, &dir)?;
-    let spec = rig.arms[0].lp.robot().spec().clone();
+    Ok(())
+}
+
+/// The demonstrations, then the training episodes: the robots take turns stepping until the
+/// fleet has run `o.episodes` training episodes.
+fn train(rig: &mut Rig, o: &DemoOptions, progress: &dyn Progress) -> Result<Tally> {
     let mut t = Tally {
         rows: vec![],
         version: 0,
@@ -986,101 +1047,101 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
                 continue;
             }
             if rig.step(a, o)? {
-                t.episode_ended(&mut rig, a, o, progress)?;
+                t.episode_ended(rig, a, o, progress)?;
             }
             if t.rows.len() >= o.episodes {
                 break;
             }
         }
     }
-    let rows = t.rows;
-    let (average, n) = (t.average.mean(), t.average.n);
     progress.finish();
-    let wall = t0.elapsed().as_secs_f64();
-    // Keep what was learned, then judge it alone on seeds training never saw.
-    let ckpt = dir.join("learner.ckpt");
-    rig.sac.save(&ckpt)?;
-    let kept = keep_refined(o, &sim_text, &dir, &rig.sac, average.as_deref(), &spec)?;
+    Ok(t)
+}
+
+/// The held-out evaluations: the refined policy alone, and for the pixel demo the base alone on
+/// the same episodes.
+struct Judged {
+    held: Option<reflex_agent::heldout::HeldOut>,
+    base_held: Option<reflex_agent::heldout::HeldOut>,
+}
+
+fn judge(
+    o: &DemoOptions,
+    rig: &mut Rig,
+    kept: Option<&(PathBuf, PathBuf)>,
+    sim_text: &str,
+    dir: &Path,
+    progress: &dyn Progress,
+) -> Result<Judged> {
     let trained: Vec<reflex_runtime::control::EpisodeSummary> = rig
         .arms
         .iter()
         .flat_map(|a| a.lp.episodes().iter().cloned())
         .collect();
-    let held = match (&kept, o.eval_episodes) {
+    // A run config judged as a robot would run it: `reflex run --config` in this process.
+    let run = |config: &Path| -> Result<reflex_agent::heldout::HeldOut> {
+        let cfg = reflex_agent::config::RunConfig::load(config)?;
+        let report = reflex_agent::actor::run_config(&cfg, &Default::default(), progress)?;
+        Ok(reflex_agent::heldout::HeldOut::of(
+            &report.episodes,
+            Some(&trained),
+        ))
+    };
+    let held = match (kept, o.eval_episodes) {
         (_, 0) => None,
-        // The kept files judged as a robot would run them: `reflex run --config refined.toml`
-        // in this process (fresh base policy, the residual read back from its file).
+        // The kept files (fresh base policy, the residual read back from its file).
         (Some((_, config)), _) => {
             progress.message("the refined policy alone, from the kept files");
-            let cfg = reflex_agent::config::RunConfig::load(config)?;
-            let report = reflex_agent::actor::run_config(&cfg, &Default::default(), progress)?;
-            Some(reflex_agent::heldout::HeldOut::of(
-                &report.episodes,
-                Some(&trained),
-            ))
+            Some(run(config)?)
         }
-        (None, _) => Some(reflex_agent::heldout::HeldOut::of(
-            &rig.arms[0].evaluate_alone(o, progress)?,
-            Some(&trained),
-        )),
+        (None, _) => {
+            let alone = rig.arms[0].evaluate_alone(o, progress)?;
+            Some(reflex_agent::heldout::HeldOut::of(&alone, Some(&trained)))
+        }
     };
     let base_held = match (&o.vision, o.eval_episodes) {
         (Some(_), n) if n > 0 => {
             progress.message("the base policy alone, on the same held-out episodes");
-            let cfg = reflex_agent::config::RunConfig::load(&keep_base(o, &sim_text, &dir)?)?;
-            let report = reflex_agent::actor::run_config(&cfg, &Default::default(), progress)?;
-            Some(reflex_agent::heldout::HeldOut::of(
-                &report.episodes,
-                Some(&trained),
-            ))
+            Some(run(&keep_base(o, sim_text, dir)?)?)
         }
         _ => None,
     };
-    let mut reasons: Option<TakeoverReasons> = None;
-    let (mut confirmed, mut vetoed) = (0, 0);
-    for arm in &mut rig.arms {
-        if let Some(r) = arm.recorder.take() {
-            let st = r.finish();
-            let dropped = st.dropped.load(std::sync::atomic::Ordering::Relaxed);
-            if dropped > 0 {
-                tracing::warn!("the recorder dropped {dropped} steps (it fell behind)");
+    Ok(Judged { held, base_held })
+}
+
+/// What the fleet's people did, summed over the robots.
+struct People {
+    reasons: Option<TakeoverReasons>,
+    confirmed: u64,
+    vetoed: u64,
+}
+
+impl Rig {
+    /// Flushes every robot's recordings and sums what their people did.
+    fn finish(&mut self) -> People {
+        let mut p = People {
+            reasons: None,
+            confirmed: 0,
+            vetoed: 0,
+        };
+        for arm in &mut self.arms {
+            if let Some(r) = arm.recorder.take() {
+                let st = r.finish();
+                let dropped = st.dropped.load(std::sync::atomic::Ordering::Relaxed);
+                if dropped > 0 {
+                    tracing::warn!("the recorder dropped {dropped} steps (it fell behind)");
+                }
+            }
+            if let Some(h) = &arm.human {
+                p.reasons.get_or_insert_default().add(&h.reasons);
+            }
+            if let Some(v) = &arm.vision {
+                p.confirmed += v.confirmed;
+                p.vetoed += v.vetoed;
             }
         }
-        if let Some(h) = &arm.human {
-            reasons.get_or_insert_default().add(&h.reasons);
-        }
-        if let Some(v) = &arm.vision {
-            (confirmed, vetoed) = (confirmed + v.confirmed, vetoed + v.vetoed);
-        }
+        p
     }
-    let mut r = summarize(o, &dir, rows, wall, &rig.sac, reasons, held.as_ref())?;
-    r.summary.checkpoint = Some(ckpt.display().to_string());
-    if let Some((model, config)) = &kept {
-        r.summary.residual = Some(model.display().to_string());
-        r.summary.residual_averages_episodes = Some(n.max(1));
-        r.summary.refined_config = Some(config.display().to_string());
-    }
-    // The headline is the policy alone on held-out seeds; training's figures keep their own
-    // names (`success_rate_last_20`).
-    r.summary.success_rate = held.as_ref().map(|h| h.success_rate);
-    r.summary.held_out = held;
-    if let Some(v) = &o.vision {
-        r.summary.vision = Some(VisionFigures {
-            encoder: v.encoder.display().to_string(),
-            classifier: v.classifier.display().to_string(),
-            consecutive_frames: v.consecutive_frames,
-            classifier_successes_confirmed: confirmed,
-            classifier_successes_vetoed: vetoed,
-            base_held_out: base_held,
-        });
-    }
-    let summary_file = dir.join("summary.json");
-    let body =
-        serde_json::to_vec_pretty(&serde_json::json!({ "summary": r.summary, "episodes": r.rows }))
-            .expect("json of plain values");
-    reflex_runtime::fsio::atomic_write(&summary_file, &body)
-        .map_err(|e| AgentError::io(&summary_file, e))?;
-    Ok(r)
 }
 
 /// Keeps the refined policy as files a robot runs without a learner: the residual (ONNX and its

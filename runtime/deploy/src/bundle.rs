@@ -207,6 +207,10 @@ fn sha256_hex(path: &Path) -> Result<String> {
 }
 
 /// Fills `stage` with the bundle's files; returns how many.
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
     let src = &o.source;
     for dir in ["models", "configs"] {

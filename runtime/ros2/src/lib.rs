@@ -494,6 +494,10 @@ pub fn diagnostics(s: &StatusMsg, hardware_id: &str) -> Vec<msgs::DiagnosticStat
 
 /// Starts the node for robot `spec` on `session`: its tokens, diagnostics, e-stop and twist
 /// inputs, and the publishers the outbox thread feeds ([`RobotTopics`]).
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 pub fn start(
     session: &zenoh::Session,
     cfg: &Ros2Config,

@@ -252,6 +252,10 @@ fn list(reports: &[StopStatus]) -> String {
 /// No holder answers within `wait` (nobody confirmed: the robot may not have heard), a release
 /// with nothing latched, a resume with nothing paused, or an e-stop raised after the one this
 /// act answers.
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 pub fn act(
     session: &zenoh::Session,
     robot: &str,

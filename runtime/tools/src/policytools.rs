@@ -350,6 +350,10 @@ pub struct TrainReport {
 }
 
 /// Trains a diffusion or flow policy on recorded episodes and exports it to ONNX with its spec.
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport> {
     // The episodes, the action size, the robot kind and where they came from.
     let mut frames = None;
@@ -761,6 +765,10 @@ pub fn success_labels(ep: &reflex_data::demos::Episode) -> Vec<bool> {
 
 /// Trains a success classifier on recorded frames, judges it on held-out episodes, and exports
 /// it to ONNX with its spec.
+#[allow(
+    clippy::too_many_lines,
+    reason = "over the house limit: to be split by stage (issue 57)"
+)]
 pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<RewardTrainReport> {
     let t0 = Instant::now();
     if o.cameras.is_empty() {
