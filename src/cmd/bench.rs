@@ -252,230 +252,243 @@ pub struct KernelBenchArgs {
     json: bool,
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Bus(a) if a.echo => bus_bench::echo(&a.bus.config())?,
-        BenchCommand::Bus(a) => {
-            let out = bus_bench::run(a.iters, a.bus.listen.first().cloned(), a.tls)?;
-            if a.json {
-                print_json(&out);
-                return Ok(());
-            }
-            let runs = match &out {
-                bus_bench::BusBenchReport::One(r) => vec![r],
-                bus_bench::BusBenchReport::Both { tcp, tls } => vec![tcp, tls],
-            };
-            for run in runs {
-                println!(
-                    "bus round trip obs -> cmd between two processes over {}:",
-                    run.transport
-                );
-                for (key, v) in run.rows() {
-                    println!(
-                        "  {key:>20} ({:>5} B): p50 {:>4.0} us, p99 {:>4.0} us, max {:>5.0} us over {} round trips",
-                        v.bytes, v.p50_us, v.p99_us, v.max_us, v.iters
-                    );
-                }
-            }
-        }
+        BenchCommand::Bus(a) => bus(a)?,
         BenchCommand::BusServo(a) => crate::cli::servo_bench(&a)?,
-        BenchCommand::Pixels(a) => {
-            let task = a
-                .task
-                .parse()
-                .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
-            let o = pixels_bench::PixelsBenchOptions {
-                task,
-                width: a.size.0,
-                height: a.size.1,
-                encoder: a.encoder,
-                steps: a.steps,
-                updates: a.updates,
-                batch: a.batch,
-                shift: a.shift.into(),
-            };
-            let r = pixels_bench::run(&o)?;
-            if a.json {
-                print_json(&r);
-            } else {
-                println!(
-                    "pixels on `{}`, cameras {:?} at {}x{}, encoder {} ({} feature values a step):",
-                    r.task, r.cameras, r.width, r.height, r.encoder, r.features
-                );
-                for (name, s) in [
-                    ("sim step with cameras", &r.sim_cameras),
-                    ("sim step without", &r.sim_no_cameras),
-                    ("encoder (all cameras)", &r.encode),
-                    ("actor with image heads", &r.actor),
-                    ("learner update", &r.update),
-                ] {
-                    println!(
-                        "  {name:<24} p50 {:>9.1} us  p99 {:>9.1} us",
-                        s.p50_us, s.p99_us
-                    );
-                }
-                println!(
-                    "  {:.0} frames/s rendered, encoded and acted on; {:.1} steps/s with one update (batch {}, maps shifted by up to {}) each; {:.0} s",
-                    r.frames_per_s, r.steps_per_s_with_updates, r.batch, r.shift, r.wall_s
-                );
-            }
+        BenchCommand::Pixels(a) => pixels(a)?,
+        BenchCommand::Loop(a) => loop_bench(a)?,
+        BenchCommand::Fleet(a) => fleet(a)?,
+        BenchCommand::Rtc(a) => rtc(a)?,
+        BenchCommand::Kernel(a) => kernel(a)?,
+        BenchCommand::Learner(a) => learner(a)?,
+    }
+    Ok(())
+}
+
+fn bus(a: BusBenchArgs) -> anyhow::Result<()> {
+    let out = bus_bench::run(a.iters, a.bus.listen.first().cloned(), a.tls)?;
+    if a.json {
+        print_json(&out);
+        return Ok(());
+    }
+    let runs = match &out {
+        bus_bench::BusBenchReport::One(r) => vec![r],
+        bus_bench::BusBenchReport::Both { tcp, tls } => vec![tcp, tls],
+    };
+    for run in runs {
+        println!(
+            "bus round trip obs -> cmd between two processes over {}:",
+            run.transport
+        );
+        for (key, v) in run.rows() {
+            println!(
+                "  {key:>20} ({:>5} B): p50 {:>4.0} us, p99 {:>4.0} us, max {:>5.0} us over {} round trips",
+                v.bytes, v.p50_us, v.p99_us, v.max_us, v.iters
+            );
         }
-        BenchCommand::Loop(a) => {
-            let o = loop_bench::LoopBenchOptions {
-                hz: a.hz,
-                seconds: a.seconds,
-                load: a.load,
-                rt: RtConfig {
-                    fifo_priority: a.fifo,
-                    cpu: a.cpu,
-                    mlockall: a.mlock,
-                },
-                spin_us: a.spin_us,
-                record: a.record,
-                camera: a.camera.map(|dir| loop_bench::CameraBeside {
-                    dir,
-                    fps: a.camera_fps,
-                    resize: [128, 128],
-                }),
-            };
-            let out = loop_bench::run(&o)?;
-            if a.json {
-                print_json(&out);
-            } else {
-                print_loop(&out, &o);
-            }
+    }
+    Ok(())
+}
+
+fn pixels(a: PixelsBenchArgs) -> anyhow::Result<()> {
+    let task = a
+        .task
+        .parse()
+        .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
+    let o = pixels_bench::PixelsBenchOptions {
+        task,
+        width: a.size.0,
+        height: a.size.1,
+        encoder: a.encoder,
+        steps: a.steps,
+        updates: a.updates,
+        batch: a.batch,
+        shift: a.shift.into(),
+    };
+    let r = pixels_bench::run(&o)?;
+    if a.json {
+        print_json(&r);
+    } else {
+        println!(
+            "pixels on `{}`, cameras {:?} at {}x{}, encoder {} ({} feature values a step):",
+            r.task, r.cameras, r.width, r.height, r.encoder, r.features
+        );
+        for (name, s) in [
+            ("sim step with cameras", &r.sim_cameras),
+            ("sim step without", &r.sim_no_cameras),
+            ("encoder (all cameras)", &r.encode),
+            ("actor with image heads", &r.actor),
+            ("learner update", &r.update),
+        ] {
+            println!(
+                "  {name:<24} p50 {:>9.1} us  p99 {:>9.1} us",
+                s.p50_us, s.p99_us
+            );
         }
-        BenchCommand::Fleet(a) => {
-            let scratch = reflex_bench::scratch::Scratch::new("bench-fleet")?;
-            let o = fleet_bench::FleetBenchOptions {
-                actors: a.actors,
-                steps_per_actor: a.steps,
-                threads: a.threads,
-                dir: scratch.path().to_path_buf(),
-            };
-            let out = fleet_bench::run(&o);
-            drop(scratch);
-            let out = out?;
-            if a.json {
-                print_json(&out);
-            } else {
-                println!("{} ({} threads)", out.learner, out.threads);
-                for p in &out.points {
-                    println!(
-                        "{:>2} actors: {:>7.0} steps/s ingested, {:>7.0} trained on ({} shed), {:>7.0} updates/s: {:.1} robots at 20 Hz",
-                        p.actors,
-                        p.steps_per_s,
-                        p.trained_steps_per_s,
-                        p.updates_shed,
-                        p.updates_per_s,
-                        p.robots_at_20hz
-                    );
-                }
-            }
+        println!(
+            "  {:.0} frames/s rendered, encoded and acted on; {:.1} steps/s with one update (batch {}, maps shifted by up to {}) each; {:.0} s",
+            r.frames_per_s, r.steps_per_s_with_updates, r.batch, r.shift, r.wall_s
+        );
+    }
+    Ok(())
+}
+
+fn loop_bench(a: LoopBenchArgs) -> anyhow::Result<()> {
+    let o = loop_bench::LoopBenchOptions {
+        hz: a.hz,
+        seconds: a.seconds,
+        load: a.load,
+        rt: RtConfig {
+            fifo_priority: a.fifo,
+            cpu: a.cpu,
+            mlockall: a.mlock,
+        },
+        spin_us: a.spin_us,
+        record: a.record,
+        camera: a.camera.map(|dir| loop_bench::CameraBeside {
+            dir,
+            fps: a.camera_fps,
+            resize: [128, 128],
+        }),
+    };
+    let out = loop_bench::run(&o)?;
+    if a.json {
+        print_json(&out);
+    } else {
+        print_loop(&out, &o);
+    }
+    Ok(())
+}
+
+fn fleet(a: FleetBenchArgs) -> anyhow::Result<()> {
+    let scratch = reflex_bench::scratch::Scratch::new("bench-fleet")?;
+    let o = fleet_bench::FleetBenchOptions {
+        actors: a.actors,
+        steps_per_actor: a.steps,
+        threads: a.threads,
+        dir: scratch.path().to_path_buf(),
+    };
+    let out = fleet_bench::run(&o);
+    drop(scratch);
+    let out = out?;
+    if a.json {
+        print_json(&out);
+    } else {
+        println!("{} ({} threads)", out.learner, out.threads);
+        for p in &out.points {
+            println!(
+                "{:>2} actors: {:>7.0} steps/s ingested, {:>7.0} trained on ({} shed), {:>7.0} updates/s: {:.1} robots at 20 Hz",
+                p.actors,
+                p.steps_per_s,
+                p.trained_steps_per_s,
+                p.updates_shed,
+                p.updates_per_s,
+                p.robots_at_20hz
+            );
         }
-        BenchCommand::Rtc(a) => {
-            let task = a
-                .task
-                .parse()
-                .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
-            let mut modes = vec![
-                rtc_bench::ExecMode::Naive,
-                rtc_bench::ExecMode::Ensemble,
-                rtc_bench::ExecMode::RtcHard,
-            ];
-            // The paper's method where the model carries its VJP graph (a flow policy).
-            if reflex_policies::spec::PolicySpec::load_for(&a.model)?
-                .graph
-                .vjp
-                .is_some()
-            {
-                modes.push(rtc_bench::ExecMode::RtcGuided);
-            }
-            let o = rtc_bench::RtcBenchOptions {
-                model: a.model,
-                task,
-                delays: a.delays,
-                modes,
-                episodes: a.episodes,
-                seed: a.seed,
-                rtc: reflex_policies::rtc::RtcConfig {
-                    prefix_attention_schedule: serde_json::from_value(serde_json::Value::String(
-                        a.prefix_attention_schedule.clone(),
-                    ))
-                    .map_err(|_| {
-                        anyhow::anyhow!(
-                            "--prefix-attention-schedule {}: one of exp, linear, ones, zeros",
-                            a.prefix_attention_schedule
-                        )
-                    })?,
-                    max_guidance_weight: a.max_guidance_weight,
-                    ..Default::default()
-                },
-            };
-            let json = a.json;
-            let out = rtc_bench::run(&o, &mut |c| {
-                if !json {
-                    println!(
-                        "delay {:>2} ticks {:<9} success {:>5.1}% [{:.0}-{:.0}]  jerk mean {:.4} p99 {:.4}  boundary jump {:.4} (other ticks {:.4})  holds {}",
-                        c.delay_ticks,
-                        format!("{:?}", c.mode),
-                        100.0 * c.success_rate,
-                        100.0 * c.success_ci95.0,
-                        100.0 * c.success_ci95.1,
-                        c.jerk_mean,
-                        c.jerk_p99,
-                        c.boundary_jump_mean,
-                        c.step_change_mean,
-                        c.holds_no_chunk
-                    );
-                }
-            })
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-            if json {
-                print_json(&out);
-            } else {
-                for n in &out.not_measured {
-                    println!("not measured: {n}");
-                }
-            }
+    }
+    Ok(())
+}
+
+fn rtc(a: RtcBenchArgs) -> anyhow::Result<()> {
+    let task = a
+        .task
+        .parse()
+        .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
+    let mut modes = vec![
+        rtc_bench::ExecMode::Naive,
+        rtc_bench::ExecMode::Ensemble,
+        rtc_bench::ExecMode::RtcHard,
+    ];
+    // The paper's method where the model carries its VJP graph (a flow policy).
+    if reflex_policies::spec::PolicySpec::load_for(&a.model)?
+        .graph
+        .vjp
+        .is_some()
+    {
+        modes.push(rtc_bench::ExecMode::RtcGuided);
+    }
+    let o = rtc_bench::RtcBenchOptions {
+        model: a.model,
+        task,
+        delays: a.delays,
+        modes,
+        episodes: a.episodes,
+        seed: a.seed,
+        rtc: reflex_policies::rtc::RtcConfig {
+            prefix_attention_schedule: serde_json::from_value(serde_json::Value::String(
+                a.prefix_attention_schedule.clone(),
+            ))
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "--prefix-attention-schedule {}: one of exp, linear, ones, zeros",
+                    a.prefix_attention_schedule
+                )
+            })?,
+            max_guidance_weight: a.max_guidance_weight,
+            ..Default::default()
+        },
+    };
+    let json = a.json;
+    let out = rtc_bench::run(&o, &mut |c| {
+        if !json {
+            println!(
+                "delay {:>2} ticks {:<9} success {:>5.1}% [{:.0}-{:.0}]  jerk mean {:.4} p99 {:.4}  boundary jump {:.4} (other ticks {:.4})  holds {}",
+                c.delay_ticks,
+                format!("{:?}", c.mode),
+                100.0 * c.success_rate,
+                100.0 * c.success_ci95.0,
+                100.0 * c.success_ci95.1,
+                c.jerk_mean,
+                c.jerk_p99,
+                c.boundary_jump_mean,
+                c.step_change_mean,
+                c.holds_no_chunk
+            );
         }
-        BenchCommand::Kernel(a) => {
-            let out = kernel_bench::run(a.reps as usize);
-            if a.json {
-                print_json(&out);
-            } else {
-                println!("kernel path: {} ({} reps, medians)", out.path, out.reps);
-                for t in &out.shapes {
-                    println!(
-                        "{:<52} kernel {:>8.1} us ({:>5.1} GFLOP/s), gemm {:>8.1} us: {:.2}x",
-                        t.shape.what,
-                        t.kernel_p50_us,
-                        t.kernel_gflop_per_s,
-                        t.gemm_p50_us,
-                        t.speedup
-                    );
-                }
-            }
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if json {
+        print_json(&out);
+    } else {
+        for n in &out.not_measured {
+            println!("not measured: {n}");
         }
-        BenchCommand::Learner(a) => {
-            let out = learner_bench::run(a.updates, a.pendulum_steps, a.threads)?;
-            if a.json {
-                print_json(&out);
-            } else {
-                for (name, r) in out.rates() {
-                    println!("{name:<26} {:>8.1} updates/s", r.updates_per_s);
-                }
-                if let Some(p) = &out.pendulum {
-                    println!(
-                        "pendulum {} steps (64x64, batch 100, 1 update/step): {:.1} s, final return {:.0}",
-                        p.steps, p.wall_s, p.final_return
-                    );
-                }
-            }
+    }
+    Ok(())
+}
+
+fn kernel(a: KernelBenchArgs) -> anyhow::Result<()> {
+    let out = kernel_bench::run(a.reps as usize);
+    if a.json {
+        print_json(&out);
+    } else {
+        println!("kernel path: {} ({} reps, medians)", out.path, out.reps);
+        for t in &out.shapes {
+            println!(
+                "{:<52} kernel {:>8.1} us ({:>5.1} GFLOP/s), gemm {:>8.1} us: {:.2}x",
+                t.shape.what, t.kernel_p50_us, t.kernel_gflop_per_s, t.gemm_p50_us, t.speedup
+            );
+        }
+    }
+    Ok(())
+}
+
+fn learner(a: LearnerBenchArgs) -> anyhow::Result<()> {
+    let out = learner_bench::run(a.updates, a.pendulum_steps, a.threads)?;
+    if a.json {
+        print_json(&out);
+    } else {
+        for (name, r) in out.rates() {
+            println!("{name:<26} {:>8.1} updates/s", r.updates_per_s);
+        }
+        if let Some(p) = &out.pendulum {
+            println!(
+                "pendulum {} steps (64x64, batch 100, 1 update/step): {:.1} s, final return {:.0}",
+                p.steps, p.wall_s, p.final_return
+            );
         }
     }
     Ok(())

@@ -144,118 +144,125 @@ pub struct PolicyBenchArgs {
     json: bool,
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
     match cmd {
-        PolicyCommand::Check(a) => {
-            let r = policytools::check(&a.model)?;
-            for l in &r.lines {
-                println!("{l}");
-            }
-            match r.robot_kind {
-                Some(k) => println!("matches its spec and robot kind `{k}`: ok"),
-                None => println!("matches its spec: ok (no robot kind to check against)"),
-            }
-        }
+        PolicyCommand::Check(a) => check(&a.model),
         PolicyCommand::Import {
             from: ImportCommand::Lerobot(a),
-        } => {
-            let robot = match (a.robot_kind, a.robot_spec) {
-                (Some(k), _) => RobotSource::Kind(k),
-                (None, Some(f)) => RobotSource::SpecFile(f),
-                (None, None) => unreachable!("clap requires one"),
-            };
-            let o = ImportOptions {
-                checkpoint: a.checkpoint,
-                out: a.out,
-                robot,
-                maps: a.maps,
-                tools_env: a.tools_env,
-                python: a.python,
-                command: command_line(),
-            };
-            let r = reflex_import::import_lerobot(&o, &Bars::new(a.json))?;
-            if a.json {
-                print_json(&r);
-            } else {
-                for n in &r.notes {
-                    println!("note: {n}");
-                }
-                println!(
-                    "wrote {} and {} (chunk {}, {} executed; LeRobot {}, ONNX Runtime within {:.1e} of torch)",
-                    r.model.display(),
-                    r.spec.display(),
-                    r.chunk_len,
-                    r.execute,
-                    r.lerobot_version,
-                    r.onnx_vs_torch_max_abs
-                );
-                println!(
-                    "check it: reflex policy check --model {}",
-                    r.model.display()
-                );
-            }
+        } => import_lerobot(a),
+        PolicyCommand::Infer(a) => infer(a),
+        PolicyCommand::Bench(a) => bench(a),
+    }
+}
+
+fn check(model: &std::path::Path) -> anyhow::Result<()> {
+    let r = policytools::check(model)?;
+    for l in &r.lines {
+        println!("{l}");
+    }
+    match r.robot_kind {
+        Some(k) => println!("matches its spec and robot kind `{k}`: ok"),
+        None => println!("matches its spec: ok (no robot kind to check against)"),
+    }
+    Ok(())
+}
+
+fn import_lerobot(a: LerobotImportArgs) -> anyhow::Result<()> {
+    let robot = match (a.robot_kind, a.robot_spec) {
+        (Some(k), _) => RobotSource::Kind(k),
+        (None, Some(f)) => RobotSource::SpecFile(f),
+        (None, None) => unreachable!("clap requires one"),
+    };
+    let o = ImportOptions {
+        checkpoint: a.checkpoint,
+        out: a.out,
+        robot,
+        maps: a.maps,
+        tools_env: a.tools_env,
+        python: a.python,
+        command: command_line(),
+    };
+    let r = reflex_import::import_lerobot(&o, &Bars::new(a.json))?;
+    if a.json {
+        print_json(&r);
+    } else {
+        for n in &r.notes {
+            println!("note: {n}");
         }
-        PolicyCommand::Infer(a) => {
-            let robot = match (a.robot_kind, a.robot_spec) {
-                (Some(k), _) => Some(RobotSource::Kind(k)),
-                (None, Some(f)) => Some(RobotSource::SpecFile(f)),
-                (None, None) => None,
-            };
-            let r = reflex_tools::policy_infer::infer(
-                &a.model,
-                &a.observations,
-                robot,
-                a.threads,
-                a.warmup,
-                a.repeat,
-            )?;
-            print_json(&r);
-        }
-        PolicyCommand::Bench(a) => {
-            let provider = match a.provider {
-                ProviderArg::Cpu => "cpu",
-                ProviderArg::Cuda => "cuda",
-                ProviderArg::Tensorrt => "tensorrt",
-            };
-            let v = policytools::bench(
-                &a.model,
-                provider,
-                a.threads,
-                a.iters,
-                a.rtc.as_deref().map(|r| r == "guided"),
-            )?;
-            if a.json {
-                print_json(&v);
-            } else {
-                println!(
-                    "{} on {} ({} thread{}): {} network calls per chunk; per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} chunks",
-                    a.model.display(),
-                    provider,
-                    a.threads,
-                    if a.threads == 1 { "" } else { "s" },
-                    v.network_calls_per_chunk,
-                    v.p50_us,
-                    v.p99_us,
-                    v.max_us,
-                    v.iters
-                );
-                if let Some(r) = &v.rtc {
-                    println!(
-                        "real-time chunking ({:?}, {} overlapping rows, {} frozen): per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us ({:.2}x plain)",
-                        r.variant,
-                        r.overlap_rows,
-                        r.delay_rows,
-                        r.p50_us,
-                        r.p99_us,
-                        r.max_us,
-                        r.p50_over_plain
-                    );
-                }
-            }
+        println!(
+            "wrote {} and {} (chunk {}, {} executed; LeRobot {}, ONNX Runtime within {:.1e} of torch)",
+            r.model.display(),
+            r.spec.display(),
+            r.chunk_len,
+            r.execute,
+            r.lerobot_version,
+            r.onnx_vs_torch_max_abs
+        );
+        println!(
+            "check it: reflex policy check --model {}",
+            r.model.display()
+        );
+    }
+    Ok(())
+}
+
+fn infer(a: InferArgs) -> anyhow::Result<()> {
+    let robot = match (a.robot_kind, a.robot_spec) {
+        (Some(k), _) => Some(RobotSource::Kind(k)),
+        (None, Some(f)) => Some(RobotSource::SpecFile(f)),
+        (None, None) => None,
+    };
+    let r = reflex_tools::policy_infer::infer(
+        &a.model,
+        &a.observations,
+        robot,
+        a.threads,
+        a.warmup,
+        a.repeat,
+    )?;
+    print_json(&r);
+    Ok(())
+}
+
+fn bench(a: PolicyBenchArgs) -> anyhow::Result<()> {
+    let provider = match a.provider {
+        ProviderArg::Cpu => "cpu",
+        ProviderArg::Cuda => "cuda",
+        ProviderArg::Tensorrt => "tensorrt",
+    };
+    let v = policytools::bench(
+        &a.model,
+        provider,
+        a.threads,
+        a.iters,
+        a.rtc.as_deref().map(|r| r == "guided"),
+    )?;
+    if a.json {
+        print_json(&v);
+    } else {
+        println!(
+            "{} on {} ({} thread{}): {} network calls per chunk; per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us over {} chunks",
+            a.model.display(),
+            provider,
+            a.threads,
+            if a.threads == 1 { "" } else { "s" },
+            v.network_calls_per_chunk,
+            v.p50_us,
+            v.p99_us,
+            v.max_us,
+            v.iters
+        );
+        if let Some(r) = &v.rtc {
+            println!(
+                "real-time chunking ({:?}, {} overlapping rows, {} frozen): per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us ({:.2}x plain)",
+                r.variant,
+                r.overlap_rows,
+                r.delay_rows,
+                r.p50_us,
+                r.p99_us,
+                r.max_us,
+                r.p50_over_plain
+            );
         }
     }
     Ok(())

@@ -337,10 +337,6 @@ fn check_episode(spec: &RobotSpec, ep: &Episode, file: &Path) -> Result<()> {
 }
 
 /// Writes the episodes of `o.demos` as a LeRobotDataset v3.0 in `o.out`.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
     if o.out.exists()
         && std::fs::read_dir(&o.out)
@@ -370,29 +366,7 @@ pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
     let fps = spec.control_hz;
     let cols = columns(spec, &episodes, fps);
     let frames = cols[0].f32s.len() / cols[0].width;
-    let schema = Arc::new(Schema::new(
-        cols.iter().map(Column::field).collect::<Vec<_>>(),
-    ));
-    // Episodes go whole into data files of about DATA_FILE_MB.
-    let row_bytes: usize = cols.iter().map(|c| 4 * c.width).sum();
-    let per_file = (DATA_FILE_MB << 20) / row_bytes.max(1);
-    let (mut file, mut file_from, mut from) = (0usize, 0usize, 0usize);
-    let mut ep_rows = vec![];
-    for (e, ep) in episodes.iter().enumerate() {
-        let to = from + ep.actions.len();
-        if to - file_from > per_file && from > file_from {
-            write_data(&o.out, file, &schema, &cols, file_from, from)?;
-            (file, file_from) = (file + 1, from);
-        }
-        ep_rows.push(EpisodeRow {
-            episode: e,
-            from,
-            to,
-            file,
-        });
-        from = to;
-    }
-    write_data(&o.out, file, &schema, &cols, file_from, from)?;
+    let (ep_rows, data_files) = write_all_data(&o.out, &cols, &episodes)?;
     let videos = crate::videos::write_videos(&o.out, &episodes, &files, fps)?;
     let task = o.task.clone().unwrap_or_else(|| spec.kind.clone());
     write_episodes(&o.out, &ep_rows, &videos, &task)?;
@@ -438,7 +412,7 @@ pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
     Ok(ExportReport {
         episodes: episodes.len(),
         frames,
-        data_files: file + 1,
+        data_files,
         video_files: videos.iter().map(|v| v.files).sum(),
         features: cols
             .iter()
@@ -446,6 +420,38 @@ pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
             .chain(videos.iter().map(|v| v.key.clone()))
             .collect(),
     })
+}
+
+/// Writes the columns into data files of about `DATA_FILE_MB`, episodes whole; returns each
+/// episode's rows and file, and the number of files.
+fn write_all_data(
+    out: &Path,
+    cols: &[Column],
+    episodes: &[Episode],
+) -> Result<(Vec<EpisodeRow>, usize)> {
+    let schema = Arc::new(Schema::new(
+        cols.iter().map(Column::field).collect::<Vec<_>>(),
+    ));
+    let row_bytes: usize = cols.iter().map(|c| 4 * c.width).sum();
+    let per_file = (DATA_FILE_MB << 20) / row_bytes.max(1);
+    let (mut file, mut file_from, mut from) = (0usize, 0usize, 0usize);
+    let mut ep_rows = vec![];
+    for (e, ep) in episodes.iter().enumerate() {
+        let to = from + ep.actions.len();
+        if to - file_from > per_file && from > file_from {
+            write_data(out, file, &schema, cols, file_from, from)?;
+            (file, file_from) = (file + 1, from);
+        }
+        ep_rows.push(EpisodeRow {
+            episode: e,
+            from,
+            to,
+            file,
+        });
+        from = to;
+    }
+    write_data(out, file, &schema, cols, file_from, from)?;
+    Ok((ep_rows, file + 1))
 }
 
 fn write_data(
@@ -630,10 +636,6 @@ pub(crate) fn chunk_files(root: &Path) -> Result<Vec<PathBuf>> {
 
 /// Reads the frames of a LeRobotDataset v3.0 at `dir`: the `state_key` and `action_key`
 /// features of every frame, grouped into episodes by `episode_index`, in `index` order.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeRobotData> {
     let info_path = dir.join("meta/info.json");
     let text = std::fs::read(&info_path).map_err(|e| DataError::io(&info_path, e))?;
@@ -678,49 +680,14 @@ pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeR
     if files.is_empty() {
         return Err(bad(dir, "has no data/chunk-*/file-*.parquet files"));
     }
-    let mut rows: Vec<(i64, i64, Vec<f32>, Vec<f32>)> = vec![];
+    let mut rows: Vec<FrameRow> = vec![];
     for f in &files {
-        let file = std::fs::File::open(f).map_err(|e| DataError::io(f, e))?;
-        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-            .and_then(|b| b.build())
-            .map_err(|e| bad(f, e.to_string()))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| bad(f, e.to_string()))?;
-            let col = |k: &str| {
-                batch
-                    .column_by_name(k)
-                    .cloned()
-                    .ok_or_else(|| bad(f, format!("has no column `{k}`")))
-            };
-            let ints = |k: &str| -> Result<Vec<i64>> {
-                let c = col(k)?;
-                c.as_primitive_opt::<Int64Type>()
-                    .map(|v| v.values().to_vec())
-                    .ok_or_else(|| bad(f, format!("column `{k}` is {}, not int64", c.data_type())))
-            };
-            let (s, a) = (
-                float_rows(&col(state_key)?, state_key, f)?,
-                float_rows(&col(action_key)?, action_key, f)?,
-            );
-            for (((e, i), s), a) in ints("episode_index")?
-                .into_iter()
-                .zip(ints("index")?)
-                .zip(s)
-                .zip(a)
-            {
-                if s.len() != state_dim || a.len() != action_dim {
-                    return Err(bad(
-                        f,
-                        format!(
-                            "frame {i}: `{state_key}` has {} values and `{action_key}` {}; info.json says {state_dim} and {action_dim}",
-                            s.len(),
-                            a.len()
-                        ),
-                    ));
-                }
-                rows.push((e, i, s, a));
-            }
-        }
+        read_frames(
+            f,
+            (state_key, state_dim),
+            (action_key, action_dim),
+            &mut rows,
+        )?;
     }
     rows.sort_by_key(|r| r.1);
     let mut episodes: Vec<EpisodeData> = vec![];
@@ -741,4 +708,59 @@ pub fn read_lerobot(dir: &Path, state_key: &str, action_key: &str) -> Result<LeR
         state_dim,
         action_dim,
     })
+}
+
+/// One frame of a LeRobot dataset: episode, index, state, action.
+type FrameRow = (i64, i64, Vec<f32>, Vec<f32>);
+
+/// Appends the frames of the data file `f` to `rows`, each checked against the widths
+/// info.json gives.
+fn read_frames(
+    f: &Path,
+    (state_key, state_dim): (&str, usize),
+    (action_key, action_dim): (&str, usize),
+    rows: &mut Vec<FrameRow>,
+) -> Result<()> {
+    let file = std::fs::File::open(f).map_err(|e| DataError::io(f, e))?;
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.build())
+        .map_err(|e| bad(f, e.to_string()))?;
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(f, e.to_string()))?;
+        let col = |k: &str| {
+            batch
+                .column_by_name(k)
+                .cloned()
+                .ok_or_else(|| bad(f, format!("has no column `{k}`")))
+        };
+        let ints = |k: &str| -> Result<Vec<i64>> {
+            let c = col(k)?;
+            c.as_primitive_opt::<Int64Type>()
+                .map(|v| v.values().to_vec())
+                .ok_or_else(|| bad(f, format!("column `{k}` is {}, not int64", c.data_type())))
+        };
+        let (s, a) = (
+            float_rows(&col(state_key)?, state_key, f)?,
+            float_rows(&col(action_key)?, action_key, f)?,
+        );
+        for (((e, i), s), a) in ints("episode_index")?
+            .into_iter()
+            .zip(ints("index")?)
+            .zip(s)
+            .zip(a)
+        {
+            if s.len() != state_dim || a.len() != action_dim {
+                return Err(bad(
+                    f,
+                    format!(
+                        "frame {i}: `{state_key}` has {} values and `{action_key}` {}; info.json says {state_dim} and {action_dim}",
+                        s.len(),
+                        a.len()
+                    ),
+                ));
+            }
+            rows.push((e, i, s, a));
+        }
+    }
+    Ok(())
 }

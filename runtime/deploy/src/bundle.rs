@@ -207,11 +207,39 @@ fn sha256_hex(path: &Path) -> Result<String> {
 }
 
 /// Fills `stage` with the bundle's files; returns how many.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
+    let lib_name = check_sources(o)?;
+    stage_runtime(o, stage, &lib_name)?;
+    stage_checkout(o, stage)?;
+    write_file(&stage.join("systemd/reflex.service"), UNIT, 0o644)?;
+    write_file(&stage.join("install.sh"), INSTALL_SH, 0o755)?;
+    write_file(
+        &stage.join("VERSION"),
+        &format!(
+            "version = \"{}\"\ntarget = \"{}\"\nreflex = \"{}\"\nonnxruntime = \"{lib_name}\"\n",
+            o.release,
+            o.target,
+            env!("CARGO_PKG_VERSION")
+        ),
+        0o644,
+    )?;
+    // Checksums last, over everything else: install.sh refuses a bundle that does not match.
+    let files = files_under(stage)?;
+    let mut sums = String::new();
+    for f in &files {
+        sums.push_str(&format!(
+            "{}  {}\n",
+            sha256_hex(&stage.join(f))?,
+            f.display()
+        ));
+    }
+    write_file(&stage.join("SHA256SUMS"), &sums, 0o644)?;
+    Ok(files.len() + 1)
+}
+
+/// The checkout's folders and the files for the target are there and right; returns the ONNX
+/// Runtime library's file name.
+fn check_sources(o: &BundleOptions) -> Result<String> {
     let src = &o.source;
     for dir in ["models", "configs"] {
         if !src.join(dir).is_dir() {
@@ -241,9 +269,19 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
     }
     check_arch(&o.binary, "the reflex binary", &o.target)?;
     check_arch(&o.onnxruntime, "the ONNX Runtime library", &o.target)?;
+    Ok(lib_name)
+}
 
+/// The binary (executable) and ONNX Runtime with the providers' shared part.
+fn stage_runtime(o: &BundleOptions, stage: &Path, lib_name: &str) -> Result<()> {
     copy_file(&o.binary, &stage.join("bin/reflex"))?;
-    copy_file(&o.onnxruntime, &stage.join("lib").join(&lib_name))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = stage.join("bin/reflex");
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755))
+            .map_err(|e| DeployError::io(&bin, e))?;
+    }
+    copy_file(&o.onnxruntime, &stage.join("lib").join(lib_name))?;
     // The providers' shared part: the CUDA and TensorRT providers of a GPU build load it.
     if let Some(shared) = o
         .onnxruntime
@@ -257,6 +295,12 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
             &stage.join("lib/libonnxruntime_providers_shared.so"),
         )?;
     }
+    Ok(())
+}
+
+/// From the checkout: the models, the configs, the deployment docs, and the calibration files.
+fn stage_checkout(o: &BundleOptions, stage: &Path) -> Result<()> {
+    let src = &o.source;
     let model_files = |p: &Path| {
         let n = p.to_string_lossy();
         n.ends_with(".onnx") || n.ends_with(".policy.toml") || n.ends_with(".residual.json")
@@ -288,36 +332,7 @@ fn stage_files(o: &BundleOptions, stage: &Path) -> Result<usize> {
             ));
         }
     }
-    write_file(&stage.join("systemd/reflex.service"), UNIT, 0o644)?;
-    write_file(&stage.join("install.sh"), INSTALL_SH, 0o755)?;
-    write_file(
-        &stage.join("VERSION"),
-        &format!(
-            "version = \"{}\"\ntarget = \"{}\"\nreflex = \"{}\"\nonnxruntime = \"{lib_name}\"\n",
-            o.release,
-            o.target,
-            env!("CARGO_PKG_VERSION")
-        ),
-        0o644,
-    )?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let bin = stage.join("bin/reflex");
-        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755))
-            .map_err(|e| DeployError::io(&bin, e))?;
-    }
-    // Checksums last, over everything else: install.sh refuses a bundle that does not match.
-    let files = files_under(stage)?;
-    let mut sums = String::new();
-    for f in &files {
-        sums.push_str(&format!(
-            "{}  {}\n",
-            sha256_hex(&stage.join(f))?,
-            f.display()
-        ));
-    }
-    write_file(&stage.join("SHA256SUMS"), &sums, 0o644)?;
-    Ok(files.len() + 1)
+    Ok(())
 }
 
 /// Builds the bundle: `<out>/reflex-<version>-<target>.tar.gz`, unpacking to a directory of the

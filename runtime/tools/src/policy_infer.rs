@@ -43,6 +43,29 @@ struct ObservationIn {
     noise: Option<Vec<f32>>,
 }
 
+impl ObservationIn {
+    /// The observation the policy takes (its noise, if any, is set apart by the caller).
+    fn into_observation(self) -> Observation {
+        Observation {
+            state: self.state,
+            images: self
+                .images
+                .into_iter()
+                .map(|i| Image {
+                    camera: i.camera,
+                    width: i.width,
+                    height: i.height,
+                    encoding: "rgb8".into(),
+                    seq: 0,
+                    age_ns: 0,
+                    data: i.rgb8,
+                })
+                .collect(),
+            ..Observation::default()
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ObservationsFile {
@@ -77,10 +100,6 @@ pub struct InferReport {
 ///
 /// # Errors
 /// The file, the robot or the model at fault, by name.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn infer(
     model: &Path,
     observations: &Path,
@@ -91,28 +110,8 @@ pub fn infer(
 ) -> Result<InferReport> {
     reflex_policies::onnx_policy::model_file(model)?;
     let spec = PolicySpec::load_for(model)?;
-    let robot = match robot {
-        Some(r) => r,
-        None => RobotSource::Kind(spec.robot_kind.clone().ok_or_else(|| {
-            AgentError::setup(
-                format!("spec of `{}`", model.display()),
-                "names no robot_kind: give the robot with --robot-kind or --robot-spec",
-            )
-        })?),
-    };
-    let robot = robot
-        .spec()
-        .map_err(|e| AgentError::setup("robot", e.to_string()))?;
-    let text =
-        std::fs::read_to_string(observations).map_err(|e| AgentError::io(observations, e))?;
-    let file: ObservationsFile = serde_json::from_str(&text).map_err(|e| {
-        AgentError::setup(
-            observations.display().to_string(),
-            format!(
-                "not an observations file ({e}); the format is in `reflex policy infer --help`"
-            ),
-        )
-    })?;
+    let robot = robot_for(model, &spec, robot)?;
+    let file = read_observations(observations)?;
     let opts = RunOptions {
         intra_threads: threads,
         ..RunOptions::default()
@@ -122,7 +121,7 @@ pub fn infer(
     let mut chunk = vec![0.0f32; n];
     let mut again = vec![0.0f32; n];
     let (mut chunks, mut chunk_us, mut all) = (vec![], vec![], vec![]);
-    for (k, o) in file.observations.into_iter().enumerate() {
+    for (k, mut o) in file.observations.into_iter().enumerate() {
         let bad =
             |m: String| AgentError::setup(format!("{} observation {k}", observations.display()), m);
         if o.state.len() != robot.state_dim() {
@@ -133,26 +132,11 @@ pub fn infer(
                 robot.state_dim()
             )));
         }
-        let obs = Observation {
-            state: o.state,
-            images: o
-                .images
-                .into_iter()
-                .map(|i| Image {
-                    camera: i.camera,
-                    width: i.width,
-                    height: i.height,
-                    encoding: "rgb8".into(),
-                    seq: 0,
-                    age_ns: 0,
-                    data: i.rgb8,
-                })
-                .collect(),
-            ..Observation::default()
-        };
+        let noise = o.noise.take();
+        let obs = o.into_observation();
         let mut times = Vec::with_capacity(repeat);
         for r in 0..warmup + repeat {
-            if let Some(noise) = &o.noise {
+            if let Some(noise) = &noise {
                 if noise.len() != n {
                     return Err(bad(format!(
                         "noise has {} values; the chunk has {n} ({} x {})",
@@ -172,7 +156,7 @@ pub fn infer(
             }
             if r > 0
                 && again != chunk
-                && (o.noise.is_some() || spec.kind == reflex_policies::spec::PolicyKind::Chunk)
+                && (noise.is_some() || spec.kind == reflex_policies::spec::PolicyKind::Chunk)
             {
                 return Err(bad(
                     "the same observation gave two different chunks: the model is not deterministic".into(),
@@ -194,5 +178,38 @@ pub fn infer(
         p50_us: reflex_runtime::hist::percentile(&all, 50.0),
         intra_threads: threads,
         repeat,
+    })
+}
+
+/// The robot the model runs for: `robot`, else the one its spec names.
+fn robot_for(
+    model: &Path,
+    spec: &PolicySpec,
+    robot: Option<RobotSource>,
+) -> Result<reflex_contracts::msg::RobotSpec> {
+    let robot = match robot {
+        Some(r) => r,
+        None => RobotSource::Kind(spec.robot_kind.clone().ok_or_else(|| {
+            AgentError::setup(
+                format!("spec of `{}`", model.display()),
+                "names no robot_kind: give the robot with --robot-kind or --robot-spec",
+            )
+        })?),
+    };
+    robot
+        .spec()
+        .map_err(|e| AgentError::setup("robot", e.to_string()))
+}
+
+fn read_observations(observations: &Path) -> Result<ObservationsFile> {
+    let text =
+        std::fs::read_to_string(observations).map_err(|e| AgentError::io(observations, e))?;
+    serde_json::from_str(&text).map_err(|e| {
+        AgentError::setup(
+            observations.display().to_string(),
+            format!(
+                "not an observations file ({e}); the format is in `reflex policy infer --help`"
+            ),
+        )
     })
 }
