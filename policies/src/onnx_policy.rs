@@ -387,78 +387,18 @@ fn expected_inputs(
 
 /// Every way the graph disagrees with the spec (empty when they agree). `robot` lets the state
 /// input sizes be checked too.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpec>) -> Vec<String> {
-    let (inputs, outputs) = graph_io(session);
-    let mut problems = vec![];
     if let Some(r) = robot {
-        for i in &spec.inputs {
-            if let InputSource::State { name, fields, .. } = i {
-                for f in fields {
-                    if r.field(f).is_none() {
-                        problems.push(format!(
-                            "input `{name}` needs the state field `{f}`, which robot `{}` does not have (fields: {})",
-                            r.name,
-                            r.state.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
-                        ));
-                    }
-                }
-            }
-        }
-        if !problems.is_empty() {
-            return problems;
+        let missing = missing_state_fields(spec, r);
+        if !missing.is_empty() {
+            return missing;
         }
     }
+    let (inputs, outputs) = graph_io(session);
     let expected = expected_inputs(spec, robot);
+    let mut problems = vec![];
     for (name, elem, dims) in &expected {
-        let Some(g) = inputs.iter().find(|g| &g.name == name) else {
-            problems.push(format!(
-                "input `{name}` named in the spec is not in the graph (graph inputs: {})",
-                inputs
-                    .iter()
-                    .map(|g| g.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-            continue;
-        };
-        let is_time = spec.graph.time_input.as_deref() == Some(name.as_str());
-        if g.elem != *elem {
-            let fix = match g.elem.as_str() {
-                "int64" | "float32" if is_time => format!(
-                    "; set `time_dtype = \"{}\"` under [graph] in the spec",
-                    g.elem
-                ),
-                _ => String::new(),
-            };
-            problems.push(format!(
-                "input `{name}`: the graph takes {}, the spec feeds {elem}{fix}",
-                g.elem
-            ));
-        }
-        if let Some(d) = dims {
-            let graph_tail: Vec<i64> = g.dims.iter().skip(1).copied().collect();
-            let fits = graph_tail.len() == d.len()
-                && graph_tail.iter().zip(d).all(|(g, e)| *g == -1 || g == e);
-            if !fits {
-                let fix = match g.dims.len() {
-                    1 if is_time => "; set `time_shape = \"batch\"` under [graph] in the spec",
-                    2 if is_time => "; set `time_shape = \"batch_1\"` under [graph] in the spec",
-                    _ => "",
-                };
-                let fed = std::iter::once("batch".to_string())
-                    .chain(d.iter().map(|x| x.to_string()))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                problems.push(format!(
-                    "input `{name}`: the graph's shape is {:?}, the spec feeds [{fed}]{fix}",
-                    g.dims
-                ));
-            }
-        }
+        input_problems(spec, &inputs, name, elem, dims.as_deref(), &mut problems);
     }
     for g in &inputs {
         if !expected.iter().any(|(n, _, _)| n == &g.name) {
@@ -481,6 +421,88 @@ pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpe
             ));
         }
     }
+    output_problems(spec, &outputs, &mut problems);
+    problems
+}
+
+/// The state fields the spec's inputs read that robot `r` does not have.
+fn missing_state_fields(spec: &PolicySpec, r: &RobotSpec) -> Vec<String> {
+    let mut problems = vec![];
+    for i in &spec.inputs {
+        if let InputSource::State { name, fields, .. } = i {
+            for f in fields {
+                if r.field(f).is_none() {
+                    problems.push(format!(
+                        "input `{name}` needs the state field `{f}`, which robot `{}` does not have (fields: {})",
+                        r.name,
+                        r.state.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// What does not fit between the spec's input `name` (fed as `elem`, shape `dims` after the
+/// batch) and the graph's input of that name.
+fn input_problems(
+    spec: &PolicySpec,
+    inputs: &[IoShape],
+    name: &String,
+    elem: &str,
+    dims: Option<&[i64]>,
+    problems: &mut Vec<String>,
+) {
+    let Some(g) = inputs.iter().find(|g| &g.name == name) else {
+        problems.push(format!(
+            "input `{name}` named in the spec is not in the graph (graph inputs: {})",
+            inputs
+                .iter()
+                .map(|g| g.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        return;
+    };
+    let is_time = spec.graph.time_input.as_deref() == Some(name.as_str());
+    if g.elem != *elem {
+        let fix = match g.elem.as_str() {
+            "int64" | "float32" if is_time => format!(
+                "; set `time_dtype = \"{}\"` under [graph] in the spec",
+                g.elem
+            ),
+            _ => String::new(),
+        };
+        problems.push(format!(
+            "input `{name}`: the graph takes {}, the spec feeds {elem}{fix}",
+            g.elem
+        ));
+    }
+    if let Some(d) = dims {
+        let graph_tail: Vec<i64> = g.dims.iter().skip(1).copied().collect();
+        let fits = graph_tail.len() == d.len()
+            && graph_tail.iter().zip(d).all(|(g, e)| *g == -1 || g == e);
+        if !fits {
+            let fix = match g.dims.len() {
+                1 if is_time => "; set `time_shape = \"batch\"` under [graph] in the spec",
+                2 if is_time => "; set `time_shape = \"batch_1\"` under [graph] in the spec",
+                _ => "",
+            };
+            let fed = std::iter::once("batch".to_string())
+                .chain(d.iter().map(|x| x.to_string()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            problems.push(format!(
+                "input `{name}`: the graph's shape is {:?}, the spec feeds [{fed}]{fix}",
+                g.dims
+            ));
+        }
+    }
+}
+
+/// What does not fit between the spec's output and the graph's.
+fn output_problems(spec: &PolicySpec, outputs: &[IoShape], problems: &mut Vec<String>) {
     match outputs.iter().find(|o| o.name == spec.graph.output) {
         None => problems.push(format!(
             "output `{}` named in the spec is not in the graph (graph outputs: {})",
@@ -506,7 +528,6 @@ pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpe
             }
         }
     }
-    problems
 }
 
 enum Prepared {

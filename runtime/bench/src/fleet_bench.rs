@@ -122,10 +122,6 @@ pub fn run(o: &FleetBenchOptions) -> Result<FleetBenchReport> {
     })
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 fn point(
     o: &FleetBenchOptions,
     spec: &msg::RobotSpec,
@@ -142,25 +138,7 @@ fn point(
     let robots = BusConfig::hermetic(vec![ep.clone()], vec![]).open()?;
     let ws = BusConfig::hermetic(vec![], vec![ep]).open()?;
     let names: Vec<String> = (1..=n).map(|i| format!("bench-{i}")).collect();
-    // Every robot answers for its spec, as `reflex run` does.
-    let mut queryables = Vec::new();
-    for name in &names {
-        let key = Keys::new(name).map_err(reflex_bus::BusError::from)?.spec;
-        let mut s = spec.clone();
-        s.name = name.clone();
-        let bytes = msg::encode(&s);
-        queryables.push(
-            robots
-                .declare_queryable(key.clone())
-                .callback(move |q| {
-                    let _ = q.reply(key.clone(), bytes.clone()).wait();
-                })
-                .wait()
-                .map_err(|e| {
-                    reflex_agent::AgentError::setup("bench fleet", format!("spec of `{name}`: {e}"))
-                })?,
-        );
-    }
+    let queryables = answer_specs(&robots, spec, &names)?;
     let cfg = LearnerConfig {
         robot: names[0].clone(),
         fleet: Fleet::from_names(&names).map_err(reflex_bus::BusError::from)?,
@@ -241,6 +219,33 @@ fn point(
         persisted,
         robots_at_20hz: trained / wall_s / 20.0,
     })
+}
+
+/// Every robot answers for its spec, as `reflex run` does (alive as long as the result).
+fn answer_specs(
+    robots: &zenoh::Session,
+    spec: &msg::RobotSpec,
+    names: &[String],
+) -> Result<Vec<zenoh::query::Queryable<()>>> {
+    let mut queryables = Vec::new();
+    for name in names {
+        let key = Keys::new(name).map_err(reflex_bus::BusError::from)?.spec;
+        let mut s = spec.clone();
+        s.name = name.clone();
+        let bytes = msg::encode(&s);
+        queryables.push(
+            robots
+                .declare_queryable(key.clone())
+                .callback(move |q| {
+                    let _ = q.reply(key.clone(), bytes.clone()).wait();
+                })
+                .wait()
+                .map_err(|e| {
+                    reflex_agent::AgentError::setup("bench fleet", format!("spec of `{name}`: {e}"))
+                })?,
+        );
+    }
+    Ok(queryables)
 }
 
 /// One actor: `steps` steps of 100-step episodes with random states, offered as fast as the
