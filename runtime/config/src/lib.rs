@@ -592,11 +592,16 @@ impl RunConfig {
 }
 
 impl Validate for RunConfig {
-    #[allow(
-        clippy::too_many_lines,
-        reason = "over the house limit: to be split by stage (issue 57)"
-    )]
     fn validate(&self, _: &str) -> Result<(), Invalid> {
+        self.check_robot_source()?;
+        self.check_tables()?;
+        self.check_policy()
+    }
+}
+
+impl RunConfig {
+    /// The table the robot's source needs is there.
+    fn check_robot_source(&self) -> Result<(), Invalid> {
         if let Some(r) = self.ros2.as_ref().filter(|r| r.enabled) {
             // With the robot's own name: the default namespace must be a ROS 2 name too.
             r.settings(&self.robot_name()).validate("ros2")?;
@@ -623,6 +628,11 @@ impl Validate for RunConfig {
                 allowed: "an [arm] table with the port (and calibration) when robot.source is so101 or koch".into(),
             });
         }
+        Ok(())
+    }
+
+    /// Every table's own ranges, and the robot link's.
+    fn check_tables(&self) -> Result<(), Invalid> {
         if let Some(s) = &self.sim {
             s.validate("sim")?;
         }
@@ -671,6 +681,11 @@ impl Validate for RunConfig {
         if let Some(d) = self.run.keep_recordings_days {
             in_range("run", "keep_recordings_days", d, 1e-6, 1e5)?;
         }
+        Ok(())
+    }
+
+    /// The policy, its kept residual and the learner fit together.
+    fn check_policy(&self) -> Result<(), Invalid> {
         if self.policy.residual.is_some() && self.learner.is_some() {
             return Err(Invalid {
                 key: "policy.residual".into(),
