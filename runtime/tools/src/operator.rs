@@ -252,10 +252,6 @@ fn list(reports: &[StopStatus]) -> String {
 /// No holder answers within `wait` (nobody confirmed: the robot may not have heard), a release
 /// with nothing latched, a resume with nothing paused, or an e-stop raised after the one this
 /// act answers.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn act(
     session: &zenoh::Session,
     robot: &str,
@@ -265,77 +261,12 @@ pub fn act(
 ) -> Result<StopOutcome> {
     let keys = Keys::new(robot).map_err(reflex_bus::BusError::from)?;
     let t0 = Instant::now();
-    let left = || {
-        wait.saturating_sub(t0.elapsed())
-            .min(Duration::from_secs(1))
-    };
-    let fail =
-        |m: String| AgentError::setup(format!("reflex estop {} --robot {robot}", act.as_str()), m);
-    let nobody = |refused: u32| {
-        format!(
-            "no holder of its e-stop answered on `{}` within {:.1} s: is `reflex run`, `reflex sim serve` or `reflex hw serve` on this bus (same endpoints, and TLS keys of this robot)?{}",
-            keys.stop_any,
-            wait.as_secs_f64(),
-            if refused > 0 {
-                format!(
-                    " ({refused} replies there were not a holder's report of this robot and were ignored)"
-                )
-            } else {
-                String::new()
-            }
-        )
-    };
     let want = act.leads_to();
+    let fail = |m: String| failure(robot, act, m);
     // A release or resume answers the count each holder shows now.
     let targets: Vec<StopStatus> = match act {
         StopAct::Raise => Vec::new(),
-        StopAct::Release | StopAct::Resume => {
-            let need = if act == StopAct::Release {
-                StopState::Latched
-            } else {
-                StopState::Paused
-            };
-            let now = loop {
-                let (now, refused) = holders(session, &keys, left())?;
-                if !now.is_empty() {
-                    break now;
-                }
-                if t0.elapsed() >= wait {
-                    return Err(fail(nobody(refused)));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
-            if let Some(m) = now
-                .iter()
-                .find(|m| m.stop != need.as_str() && m.stop != want.as_str())
-            {
-                return Err(fail(format!(
-                    "the {}'s stop of `{robot}` is {} (by {}); {} needs it {} (all: {})",
-                    m.holder,
-                    m.stop,
-                    m.stop_by,
-                    act.as_str(),
-                    need.as_str(),
-                    list(&now)
-                )));
-            }
-            let targets: Vec<StopStatus> = now
-                .iter()
-                .filter(|m| m.stop == need.as_str())
-                .cloned()
-                .collect();
-            if targets.is_empty() {
-                return Err(fail(format!(
-                    "nothing to {}: the stop of `{robot}` is {} already ({}); {} needs it {}",
-                    act.as_str(),
-                    want.as_str(),
-                    list(&now),
-                    act.as_str(),
-                    need.as_str()
-                )));
-            }
-            targets
-        }
+        StopAct::Release | StopAct::Resume => targets(session, &keys, act, wait, t0)?,
     };
     let mut sends = 0u32;
     let raise_act = act_id();
@@ -352,7 +283,7 @@ pub fn act(
             sends += 1;
             last_send = Some(Instant::now());
         }
-        let (now, refused) = holders(session, &keys, left())?;
+        let (now, refused) = holders(session, &keys, left(wait, t0))?;
         if act != StopAct::Raise
             && let Some((t, m)) = targets.iter().find_map(|t| {
                 now.iter()
@@ -417,28 +348,127 @@ pub fn act(
             seen = now;
         }
         if t0.elapsed() > wait {
-            return Err(fail(match (act, seen.is_empty()) {
-                (StopAct::Raise, true) => format!(
-                    "sent {sends} times, but {}: the robot may NOT have stopped; use its power switch",
-                    nobody(refused)
-                ),
-                (StopAct::Raise, false) => format!(
-                    "sent {sends} times, but not every holder confirmed the stop within {:.1} s ({}): the robot may NOT have stopped; use its power switch",
-                    wait.as_secs_f64(),
-                    list(&seen)
-                ),
-                _ => format!(
-                    "sent {sends} times, but the stop did not become {} within {:.1} s ({}; is this peer allowed to teleoperate? docs/deploy.md)",
-                    want.as_str(),
-                    wait.as_secs_f64(),
-                    if seen.is_empty() {
-                        "no holder answered since".to_string()
-                    } else {
-                        list(&seen)
-                    }
-                ),
-            }));
+            return Err(fail(unconfirmed(&keys, act, wait, sends, &seen, refused)));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How long the next query for the holders' reports may wait: what is left of `wait`, at most 1 s.
+fn left(wait: Duration, t0: Instant) -> Duration {
+    wait.saturating_sub(t0.elapsed())
+        .min(Duration::from_secs(1))
+}
+
+/// An act's failure, worded as the command the person typed.
+fn failure(robot: &str, act: StopAct, m: String) -> AgentError {
+    AgentError::setup(format!("reflex estop {} --robot {robot}", act.as_str()), m)
+}
+
+/// Nobody answered for the robot's e-stop within `wait`.
+fn nobody(keys: &Keys, wait: Duration, refused: u32) -> String {
+    format!(
+        "no holder of its e-stop answered on `{}` within {:.1} s: is `reflex run`, `reflex sim serve` or `reflex hw serve` on this bus (same endpoints, and TLS keys of this robot)?{}",
+        keys.stop_any,
+        wait.as_secs_f64(),
+        if refused > 0 {
+            format!(
+                " ({refused} replies there were not a holder's report of this robot and were ignored)"
+            )
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// The holders a release or resume is for, each with the count it shows now: those in the
+/// state the act needs. Refused when one is in another state, or none needs it.
+fn targets(
+    session: &zenoh::Session,
+    keys: &Keys,
+    act: StopAct,
+    wait: Duration,
+    t0: Instant,
+) -> Result<Vec<StopStatus>> {
+    let robot = keys.robot.as_str();
+    let want = act.leads_to();
+    let fail = |m: String| failure(robot, act, m);
+    let need = if act == StopAct::Release {
+        StopState::Latched
+    } else {
+        StopState::Paused
+    };
+    let now = loop {
+        let (now, refused) = holders(session, keys, left(wait, t0))?;
+        if !now.is_empty() {
+            break now;
+        }
+        if t0.elapsed() >= wait {
+            return Err(fail(nobody(keys, wait, refused)));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if let Some(m) = now
+        .iter()
+        .find(|m| m.stop != need.as_str() && m.stop != want.as_str())
+    {
+        return Err(fail(format!(
+            "the {}'s stop of `{robot}` is {} (by {}); {} needs it {} (all: {})",
+            m.holder,
+            m.stop,
+            m.stop_by,
+            act.as_str(),
+            need.as_str(),
+            list(&now)
+        )));
+    }
+    let targets: Vec<StopStatus> = now
+        .iter()
+        .filter(|m| m.stop == need.as_str())
+        .cloned()
+        .collect();
+    if targets.is_empty() {
+        return Err(fail(format!(
+            "nothing to {}: the stop of `{robot}` is {} already ({}); {} needs it {}",
+            act.as_str(),
+            want.as_str(),
+            list(&now),
+            act.as_str(),
+            need.as_str()
+        )));
+    }
+    Ok(targets)
+}
+
+/// Why an act was not confirmed within `wait`, and what the person must do.
+fn unconfirmed(
+    keys: &Keys,
+    act: StopAct,
+    wait: Duration,
+    sends: u32,
+    seen: &[StopStatus],
+    refused: u32,
+) -> String {
+    let want = act.leads_to();
+    match (act, seen.is_empty()) {
+        (StopAct::Raise, true) => format!(
+            "sent {sends} times, but {}: the robot may NOT have stopped; use its power switch",
+            nobody(keys, wait, refused)
+        ),
+        (StopAct::Raise, false) => format!(
+            "sent {sends} times, but not every holder confirmed the stop within {:.1} s ({}): the robot may NOT have stopped; use its power switch",
+            wait.as_secs_f64(),
+            list(seen)
+        ),
+        _ => format!(
+            "sent {sends} times, but the stop did not become {} within {:.1} s ({}; is this peer allowed to teleoperate? docs/deploy.md)",
+            want.as_str(),
+            wait.as_secs_f64(),
+            if seen.is_empty() {
+                "no holder answered since".to_string()
+            } else {
+                list(seen)
+            }
+        ),
     }
 }
