@@ -105,106 +105,31 @@ pub const GOOD_TILT_SPREAD_DEG: f64 = 8.0;
 /// Calibrates from the corners of each view (`views[k]` in [`Board::object_points`]' order).
 /// Corners and views far from the fit are dropped (with why) and the rest refined again;
 /// views tilted about one axis only are refused.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn calibrate(
     board: &Board,
     width: u32,
     height: u32,
     views: &[Corners],
 ) -> Result<Intrinsics, CalibrateError> {
-    let mut views: Vec<Corners> = views.to_vec();
-    let mut kept: Vec<usize> = (0..views.len()).collect();
-    let mut rejected = Vec::new();
-    let mut rejected_corners = Vec::new();
+    let mut p = Pruning {
+        views: views.to_vec(),
+        kept: (0..views.len()).collect(),
+        rejected: Vec::new(),
+        rejected_corners: Vec::new(),
+    };
     loop {
-        if kept.len() < MIN_VIEWS {
+        if p.kept.len() < MIN_VIEWS {
             return Err(CalibrateError::TooFewViews {
-                usable: kept.len(),
+                usable: p.kept.len(),
                 needed: MIN_VIEWS,
             });
         }
-        let chosen: Vec<&Corners> = kept.iter().map(|&k| &views[k]).collect();
+        let chosen: Vec<&Corners> = p.kept.iter().map(|&k| &p.views[k]).collect();
         let mut fit = refine(board, width, height, &chosen)?;
-        for (v, &k) in fit.views.iter_mut().zip(&kept) {
+        for (v, &k) in fit.views.iter_mut().zip(&p.kept) {
             v.index = k;
         }
-        // Corners far from the fit: a mislabelled or misplaced corner that the detection's own
-        // check let through moves the camera while its view's RMS stays low (one 7.9 px corner
-        // among 44 left its view at 0.975 px, under the view rule below).
-        let limit = (CORNER_LIMIT_FACTOR * fit.rms_px).max(CORNER_LIMIT_FLOOR_PX);
-        let mut dropped_any = false;
-        for v in &fit.views {
-            let seen = &views[v.index];
-            let objects = board.object_points_of(seen);
-            let mut r = vec![0.0; 2 * seen.len()];
-            view_residuals(&fit.model, &v.pose, &objects, seen.pixels(), &mut r);
-            let far: Vec<(u32, Vector2<f64>, f64)> = seen
-                .iter()
-                .zip(r.chunks_exact(2))
-                .map(|((id, px), e)| (id, px, e[0].hypot(e[1])))
-                .filter(|f| f.2 > limit)
-                .collect();
-            if far.is_empty() {
-                continue;
-            }
-            dropped_any = true;
-            if board.is_charuco() && seen.len() - far.len() >= MIN_CHARUCO_CORNERS {
-                for (id, px, e) in &far {
-                    rejected_corners.push((
-                        v.index,
-                        RejectedCorner {
-                            id: *id,
-                            pixel: [px.x, px.y],
-                            reason: format!(
-                                "{e:.1} px from where the calibration puts it (limit {limit:.2} px: {CORNER_LIMIT_FACTOR}x the RMS, at least {CORNER_LIMIT_FLOOR_PX} px)"
-                            ),
-                        },
-                    ));
-                }
-                let (ids, pixels) = seen
-                    .iter()
-                    .filter(|(id, _)| far.iter().all(|f| f.0 != *id))
-                    .unzip();
-                views[v.index] = Corners::new(ids, pixels);
-            } else {
-                let (id, _, e) = far
-                    .iter()
-                    .max_by(|a, b| a.2.total_cmp(&b.2))
-                    .expect("far is not empty");
-                rejected.push((
-                    v.index,
-                    format!(
-                        "corner {id} is {e:.1} px from where the calibration puts it (limit {limit:.2} px): a misdetected board"
-                    ),
-                ));
-                kept.retain(|&k| k != v.index);
-            }
-        }
-        if dropped_any {
-            continue;
-        }
-        // A view far worse than the median is a misdetection or a blurred frame: OpenCV users
-        // drop those by hand; here the rule is 3x the median and at least 1 px.
-        let mut rms: Vec<f64> = fit.views.iter().map(|v| v.rms_px).collect();
-        rms.sort_by(f64::total_cmp);
-        let limit = (3.0 * rms[rms.len() / 2]).max(1.0);
-        let worst = fit
-            .views
-            .iter()
-            .max_by(|a, b| a.rms_px.total_cmp(&b.rms_px))
-            .expect("views are not empty");
-        if worst.rms_px > limit && kept.len() > MIN_VIEWS {
-            rejected.push((
-                worst.index,
-                format!(
-                    "reprojection RMS {:.2} px, over {:.2} px (3x the median)",
-                    worst.rms_px, limit
-                ),
-            ));
-            kept.retain(|&k| k != worst.index);
+        if p.drop_far_corners(board, &fit) || p.drop_worst_view(&fit) {
             continue;
         }
         let spread = tilt_spread_deg(&fit.views);
@@ -220,9 +145,103 @@ pub fn calibrate(
             ));
         }
         fit.tilt_spread_deg = spread;
-        fit.rejected = rejected;
-        fit.rejected_corners = rejected_corners;
+        fit.rejected = p.rejected;
+        fit.rejected_corners = p.rejected_corners;
         return Ok(fit);
+    }
+}
+
+/// The views a calibration keeps, and what it dropped and why.
+struct Pruning {
+    views: Vec<Corners>,
+    kept: Vec<usize>,
+    rejected: Vec<(usize, String)>,
+    rejected_corners: Vec<(usize, RejectedCorner)>,
+}
+
+impl Pruning {
+    /// Drops the corners far from `fit` (a ChArUco view keeps the rest) or the views holding
+    /// them; says whether anything was dropped.
+    fn drop_far_corners(&mut self, board: &Board, fit: &Intrinsics) -> bool {
+        // Corners far from the fit: a mislabelled or misplaced corner that the detection's own
+        // check let through moves the camera while its view's RMS stays low (one 7.9 px corner
+        // among 44 left its view at 0.975 px, under the view rule below).
+        let limit = (CORNER_LIMIT_FACTOR * fit.rms_px).max(CORNER_LIMIT_FLOOR_PX);
+        let mut dropped_any = false;
+        for v in &fit.views {
+            let seen = &self.views[v.index];
+            let objects = board.object_points_of(seen);
+            let mut r = vec![0.0; 2 * seen.len()];
+            view_residuals(&fit.model, &v.pose, &objects, seen.pixels(), &mut r);
+            let far: Vec<(u32, Vector2<f64>, f64)> = seen
+                .iter()
+                .zip(r.chunks_exact(2))
+                .map(|((id, px), e)| (id, px, e[0].hypot(e[1])))
+                .filter(|f| f.2 > limit)
+                .collect();
+            if far.is_empty() {
+                continue;
+            }
+            dropped_any = true;
+            if board.is_charuco() && seen.len() - far.len() >= MIN_CHARUCO_CORNERS {
+                for (id, px, e) in &far {
+                    self.rejected_corners.push((
+                    v.index,
+                    RejectedCorner {
+                        id: *id,
+                        pixel: [px.x, px.y],
+                        reason: format!(
+                            "{e:.1} px from where the calibration puts it (limit {limit:.2} px: {CORNER_LIMIT_FACTOR}x the RMS, at least {CORNER_LIMIT_FLOOR_PX} px)"
+                        ),
+                    },
+                ));
+                }
+                let (ids, pixels) = seen
+                    .iter()
+                    .filter(|(id, _)| far.iter().all(|f| f.0 != *id))
+                    .unzip();
+                self.views[v.index] = Corners::new(ids, pixels);
+            } else {
+                let (id, _, e) = far
+                    .iter()
+                    .max_by(|a, b| a.2.total_cmp(&b.2))
+                    .expect("far is not empty");
+                self.rejected.push((
+                v.index,
+                format!(
+                    "corner {id} is {e:.1} px from where the calibration puts it (limit {limit:.2} px): a misdetected board"
+                ),
+            ));
+                self.kept.retain(|&k| k != v.index);
+            }
+        }
+        dropped_any
+    }
+
+    /// Drops the view far worse than the median; says whether one was dropped.
+    fn drop_worst_view(&mut self, fit: &Intrinsics) -> bool {
+        // A view far worse than the median is a misdetection or a blurred frame: OpenCV users
+        // drop those by hand; here the rule is 3x the median and at least 1 px.
+        let mut rms: Vec<f64> = fit.views.iter().map(|v| v.rms_px).collect();
+        rms.sort_by(f64::total_cmp);
+        let limit = (3.0 * rms[rms.len() / 2]).max(1.0);
+        let worst = fit
+            .views
+            .iter()
+            .max_by(|a, b| a.rms_px.total_cmp(&b.rms_px))
+            .expect("views are not empty");
+        if worst.rms_px > limit && self.kept.len() > MIN_VIEWS {
+            self.rejected.push((
+                worst.index,
+                format!(
+                    "reprojection RMS {:.2} px, over {:.2} px (3x the median)",
+                    worst.rms_px, limit
+                ),
+            ));
+            self.kept.retain(|&k| k != worst.index);
+            return true;
+        }
+        false
     }
 }
 
