@@ -530,6 +530,85 @@ fn output_problems(spec: &PolicySpec, outputs: &[IoShape], problems: &mut Vec<St
     }
 }
 
+/// The feeds of one ONNX Runtime call, borrowing the policy's buffers.
+type Feeds<'a> = Vec<(Cow<'a, str>, SessionInputValue<'a>)>;
+
+/// The sampler's time input in the dtype and shape the graph takes.
+fn time_feed<'a>(
+    g: &crate::spec::GraphIo,
+    time: &'a [f32; 1],
+    time_i64: &'a [i64; 1],
+) -> Result<SessionInputValue<'a>, ort::Error> {
+    Ok(match (g.time_dtype, g.time_shape) {
+        (TimeDtype::Float32, TimeShape::Batch1) => {
+            TensorRef::from_array_view(([1usize, 1], &time[..]))?.into()
+        }
+        (TimeDtype::Float32, TimeShape::Batch) => {
+            TensorRef::from_array_view(([1usize], &time[..]))?.into()
+        }
+        (TimeDtype::Int64, TimeShape::Batch1) => {
+            TensorRef::from_array_view(([1usize, 1], &time_i64[..]))?.into()
+        }
+        (TimeDtype::Int64, TimeShape::Batch) => {
+            TensorRef::from_array_view(([1usize], &time_i64[..]))?.into()
+        }
+    })
+}
+
+/// The prepared observation inputs (state, images, constants, tokens) as feeds.
+fn input_feeds<'a>(
+    inputs: &'a [(String, Prepared)],
+    feeds: &mut Feeds<'a>,
+) -> Result<(), ort::Error> {
+    for (name, p) in inputs {
+        match p {
+            Prepared::State { data, .. } => feeds.push((
+                name.as_str().into(),
+                TensorRef::from_array_view(([1usize, data.len()], &data[..]))?.into(),
+            )),
+            Prepared::Image {
+                data,
+                width,
+                height,
+                ..
+            } => feeds.push((
+                name.as_str().into(),
+                TensorRef::from_array_view((
+                    [1usize, 3, *height as usize, *width as usize],
+                    &data[..],
+                ))?
+                .into(),
+            )),
+            Prepared::Constant {
+                shape,
+                f32s,
+                i64s,
+                int,
+            } => feeds.push((
+                name.as_str().into(),
+                if *int {
+                    TensorRef::from_array_view((shape.clone(), &i64s[..]))?.into()
+                } else {
+                    TensorRef::from_array_view((shape.clone(), &f32s[..]))?.into()
+                },
+            )),
+            Prepared::Tokens { ids, mask } => {
+                feeds.push((
+                    name.as_str().into(),
+                    TensorRef::from_array_view(([1usize, ids.len()], &ids[..]))?.into(),
+                ));
+                if let Some((m, v)) = mask {
+                    feeds.push((
+                        m.as_str().into(),
+                        TensorRef::from_array_view(([1usize, v.len()], &v[..]))?.into(),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 enum Prepared {
     State {
         data: Vec<f32>,
@@ -982,109 +1061,27 @@ impl OnnxPolicy {
 
     /// Runs the model (its output into `self.out`), or with `vjp` the VJP graph (the cotangent
     /// from and the result into the [`VjpSession`]'s buffers).
-    #[allow(
-        clippy::too_many_lines,
-        reason = "over the house limit: to be split by stage (issue 57)"
-    )]
     fn run_on(&mut self, sample: bool, vjp: bool) -> Result<(), PolicyError> {
         let err = |e: ort::Error| PolicyError {
             policy: self.spec.name.clone(),
             message: e.to_string(),
         };
         let (t, a) = (self.spec.chunk_len, self.spec.action_dim);
-        let mut feeds: Vec<(Cow<str>, SessionInputValue)> =
-            Vec::with_capacity(self.inputs.len() + 2);
+        let mut feeds: Feeds = Vec::with_capacity(self.inputs.len() + 2);
         if sample {
-            let s = self.spec.graph.sample_input.as_deref().expect("validated");
+            let g = &self.spec.graph;
+            let s = g.sample_input.as_deref().expect("validated");
             feeds.push((
                 s.into(),
                 TensorRef::from_array_view(([1usize, t, a], &self.x[..]))
                     .map_err(err)?
                     .into(),
             ));
-            let tn = self.spec.graph.time_input.as_deref().expect("validated");
-            let g = &self.spec.graph;
-            let time: SessionInputValue = match (g.time_dtype, g.time_shape) {
-                (TimeDtype::Float32, TimeShape::Batch1) => {
-                    TensorRef::from_array_view(([1usize, 1], &self.time[..]))
-                        .map_err(err)?
-                        .into()
-                }
-                (TimeDtype::Float32, TimeShape::Batch) => {
-                    TensorRef::from_array_view(([1usize], &self.time[..]))
-                        .map_err(err)?
-                        .into()
-                }
-                (TimeDtype::Int64, TimeShape::Batch1) => {
-                    TensorRef::from_array_view(([1usize, 1], &self.time_i64[..]))
-                        .map_err(err)?
-                        .into()
-                }
-                (TimeDtype::Int64, TimeShape::Batch) => {
-                    TensorRef::from_array_view(([1usize], &self.time_i64[..]))
-                        .map_err(err)?
-                        .into()
-                }
-            };
+            let tn = g.time_input.as_deref().expect("validated");
+            let time = time_feed(g, &self.time, &self.time_i64).map_err(err)?;
             feeds.push((tn.into(), time));
         }
-        for (name, p) in &self.inputs {
-            match p {
-                Prepared::State { data, .. } => feeds.push((
-                    name.as_str().into(),
-                    TensorRef::from_array_view(([1usize, data.len()], &data[..]))
-                        .map_err(err)?
-                        .into(),
-                )),
-                Prepared::Image {
-                    data,
-                    width,
-                    height,
-                    ..
-                } => feeds.push((
-                    name.as_str().into(),
-                    TensorRef::from_array_view((
-                        [1usize, 3, *height as usize, *width as usize],
-                        &data[..],
-                    ))
-                    .map_err(err)?
-                    .into(),
-                )),
-                Prepared::Constant {
-                    shape,
-                    f32s,
-                    i64s,
-                    int,
-                } => feeds.push((
-                    name.as_str().into(),
-                    if *int {
-                        TensorRef::from_array_view((shape.clone(), &i64s[..]))
-                            .map_err(err)?
-                            .into()
-                    } else {
-                        TensorRef::from_array_view((shape.clone(), &f32s[..]))
-                            .map_err(err)?
-                            .into()
-                    },
-                )),
-                Prepared::Tokens { ids, mask } => {
-                    feeds.push((
-                        name.as_str().into(),
-                        TensorRef::from_array_view(([1usize, ids.len()], &ids[..]))
-                            .map_err(err)?
-                            .into(),
-                    ));
-                    if let Some((m, v)) = mask {
-                        feeds.push((
-                            m.as_str().into(),
-                            TensorRef::from_array_view(([1usize, v.len()], &v[..]))
-                                .map_err(err)?
-                                .into(),
-                        ));
-                    }
-                }
-            }
-        }
+        input_feeds(&self.inputs, &mut feeds).map_err(err)?;
         if vjp {
             let v = self.vjp.as_mut().expect("a VJP graph is loaded");
             feeds.push((
