@@ -450,10 +450,6 @@ fn certificates(r: &mut DoctorReport, dir: &Path, name: &str) {
 /// What a robot's config needs on this machine: the policy model and its provider, the arm's
 /// port (present, this user may open it) and calibration, the bus certificates, and listening
 /// endpoints that are free.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 fn config_checks(r: &mut DoctorReport, path: &Path) {
     let cfg = match RunConfig::load(path) {
         Ok(c) => c,
@@ -462,12 +458,19 @@ fn config_checks(r: &mut DoctorReport, path: &Path) {
             return;
         }
     };
-    let file = path.display();
+    let file = path.display().to_string();
     r.push(
         "config",
         Level::Ok,
         format!("config: {file}: ok (robot `{}`)", cfg.robot_name()),
     );
+    policy_checks(r, &cfg, &file);
+    arm_checks(r, &cfg, &file);
+    bus_checks(r, &cfg, &file);
+}
+
+/// The policy's model file, and the provider it asks for in the ONNX Runtime found.
+fn policy_checks(r: &mut DoctorReport, cfg: &RunConfig, file: &str) {
     if let Some(m) = &cfg.policy.model {
         if m.is_file() {
             r.push(
@@ -514,23 +517,10 @@ fn config_checks(r: &mut DoctorReport, path: &Path) {
             );
         }
     }
-    if let Some(why) = cfg.insecure_arm_bus(&BusConfig::default()) {
-        if cfg.bus.insecure {
-            r.push(
-                "bus",
-                Level::Warning,
-                format!(
-                    "bus: INSECURE ([bus] insecure = true in {file}): {why}; `reflex run` warns every minute"
-                ),
-            );
-        } else {
-            r.push(
-                "bus",
-                Level::Problem,
-                format!("bus: {why} (`reflex run` refuses this config)"),
-            );
-        }
-    }
+}
+
+/// The arm's serial port and calibration file.
+fn arm_checks(r: &mut DoctorReport, cfg: &RunConfig, file: &str) {
     if let Some(arm) = &cfg.arm {
         let port = Path::new(&arm.port);
         if !port.exists() {
@@ -573,6 +563,27 @@ fn config_checks(r: &mut DoctorReport, path: &Path) {
                 Level::Info,
                 "arm calibration: none ([arm] calibration): the arm runs on the servos' raw zero, fine for an emulated arm only",
             ),
+        }
+    }
+}
+
+/// The bus: TLS for an arm, its certificates, the endpoints to listen on and connect to.
+fn bus_checks(r: &mut DoctorReport, cfg: &RunConfig, file: &str) {
+    if let Some(why) = cfg.insecure_arm_bus(&BusConfig::default()) {
+        if cfg.bus.insecure {
+            r.push(
+                "bus",
+                Level::Warning,
+                format!(
+                    "bus: INSECURE ([bus] insecure = true in {file}): {why}; `reflex run` warns every minute"
+                ),
+            );
+        } else {
+            r.push(
+                "bus",
+                Level::Problem,
+                format!("bus: {why} (`reflex run` refuses this config)"),
+            );
         }
     }
     let bus = cfg.bus_config(&Default::default());
