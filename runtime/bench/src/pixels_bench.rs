@@ -107,10 +107,6 @@ pub struct PixelsBenchReport {
 }
 
 /// Runs the bench.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
     let t_start = Instant::now();
     // A fresh encoder in a directory of the bench's own unless one is given.
@@ -128,53 +124,11 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
         .iter()
         .map(|c| c.camera.clone())
         .collect();
-    let mut cfg = SimConfig::for_task(o.task);
-    cfg.cameras.enabled = true;
-    cfg.cameras.width = o.width;
-    cfg.cameras.height = o.height;
-    let mut env = SimEnv::new(cfg.clone())?;
-    cfg.cameras.enabled = false;
-    let mut blind = SimEnv::new(cfg)?;
-    let have: Vec<String> = env.spec().cameras.iter().map(|c| c.name.clone()).collect();
-    if let Some(c) = cameras.iter().find(|c| !have.contains(c)) {
-        return Err(bail(format!(
-            "encoder `{}` reads camera `{c}`; the simulator has {have:?}",
-            path.display()
-        )));
-    }
+    let (mut env, mut blind) = sims(o, &cameras, &path)?;
     let state_dim = env.spec().state_dim();
     let act_dim = env.spec().action.dim();
     let features = encoder.features_len();
-    let vision = VisionHeads {
-        encoder_id: encoder.id().into(),
-        features: encoder
-            .spec()
-            .cameras
-            .iter()
-            .map(|c| FeatureShape {
-                camera: c.camera.clone(),
-                channels: c.channels as usize,
-                height: c.map_height as usize,
-                width: c.map_width as usize,
-            })
-            .collect(),
-        embeddings: reflex_vision::head::EMBEDDINGS,
-        width: reflex_vision::head::WIDTH,
-        bc_trains_heads: true,
-        shift: o.shift,
-    };
-    let mut sac = Sac::new(
-        SacConfig {
-            mode: Mode::Residual,
-            batch: o.batch,
-            vision: Some(vision),
-            capacity: o.steps.max(o.batch),
-            seed: 1,
-            ..Default::default()
-        },
-        state_dim,
-        act_dim,
-    )?;
+    let mut sac = heads_learner(o, &encoder, state_dim, act_dim)?;
     let spec = env.spec().clone();
     let norm = ActionNorm::new(
         &spec.action.low,
@@ -182,13 +136,7 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
         &sac.cfg.residual_bounds(sac.act_dim),
     );
     let (mut hook, _writer) = ResidualMlp::new(&sac, norm, true, 1)?;
-    let (mut h_sim, mut h_blind, mut h_enc, mut h_act, mut h_upd) = (
-        Histogram::new(),
-        Histogram::new(),
-        Histogram::new(),
-        Histogram::new(),
-        Histogram::new(),
-    );
+    let mut h = Timings::new();
     let mut hold = vec![0.0; act_dim];
     env.hold_action(&mut hold);
     env.reset(Some(1))?;
@@ -200,21 +148,21 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
         let t = Instant::now();
         env.command(&hold)?;
         let obs = env.observe()?;
-        h_sim.record(t.elapsed());
+        h.sim.record(t.elapsed());
         row[..state_dim].copy_from_slice(&obs.state);
         let t = Instant::now();
         encoder
             .encode(&obs.images, &mut row[state_dim..])
             .map_err(|e| bail(e.to_string()))?;
-        h_enc.record(t.elapsed());
+        h.enc.record(t.elapsed());
         let done = obs.done();
         let t = Instant::now();
         hook.residual(&row, &base, &mut out);
-        h_act.record(t.elapsed());
+        h.act.record(t.elapsed());
         let t = Instant::now();
         blind.command(&hold)?;
         let b_done = blind.observe()?.done();
-        h_blind.record(t.elapsed());
+        h.blind.record(t.elapsed());
         if let Some(p) = prev.take() {
             sac.online.push(&Transition {
                 obs: p,
@@ -240,41 +188,140 @@ pub fn run(o: &PixelsBenchOptions) -> Result<PixelsBenchReport> {
             "no transitions to learn from: give --steps 2 or more".into(),
         ));
     }
-    // Warm-up updates (first-touch allocations), then the timed ones.
+    time_updates(&mut sac, o.updates, &mut h.upd)?;
+    Ok(h.report(o, cameras, encoder.id(), features, t_start))
+}
+
+/// The stages' times.
+struct Timings {
+    sim: Histogram,
+    blind: Histogram,
+    enc: Histogram,
+    act: Histogram,
+    upd: Histogram,
+}
+
+impl Timings {
+    fn new() -> Self {
+        Timings {
+            sim: Histogram::new(),
+            blind: Histogram::new(),
+            enc: Histogram::new(),
+            act: Histogram::new(),
+            upd: Histogram::new(),
+        }
+    }
+
+    fn report(
+        &self,
+        o: &PixelsBenchOptions,
+        cameras: Vec<String>,
+        encoder: &str,
+        features: usize,
+        t_start: Instant,
+    ) -> PixelsBenchReport {
+        let (sim, enc, act, upd) = (
+            Stage::of(&self.sim),
+            Stage::of(&self.enc),
+            Stage::of(&self.act),
+            Stage::of(&self.upd),
+        );
+        let per_frame = sim.p50_us + enc.p50_us + act.p50_us;
+        PixelsBenchReport {
+            task: o.task.to_string(),
+            cameras,
+            width: o.width,
+            height: o.height,
+            encoder: encoder.into(),
+            features,
+            steps: o.steps,
+            frames_per_s: 1e6 / per_frame,
+            steps_per_s_with_updates: 1e6 / (per_frame + upd.p50_us),
+            sim_cameras: sim,
+            sim_no_cameras: Stage::of(&self.blind),
+            encode: enc,
+            actor: act,
+            update: upd,
+            batch: o.batch,
+            shift: o.shift,
+            wall_s: t_start.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// The simulator with the cameras the encoder reads, and the same one without cameras.
+fn sims(
+    o: &PixelsBenchOptions,
+    cameras: &[String],
+    path: &std::path::Path,
+) -> Result<(SimEnv, SimEnv)> {
+    let mut cfg = SimConfig::for_task(o.task);
+    cfg.cameras.enabled = true;
+    cfg.cameras.width = o.width;
+    cfg.cameras.height = o.height;
+    let env = SimEnv::new(cfg.clone())?;
+    cfg.cameras.enabled = false;
+    let blind = SimEnv::new(cfg)?;
+    let have: Vec<String> = env.spec().cameras.iter().map(|c| c.name.clone()).collect();
+    if let Some(c) = cameras.iter().find(|c| !have.contains(c)) {
+        return Err(bail(format!(
+            "encoder `{}` reads camera `{c}`; the simulator has {have:?}",
+            path.display()
+        )));
+    }
+    Ok((env, blind))
+}
+
+/// The residual learner with image heads on `encoder`'s feature maps.
+fn heads_learner(
+    o: &PixelsBenchOptions,
+    encoder: &FeatureEncoder,
+    state_dim: usize,
+    act_dim: usize,
+) -> Result<Sac> {
+    let vision = VisionHeads {
+        encoder_id: encoder.id().into(),
+        features: encoder
+            .spec()
+            .cameras
+            .iter()
+            .map(|c| FeatureShape {
+                camera: c.camera.clone(),
+                channels: c.channels as usize,
+                height: c.map_height as usize,
+                width: c.map_width as usize,
+            })
+            .collect(),
+        embeddings: reflex_vision::head::EMBEDDINGS,
+        width: reflex_vision::head::WIDTH,
+        bc_trains_heads: true,
+        shift: o.shift,
+    };
+    Ok(Sac::new(
+        SacConfig {
+            mode: Mode::Residual,
+            batch: o.batch,
+            vision: Some(vision),
+            capacity: o.steps.max(o.batch),
+            seed: 1,
+            ..Default::default()
+        },
+        state_dim,
+        act_dim,
+    )?)
+}
+
+/// Warm-up updates (first-touch allocations), then `n` timed ones into `h`.
+fn time_updates(sac: &mut Sac, n: usize, h: &mut Histogram) -> Result<()> {
     for _ in 0..3 {
         sac.train_step()?;
     }
-    for _ in 0..o.updates {
+    for _ in 0..n {
         let t = Instant::now();
         sac.train_step()?;
-        h_upd.record(t.elapsed());
+        h.record(t.elapsed());
     }
-    let (sim, enc, act, upd) = (
-        Stage::of(&h_sim),
-        Stage::of(&h_enc),
-        Stage::of(&h_act),
-        Stage::of(&h_upd),
-    );
-    let per_frame = sim.p50_us + enc.p50_us + act.p50_us;
-    Ok(PixelsBenchReport {
-        task: o.task.to_string(),
-        cameras,
-        width: o.width,
-        height: o.height,
-        encoder: encoder.id().into(),
-        features,
-        steps: o.steps,
-        frames_per_s: 1e6 / per_frame,
-        steps_per_s_with_updates: 1e6 / (per_frame + upd.p50_us),
-        sim_cameras: sim,
-        sim_no_cameras: Stage::of(&h_blind),
-        encode: enc,
-        actor: act,
-        update: upd,
-        batch: o.batch,
-        shift: o.shift,
-        wall_s: t_start.elapsed().as_secs_f64(),
-    })
+    Ok(())
 }
 
 /// A fresh encoder of `bc train`'s shape for both simulator cameras, written to `dir`
