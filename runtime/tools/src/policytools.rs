@@ -350,56 +350,11 @@ pub struct TrainReport {
 }
 
 /// Trains a diffusion or flow policy on recorded episodes and exports it to ONNX with its spec.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport> {
     // The episodes, the action size, the robot kind and where they came from.
     let mut frames = None;
     let (mut eps, action_dim, kind, origin) = match &o.source {
-        TrainSource::Demos(dir) => {
-            let m = reflex_data::demos::read_manifest(dir)?;
-            let take = o.episodes.unwrap_or(m.episodes.len()).min(m.episodes.len());
-            let ranges = state_ranges(&m.spec, &o.state_fields, dir)?;
-            let mut eps = vec![];
-            let chosen = m.episodes[..take]
-                .iter()
-                .filter(|e| o.only.as_ref().is_none_or(|k| k.contains(&e.index)));
-            for e in chosen {
-                let ep = reflex_data::demos::read_episode(dir, e)?;
-                if !o.cameras.is_empty() && !ep.actions.is_empty() {
-                    if !ep.frame_observations.is_empty() {
-                        return Err(reflex_agent::error::bail(format!(
-                            "{}: episode {} kept camera frames at some steps only (a run's step \
-                             log above 15 Hz); behaviour cloning needs the frame of every step: \
-                             record with `reflex sim demos --cameras`, or export the run with \
-                             `reflex dataset export` and train from the dataset",
-                            dir.join(&e.file).display(),
-                            e.index
-                        )));
-                    }
-                    let f = add_frames(&mut frames, &ep, &o.cameras, o.image_size, dir, e)?;
-                    // One frame per sample: the observations that have an action.
-                    f.truncate_to(f.len() - 1);
-                }
-                let obs = match &ranges {
-                    Some(r) => ep
-                        .observations
-                        .iter()
-                        .map(|s| {
-                            r.iter()
-                                .flat_map(|r| s[r.clone()].iter().copied())
-                                .collect()
-                        })
-                        .collect(),
-                    None => ep.observations,
-                };
-                eps.push((obs, ep.actions));
-            }
-            let origin = format!("demos {}: {}", dir.display(), m.command);
-            (eps, m.spec.action.dim(), Some(m.spec.kind.clone()), origin)
-        }
+        TrainSource::Demos(dir) => demos_episodes(o, dir, &mut frames)?,
         TrainSource::LeRobot { dir, .. } if !o.state_fields.is_empty() => {
             return Err(reflex_agent::error::bail(format!(
                 "{}: --state-fields reads reflex's demos (--demos); a LeRobot dataset's state is \
@@ -471,42 +426,9 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
     ));
     let onnx = trained.net.to_onnx()?;
     // A flow policy's VJP graph goes first: the spec that names it is written last.
-    let vjp = if trained.spec.kind == reflex_policies::spec::PolicyKind::Flow {
-        let path = reflex_policies::spec::vjp_path_for(&o.out);
-        let bytes = trained.net.to_onnx_vjp()?;
-        reflex_runtime::fsio::atomic_write(&path, &bytes).map_err(|e| AgentError::io(&path, e))?;
-        trained.spec.graph.vjp = Some(reflex_policies::spec::VjpGraph {
-            file: path
-                .file_name()
-                .map(|f| f.to_string_lossy().to_string())
-                .unwrap_or_default(),
-            cotangent_input: "cotangent".into(),
-            output: "vjp".into(),
-        });
-        Some(path)
-    } else {
-        None
-    };
+    let vjp = write_vjp(&mut trained, &o.out)?;
     write_model(&o.out, &onnx, &trained.spec)?;
-    let encoder = if trained.net.encoders().is_empty() {
-        None
-    } else {
-        let path = reflex_policies::features::encoder_path_for(&o.out);
-        let (bytes, spec) = reflex_vision::encoder::frozen_encoder(
-            trained.net.encoders(),
-            &format!("{name}.encoder"),
-            Some(format!(
-                "the image encoder of `{}`, frozen",
-                o.out.display()
-            )),
-        )
-        .map_err(BcError::from)?;
-        reflex_runtime::fsio::atomic_write(&path, &bytes).map_err(|e| AgentError::io(&path, e))?;
-        let sp = reflex_policies::features::encoder_spec_path(&path);
-        reflex_runtime::fsio::atomic_write(&sp, spec.to_toml().as_bytes())
-            .map_err(|e| AgentError::io(&sp, e))?;
-        Some(path)
-    };
+    let encoder = write_encoder(&trained, &o.out, &name)?;
     Ok(TrainReport {
         model: o.out.clone(),
         spec: spec_path(&o.out),
@@ -515,6 +437,103 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
         final_loss: trained.losses.last().copied().unwrap_or(f32::NAN),
         wall_s: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// The episodes of reflex's demos in `dir` (the state fields `o` names, and the frames of its
+/// cameras into `frames`), the action size, the robot kind and where they came from.
+fn demos_episodes(
+    o: &TrainOptions,
+    dir: &Path,
+    frames: &mut Option<Frames>,
+) -> Result<(
+    Vec<reflex_imitate::EpisodeData>,
+    usize,
+    Option<String>,
+    String,
+)> {
+    let m = reflex_data::demos::read_manifest(dir)?;
+    let take = o.episodes.unwrap_or(m.episodes.len()).min(m.episodes.len());
+    let ranges = state_ranges(&m.spec, &o.state_fields, dir)?;
+    let mut eps = vec![];
+    let chosen = m.episodes[..take]
+        .iter()
+        .filter(|e| o.only.as_ref().is_none_or(|k| k.contains(&e.index)));
+    for e in chosen {
+        let ep = reflex_data::demos::read_episode(dir, e)?;
+        if !o.cameras.is_empty() && !ep.actions.is_empty() {
+            if !ep.frame_observations.is_empty() {
+                return Err(reflex_agent::error::bail(format!(
+                    "{}: episode {} kept camera frames at some steps only (a run's step \
+                     log above 15 Hz); behaviour cloning needs the frame of every step: \
+                     record with `reflex sim demos --cameras`, or export the run with \
+                     `reflex dataset export` and train from the dataset",
+                    dir.join(&e.file).display(),
+                    e.index
+                )));
+            }
+            let f = add_frames(frames, &ep, &o.cameras, o.image_size, dir, e)?;
+            // One frame per sample: the observations that have an action.
+            f.truncate_to(f.len() - 1);
+        }
+        let obs = match &ranges {
+            Some(r) => ep
+                .observations
+                .iter()
+                .map(|s| {
+                    r.iter()
+                        .flat_map(|r| s[r.clone()].iter().copied())
+                        .collect()
+                })
+                .collect(),
+            None => ep.observations,
+        };
+        eps.push((obs, ep.actions));
+    }
+    let origin = format!("demos {}: {}", dir.display(), m.command);
+    Ok((eps, m.spec.action.dim(), Some(m.spec.kind.clone()), origin))
+}
+
+/// A flow policy's VJP graph beside `out`, named in its spec (`None`: not a flow policy).
+fn write_vjp(trained: &mut reflex_imitate::Trained, out: &Path) -> Result<Option<PathBuf>> {
+    if trained.spec.kind != reflex_policies::spec::PolicyKind::Flow {
+        return Ok(None);
+    }
+    let path = reflex_policies::spec::vjp_path_for(out);
+    let bytes = trained.net.to_onnx_vjp()?;
+    reflex_runtime::fsio::atomic_write(&path, &bytes).map_err(|e| AgentError::io(&path, e))?;
+    trained.spec.graph.vjp = Some(reflex_policies::spec::VjpGraph {
+        file: path
+            .file_name()
+            .map(|f| f.to_string_lossy().to_string())
+            .unwrap_or_default(),
+        cotangent_input: "cotangent".into(),
+        output: "vjp".into(),
+    });
+    Ok(Some(path))
+}
+
+/// The frozen image encoder of a policy that sees, beside `out` with its spec (`None`: it sees
+/// nothing).
+fn write_encoder(
+    trained: &reflex_imitate::Trained,
+    out: &Path,
+    name: &str,
+) -> Result<Option<PathBuf>> {
+    if trained.net.encoders().is_empty() {
+        return Ok(None);
+    }
+    let path = reflex_policies::features::encoder_path_for(out);
+    let (bytes, spec) = reflex_vision::encoder::frozen_encoder(
+        trained.net.encoders(),
+        &format!("{name}.encoder"),
+        Some(format!("the image encoder of `{}`, frozen", out.display())),
+    )
+    .map_err(BcError::from)?;
+    reflex_runtime::fsio::atomic_write(&path, &bytes).map_err(|e| AgentError::io(&path, e))?;
+    let sp = reflex_policies::features::encoder_spec_path(&path);
+    reflex_runtime::fsio::atomic_write(&sp, spec.to_toml().as_bytes())
+        .map_err(|e| AgentError::io(&sp, e))?;
+    Ok(Some(path))
 }
 
 /// The ranges of `fields` in the demos' state vector (`None`: all of it); an unknown field is
