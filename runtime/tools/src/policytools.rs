@@ -784,12 +784,110 @@ pub fn success_labels(ep: &reflex_data::demos::Episode) -> Vec<bool> {
 
 /// Trains a success classifier on recorded frames, judges it on held-out episodes, and exports
 /// it to ONNX with its spec.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<RewardTrainReport> {
     let t0 = Instant::now();
+    check_reward_options(o)?;
+    let LabelledFrames {
+        train_f,
+        held_f,
+        train_y,
+        held_y,
+        held_near,
+        train_eps,
+        held_eps,
+        n_held,
+        commands,
+    } = read_labelled(o)?;
+    let count = |f: &Option<Frames>, y: &[bool], episodes| FrameCount {
+        episodes,
+        frames: f.as_ref().map_or(0, |f| f.len()),
+        successes: y.iter().filter(|&&l| l).count(),
+    };
+    let (train_c, held_c) = (
+        count(&train_f, &train_y, train_eps),
+        count(&held_f, &held_y, held_eps),
+    );
+    let train_f = train_f.ok_or_else(|| {
+        reflex_agent::error::bail(format!(
+            "{}: no episodes with frames to train on",
+            o.source.dir().display()
+        ))
+    })?;
+    if train_c.successes == 0 || train_c.successes == train_c.frames {
+        return Err(reflex_agent::error::bail(format!(
+            "{}: the {} training episodes (the last {n_held} are held out) give {} success \
+             and {} failure frames; a classifier needs both: record more episodes, with \
+             successes and failures, or hold out fewer (--holdout)",
+            o.source.dir().display(),
+            train_c.episodes,
+            train_c.successes,
+            train_c.frames - train_c.successes
+        )));
+    }
+    tracing::info!(
+        "training a success classifier on {} frames ({} success) of {} episodes, cameras {:?} at {}x{}; {} episodes held out",
+        train_c.frames,
+        train_c.successes,
+        train_c.episodes,
+        train_f.cameras,
+        train_f.width,
+        train_f.height,
+        n_held
+    );
+    progress.start(o.cfg.steps as u64, "steps");
+    let mut final_loss = f32::NAN;
+    let mut last = 0u64;
+    let net = reflex_vision::reward::train(&train_f, &train_y, &o.cfg, |step, loss| {
+        progress.inc(step as u64 - last.min(step as u64));
+        last = step as u64;
+        progress.message(&format!("loss {loss:.4}"));
+        final_loss = loss;
+    })
+    .map_err(BcError::from)?;
+    progress.finish();
+    let probs = match &held_f {
+        Some(h) => probabilities(&net, h)?,
+        None => vec![],
+    };
+    let confusion = reflex_vision::reward::Confusion::of(&probs, &held_y, o.threshold);
+    let near = probs
+        .iter()
+        .zip(&held_near)
+        .filter(|(p, n)| **p >= o.threshold && **n)
+        .count() as u64;
+    let name = o
+        .out
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "reward".into());
+    let mut spec = net.spec(&name, o.threshold);
+    spec.provenance = Some(provenance(
+        o,
+        &commands,
+        (&train_c, &held_c),
+        &confusion,
+        near,
+        t0.elapsed().as_secs_f64(),
+    ));
+    let sp = write_classifier(&o.out, &net, &spec)?;
+    Ok(RewardTrainReport {
+        model: o.out.clone(),
+        spec: sp,
+        train: train_c,
+        held_out: held_c,
+        confusion,
+        accuracy: confusion.accuracy(),
+        precision: confusion.precision(),
+        recall: confusion.recall(),
+        false_positives_near_success: near,
+        threshold: o.threshold,
+        final_loss,
+        wall_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// The classifier's options that cannot work, refused before anything is read.
+fn check_reward_options(o: &RewardTrainOptions) -> Result<()> {
     if o.cameras.is_empty() {
         return Err(reflex_agent::error::bail(
             "name the camera(s) the classifier reads: --camera NAME".into(),
@@ -801,6 +899,26 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
             o.holdout
         )));
     }
+    Ok(())
+}
+
+/// The recorded frames and their success labels, training's and the held-out episodes' (the
+/// last `holdout` of them).
+struct LabelledFrames {
+    train_f: Option<Frames>,
+    held_f: Option<Frames>,
+    train_y: Vec<bool>,
+    held_y: Vec<bool>,
+    /// Per held-out frame: a few frames before a success frame of its episode.
+    held_near: Vec<bool>,
+    train_eps: usize,
+    held_eps: usize,
+    n_held: usize,
+    /// The commands that recorded the episodes.
+    commands: Vec<String>,
+}
+
+fn read_labelled(o: &RewardTrainOptions) -> Result<LabelledFrames> {
     let dirs = o.source.episode_dirs()?;
     let mut entries = vec![];
     let mut commands = vec![];
@@ -854,79 +972,45 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
             "{without_frames} of {n_eps} recorded episodes kept no camera frame and are not used"
         );
     }
-    let count = |f: &Option<Frames>, y: &[bool], episodes| FrameCount {
-        episodes,
-        frames: f.as_ref().map_or(0, |f| f.len()),
-        successes: y.iter().filter(|&&l| l).count(),
-    };
-    let (train_c, held_c) = (
-        count(&train_f, &train_y, train_eps),
-        count(&held_f, &held_y, held_eps),
-    );
-    let train_f = train_f.ok_or_else(|| {
-        reflex_agent::error::bail(format!(
-            "{}: no episodes with frames to train on",
-            o.source.dir().display()
-        ))
-    })?;
-    if train_c.successes == 0 || train_c.successes == train_c.frames {
-        return Err(reflex_agent::error::bail(format!(
-            "{}: the {} training episodes (the last {n_held} are held out) give {} success \
-             and {} failure frames; a classifier needs both: record more episodes, with \
-             successes and failures, or hold out fewer (--holdout)",
-            o.source.dir().display(),
-            train_c.episodes,
-            train_c.successes,
-            train_c.frames - train_c.successes
-        )));
-    }
-    tracing::info!(
-        "training a success classifier on {} frames ({} success) of {} episodes, cameras {:?} at {}x{}; {} episodes held out",
-        train_c.frames,
-        train_c.successes,
-        train_c.episodes,
-        train_f.cameras,
-        train_f.width,
-        train_f.height,
-        n_held
-    );
-    progress.start(o.cfg.steps as u64, "steps");
-    let mut final_loss = f32::NAN;
-    let mut last = 0u64;
-    let net = reflex_vision::reward::train(&train_f, &train_y, &o.cfg, |step, loss| {
-        progress.inc(step as u64 - last.min(step as u64));
-        last = step as u64;
-        progress.message(&format!("loss {loss:.4}"));
-        final_loss = loss;
+    Ok(LabelledFrames {
+        train_f,
+        held_f,
+        train_y,
+        held_y,
+        held_near,
+        train_eps,
+        held_eps,
+        n_held,
+        commands,
     })
-    .map_err(BcError::from)?;
-    progress.finish();
+}
+
+/// The classifier's success probability of every frame in `h`, 256 frames at a time.
+fn probabilities(net: &reflex_vision::reward::RewardNet, h: &Frames) -> Result<Vec<f32>> {
     let mut probs = vec![];
-    if let Some(h) = &held_f {
-        let len = h.frame_len();
-        for start in (0..h.len()).step_by(256) {
-            let n = 256.min(h.len() - start);
-            let views: Vec<&[f32]> = h
-                .data
-                .iter()
-                .map(|d| &d[start * len..(start + n) * len])
-                .collect();
-            probs.extend(net.probabilities(&views, n).map_err(BcError::from)?);
-        }
+    let len = h.frame_len();
+    for start in (0..h.len()).step_by(256) {
+        let n = 256.min(h.len() - start);
+        let views: Vec<&[f32]> = h
+            .data
+            .iter()
+            .map(|d| &d[start * len..(start + n) * len])
+            .collect();
+        probs.extend(net.probabilities(&views, n).map_err(BcError::from)?);
     }
-    let confusion = reflex_vision::reward::Confusion::of(&probs, &held_y, o.threshold);
-    let near = probs
-        .iter()
-        .zip(&held_near)
-        .filter(|(p, n)| **p >= o.threshold && **n)
-        .count() as u64;
-    let name = o
-        .out
-        .file_stem()
-        .map(|s| s.to_string_lossy().to_string())
-        .unwrap_or_else(|| "reward".into());
-    let mut spec = net.spec(&name, o.threshold);
-    spec.provenance = Some(format!(
+    Ok(probs)
+}
+
+/// The spec's provenance: the command, the data, and the held-out figures.
+fn provenance(
+    o: &RewardTrainOptions,
+    commands: &[String],
+    (train_c, held_c): (&FrameCount, &FrameCount),
+    confusion: &reflex_vision::reward::Confusion,
+    near: u64,
+    wall_s: f64,
+) -> String {
+    format!(
         "{} ({} {}: {}; {} frames of {} episodes, {} success; held out {} episodes, {} frames: accuracy {:.3}, precision {:.3}, recall {:.3}, {} of {} false positives within {NEAR_FRAMES} frames before a success; trained in {:.0} s)",
         o.command,
         match o.source {
@@ -945,28 +1029,23 @@ pub fn reward_train(o: &RewardTrainOptions, progress: &dyn Progress) -> Result<R
         confusion.recall(),
         near,
         confusion.false_positives,
-        t0.elapsed().as_secs_f64()
-    ));
+        wall_s
+    )
+}
+
+/// Writes the classifier's ONNX graph to `out` and its spec beside it; returns the spec's path.
+fn write_classifier(
+    out: &Path,
+    net: &reflex_vision::reward::RewardNet,
+    spec: &reflex_vision::reward::RewardSpec,
+) -> Result<PathBuf> {
     let onnx = net.to_onnx().map_err(BcError::from)?;
-    if let Some(d) = o.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+    if let Some(d) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(d).map_err(|e| AgentError::io(d, e))?;
     }
-    reflex_runtime::fsio::atomic_write(&o.out, &onnx).map_err(|e| AgentError::io(&o.out, e))?;
-    let sp = reflex_vision::reward::RewardSpec::path_for(&o.out);
+    reflex_runtime::fsio::atomic_write(out, &onnx).map_err(|e| AgentError::io(out, e))?;
+    let sp = reflex_vision::reward::RewardSpec::path_for(out);
     reflex_runtime::fsio::atomic_write(&sp, spec.to_toml().as_bytes())
         .map_err(|e| AgentError::io(&sp, e))?;
-    Ok(RewardTrainReport {
-        model: o.out.clone(),
-        spec: sp,
-        train: train_c,
-        held_out: held_c,
-        confusion,
-        accuracy: confusion.accuracy(),
-        precision: confusion.precision(),
-        recall: confusion.recall(),
-        false_positives_near_success: near,
-        threshold: o.threshold,
-        final_loss,
-        wall_s: t0.elapsed().as_secs_f64(),
-    })
+    Ok(sp)
 }
