@@ -239,10 +239,6 @@ impl HandEyeFile {
 const MIN_PIXEL_NOISE_PX: f64 = 0.01;
 
 /// Solves hand-eye from views with the camera's intrinsics.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn calibrate_hand_eye(
     setup: Setup,
     model: &CameraModel,
@@ -259,13 +255,7 @@ pub fn calibrate_hand_eye(
         .iter()
         .map(|v| refine::h_of(setup, &v.gripper))
         .collect();
-    let motion = motion_spread(&h);
-    if motion.second_axis_deg < MIN_SECOND_AXIS_DEG {
-        return Err(HandEyeError::Degenerate(format!(
-            "{:.2} degrees RMS about the main axis, {:.2} about any other (at least {MIN_SECOND_AXIS_DEG} needed)",
-            motion.main_axis_deg, motion.second_axis_deg
-        )));
-    }
+    let motion = turned_enough(&h)?;
     let objects: Vec<Vec<nalgebra::Point3<f64>>> = views
         .iter()
         .map(|v| board.object_points_of(&v.corners))
@@ -280,7 +270,117 @@ pub fn calibrate_hand_eye(
             })
             .collect()
     };
-    // Each view's board pose and what its corners say about it.
+    let ObservedViews {
+        boards,
+        observed,
+        pixel_noise_px,
+    } = observe_views(model, board, views, &project)?;
+
+    let x0 = park_martin(&h, &boards)?;
+    let y0 = closed_form::board_from_views(&h, &boards, &x0);
+    // Twice: the arm's noise estimated at the closed form, the fit, the noise again at the fit.
+    let (fit, noise, weights) = refine_twice(setup, &observed, &x0, &y0);
+
+    // Leave one view out: fit both estimates on the others, reproject the one left out.
+    let view_ss = |k: usize, x: &Isometry3<f64>, y: &Isometry3<f64>| -> f64 {
+        let c = x.inverse() * h[k] * y;
+        project(k, &c)
+            .iter()
+            .zip(views[k].corners.pixels())
+            .map(|(p, s)| (p - s).norm_squared())
+            .sum()
+    };
+    let corners_total: usize = views.iter().map(|v| v.corners.len()).sum();
+    let held_out = (views.len() >= 4).then(|| {
+        leave_one_out(
+            setup,
+            &h,
+            &boards,
+            &observed,
+            &weights,
+            corners_total,
+            &view_ss,
+        )
+    });
+    let estimate = match held_out {
+        Some(ho) if ho.refined_px > ho.closed_form_px => Estimate::ClosedForm,
+        _ => Estimate::Refined,
+    };
+    let (x, y) = match estimate {
+        Estimate::Refined => (fit.x, fit.y),
+        Estimate::ClosedForm => (x0, y0),
+    };
+    let (sigma_m, sigma_rad) = refine::camera_sigma(&fit).unwrap_or((f64::NAN, f64::NAN));
+
+    let view_rms_px: Vec<f64> = (0..views.len())
+        .map(|k| (view_ss(k, &x, &y) / views[k].corners.len() as f64).sqrt())
+        .collect();
+    let rms_px =
+        ((0..views.len()).map(|k| view_ss(k, &x, &y)).sum::<f64>() / corners_total as f64).sqrt();
+    let view_board_error = h
+        .iter()
+        .zip(&boards)
+        .map(|(hi, ci)| {
+            let yi = hi.inverse() * x * ci;
+            pose_error(&yi, &y)
+        })
+        .collect();
+    let (sigma_mm, sigma_deg) = (sigma_m * 1e3, sigma_rad.to_degrees());
+    let warnings = fit_warnings(&motion, sigma_mm, sigma_deg, estimate);
+    Ok(HandEye {
+        setup,
+        camera: x,
+        board: y,
+        closed_form: x0,
+        estimate,
+        held_out,
+        rms_px,
+        view_rms_px,
+        view_board_error,
+        pixel_noise_px,
+        arm_noise_deg: noise.rotation_rad.to_degrees(),
+        arm_noise_mm: noise.translation_m * 1e3,
+        camera_sigma_mm: sigma_mm,
+        camera_sigma_deg: sigma_deg,
+        motion,
+        warnings,
+    })
+}
+
+/// How the arm turned between the views; refused when about one axis only.
+fn turned_enough(h: &[Isometry3<f64>]) -> Result<MotionSpread, HandEyeError> {
+    let motion = motion_spread(h);
+    if motion.second_axis_deg < MIN_SECOND_AXIS_DEG {
+        return Err(HandEyeError::Degenerate(format!(
+            "{:.2} degrees RMS about the main axis, {:.2} about any other (at least {MIN_SECOND_AXIS_DEG} needed)",
+            motion.main_axis_deg, motion.second_axis_deg
+        )));
+    }
+    Ok(motion)
+}
+
+/// A view's squared pixel error for a camera pose and a board pose.
+type ViewError<'a> = dyn Fn(usize, &Isometry3<f64>, &Isometry3<f64>) -> f64 + 'a;
+
+/// Where view `k`'s board corners land for a camera pose.
+type Projector<'a> = dyn Fn(usize, &Isometry3<f64>) -> Vec<nalgebra::Vector2<f64>> + 'a;
+
+/// The board's pose in each view, the views as the refinement takes them, and the pixel noise
+/// their corners show.
+struct ObservedViews {
+    boards: Vec<Isometry3<f64>>,
+    observed: Vec<Observed>,
+    pixel_noise_px: f64,
+}
+
+/// Each view's board pose and what its corners say about it (the pose's covariance at the
+/// pixel noise the corners show).
+fn observe_views(
+    model: &CameraModel,
+    board: &Board,
+    views: &[HandEyeView],
+    project: &Projector<'_>,
+) -> Result<ObservedViews, HandEyeError> {
     let mut boards = Vec::with_capacity(views.len());
     let mut information = Vec::with_capacity(views.len());
     let (mut ss, mut dof) = (0.0, 0.0);
@@ -306,12 +406,24 @@ pub fn calibrate_hand_eye(
                 .unwrap_or_else(|| Matrix6::identity() * 1e6),
         })
         .collect();
+    Ok(ObservedViews {
+        boards,
+        observed,
+        pixel_noise_px,
+    })
+}
 
-    let x0 = park_martin(&h, &boards)?;
-    let y0 = closed_form::board_from_views(&h, &boards, &x0);
-    // Twice: the arm's noise estimated at the closed form, the fit, the noise again at the fit.
+/// The fit twice: the arm's noise estimated at the closed form `x0`, `y0`, the views whitened
+/// by it and the fit; then the noise again at that fit. Returns the fit, the noise and the
+/// weights of the second round.
+fn refine_twice(
+    setup: Setup,
+    observed: &[Observed],
+    x0: &Isometry3<f64>,
+    y0: &Isometry3<f64>,
+) -> (refine::Fit, ArmNoise, Vec<Matrix6<f64>>) {
     let all: Vec<&Observed> = observed.iter().collect();
-    let (mut x, mut y) = (x0, y0);
+    let (mut x, mut y) = (*x0, *y0);
     let mut noise = ArmNoise {
         rotation_rad: 0.0,
         translation_m: 0.0,
@@ -319,72 +431,58 @@ pub fn calibrate_hand_eye(
     let mut weights = Vec::new();
     let mut fit = None;
     for _ in 0..2 {
-        noise = refine::estimate_arm_noise(setup, &x, &y, &observed);
-        weights = refine::whitening(setup, &x, &y, &observed, noise);
+        noise = refine::estimate_arm_noise(setup, &x, &y, observed);
+        weights = refine::whitening(setup, &x, &y, observed, noise);
         let w: Vec<&Matrix6<f64>> = weights.iter().collect();
-        let f = refine::solve(setup, &all, &w, &x0, &y0);
+        let f = refine::solve(setup, &all, &w, x0, y0);
         (x, y) = (f.x, f.y);
         fit = Some(f);
     }
-    let fit = fit.expect("the loop ran");
+    (fit.expect("the loop ran"), noise, weights)
+}
 
-    // Leave one view out: fit both estimates on the others, reproject the one left out.
-    let view_ss = |k: usize, x: &Isometry3<f64>, y: &Isometry3<f64>| -> f64 {
-        let c = x.inverse() * h[k] * y;
-        project(k, &c)
-            .iter()
-            .zip(views[k].corners.pixels())
-            .map(|(p, s)| (p - s).norm_squared())
-            .sum()
-    };
-    let corners_total: usize = views.iter().map(|v| v.corners.len()).sum();
-    let held_out = if views.len() >= 4 {
-        let (mut cf, mut rf) = (0.0, 0.0);
-        for k in 0..views.len() {
-            let others: Vec<usize> = (0..views.len()).filter(|&j| j != k).collect();
-            let hk: Vec<Isometry3<f64>> = others.iter().map(|&j| h[j]).collect();
-            let ck: Vec<Isometry3<f64>> = others.iter().map(|&j| boards[j]).collect();
-            // A subset whose motions alone are degenerate says nothing about either estimate.
-            let Ok(xk) = park_martin(&hk, &ck) else {
-                continue;
-            };
-            let yk = closed_form::board_from_views(&hk, &ck, &xk);
-            let ok: Vec<&Observed> = others.iter().map(|&j| &observed[j]).collect();
-            let wk: Vec<&Matrix6<f64>> = others.iter().map(|&j| &weights[j]).collect();
-            let f = refine::solve(setup, &ok, &wk, &xk, &yk);
-            cf += view_ss(k, &xk, &yk);
-            rf += view_ss(k, &f.x, &f.y);
-        }
-        Some(HeldOut {
-            closed_form_px: (cf / corners_total as f64).sqrt(),
-            refined_px: (rf / corners_total as f64).sqrt(),
-        })
-    } else {
-        None
-    };
-    let estimate = match held_out {
-        Some(ho) if ho.refined_px > ho.closed_form_px => Estimate::ClosedForm,
-        _ => Estimate::Refined,
-    };
-    let (x, y) = match estimate {
-        Estimate::Refined => (fit.x, fit.y),
-        Estimate::ClosedForm => (x0, y0),
-    };
-    let (sigma_m, sigma_rad) = refine::camera_sigma(&fit).unwrap_or((f64::NAN, f64::NAN));
+/// Leave one view out: both estimates fitted on the other views, each judged by how it
+/// reprojects the one left out (`view_ss`: a view's squared pixel error for a camera and board
+/// pose), over all `corners_total` corners.
+fn leave_one_out(
+    setup: Setup,
+    h: &[Isometry3<f64>],
+    boards: &[Isometry3<f64>],
+    observed: &[Observed],
+    weights: &[Matrix6<f64>],
+    corners_total: usize,
+    view_ss: &ViewError<'_>,
+) -> HeldOut {
+    let (mut cf, mut rf) = (0.0, 0.0);
+    for k in 0..h.len() {
+        let others: Vec<usize> = (0..h.len()).filter(|&j| j != k).collect();
+        let hk: Vec<Isometry3<f64>> = others.iter().map(|&j| h[j]).collect();
+        let ck: Vec<Isometry3<f64>> = others.iter().map(|&j| boards[j]).collect();
+        // A subset whose motions alone are degenerate says nothing about either estimate.
+        let Ok(xk) = park_martin(&hk, &ck) else {
+            continue;
+        };
+        let yk = closed_form::board_from_views(&hk, &ck, &xk);
+        let ok: Vec<&Observed> = others.iter().map(|&j| &observed[j]).collect();
+        let wk: Vec<&Matrix6<f64>> = others.iter().map(|&j| &weights[j]).collect();
+        let f = refine::solve(setup, &ok, &wk, &xk, &yk);
+        cf += view_ss(k, &xk, &yk);
+        rf += view_ss(k, &f.x, &f.y);
+    }
+    HeldOut {
+        closed_form_px: (cf / corners_total as f64).sqrt(),
+        refined_px: (rf / corners_total as f64).sqrt(),
+    }
+}
 
-    let view_rms_px: Vec<f64> = (0..views.len())
-        .map(|k| (view_ss(k, &x, &y) / views[k].corners.len() as f64).sqrt())
-        .collect();
-    let rms_px =
-        ((0..views.len()).map(|k| view_ss(k, &x, &y)).sum::<f64>() / corners_total as f64).sqrt();
-    let view_board_error = h
-        .iter()
-        .zip(&boards)
-        .map(|(hi, ci)| {
-            let yi = hi.inverse() * x * ci;
-            pose_error(&yi, &y)
-        })
-        .collect();
+/// What the person should know about the fit: a weak second axis of motion, an uncertain
+/// camera place, a closed form that beat the refinement.
+fn fit_warnings(
+    motion: &MotionSpread,
+    sigma_mm: f64,
+    sigma_deg: f64,
+    estimate: Estimate,
+) -> Vec<String> {
     let mut warnings = Vec::new();
     if motion.second_axis_deg < GOOD_SECOND_AXIS_DEG {
         warnings.push(format!(
@@ -392,7 +490,6 @@ pub fn calibrate_hand_eye(
             motion.second_axis_deg
         ));
     }
-    let (sigma_mm, sigma_deg) = (sigma_m * 1e3, sigma_rad.to_degrees());
     if !(sigma_mm <= GOOD_CAMERA_SIGMA_MM && sigma_deg <= GOOD_CAMERA_SIGMA_DEG) {
         warnings.push(format!(
             "the camera's place is uncertain by {sigma_mm:.2} mm and {sigma_deg:.3} degrees (1 sigma; good is under {GOOD_CAMERA_SIGMA_MM} mm and {GOOD_CAMERA_SIGMA_DEG} degrees): more views, larger turns, or joint readings taken when the arm was still"
@@ -404,24 +501,7 @@ pub fn calibrate_hand_eye(
                 .to_string(),
         );
     }
-    Ok(HandEye {
-        setup,
-        camera: x,
-        board: y,
-        closed_form: x0,
-        estimate,
-        held_out,
-        rms_px,
-        view_rms_px,
-        view_board_error,
-        pixel_noise_px,
-        arm_noise_deg: noise.rotation_rad.to_degrees(),
-        arm_noise_mm: noise.translation_m * 1e3,
-        camera_sigma_mm: sigma_mm,
-        camera_sigma_deg: sigma_deg,
-        motion,
-        warnings,
-    })
+    warnings
 }
 
 /// Translation (mm) and rotation (degrees) between two poses.

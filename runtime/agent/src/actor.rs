@@ -495,10 +495,6 @@ struct Parts {
 }
 
 impl Wires {
-    #[allow(
-        clippy::too_many_lines,
-        reason = "over the house limit: to be split by stage (issue 57)"
-    )]
     fn start<R: Robot + 'static>(
         b: &mut ActorBuilder<R>,
         spec: &RobotSpec,
@@ -508,75 +504,21 @@ impl Wires {
     ) -> Result<Self> {
         let header = features.map(|(_, h)| h);
         let keys = Keys::new(&spec.name).map_err(reflex_bus::BusError::from)?;
-        let recorder = if b.record.is_some() || b.live != Live::Off {
-            // Files only with a records directory; a live view alone writes nothing.
-            let dir = b.record.as_ref().map(|r| r.join(run_id).join("episodes"));
-            Some((
-                Arc::new(make_recorder(dir.clone(), b.live.clone(), spec, true)?),
-                dir.unwrap_or_default(),
-            ))
-        } else {
-            None
-        };
+        let recorder = recorder_of(b, spec, run_id)?;
         let trace = match &b.session {
             Some(s) if b.trace_hz > 0.0 => Some(reflex_bus::trace::TracePublisher::new(
                 s, &keys, spec, b.trace_hz,
             )?),
             _ => None,
         };
-        let ros2 = match (&b.ros2, &b.session) {
-            (Some(cfg), Some(s)) => {
-                let (node, topics) = reflex_ros2::start(s, cfg, spec, &keys, b.stop.clone())?;
-                b.rejects.extend(node.rejects.iter().cloned());
-                Some((node, topics))
-            }
-            (Some(_), None) => {
-                return Err(AgentError::setup(
-                    "[ros2]",
-                    "ROS 2 runs on the bus: give the actor a session (`[bus] enabled = true`)",
-                ));
-            }
-            (None, _) => None,
-        };
+        let ros2 = ros2_of(b, spec, &keys)?;
         let learning = match (&b.learner, &b.session, mode) {
             (Some(setup), Some(session), Some(mode)) => Some(Learning::start(
                 setup, session, spec, &keys, mode, b.seed, header,
             )?),
             _ => None,
         };
-        let mut w = Wires {
-            outbox: None,
-            frames: None,
-            held: None,
-            residual: None,
-            teleop: None,
-            status: None,
-            stop: b.stop.clone(),
-            parts: Parts {
-                tap: None,
-                learner: None,
-                learner_stop: Arc::new(AtomicBool::new(false)),
-                learner_restart: None,
-                link_progress: None,
-                rejects: Vec::new(),
-                _subs: Vec::new(),
-                _stop: None,
-                _status: None,
-                _spec: None,
-                _ros2: None,
-                _janitor: match &b.record {
-                    Some(root) if !b.record_limits.is_none() => {
-                        Some(reflex_data::rotate::Janitor::start(
-                            root.clone(),
-                            root.join(run_id),
-                            b.record_limits,
-                            Duration::from_secs(60),
-                        ))
-                    }
-                    _ => None,
-                },
-            },
-        };
+        let mut w = Wires::empty(b, run_id);
         if let Some(s) = &b.session {
             w.parts._spec = Some(reflex_bus::trace::serve_spec(s, &keys, spec)?);
         }
@@ -627,6 +569,43 @@ impl Wires {
             )?;
         }
         Ok(w)
+    }
+
+    /// Nothing wired yet: the parts that live as long as the actor (the records' janitor).
+    fn empty<R: Robot + 'static>(b: &ActorBuilder<R>, run_id: &str) -> Self {
+        Wires {
+            outbox: None,
+            frames: None,
+            held: None,
+            residual: None,
+            teleop: None,
+            status: None,
+            stop: b.stop.clone(),
+            parts: Parts {
+                tap: None,
+                learner: None,
+                learner_stop: Arc::new(AtomicBool::new(false)),
+                learner_restart: None,
+                link_progress: None,
+                rejects: Vec::new(),
+                _subs: Vec::new(),
+                _stop: None,
+                _status: None,
+                _spec: None,
+                _ros2: None,
+                _janitor: match &b.record {
+                    Some(root) if !b.record_limits.is_none() => {
+                        Some(reflex_data::rotate::Janitor::start(
+                            root.clone(),
+                            root.join(run_id),
+                            b.record_limits,
+                            Duration::from_secs(60),
+                        ))
+                    }
+                    _ => None,
+                },
+            },
+        }
     }
 
     /// The outbox and its consumer (recorder, trace, learner link); camera frames when someone
@@ -1896,4 +1875,44 @@ fn drive<R: Robot + 'static>(
     let mut report = actor.finish()?;
     report.reward = reward;
     Ok(report)
+}
+
+/// The recorder of a run that records or shows itself live, and where its files go.
+fn recorder_of<R: Robot + 'static>(
+    b: &ActorBuilder<R>,
+    spec: &RobotSpec,
+    run_id: &str,
+) -> Result<Option<(Arc<reflex_record::Recorder>, PathBuf)>> {
+    Ok(if b.record.is_some() || b.live != Live::Off {
+        // Files only with a records directory; a live view alone writes nothing.
+        let dir = b.record.as_ref().map(|r| r.join(run_id).join("episodes"));
+        Some((
+            Arc::new(make_recorder(dir.clone(), b.live.clone(), spec, true)?),
+            dir.unwrap_or_default(),
+        ))
+    } else {
+        None
+    })
+}
+
+/// The ROS 2 node and the robot's topics, when `[ros2]` asks for them (on the actor's bus).
+fn ros2_of<R: Robot + 'static>(
+    b: &mut ActorBuilder<R>,
+    spec: &RobotSpec,
+    keys: &Keys,
+) -> Result<Option<(reflex_ros2::Ros2Node, reflex_ros2::RobotTopics)>> {
+    Ok(match (&b.ros2, &b.session) {
+        (Some(cfg), Some(s)) => {
+            let (node, topics) = reflex_ros2::start(s, cfg, spec, keys, b.stop.clone())?;
+            b.rejects.extend(node.rejects.iter().cloned());
+            Some((node, topics))
+        }
+        (Some(_), None) => {
+            return Err(AgentError::setup(
+                "[ros2]",
+                "ROS 2 runs on the bus: give the actor a session (`[bus] enabled = true`)",
+            ));
+        }
+        (None, _) => None,
+    })
 }

@@ -164,10 +164,6 @@ impl Aside {
 impl RemoteRobot {
     /// Finds the robot named `robot` on the bus and fetches its spec. Fails with a
     /// [`RobotError::Timeout`] naming the key when nobody serves it within `timeout`.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "over the house limit: to be split by stage (issue 57)"
-    )]
     pub fn connect(
         session: &zenoh::Session,
         robot: &str,
@@ -184,77 +180,14 @@ impl RemoteRobot {
         // Everything below indexes by the spec's sizes: a spec that does not hold together is
         // refused here, before the loop sees it.
         spec.validate()?;
-        if spec.name != robot {
-            return Err(RobotError::Device {
-                robot: robot.into(),
-                message: format!(
-                    "`{}` answered with the spec of robot `{}`",
-                    keys.spec, spec.name
-                ),
-            });
-        }
-        let joint_field = spec.field("joint_pos");
-        if spec.action.kind == ActionKind::JointAbs
-            && joint_field.as_ref().map(|r| r.len()) != Some(spec.action.dim())
-        {
-            return Err(RobotError::Device {
-                robot: robot.into(),
-                message: format!(
-                    "its actions are absolute joint targets ({} of them) but its state has no `joint_pos` field of that size: without measured joint positions no hold can keep it where it is; add `joint_pos` to its spec",
-                    spec.action.dim()
-                ),
-            });
-        }
-        // Observations are decoded and checked against the spec on Zenoh's thread and handed
-        // over through a small queue; the newest matters, older ones are skipped by `observe`.
-        // One that does not fit the spec never reaches the loop: it is counted and dropped.
-        // When the loop falls 64 behind, the oldest is dropped (counted) to make room for the
-        // newest, except an episode's end, which waits aside until the loop takes it.
-        let (tx, obs_rx) = channel::bounded::<Observation>(OBS_QUEUE);
-        let aside = Arc::new(Aside::default());
-        let rejects = crate::Rejects::new(&keys.obs);
-        let dropped = crate::Rejects::new(&format!("{} (oldest dropped, loop behind)", keys.obs));
-        let (obs_key, r, sp) = (keys.obs.clone(), rejects.clone(), spec.clone());
-        let (oldest, a, d) = (obs_rx.clone(), aside.clone(), dropped.clone());
-        let h = heard.clone();
-        let obs_sub = session
-            .declare_subscriber(keys.obs.clone())
-            .callback(move |sample| {
-                let o = match msg::decode::<Observation>(&obs_key, &sample.payload().to_bytes()) {
-                    Ok(o) => o,
-                    Err(e) => return r.reject(&e),
-                };
-                // An answer, even one refused below: asking for it again would get it again.
-                h.seq(o.seq);
-                if let Err(e) = o.check_against(&sp) {
-                    return r.reject(&e);
-                }
-                let mut o = without_frame_counters(o);
-                for _ in 0..2 {
-                    match tx.try_send(o) {
-                        Ok(()) => return,
-                        Err(channel::TrySendError::Disconnected(_)) => return,
-                        Err(channel::TrySendError::Full(back)) => o = back,
-                    }
-                    if let Ok(old) = oldest.try_recv() {
-                        if old.done() {
-                            if let Ok(mut g) = a.ends.lock() {
-                                g.push_back(old);
-                                a.pending.store(g.len(), Ordering::Release);
-                            }
-                        } else {
-                            a.add_reward(old.reward);
-                            d.reject(&format_args!(
-                                "the loop is {OBS_QUEUE} observations behind: dropped the oldest (seq {}) for the newest",
-                                old.seq
-                            ));
-                        }
-                    }
-                }
-                d.reject(&"the observation queue stayed full: dropped the newest");
-            })
-            .wait()
-            .map_err(|e| bus_err(&keys.obs, e))?;
+        let joint_field = check_spec(&spec, robot, &keys)?;
+        let ObsInput {
+            sub: obs_sub,
+            rx: obs_rx,
+            aside,
+            rejects,
+            dropped,
+        } = subscribe_observations(session, &keys, &spec, &heard)?;
         // Lockstep waits for each answer anyway: a command must not be dropped. Free-running,
         // the loop must never wait on the network: a command that cannot be queued is dropped
         // (the robot holds on its side and the next tick sends a fresh one).
@@ -1391,4 +1324,110 @@ impl<R: Robot + 'static> Drop for ServerHandle<R> {
             let _ = t.join();
         }
     }
+}
+
+/// Refuses a spec of another robot, or absolute joint actions without measured joint
+/// positions to hold them at; returns the range of `joint_pos` in the state.
+fn check_spec(
+    spec: &RobotSpec,
+    robot: &str,
+    keys: &Keys,
+) -> Result<Option<std::ops::Range<usize>>, RobotError> {
+    if spec.name != robot {
+        return Err(RobotError::Device {
+            robot: robot.into(),
+            message: format!(
+                "`{}` answered with the spec of robot `{}`",
+                keys.spec, spec.name
+            ),
+        });
+    }
+    let joint_field = spec.field("joint_pos");
+    if spec.action.kind == ActionKind::JointAbs
+        && joint_field.as_ref().map(|r| r.len()) != Some(spec.action.dim())
+    {
+        return Err(RobotError::Device {
+            robot: robot.into(),
+            message: format!(
+                "its actions are absolute joint targets ({} of them) but its state has no `joint_pos` field of that size: without measured joint positions no hold can keep it where it is; add `joint_pos` to its spec",
+                spec.action.dim()
+            ),
+        });
+    }
+    Ok(joint_field)
+}
+
+/// A remote robot's observations: the subscriber, the queue the loop reads, the episode ends
+/// set aside, and the counts of what was refused or dropped.
+struct ObsInput {
+    sub: zenoh::pubsub::Subscriber<()>,
+    rx: Receiver<Observation>,
+    aside: Arc<Aside>,
+    rejects: Arc<crate::Rejects>,
+    dropped: Arc<crate::Rejects>,
+}
+
+fn subscribe_observations(
+    session: &zenoh::Session,
+    keys: &Keys,
+    spec: &RobotSpec,
+    heard: &Arc<Heard>,
+) -> Result<ObsInput, RobotError> {
+    // Observations are decoded and checked against the spec on Zenoh's thread and handed
+    // over through a small queue; the newest matters, older ones are skipped by `observe`.
+    // One that does not fit the spec never reaches the loop: it is counted and dropped.
+    // When the loop falls 64 behind, the oldest is dropped (counted) to make room for the
+    // newest, except an episode's end, which waits aside until the loop takes it.
+    let (tx, obs_rx) = channel::bounded::<Observation>(OBS_QUEUE);
+    let aside = Arc::new(Aside::default());
+    let rejects = crate::Rejects::new(&keys.obs);
+    let dropped = crate::Rejects::new(&format!("{} (oldest dropped, loop behind)", keys.obs));
+    let (obs_key, r, sp) = (keys.obs.clone(), rejects.clone(), spec.clone());
+    let (oldest, a, d) = (obs_rx.clone(), aside.clone(), dropped.clone());
+    let h = heard.clone();
+    let sub = session
+        .declare_subscriber(keys.obs.clone())
+        .callback(move |sample| {
+            let o = match msg::decode::<Observation>(&obs_key, &sample.payload().to_bytes()) {
+                Ok(o) => o,
+                Err(e) => return r.reject(&e),
+            };
+            // An answer, even one refused below: asking for it again would get it again.
+            h.seq(o.seq);
+            if let Err(e) = o.check_against(&sp) {
+                return r.reject(&e);
+            }
+            let mut o = without_frame_counters(o);
+            for _ in 0..2 {
+                match tx.try_send(o) {
+                    Ok(()) => return,
+                    Err(channel::TrySendError::Disconnected(_)) => return,
+                    Err(channel::TrySendError::Full(back)) => o = back,
+                }
+                if let Ok(old) = oldest.try_recv() {
+                    if old.done() {
+                        if let Ok(mut g) = a.ends.lock() {
+                            g.push_back(old);
+                            a.pending.store(g.len(), Ordering::Release);
+                        }
+                    } else {
+                        a.add_reward(old.reward);
+                        d.reject(&format_args!(
+                            "the loop is {OBS_QUEUE} observations behind: dropped the oldest (seq {}) for the newest",
+                            old.seq
+                        ));
+                    }
+                }
+            }
+            d.reject(&"the observation queue stayed full: dropped the newest");
+        })
+        .wait()
+        .map_err(|e| bus_err(&keys.obs, e))?;
+    Ok(ObsInput {
+        sub,
+        rx: obs_rx,
+        aside,
+        rejects,
+        dropped,
+    })
 }

@@ -239,30 +239,11 @@ struct ExportReport {
 ///
 /// # Errors
 /// Any [`ImportError`]; nothing is left at `--out` then.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn import_lerobot(
     o: &ImportOptions,
     progress: &dyn reflex_agent::progress::Progress,
 ) -> Result<ImportReport, ImportError> {
-    let out_err = |m: &str| ImportError::Out {
-        path: o.out.display().to_string(),
-        message: m.into(),
-    };
-    if o.out.extension().and_then(|e| e.to_str()) != Some("onnx") {
-        return Err(out_err(
-            "name the model file, NAME.onnx (its spec is written beside it as NAME.policy.toml)",
-        ));
-    }
-    let name = o
-        .out
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| out_err("the model's name is not valid text"))?
-        .to_string();
+    let name = model_name(&o.out)?;
     let ckpt = Checkpoint::open(&o.checkpoint)?;
     let robot = o.robot.spec()?;
     let mut notes = vec![];
@@ -290,40 +271,10 @@ pub fn import_lerobot(
         .map_err(|e| ImportError::io(&parent, e))?;
     let staged = tmp.path().join("model");
     std::fs::create_dir(&staged).map_err(|e| ImportError::io(&staged, e))?;
-    let script = tmp.path().join("lerobot_export.py");
-    std::fs::write(&script, tools_env::EXPORTER).map_err(|e| ImportError::io(&script, e))?;
     let report_path = tmp.path().join("export.json");
     let staged_model = staged.join(format!("{name}.onnx"));
 
-    progress.line(&format!(
-        "exporting {} ({}) with LeRobot in {}",
-        ckpt.dir.display(),
-        ckpt.policy_type,
-        env.dir().display()
-    ));
-    tools_env::run(
-        Command::new(env.python())
-            .arg(&script)
-            .arg("--checkpoint")
-            .arg(&ckpt.dir)
-            .arg("--onnx")
-            .arg(&staged_model)
-            .arg("--report")
-            .arg(&report_path),
-        "the exporter (lerobot_export.py)",
-    )
-    .map_err(|message| ImportError::Exporter {
-        checkpoint: ckpt.dir.display().to_string(),
-        message,
-    })?;
-    let report: ExportReport = std::fs::read_to_string(&report_path)
-        .map_err(|e| ImportError::io(&report_path, e))
-        .and_then(|t| {
-            serde_json::from_str(&t).map_err(|e| ImportError::Exporter {
-                checkpoint: ckpt.dir.display().to_string(),
-                message: format!("its report {} does not parse: {e}", report_path.display()),
-            })
-        })?;
+    let report = export(&env, &ckpt, &staged_model, &report_path, progress)?;
     if let Some(c) = report.temporal_ensemble_coeff {
         notes.push(format!(
             "the checkpoint ensembles chunks in time (temporal_ensemble_coeff = {c}): run it with \
@@ -337,7 +288,90 @@ pub fn import_lerobot(
     progress.line("loading the model in reflex for the robot and running one chunk");
     check_runs(&staged_model, &spec, &robot, &env)?;
 
-    // Into place: the weights files, the spec, the model last (what reflex opens first).
+    let moved = move_into_place(&report, &name, &staged, &parent)?;
+    Ok(ImportReport {
+        model: o.out.clone(),
+        spec: spec_path(&o.out),
+        files: moved,
+        tools_env: env.dir().to_path_buf(),
+        made_tools_env,
+        lerobot_version: report.lerobot_version,
+        torch_version: report.torch_version,
+        onnx_vs_torch_max_abs: report.onnx_vs_torch_max_abs,
+        chunk_len: spec.chunk_len,
+        execute: spec.execute,
+        notes,
+    })
+}
+
+/// The model's name from `out`, which must be NAME.onnx.
+fn model_name(out: &Path) -> Result<String, ImportError> {
+    let out_err = |m: &str| ImportError::Out {
+        path: out.display().to_string(),
+        message: m.into(),
+    };
+    if out.extension().and_then(|e| e.to_str()) != Some("onnx") {
+        return Err(out_err(
+            "name the model file, NAME.onnx (its spec is written beside it as NAME.policy.toml)",
+        ));
+    }
+    out.file_stem()
+        .and_then(|s| s.to_str())
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| out_err("the model's name is not valid text"))
+}
+
+/// Runs LeRobot's own classes in the tools environment to export the checkpoint's graph to
+/// `staged_model`; returns the exporter's report.
+fn export(
+    env: &ToolsEnv,
+    ckpt: &Checkpoint,
+    staged_model: &Path,
+    report_path: &Path,
+    progress: &dyn reflex_agent::progress::Progress,
+) -> Result<ExportReport, ImportError> {
+    let script = report_path.with_file_name("lerobot_export.py");
+    std::fs::write(&script, tools_env::EXPORTER).map_err(|e| ImportError::io(&script, e))?;
+    progress.line(&format!(
+        "exporting {} ({}) with LeRobot in {}",
+        ckpt.dir.display(),
+        ckpt.policy_type,
+        env.dir().display()
+    ));
+    tools_env::run(
+        Command::new(env.python())
+            .arg(&script)
+            .arg("--checkpoint")
+            .arg(&ckpt.dir)
+            .arg("--onnx")
+            .arg(staged_model)
+            .arg("--report")
+            .arg(report_path),
+        "the exporter (lerobot_export.py)",
+    )
+    .map_err(|message| ImportError::Exporter {
+        checkpoint: ckpt.dir.display().to_string(),
+        message,
+    })?;
+    std::fs::read_to_string(report_path)
+        .map_err(|e| ImportError::io(report_path, e))
+        .and_then(|t| {
+            serde_json::from_str(&t).map_err(|e| ImportError::Exporter {
+                checkpoint: ckpt.dir.display().to_string(),
+                message: format!("its report {} does not parse: {e}", report_path.display()),
+            })
+        })
+}
+
+/// Moves the staged files into `parent`: the weights files, the spec, the model last (what
+/// reflex opens first); on an error the files already moved are removed.
+fn move_into_place(
+    report: &ExportReport,
+    name: &str,
+    staged: &Path,
+    parent: &Path,
+) -> Result<Vec<PathBuf>, ImportError> {
     let mut names: Vec<String> = report
         .files
         .iter()
@@ -357,19 +391,7 @@ pub fn import_lerobot(
         }
         moved.push(to);
     }
-    Ok(ImportReport {
-        model: o.out.clone(),
-        spec: spec_path(&o.out),
-        files: moved,
-        tools_env: env.dir().to_path_buf(),
-        made_tools_env,
-        lerobot_version: report.lerobot_version,
-        torch_version: report.torch_version,
-        onnx_vs_torch_max_abs: report.onnx_vs_torch_max_abs,
-        chunk_len: spec.chunk_len,
-        execute: spec.execute,
-        notes,
-    })
+    Ok(moved)
 }
 
 /// The reflex spec of the exported graph: inputs named by LeRobot's feature keys, fed from the

@@ -154,125 +154,18 @@ fn iso_parts(t: &nalgebra::Isometry3<f64>) -> ([f64; 3], [f64; 4]) {
 }
 
 impl RobotTopics {
-    #[allow(
-        clippy::too_many_lines,
-        reason = "over the house limit: to be split by stage (issue 57)"
-    )]
     pub(crate) fn new(node: &NodeCtx, spec: &RobotSpec) -> Result<Self, Ros2Error> {
         let scene_arm = spec.scene.as_ref().and_then(|s| s.arm.as_ref());
-        let pos_field = scene_arm.map_or("joint_pos", |a| a.joint_field.as_str());
-        let n = spec.joints.len();
-        let joints = match spec.field(pos_field) {
-            Some(r) if n > 0 && r.len() >= n => Some(JointTopic {
-                publisher: Pub::declare(
-                    node,
-                    &node.topic("joint_states"),
-                    &msgs::JOINT_STATE,
-                    STATE_QOS,
-                )?,
-                names: spec.joints.clone(),
-                position: r.start..r.start + n,
-                velocity: spec
-                    .field("joint_vel")
-                    .filter(|v| v.len() >= n)
-                    .map(|v| v.start..v.start + n),
-            }),
-            _ => {
-                tracing::warn!(
-                    "ROS 2: robot `{}` has no state field `{pos_field}` with its {n} joints: no joint_states",
-                    spec.name
-                );
-                None
-            }
-        };
+        let joints = joint_topic(node, spec, scene_arm)?;
         let tf = match scene_arm {
-            Some(a) => {
-                let model = |message: String| Ros2Error::Model {
-                    robot: spec.name.clone(),
-                    message,
-                };
-                let chain = Chain::from_urdf_str(&a.urdf, &spec.name, &a.base_link, &a.tool_link)
-                    .map_err(|e| model(e.to_string()))?;
-                let dof = chain.dof();
-                let joints = spec
-                    .field(&a.joint_field)
-                    .filter(|r| r.len() >= dof)
-                    .map(|r| r.start..r.start + dof)
-                    .ok_or_else(|| {
-                        model(format!(
-                            "no state field `{}` of {dof} values",
-                            a.joint_field
-                        ))
-                    })?;
-                let mut transforms = Vec::new();
-                let mut parent = a.base_link.clone();
-                for j in chain.joints() {
-                    transforms.push(Transform {
-                        parent: node.frame(&parent),
-                        child: node.frame(&j.child_link),
-                        translation: [0.0; 3],
-                        rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
-                    });
-                    parent = j.child_link.clone();
-                }
-                let tool = a.tool_link != parent;
-                if tool {
-                    transforms.push(Transform {
-                        parent: node.frame(&parent),
-                        child: node.frame(&a.tool_link),
-                        translation: [0.0; 3],
-                        rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
-                    });
-                }
-                for c in &spec.cameras {
-                    if let Some(m) = &c.mount {
-                        let p = if m.parent == "base" {
-                            a.base_link.as_str()
-                        } else {
-                            m.parent.as_str()
-                        };
-                        transforms.push(Transform {
-                            parent: node.frame(p),
-                            child: node.frame(&format!("{}_optical_frame", c.name)),
-                            translation: m.translation_m,
-                            rotation_xyzw: m.rotation_xyzw,
-                        });
-                    }
-                }
-                let urdf = urdf_rs::read_from_string(&a.urdf).map_err(|e| model(e.to_string()))?;
-                let extras = extra_joints(&urdf, spec, node, &mut transforms);
-                Some(TfTopic {
-                    publisher: Pub::declare(node, "/tf", &msgs::TF_MESSAGE, TF_QOS)?,
-                    extras,
-                    q: vec![0.0; dof],
-                    poses: vec![nalgebra::Isometry3::identity(); dof],
-                    chain,
-                    joints,
-                    transforms,
-                    tool,
-                })
-            }
+            Some(a) => Some(tf_topic(node, spec, a)?),
             None => None,
         };
-        let mut cameras = Vec::new();
-        for c in &spec.cameras {
-            cameras.push(CameraTopic {
-                image: Pub::declare(
-                    node,
-                    &node.topic(&format!("{}/image_raw", c.name)),
-                    &msgs::IMAGE,
-                    IMAGE_QOS,
-                )?,
-                info: Pub::declare(
-                    node,
-                    &node.topic(&format!("{}/camera_info", c.name)),
-                    &msgs::CAMERA_INFO,
-                    IMAGE_QOS,
-                )?,
-                frame: node.frame(&format!("{}_optical_frame", c.name)),
-                pinhole: c.intrinsics,
-            });
-        }
+        let cameras = spec
+            .cameras
+            .iter()
+            .map(|c| camera_topic(node, c))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(RobotTopics {
             joints,
             tf,
@@ -427,4 +320,134 @@ impl TfTopic {
                 iso_parts(&(e.origin * joint_motion(m.kind, &m.axis, q)));
         }
     }
+}
+
+/// `joint_states` from the state field holding the joints' positions (and `joint_vel` when
+/// there is one); none, with a warning, when the robot reports no such field.
+fn joint_topic(
+    node: &NodeCtx,
+    spec: &RobotSpec,
+    scene_arm: Option<&reflex_contracts::msg::ArmScene>,
+) -> Result<Option<JointTopic>, Ros2Error> {
+    let pos_field = scene_arm.map_or("joint_pos", |a| a.joint_field.as_str());
+    let n = spec.joints.len();
+    Ok(match spec.field(pos_field) {
+        Some(r) if n > 0 && r.len() >= n => Some(JointTopic {
+            publisher: Pub::declare(
+                node,
+                &node.topic("joint_states"),
+                &msgs::JOINT_STATE,
+                STATE_QOS,
+            )?,
+            names: spec.joints.clone(),
+            position: r.start..r.start + n,
+            velocity: spec
+                .field("joint_vel")
+                .filter(|v| v.len() >= n)
+                .map(|v| v.start..v.start + n),
+        }),
+        _ => {
+            tracing::warn!(
+                "ROS 2: robot `{}` has no state field `{pos_field}` with its {n} joints: no joint_states",
+                spec.name
+            );
+            None
+        }
+    })
+}
+
+/// `/tf` of the arm's chain from its URDF: a transform per joint, the tool, the mounted
+/// cameras' optical frames and the URDF's other joints.
+fn tf_topic(
+    node: &NodeCtx,
+    spec: &RobotSpec,
+    a: &reflex_contracts::msg::ArmScene,
+) -> Result<TfTopic, Ros2Error> {
+    let model = |message: String| Ros2Error::Model {
+        robot: spec.name.clone(),
+        message,
+    };
+    let chain = Chain::from_urdf_str(&a.urdf, &spec.name, &a.base_link, &a.tool_link)
+        .map_err(|e| model(e.to_string()))?;
+    let dof = chain.dof();
+    let joints = spec
+        .field(&a.joint_field)
+        .filter(|r| r.len() >= dof)
+        .map(|r| r.start..r.start + dof)
+        .ok_or_else(|| {
+            model(format!(
+                "no state field `{}` of {dof} values",
+                a.joint_field
+            ))
+        })?;
+    let mut transforms = Vec::new();
+    let mut parent = a.base_link.clone();
+    for j in chain.joints() {
+        transforms.push(Transform {
+            parent: node.frame(&parent),
+            child: node.frame(&j.child_link),
+            translation: [0.0; 3],
+            rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
+        });
+        parent = j.child_link.clone();
+    }
+    let tool = a.tool_link != parent;
+    if tool {
+        transforms.push(Transform {
+            parent: node.frame(&parent),
+            child: node.frame(&a.tool_link),
+            translation: [0.0; 3],
+            rotation_xyzw: [0.0, 0.0, 0.0, 1.0],
+        });
+    }
+    for c in &spec.cameras {
+        if let Some(m) = &c.mount {
+            let p = if m.parent == "base" {
+                a.base_link.as_str()
+            } else {
+                m.parent.as_str()
+            };
+            transforms.push(Transform {
+                parent: node.frame(p),
+                child: node.frame(&format!("{}_optical_frame", c.name)),
+                translation: m.translation_m,
+                rotation_xyzw: m.rotation_xyzw,
+            });
+        }
+    }
+    let urdf = urdf_rs::read_from_string(&a.urdf).map_err(|e| model(e.to_string()))?;
+    let extras = extra_joints(&urdf, spec, node, &mut transforms);
+    Ok(TfTopic {
+        publisher: Pub::declare(node, "/tf", &msgs::TF_MESSAGE, TF_QOS)?,
+        extras,
+        q: vec![0.0; dof],
+        poses: vec![nalgebra::Isometry3::identity(); dof],
+        chain,
+        joints,
+        transforms,
+        tool,
+    })
+}
+
+/// A camera's `image_raw` and `camera_info`.
+fn camera_topic(
+    node: &NodeCtx,
+    c: &reflex_contracts::msg::CameraSpec,
+) -> Result<CameraTopic, Ros2Error> {
+    Ok(CameraTopic {
+        image: Pub::declare(
+            node,
+            &node.topic(&format!("{}/image_raw", c.name)),
+            &msgs::IMAGE,
+            IMAGE_QOS,
+        )?,
+        info: Pub::declare(
+            node,
+            &node.topic(&format!("{}/camera_info", c.name)),
+            &msgs::CAMERA_INFO,
+            IMAGE_QOS,
+        )?,
+        frame: node.frame(&format!("{}_optical_frame", c.name)),
+        pinhole: c.intrinsics,
+    })
 }

@@ -720,10 +720,6 @@ pub struct HandEyeFiles {
 
 /// `reflex calibrate hand-eye`: the camera's place from board images, the arm's poses and the
 /// camera's intrinsics.
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn calibrate_hand_eye_folder(
     files: &HandEyeFiles,
     board: &Board,
@@ -747,10 +743,7 @@ pub fn calibrate_hand_eye_folder(
     let shown = poses_path.display().to_string();
     let text = std::fs::read_to_string(&poses_path).map_err(|e| AgentError::io(&poses_path, e))?;
     let poses: PosesFile = serde_json::from_str(&text).map_err(ctx(shown.clone()))?;
-    let chain = match &arm.urdf {
-        Some(p) => Chain::from_urdf_file(p, &arm.base, &arm.link)?,
-        None => Chain::from_urdf_str(ARM_URDF, "the shipped SO-101 URDF", &arm.base, &arm.link)?,
-    };
+    let chain = arm_chain(arm)?;
     let (found, (w, h)) = detect_folder(images, board, progress)?;
     if (w, h) != (model.width, model.height) {
         return Err(bail(format!(
@@ -765,24 +758,7 @@ pub fn calibrate_hand_eye_folder(
     let mut used = Vec::new();
     let mut outcomes = Vec::new();
     for (k, pv) in poses.views.iter().enumerate() {
-        let gripper = match (&pv.joints, &pv.gripper) {
-            (Some(q), None) if q.len() == chain.dof() => chain.fk(q),
-            (Some(q), None) => {
-                return Err(bail(format!(
-                    "`{shown}`: views[{k}] has {} joints, the chain {} -> {} has {}",
-                    q.len(),
-                    arm.base,
-                    arm.link,
-                    chain.dof()
-                )));
-            }
-            (None, Some(p)) => p.iso(),
-            _ => {
-                return Err(bail(format!(
-                    "`{shown}`: views[{k}] needs either `joints` or `gripper`"
-                )));
-            }
-        };
+        let gripper = gripper_pose(pv, k, &chain, arm, &shown)?;
         let Some((_, corners)) = found.iter().find(|(name, _)| *name == pv.image) else {
             return Err(bail(format!(
                 "`{shown}`: views[{k}] names `{}`, which is not an image in `{}`",
@@ -802,17 +778,7 @@ pub fn calibrate_hand_eye_folder(
         outcomes.push(outcome);
     }
     if let Some(path) = &files.corners {
-        let used_views = outcomes.iter().filter(|o| o.skipped.is_none());
-        let file = CornersFile {
-            board: board.to_string(),
-            image_width: w,
-            image_height: h,
-            views: used_views
-                .zip(&views)
-                .map(|(o, v)| CornerView::new(o.image.clone(), &v.corners))
-                .collect(),
-        };
-        write_json(path, &file)?;
+        write_used_corners(path, board, (w, h), &outcomes, &views)?;
     }
     progress.message("solving AX = XB, then refining on the corners");
     let fit = calibrate_hand_eye(poses.setup, &model, board, &views).map_err(|e| {
@@ -859,6 +825,64 @@ pub fn calibrate_hand_eye_folder(
         views: outcomes,
         out: out.to_path_buf(),
     })
+}
+
+/// The chain from the arm's base to the link that holds the camera or the board.
+fn arm_chain(arm: &ArmKinematics) -> Result<Chain> {
+    Ok(match &arm.urdf {
+        Some(p) => Chain::from_urdf_file(p, &arm.base, &arm.link)?,
+        None => Chain::from_urdf_str(ARM_URDF, "the shipped SO-101 URDF", &arm.base, &arm.link)?,
+    })
+}
+
+/// The gripper's pose of view `k` in the poses file `shown`: from its joints through the chain,
+/// or given as a pose.
+fn gripper_pose(
+    pv: &PoseView,
+    k: usize,
+    chain: &Chain,
+    arm: &ArmKinematics,
+    shown: &str,
+) -> Result<nalgebra::Isometry3<f64>> {
+    Ok(match (&pv.joints, &pv.gripper) {
+        (Some(q), None) if q.len() == chain.dof() => chain.fk(q),
+        (Some(q), None) => {
+            return Err(bail(format!(
+                "`{shown}`: views[{k}] has {} joints, the chain {} -> {} has {}",
+                q.len(),
+                arm.base,
+                arm.link,
+                chain.dof()
+            )));
+        }
+        (None, Some(p)) => p.iso(),
+        _ => {
+            return Err(bail(format!(
+                "`{shown}`: views[{k}] needs either `joints` or `gripper`"
+            )));
+        }
+    })
+}
+
+/// The corners of the views the calibration used, in OpenCV's layout (`--corners`).
+fn write_used_corners(
+    path: &Path,
+    board: &Board,
+    (w, h): (u32, u32),
+    outcomes: &[ImageOutcome],
+    views: &[HandEyeView],
+) -> Result<()> {
+    let used_views = outcomes.iter().filter(|o| o.skipped.is_none());
+    let file = CornersFile {
+        board: board.to_string(),
+        image_width: w,
+        image_height: h,
+        views: used_views
+            .zip(views)
+            .map(|(o, v)| CornerView::new(o.image.clone(), &v.corners))
+            .collect(),
+    };
+    write_json(path, &file)
 }
 
 /// The largest board image `write_board_png` makes.

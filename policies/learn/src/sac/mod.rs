@@ -616,83 +616,22 @@ impl Sac {
     /// A fresh agent for states of `state_dim` and actions of `act_dim` (in residual mode the
     /// actor also sees a base action of `act_dim`; learning from pixels, each row also carries
     /// the feature maps [`SacConfig::vision`] names).
-    #[allow(
-        clippy::too_many_lines,
-        reason = "over the house limit: to be split by stage (issue 57)"
-    )]
     pub fn new(cfg: SacConfig, state_dim: usize, act_dim: usize) -> Result<Self> {
         let dev = Device::Cpu;
-        if let Err(i) = cfg.validate("learner") {
-            let (k, v, a) = (i.key, i.value, i.allowed);
-            candle_core::bail!("learner setting `{k}` = {v} is out of range; allowed: {a}");
-        }
-        if !cfg.action_scales.is_empty() && cfg.action_scales.len() != act_dim {
-            candle_core::bail!(
-                "[learner] action_scales = {:?}: one bound in 0..=10 per action component ({act_dim}), or none",
-                cfg.action_scales
-            );
-        }
+        check_settings(&cfg, act_dim)?;
         let mut rng = nets::init_rng(cfg.seed);
         let base_dim = if cfg.mode == Mode::Residual {
             act_dim
         } else {
             0
         };
-        let (mut heads, mut target_heads) = (vec![], vec![]);
-        if let Some(v) = &cfg.vision {
-            if cfg.mode == Mode::Noise {
-                candle_core::bail!(
-                    "[learner.vision] works with the residual and full modes; noise mode steers the base policy's sampler from the state"
-                );
-            }
-            if v.features.is_empty() || v.features.iter().any(FeatureShape::is_empty) {
-                candle_core::bail!(
-                    "[learner.vision] names no camera, or a camera with an empty feature map: {:?}",
-                    v.features
-                );
-            }
-            for k in 0..v.features.len() {
-                let mk = |rng: &mut ChaCha8Rng| {
-                    SpatialHead::new(v.dims(k), rng, candle_core::DType::F32, &dev)
-                        .map_err(|e| candle_core::Error::Msg(e.to_string()))
-                };
-                let h = mk(&mut rng)?;
-                let t = mk(&mut rng)?;
-                nets::polyak_vars(&t.vars(), &h.vars(), 1.0)?;
-                heads.push(h);
-                target_heads.push(t);
-            }
-        }
+        let (heads, target_heads) = vision_heads(&cfg, &mut rng, &dev)?;
         let (obs_dim, seen) = match &cfg.vision {
             Some(v) => (state_dim + v.features_len(), state_dim + v.seen_len()),
             None => (state_dim, state_dim),
         };
         let actor_in = seen + base_dim;
-        // Weights, gradients and Adam's two moments of the actor and of the live and target
-        // critics, checked before any is allocated: each width is in range on its own, but 256
-        // critics of 8192-wide layers need 69 GB and aborted the process when it asked for them.
-        let weights = |inputs: usize, outputs: usize| {
-            let mut d = vec![inputs];
-            d.extend_from_slice(&cfg.hidden);
-            d.push(outputs);
-            d.windows(2)
-                .map(|w| (w[0] as u64 + 1) * w[1] as u64)
-                .sum::<u64>()
-        };
-        let net_bytes = 16
-            * (weights(actor_in, 2 * act_dim)
-                + 2 * cfg.critics as u64 * weights(actor_in + act_dim, 1));
-        if net_bytes > MAX_NETWORK_BYTES {
-            candle_core::bail!(
-                "[learner.sac] hidden = {:?} with critics = {}: the networks would take {:.1} GB \
-                 (weights, gradients and optimiser state), more than the {} GB allowed: narrow \
-                 the layers or use fewer critics",
-                cfg.hidden,
-                cfg.critics,
-                net_bytes as f64 / 1e9,
-                MAX_NETWORK_BYTES / 1_000_000_000
-            );
-        }
+        check_network_size(&cfg, actor_in, act_dim)?;
         let actor = Actor::new(
             actor_in,
             &cfg.hidden,
@@ -729,20 +668,7 @@ impl Sac {
             vec![log_alpha.clone()],
             AdamConfig::adam(cfg.temperature_lr),
         )?;
-        let obs_scale = match &cfg.obs_norm {
-            Some(n) => {
-                if n.center.len() != state_dim || n.half.len() != state_dim {
-                    candle_core::bail!(
-                        "obs_norm has {} centres and {} half widths for a state of {state_dim}",
-                        n.center.len(),
-                        n.half.len()
-                    );
-                }
-                let inv: Vec<f32> = n.half.iter().map(|h| 1.0 / h.max(1e-6)).collect();
-                Some((n.center.clone(), inv))
-            }
-            None => None,
-        };
+        let obs_scale = obs_scale_of(&cfg, state_dim)?;
         let scratch = byhand::Scratch::new(obs_scale.clone());
         let obs_scale = match obs_scale {
             Some((c, inv)) => Some((
@@ -751,21 +677,7 @@ impl Sac {
             )),
             None => None,
         };
-        // Both buffers are sized for their capacity up front (the memory is taken as rows are
-        // written): with feature maps in every row a million rows is more than a robot has.
-        let row_bytes = 4 * (2 * obs_dim + 2 * base_dim + act_dim + 2);
-        let need = 2 * cfg.capacity as u64 * row_bytes as u64;
-        if need > MAX_REPLAY_BYTES {
-            candle_core::bail!(
-                "[learner.sac] capacity = {} rows of {obs_dim} observation values (state and \
-                 feature maps) would take {:.1} GB in the two replay buffers, more than the \
-                 {} GB allowed: set capacity to {} or fewer",
-                cfg.capacity,
-                need as f64 / 1e9,
-                MAX_REPLAY_BYTES / 1_000_000_000,
-                MAX_REPLAY_BYTES / (2 * row_bytes as u64)
-            );
-        }
+        check_replay_size(&cfg, obs_dim, base_dim, act_dim)?;
         let online = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
         let demo = Replay::new(cfg.capacity, obs_dim, base_dim, act_dim);
         Ok(Sac {
@@ -1136,4 +1048,124 @@ impl Sac {
             .map(|_| self.rng.random::<f32>() * 2.0 - 1.0)
             .collect()
     }
+}
+
+/// Settings that cannot run together with an action of `act_dim` components.
+fn check_settings(cfg: &SacConfig, act_dim: usize) -> Result<()> {
+    if let Err(i) = cfg.validate("learner") {
+        let (k, v, a) = (i.key, i.value, i.allowed);
+        candle_core::bail!("learner setting `{k}` = {v} is out of range; allowed: {a}");
+    }
+    if !cfg.action_scales.is_empty() && cfg.action_scales.len() != act_dim {
+        candle_core::bail!(
+            "[learner] action_scales = {:?}: one bound in 0..=10 per action component ({act_dim}), or none",
+            cfg.action_scales
+        );
+    }
+    Ok(())
+}
+
+/// The image heads and their targets (none without `[learner.vision]`), drawn from `rng`.
+fn vision_heads(
+    cfg: &SacConfig,
+    rng: &mut ChaCha8Rng,
+    dev: &Device,
+) -> Result<(Vec<SpatialHead>, Vec<SpatialHead>)> {
+    let (mut heads, mut target_heads) = (vec![], vec![]);
+    if let Some(v) = &cfg.vision {
+        if cfg.mode == Mode::Noise {
+            candle_core::bail!(
+                "[learner.vision] works with the residual and full modes; noise mode steers the base policy's sampler from the state"
+            );
+        }
+        if v.features.is_empty() || v.features.iter().any(FeatureShape::is_empty) {
+            candle_core::bail!(
+                "[learner.vision] names no camera, or a camera with an empty feature map: {:?}",
+                v.features
+            );
+        }
+        for k in 0..v.features.len() {
+            let mk = |rng: &mut ChaCha8Rng| {
+                SpatialHead::new(v.dims(k), rng, candle_core::DType::F32, dev)
+                    .map_err(|e| candle_core::Error::Msg(e.to_string()))
+            };
+            let h = mk(rng)?;
+            let t = mk(rng)?;
+            nets::polyak_vars(&t.vars(), &h.vars(), 1.0)?;
+            heads.push(h);
+            target_heads.push(t);
+        }
+    }
+    Ok((heads, target_heads))
+}
+
+/// Weights, gradients and Adam's two moments of the actor and of the live and target critics,
+/// checked before any is allocated: each width is in range on its own, but 256 critics of
+/// 8192-wide layers need 69 GB and aborted the process when it asked for them.
+fn check_network_size(cfg: &SacConfig, actor_in: usize, act_dim: usize) -> Result<()> {
+    let weights = |inputs: usize, outputs: usize| {
+        let mut d = vec![inputs];
+        d.extend_from_slice(&cfg.hidden);
+        d.push(outputs);
+        d.windows(2)
+            .map(|w| (w[0] as u64 + 1) * w[1] as u64)
+            .sum::<u64>()
+    };
+    let net_bytes = 16
+        * (weights(actor_in, 2 * act_dim)
+            + 2 * cfg.critics as u64 * weights(actor_in + act_dim, 1));
+    if net_bytes > MAX_NETWORK_BYTES {
+        candle_core::bail!(
+            "[learner.sac] hidden = {:?} with critics = {}: the networks would take {:.1} GB \
+             (weights, gradients and optimiser state), more than the {} GB allowed: narrow \
+             the layers or use fewer critics",
+            cfg.hidden,
+            cfg.critics,
+            net_bytes as f64 / 1e9,
+            MAX_NETWORK_BYTES / 1_000_000_000
+        );
+    }
+    Ok(())
+}
+
+/// The state's centre and inverse half width from `obs_norm`, checked against the state's size.
+fn obs_scale_of(cfg: &SacConfig, state_dim: usize) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+    Ok(match &cfg.obs_norm {
+        Some(n) => {
+            if n.center.len() != state_dim || n.half.len() != state_dim {
+                candle_core::bail!(
+                    "obs_norm has {} centres and {} half widths for a state of {state_dim}",
+                    n.center.len(),
+                    n.half.len()
+                );
+            }
+            let inv: Vec<f32> = n.half.iter().map(|h| 1.0 / h.max(1e-6)).collect();
+            Some((n.center.clone(), inv))
+        }
+        None => None,
+    })
+}
+
+/// Both buffers are sized for their capacity up front (the memory is taken as rows are
+/// written): with feature maps in every row a million rows is more than a robot has.
+fn check_replay_size(
+    cfg: &SacConfig,
+    obs_dim: usize,
+    base_dim: usize,
+    act_dim: usize,
+) -> Result<()> {
+    let row_bytes = 4 * (2 * obs_dim + 2 * base_dim + act_dim + 2);
+    let need = 2 * cfg.capacity as u64 * row_bytes as u64;
+    if need > MAX_REPLAY_BYTES {
+        candle_core::bail!(
+            "[learner.sac] capacity = {} rows of {obs_dim} observation values (state and \
+             feature maps) would take {:.1} GB in the two replay buffers, more than the \
+             {} GB allowed: set capacity to {} or fewer",
+            cfg.capacity,
+            need as f64 / 1e9,
+            MAX_REPLAY_BYTES / 1_000_000_000,
+            MAX_REPLAY_BYTES / (2 * row_bytes as u64)
+        );
+    }
+    Ok(())
 }
