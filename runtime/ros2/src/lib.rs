@@ -494,10 +494,6 @@ pub fn diagnostics(s: &StatusMsg, hardware_id: &str) -> Vec<msgs::DiagnosticStat
 
 /// Starts the node for robot `spec` on `session`: its tokens, diagnostics, e-stop and twist
 /// inputs, and the publishers the outbox thread feeds ([`RobotTopics`]).
-#[allow(
-    clippy::too_many_lines,
-    reason = "over the house limit: to be split by stage (issue 57)"
-)]
 pub fn start(
     session: &zenoh::Session,
     cfg: &Ros2Config,
@@ -530,173 +526,26 @@ pub fn start(
     let mut subs = Vec::new();
 
     // Diagnostics from the actor's own status, at most once a second.
-    let diag = Mutex::new((
-        Pub::declare(&node, "/diagnostics", &msgs::DIAGNOSTIC_ARRAY, STATE_QOS)?,
-        None::<Instant>,
-        cdr::Writer::new(),
-        String::new(),
-    ));
-    let (status_key, hw) = (keys.status.clone(), spec.name.clone());
-    let (node_counters, topic_counters) = (node.counters.clone(), topics.counters());
-    subs.push(
-        session
-            .declare_subscriber(status_key.clone())
-            .allowed_origin(Locality::SessionLocal)
-            .callback(move |s| {
-                let Ok(m) = msg::decode::<StatusMsg>(&status_key, &s.payload().to_bytes()) else {
-                    return;
-                };
-                let Ok(mut d) = diag.lock() else { return };
-                let (p, last, w, last_stop) = &mut *d;
-                // Once a second, and a change of the e-stop at once.
-                if last.is_some_and(|l| l.elapsed() < Duration::from_secs(1))
-                    && *last_stop == m.stop
-                {
-                    return;
-                }
-                *last = Some(Instant::now());
-                last_stop.clone_from(&m.stop);
-                let mut d = diagnostics(&m, &hw);
-                // What the node itself did while stopped: the robot's topics kept going, and
-                // repeated ROS 2 e-stops were counted rather than warned.
-                let n = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
-                d[1].values.extend([
-                    (
-                        "ros2_estop_repeats".to_string(),
-                        n(&node_counters.estop_repeats),
-                    ),
-                    (
-                        "held_joint_states".to_string(),
-                        n(&topic_counters.held_states),
-                    ),
-                    ("held_images".to_string(), n(&topic_counters.held_images)),
-                ]);
-                msgs::write_diagnostics(w, Time::now(), &d);
-                p.put(w.bytes());
-            })
-            .wait()
-            .map_err(|e| bus_err(&keys.status, e))?,
-    );
+    subs.push(diagnostics_input(&node, keys, spec, &topics)?);
 
     // The e-stop: `true` raises reflex's own, latching; `false` is no release.
-    let estop_topic = node.topic("estop");
-    let estop_rejects = Rejects::new(&wire::data_key(cfg.domain, &estop_topic, &msgs::BOOL));
-    let (counters, robot) = (node.counters.clone(), spec.name.clone());
-    subs.push(subscribe(
-        &node,
-        &estop_topic,
-        &msgs::BOOL,
-        estop_rejects.clone(),
-        &mut tokens,
-        move |payload| {
-            let raise = msgs::read_bool(payload).map_err(|e| e.to_string())?;
-            if raise {
-                let latched_already = stop.state() == StopState::Latched;
-                // Raised again even when latched: a newer raise voids a release that answers
-                // an older one, as long as ROS 2 keeps asking for the stop.
-                stop.raise("ros2");
-                counters.estops.fetch_add(1, Ordering::Relaxed);
-                if latched_already {
-                    // An e-stop node may publish `true` over and over; the latch was warned once.
-                    let n = counters.estop_repeats.fetch_add(1, Ordering::Relaxed) + 1;
-                    tracing::debug!(
-                        "ROS 2 e-stop `true` on `{robot}` while latched ({n} repeats): counted"
-                    );
-                } else {
-                    tracing::warn!(
-                        "EMERGENCY STOP on `{robot}` raised from ROS 2 (e-stop {}): the robot holds; release it with `reflex estop release --robot {robot}`, then resume",
-                        stop.raises()
-                    );
-                }
-            } else {
-                tracing::info!(
-                    "ROS 2 e-stop `false` on `{robot}` ignored: an e-stop is released only with `reflex estop release`"
-                );
-            }
-            Ok(())
-        },
-    )?);
+    let (sub, estop_rejects) = estop_input(&node, spec, stop, &mut tokens)?;
+    subs.push(sub);
     let mut rejects = vec![estop_rejects];
 
     // Twists drive an end-effector robot.
     let stop_flag = Arc::new(AtomicBool::new(false));
     let mut twist_teleop = None;
-    if matches!(
-        spec.action.kind,
-        ActionKind::EeDelta | ActionKind::EeDeltaYaw
-    ) {
-        let grip = if spec.action.kind == ActionKind::EeDeltaYaw {
-            4
-        } else {
-            3
-        };
-        let gripper = Arc::new(AtomicU32::new(spec.action.high[grip].to_bits()));
-        topics.gripper = Some((grip, gripper.clone()));
-        let base = spec
-            .scene
-            .as_ref()
-            .and_then(|s| s.arm.as_ref())
-            .map_or("base_link".to_string(), |a| a.base_link.clone());
-        let publisher = session
-            .declare_publisher(keys.teleop.clone())
-            .allowed_destination(Locality::SessionLocal)
-            .wait()
-            .map_err(|e| bus_err(&keys.teleop, e))?;
-        let twist = Arc::new(Mutex::new(TwistTeleop {
-            publisher,
-            kind: spec.action.kind,
-            low: spec.action.low.clone(),
-            high: spec.action.high.clone(),
-            dt: 1.0 / spec.control_hz,
-            frames: [base.clone(), node.frame(&base)],
-            gripper,
-            last: None,
-            seq: 0,
-            msg: TeleopMsg {
-                v: msg::PROTOCOL_VERSION,
-                action: vec![0.0; spec.action.dim()],
-                ..Default::default()
-            },
-        }));
-        let twist_topic = node.topic("servo/twist");
-        let twist_rejects = Rejects::new(&wire::data_key(
-            cfg.domain,
-            &twist_topic,
-            &msgs::TWIST_STAMPED,
-        ));
-        let (t, counters) = (twist.clone(), node.counters.clone());
-        subs.push(subscribe(
-            &node,
-            &twist_topic,
-            &msgs::TWIST_STAMPED,
-            twist_rejects.clone(),
-            &mut tokens,
-            move |payload| {
-                t.lock()
-                    .map_err(|_| "twist state poisoned".to_string())?
-                    .take(payload)?;
-                counters.twists.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            },
-        )?);
+    if let Some((sub, twist_rejects, twist)) =
+        twist_input(&node, keys, spec, &mut topics, &mut tokens)?
+    {
+        subs.push(sub);
         rejects.push(twist_rejects);
         twist_teleop = Some(twist);
     }
     // The robot's URDF on `<ns>/robot_description` every 2 s, as robot_state_publisher offers it
     // (rmw_zenoh matches on key, not on durability: a late RViz has it within 2 s).
-    let mut description = match spec.scene.as_ref().and_then(|s| s.arm.as_ref()) {
-        Some(a) => {
-            let qos = Qos {
-                reliable: true,
-                depth: 1,
-            };
-            let p = Pub::declare(&node, &node.topic("robot_description"), &msgs::STRING, qos)?;
-            let mut w = cdr::Writer::new();
-            w.start().string(&a.urdf);
-            Some((p, w))
-        }
-        None => None,
-    };
+    let mut description = description(&node, spec)?;
     let (s, counters) = (stop_flag.clone(), node.counters.clone());
     let timeout = Duration::from_secs_f64(cfg.twist_timeout_s);
     let watchdog = Some(
@@ -739,6 +588,203 @@ pub fn start(
         },
         topics,
     ))
+}
+
+/// `/diagnostics` from the actor's own status: at most once a second, and at once when the
+/// e-stop changes, with what the node itself counted.
+fn diagnostics_input(
+    node: &NodeCtx,
+    keys: &Keys,
+    spec: &RobotSpec,
+    topics: &RobotTopics,
+) -> Result<zenoh::pubsub::Subscriber<()>, Ros2Error> {
+    let diag = Mutex::new((
+        Pub::declare(node, "/diagnostics", &msgs::DIAGNOSTIC_ARRAY, STATE_QOS)?,
+        None::<Instant>,
+        cdr::Writer::new(),
+        String::new(),
+    ));
+    let (status_key, hw) = (keys.status.clone(), spec.name.clone());
+    let (node_counters, topic_counters) = (node.counters.clone(), topics.counters());
+    node.session
+        .declare_subscriber(status_key.clone())
+        .allowed_origin(Locality::SessionLocal)
+        .callback(move |s| {
+            let Ok(m) = msg::decode::<StatusMsg>(&status_key, &s.payload().to_bytes()) else {
+                return;
+            };
+            let Ok(mut d) = diag.lock() else { return };
+            let (p, last, w, last_stop) = &mut *d;
+            // Once a second, and a change of the e-stop at once.
+            if last.is_some_and(|l| l.elapsed() < Duration::from_secs(1)) && *last_stop == m.stop {
+                return;
+            }
+            *last = Some(Instant::now());
+            last_stop.clone_from(&m.stop);
+            let mut d = diagnostics(&m, &hw);
+            // What the node itself did while stopped: the robot's topics kept going, and
+            // repeated ROS 2 e-stops were counted rather than warned.
+            let n = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
+            d[1].values.extend([
+                (
+                    "ros2_estop_repeats".to_string(),
+                    n(&node_counters.estop_repeats),
+                ),
+                (
+                    "held_joint_states".to_string(),
+                    n(&topic_counters.held_states),
+                ),
+                ("held_images".to_string(), n(&topic_counters.held_images)),
+            ]);
+            msgs::write_diagnostics(w, Time::now(), &d);
+            p.put(w.bytes());
+        })
+        .wait()
+        .map_err(|e| bus_err(&keys.status, e))
+}
+
+/// `<ns>/estop`: `true` raises reflex's own e-stop, latching; `false` releases nothing.
+fn estop_input(
+    node: &NodeCtx,
+    spec: &RobotSpec,
+    stop: Arc<StopSwitch>,
+    tokens: &mut Vec<zenoh::liveliness::LivelinessToken>,
+) -> Result<(zenoh::pubsub::Subscriber<()>, Arc<Rejects>), Ros2Error> {
+    let estop_topic = node.topic("estop");
+    let estop_rejects = Rejects::new(&wire::data_key(node.cfg.domain, &estop_topic, &msgs::BOOL));
+    let (counters, robot) = (node.counters.clone(), spec.name.clone());
+    let sub = subscribe(
+        node,
+        &estop_topic,
+        &msgs::BOOL,
+        estop_rejects.clone(),
+        tokens,
+        move |payload| {
+            let raise = msgs::read_bool(payload).map_err(|e| e.to_string())?;
+            if raise {
+                let latched_already = stop.state() == StopState::Latched;
+                // Raised again even when latched: a newer raise voids a release that answers
+                // an older one, as long as ROS 2 keeps asking for the stop.
+                stop.raise("ros2");
+                counters.estops.fetch_add(1, Ordering::Relaxed);
+                if latched_already {
+                    // An e-stop node may publish `true` over and over; the latch was warned once.
+                    let n = counters.estop_repeats.fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::debug!(
+                        "ROS 2 e-stop `true` on `{robot}` while latched ({n} repeats): counted"
+                    );
+                } else {
+                    tracing::warn!(
+                        "EMERGENCY STOP on `{robot}` raised from ROS 2 (e-stop {}): the robot holds; release it with `reflex estop release --robot {robot}`, then resume",
+                        stop.raises()
+                    );
+                }
+            } else {
+                tracing::info!(
+                    "ROS 2 e-stop `false` on `{robot}` ignored: an e-stop is released only with `reflex estop release`"
+                );
+            }
+            Ok(())
+        },
+    )?;
+    Ok((sub, estop_rejects))
+}
+
+/// A robot's twist input and what it shares.
+type TwistInput = (
+    zenoh::pubsub::Subscriber<()>,
+    Arc<Rejects>,
+    Arc<Mutex<TwistTeleop>>,
+);
+
+/// `<ns>/servo/twist` drives an end-effector robot through reflex's teleop (none for another
+/// action space); the gripper's command is shared with the topics.
+fn twist_input(
+    node: &NodeCtx,
+    keys: &Keys,
+    spec: &RobotSpec,
+    topics: &mut RobotTopics,
+    tokens: &mut Vec<zenoh::liveliness::LivelinessToken>,
+) -> Result<Option<TwistInput>, Ros2Error> {
+    if !matches!(
+        spec.action.kind,
+        ActionKind::EeDelta | ActionKind::EeDeltaYaw
+    ) {
+        return Ok(None);
+    }
+    let grip = if spec.action.kind == ActionKind::EeDeltaYaw {
+        4
+    } else {
+        3
+    };
+    let gripper = Arc::new(AtomicU32::new(spec.action.high[grip].to_bits()));
+    topics.gripper = Some((grip, gripper.clone()));
+    let base = spec
+        .scene
+        .as_ref()
+        .and_then(|s| s.arm.as_ref())
+        .map_or("base_link".to_string(), |a| a.base_link.clone());
+    let publisher = node
+        .session
+        .declare_publisher(keys.teleop.clone())
+        .allowed_destination(Locality::SessionLocal)
+        .wait()
+        .map_err(|e| bus_err(&keys.teleop, e))?;
+    let twist = Arc::new(Mutex::new(TwistTeleop {
+        publisher,
+        kind: spec.action.kind,
+        low: spec.action.low.clone(),
+        high: spec.action.high.clone(),
+        dt: 1.0 / spec.control_hz,
+        frames: [base.clone(), node.frame(&base)],
+        gripper,
+        last: None,
+        seq: 0,
+        msg: TeleopMsg {
+            v: msg::PROTOCOL_VERSION,
+            action: vec![0.0; spec.action.dim()],
+            ..Default::default()
+        },
+    }));
+    let twist_topic = node.topic("servo/twist");
+    let twist_rejects = Rejects::new(&wire::data_key(
+        node.cfg.domain,
+        &twist_topic,
+        &msgs::TWIST_STAMPED,
+    ));
+    let (t, counters) = (twist.clone(), node.counters.clone());
+    let sub = subscribe(
+        node,
+        &twist_topic,
+        &msgs::TWIST_STAMPED,
+        twist_rejects.clone(),
+        tokens,
+        move |payload| {
+            t.lock()
+                .map_err(|_| "twist state poisoned".to_string())?
+                .take(payload)?;
+            counters.twists.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        },
+    )?;
+    Ok(Some((sub, twist_rejects, twist)))
+}
+
+/// The robot's URDF as a `std_msgs/String` publisher and its message (none without an arm).
+fn description(node: &NodeCtx, spec: &RobotSpec) -> Result<Option<(Pub, cdr::Writer)>, Ros2Error> {
+    Ok(match spec.scene.as_ref().and_then(|s| s.arm.as_ref()) {
+        Some(a) => {
+            let qos = Qos {
+                reliable: true,
+                depth: 1,
+            };
+            let p = Pub::declare(node, &node.topic("robot_description"), &msgs::STRING, qos)?;
+            let mut w = cdr::Writer::new();
+            w.start().string(&a.urdf);
+            Some((p, w))
+        }
+        None => None,
+    })
 }
 
 #[cfg(test)]
