@@ -449,12 +449,12 @@ fn missing_state_fields(spec: &PolicySpec, r: &RobotSpec) -> Vec<String> {
 fn input_problems(
     spec: &PolicySpec,
     inputs: &[IoShape],
-    name: &String,
+    name: &str,
     elem: &str,
     dims: Option<&[i64]>,
     problems: &mut Vec<String>,
 ) {
-    let Some(g) = inputs.iter().find(|g| &g.name == name) else {
+    let Some(g) = inputs.iter().find(|g| g.name == name) else {
         problems.push(format!(
             "input `{name}` named in the spec is not in the graph (graph inputs: {})",
             inputs
@@ -465,7 +465,7 @@ fn input_problems(
         ));
         return;
     };
-    let is_time = spec.graph.time_input.as_deref() == Some(name.as_str());
+    let is_time = spec.graph.time_input.as_deref() == Some(name);
     if g.elem != *elem {
         let fix = match g.elem.as_str() {
             "int64" | "float32" if is_time => format!(

@@ -545,7 +545,7 @@ pub fn start(
     }
     // The robot's URDF on `<ns>/robot_description` every 2 s, as robot_state_publisher offers it
     // (rmw_zenoh matches on key, not on durability: a late RViz has it within 2 s).
-    let mut description = description(&node, spec)?;
+    let mut description = description_topic(&node, spec)?;
     let (s, counters) = (stop_flag.clone(), node.counters.clone());
     let timeout = Duration::from_secs_f64(cfg.twist_timeout_s);
     let watchdog = Some(
@@ -771,7 +771,10 @@ fn twist_input(
 }
 
 /// The robot's URDF as a `std_msgs/String` publisher and its message (none without an arm).
-fn description(node: &NodeCtx, spec: &RobotSpec) -> Result<Option<(Pub, cdr::Writer)>, Ros2Error> {
+fn description_topic(
+    node: &NodeCtx,
+    spec: &RobotSpec,
+) -> Result<Option<(Pub, cdr::Writer)>, Ros2Error> {
     Ok(match spec.scene.as_ref().and_then(|s| s.arm.as_ref()) {
         Some(a) => {
             let qos = Qos {
