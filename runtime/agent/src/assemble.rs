@@ -10,13 +10,14 @@ use reflex_learn::sac::{Mode, Sac};
 use reflex_policies::onnx_policy::OnnxPolicy;
 
 /// Turns streams of steps into stored transitions: one stream per actor (a fleet's learner
-/// takes several at once; `reflex demo` has one), each with its own held step and episode.
+/// takes several at once, as does `reflex demo --robots N`), each with its own held step and
+/// episode, stored as its steps arrive into the replay buffers' stream of the same number (whose
+/// rows link each episode's steps, so n-step returns hold while actors interleave).
 pub struct Assembler {
     mode: Mode,
     norm: ActionNorm,
     relabel: Option<OnnxPolicy>,
     rlif: bool,
-    whole_episodes: bool,
     streams: std::collections::HashMap<u64, Stream>,
     chunk: Vec<f32>,
     act_dim: usize,
@@ -50,7 +51,6 @@ impl Assembler {
             norm,
             relabel,
             rlif,
-            whole_episodes: false,
             streams: Default::default(),
             chunk: Vec::new(),
             act_dim,
@@ -59,21 +59,16 @@ impl Assembler {
         }
     }
 
-    /// Stores each episode whole at its end, so that its transitions sit together in the
-    /// buffers although several actors' steps interleave (n-step returns walk an episode's
-    /// consecutive rows).
-    pub fn whole_episodes(mut self, yes: bool) -> Self {
-        self.whole_episodes = yes;
-        self
-    }
-
-    /// Forgets what `stream` holds (a new actor's numbering starts afresh).
-    pub fn reset(&mut self, stream: u64) {
+    /// Forgets what `stream` holds (a new actor's numbering starts afresh), and ends its open
+    /// episode in the buffers.
+    pub fn reset(&mut self, sac: &mut Sac, stream: u64) {
         self.streams.remove(&stream);
+        sac.online.end_stream(stream);
+        sac.demo.end_stream(stream);
     }
 
     /// Steps of `stream` taken but not stored yet: its last step waits for the next (its
-    /// `next_base` is that step's base), or its whole episode with [`Self::whole_episodes`].
+    /// `next_base` is that step's base).
     pub fn held(&self, stream: u64) -> u64 {
         self.streams.get(&stream).map_or(0, |s| s.held.len() as u64)
     }
@@ -91,7 +86,7 @@ impl Assembler {
         s: &WireStep,
     ) -> crate::error::Result<()> {
         let mut st = self.streams.remove(&stream).unwrap_or_default();
-        let r = self.push_into(sac, &mut st, s);
+        let r = self.push_into(sac, stream, &mut st, s);
         self.streams.insert(stream, st);
         r
     }
@@ -99,6 +94,7 @@ impl Assembler {
     fn push_into(
         &mut self,
         sac: &mut Sac,
+        stream: u64,
         st: &mut Stream,
         s: &WireStep,
     ) -> crate::error::Result<()> {
@@ -112,7 +108,7 @@ impl Assembler {
                 p.next_base.clone_from(&p.base);
             }
             p.truncated = true;
-            self.store_all(sac, &mut st.held);
+            self.store_all(sac, stream, &mut st.held);
             self.unterminated += 1;
             st.prev_teleop = false;
         }
@@ -169,20 +165,18 @@ impl Assembler {
         if residual && let Some(p) = st.held.last_mut() {
             p.next_base.copy_from_slice(&t.base);
         }
-        if !self.whole_episodes {
-            self.store_all(sac, &mut st.held);
-        }
+        self.store_all(sac, stream, &mut st.held);
         st.held.push(t);
         if s.ends_episode() {
-            self.store_all(sac, &mut st.held);
+            self.store_all(sac, stream, &mut st.held);
             st.prev_teleop = false;
         }
         Ok(())
     }
 
-    fn store_all(&mut self, sac: &mut Sac, held: &mut Vec<LTransition>) {
+    fn store_all(&mut self, sac: &mut Sac, stream: u64, held: &mut Vec<LTransition>) {
         for t in held.drain(..) {
-            reflex_learn::sac::hil::route(sac, &t);
+            reflex_learn::sac::hil::route_from(sac, stream, &t);
             self.stored += 1;
         }
     }
@@ -364,28 +358,34 @@ mod tests {
     }
 
     #[test]
-    fn two_actors_interleaved_keep_their_own_held_steps_and_whole_episodes_stay_together() {
-        let (mut sac, asm) = full_sac_and_assembler();
-        let mut asm = asm.whole_episodes(true);
-        // Actor 7's steps carry obs[1] = 7, actor 9's obs[1] = 9; each episode is 3 steps.
+    fn two_actors_interleaved_keep_their_own_held_steps_and_each_episode_links_its_own_rows() {
+        let (mut sac, mut asm) = full_sac_and_assembler();
+        // Actor 7's steps carry obs[1] = 7, actor 9's obs[1] = 9; each episode is 3 steps, with
+        // reward 1 at every step of actor 9 and 0 at actor 7's.
         for i in 0..3u32 {
             for actor in [7u64, 9] {
-                let mut s = step(i, false, 0.0, i == 2);
+                let mut s = step(i, false, (actor == 9) as u8 as f32, i == 2);
                 s.obs[1] = actor as f32;
                 asm.push_from(&mut sac, actor, &s).unwrap();
-                let held = asm.held(actor);
-                assert_eq!(held, if i == 2 { 0 } else { i as u64 + 1 });
+                // Each step waits only for its successor's base action.
+                assert_eq!(asm.held(actor), if i == 2 { 0 } else { 1 });
             }
         }
         assert_eq!(asm.stored, 6);
         let tag: Vec<f32> = (0..6).map(|k| sac.online.get(k).obs[1]).collect();
-        assert_eq!(
-            tag,
-            [7.0, 7.0, 7.0, 9.0, 9.0, 9.0],
-            "each episode's rows together"
-        );
-        let steps: Vec<f32> = (0..3).map(|k| sac.online.get(k).obs[0]).collect();
-        assert_eq!(steps, [0.0, 1.0, 2.0], "in order");
+        // Stored as they came: a step when its successor arrives, an episode's last two together.
+        assert_eq!(tag, [7.0, 9.0, 7.0, 7.0, 9.0, 9.0]);
+        // The 3-step return of actor 9's first step walks its own rows only.
+        let ns = reflex_learn::sac::replay::NStep {
+            n: 3,
+            gamma: 1.0,
+            bootstrap_truncation: true,
+        };
+        assert_eq!(sac.online.nstep(1, &ns).0, 3.0);
+        assert_eq!(sac.online.nstep(0, &ns).0, 0.0);
+        // A new actor under a used number starts a new episode.
+        asm.reset(&mut sac, 9);
+        assert_eq!(asm.held(9), 0);
     }
 
     #[test]

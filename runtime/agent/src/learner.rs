@@ -369,7 +369,7 @@ impl Session<'_> {
         // One assembling stream per actor (ids are random 64-bit numbers per actor process).
         let stream = batch.actor;
         if batch.new_actor {
-            self.asm.reset(stream);
+            self.asm.reset(&mut self.sac, stream);
         }
         let flush = batch.flush;
         // Behind the robot: store this batch without training on it, so the queue stays
@@ -510,9 +510,8 @@ fn start<'a>(
         link.publish_weights(weights_version, &export_actor(&sac)?, actor_shape(&sac).1);
     }
     let norm = action_norm(&spec, &sac);
-    // Several actors' steps interleave: n-step returns need each episode's rows together.
-    let asm = Assembler::new(cfg.mode, norm, relabel, cfg.section.rlif, spec.action.dim())
-        .whole_episodes(sac.cfg.n_step > 1);
+    // Several actors' steps interleave: each actor is a stream of its own in the buffers.
+    let asm = Assembler::new(cfg.mode, norm, relabel, cfg.section.rlif, spec.action.dim());
     Ok(Session {
         cfg,
         ckpt,

@@ -424,6 +424,8 @@ fn settings(o: &DemoOptions) -> Result<Settings> {
 /// to the learner and its recordings to disk. A fleet (`--robots N`) is several of them feeding
 /// one learner.
 struct Arm {
+    /// The robot's number in the fleet (0 for the demo's one robot).
+    index: usize,
     lp: ControlLoop<ClassifiedReward<SimEnv>, SimClock>,
     teleop: TeleopWriter,
     orx: OutboxReceiver,
@@ -678,12 +680,10 @@ fn build_arm(
     let human = person(o, human_cfg, &spec, i)?;
     let (recorder, log) = records(o, &dir, &spec)?;
     Ok(Arm {
+        index: i,
         lp,
         vision,
-        // n-step returns walk a buffer's consecutive rows: a fleet's robots interleave, so each
-        // stores its episodes whole at their ends (as the fleet learner on the bus does).
-        asm: Assembler::new(o.mode, norm.clone(), relabel, o.rlif, act_dim)
-            .whole_episodes(o.robots > 1 && sac.cfg.n_step > 1),
+        asm: Assembler::new(o.mode, norm.clone(), relabel, o.rlif, act_dim),
         chunk_asm: ChunkAssembler::new(o.rlif),
         teleop,
         orx,
@@ -927,7 +927,8 @@ impl Arm {
                     sac.train_step()?;
                 }
             } else {
-                self.asm.push(sac, step)?;
+                // Each robot is a stream of its own in the buffers (its episodes' rows link).
+                self.asm.push_from(sac, self.index as u64, step)?;
             }
             self.orx.recycle(tr);
         }

@@ -7,9 +7,14 @@ use super::replay::Transition;
 /// the policy's only to the online buffer. (LeRobot #3227: an overwritten flag silently kept
 /// interventions out of the demo buffer; a test pins this routing.)
 pub fn route(sac: &mut Sac, t: &Transition) {
-    sac.online.push(t);
+    route_from(sac, super::replay::ONE_STREAM, t);
+}
+
+/// [`route`] for one of several actors whose steps interleave: into the buffers' `stream`.
+pub fn route_from(sac: &mut Sac, stream: u64, t: &Transition) {
+    sac.online.push_stream(stream, t);
     if t.intervention {
-        sac.demo.push(t);
+        sac.demo.push_stream(stream, t);
     }
 }
 

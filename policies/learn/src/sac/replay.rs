@@ -1,8 +1,10 @@
 //! Replay buffers: an online buffer and a demonstration/intervention buffer, sampled in a fixed
 //! ratio, with n-step returns computed at sampling time from the stored episode.
 //!
-//! Transitions of an episode are stored in order. For a sampled index the n-step target walks
-//! forward through the same episode: `R = sum_k gamma^k r_{i+k}` until `n` steps, a terminal step
+//! Each row links to the next row of its episode, so several actors' episodes may interleave in
+//! one buffer (a fleet's steps enter as they arrive, not an episode at a time); one actor's rows
+//! pushed with [`Replay::push`] link to the row after them. For a sampled index the n-step target
+//! walks those links forward through the same episode: `R = sum_k gamma^k r_{i+k}` until `n` steps, a terminal step
 //! or a time-limit truncation, whichever comes first; the bootstrap state is the next observation of
 //! the last step, discounted by `gamma^(k+1)`, and zeroed at a terminal step (and at a truncation when
 //! truncation is configured as terminal).
@@ -52,9 +54,23 @@ pub struct Columns<F, B, U> {
     term: B,
     trunc: B,
     episode: U,
+    /// Absolute index of the next row of the same episode ([`NO_NEXT`] while it is not stored).
+    /// Files written before streams lack it; their rows follow each other within an episode.
+    #[serde(default)]
+    next: U,
     total: u64,
+    /// The next episode number to hand out.
     current_episode: u64,
+    /// Episodes still open, one per stream: `[stream, episode, absolute index of its last row]`.
+    #[serde(default)]
+    open: Vec<[u64; 3]>,
 }
+
+/// `next` of a row whose episode has no later row stored (yet).
+const NO_NEXT: u64 = u64::MAX;
+
+/// The stream [`Replay::push`] stores into.
+pub const ONE_STREAM: u64 = u64::MAX;
 
 /// A ring buffer of transitions. It serialises only the rows it holds (a checkpoint grows with
 /// the data, not with the preallocated capacity), and a deserialised buffer is checked for
@@ -98,8 +114,10 @@ impl Serialize for Replay {
             term: &self.term[..n],
             trunc: &self.trunc[..n],
             episode: &self.episode[..n],
+            next: &self.next[..n],
             total: self.total,
             current_episode: self.current_episode,
+            open: self.open.clone(),
         }
         .serialize(s)
     }
@@ -128,6 +146,12 @@ impl<'de> Deserialize<'de> for Replay {
             (r.trunc.len(), n),
             (r.episode.len(), n),
         ];
+        if !r.next.is_empty() && r.next.len() != n {
+            return Err(D::Error::custom(format!(
+                "replay buffer holds {} links where {n} rows need {n}",
+                r.next.len()
+            )));
+        }
         if let Some((got, want)) = sizes.iter().find(|(g, w)| g != w) {
             return Err(D::Error::custom(format!(
                 "replay buffer holds {got} values where {n} rows need {want}"
@@ -145,6 +169,12 @@ impl<'de> Deserialize<'de> for Replay {
         out.episode[..n].copy_from_slice(&r.episode);
         out.total = r.total;
         out.current_episode = r.current_episode;
+        out.open = r.open;
+        if r.next.is_empty() {
+            out.link_in_order();
+        } else {
+            out.next[..n].copy_from_slice(&r.next);
+        }
         Ok(out)
     }
 }
@@ -215,9 +245,40 @@ impl Replay {
             term: vec![false; cap],
             trunc: vec![false; cap],
             episode: vec![u64::MAX; cap],
+            next: vec![NO_NEXT; cap],
             total: 0,
             current_episode: 0,
+            open: Vec::new(),
         })
+    }
+
+    /// Links the held rows of a buffer written before streams: within an episode, row to row.
+    fn link_in_order(&mut self) {
+        let oldest = self.total - self.len() as u64;
+        for abs in oldest..self.total {
+            let s = self.slot(abs);
+            let ends = self.term[s] || self.trunc[s];
+            self.next[s] = if abs + 1 < self.total
+                && !ends
+                && self.episode[self.slot(abs + 1)] == self.episode[s]
+            {
+                abs + 1
+            } else {
+                NO_NEXT
+            };
+        }
+        // The newest row's episode goes on if it did not end (the old files' rule).
+        if let Some(last) = self.total.checked_sub(1) {
+            let s = self.slot(last);
+            if !(self.term[s] || self.trunc[s]) && self.episode[s] == self.current_episode {
+                self.open = vec![[ONE_STREAM, self.current_episode, last]];
+                self.current_episode += 1;
+            }
+        }
+    }
+
+    fn slot(&self, abs: u64) -> usize {
+        (abs % self.cap as u64) as usize
     }
 
     /// The transition at logical index `l` (0 = oldest held), copied out (for inspection and
@@ -260,9 +321,17 @@ impl Replay {
         self.cap
     }
 
-    /// Appends a transition; an episode ends after a terminated or truncated one.
+    /// Appends a transition of the one actor; an episode ends after a terminated or truncated one.
     pub fn push(&mut self, t: &Transition) {
-        let i = (self.total % self.cap as u64) as usize;
+        self.push_stream(ONE_STREAM, t);
+    }
+
+    /// Appends a transition of `stream` (one actor of several whose steps interleave): it
+    /// continues that stream's open episode, and an episode ends after a terminated or truncated
+    /// one.
+    pub fn push_stream(&mut self, stream: u64, t: &Transition) {
+        let abs = self.total;
+        let i = self.slot(abs);
         let (o, b, a) = (self.obs_dim, self.base_dim, self.act_dim);
         self.obs[i * o..(i + 1) * o].copy_from_slice(&t.obs);
         self.next_obs[i * o..(i + 1) * o].copy_from_slice(&t.next_obs);
@@ -274,43 +343,62 @@ impl Replay {
         self.reward[i] = t.reward;
         self.term[i] = t.terminated;
         self.trunc[i] = t.truncated;
-        self.episode[i] = self.current_episode;
+        self.next[i] = NO_NEXT;
         self.total += 1;
+        let oldest = self.total - self.len() as u64;
+        let k = match self.open.iter().position(|e| e[0] == stream) {
+            Some(k) => k,
+            None => {
+                let episode = self.current_episode;
+                self.open.push([stream, episode, abs]);
+                self.current_episode += 1;
+                self.open.len() - 1
+            }
+        };
+        let [_, episode, last] = self.open[k];
+        // The stream's previous row, unless the ring has overwritten it.
+        if last != abs && last >= oldest {
+            let s = self.slot(last);
+            self.next[s] = abs;
+        }
+        self.episode[i] = episode;
+        self.open[k][2] = abs;
         if t.terminated || t.truncated {
-            self.current_episode += 1;
+            self.open.swap_remove(k);
         }
     }
 
     /// Marks the end of an episode that stopped without a terminal or truncated transition (e.g. a
     /// person's reset), so the next transition does not continue it.
     pub fn end_episode(&mut self) {
-        self.current_episode += 1;
+        self.end_stream(ONE_STREAM);
+    }
+
+    /// [`Self::end_episode`] for `stream`.
+    pub fn end_stream(&mut self, stream: u64) {
+        self.open.retain(|e| e[0] != stream);
     }
 
     /// The n-step target of logical index `l` (0 = oldest held): `(reward sum, discount, slot of the
     /// bootstrap transition)`.
     pub fn nstep(&self, l: usize, ns: &NStep) -> (f32, f32, usize) {
         let oldest = self.total - self.len() as u64;
-        let start = oldest + l as u64;
-        let slot = |abs: u64| (abs % self.cap as u64) as usize;
-        let ep = self.episode[slot(start)];
+        let mut abs = oldest + l as u64;
         let mut ret = 0.0f32;
         let mut g = 1.0f32;
-        let mut last = slot(start);
-        for k in 0..ns.n {
-            let abs = start + k as u64;
-            if abs >= self.total {
-                break;
-            }
-            let s = slot(abs);
-            if self.episode[s] != ep {
-                break;
-            }
+        let mut last = self.slot(abs);
+        for _ in 0..ns.n {
+            let s = self.slot(abs);
             ret += g * self.reward[s];
             g *= ns.gamma;
             last = s;
             if self.term[s] || self.trunc[s] {
                 break;
+            }
+            // The episode's next row: not stored yet, or overwritten, ends the walk early.
+            match self.next[s] {
+                n if n == NO_NEXT || n < oldest || n >= self.total => break,
+                n => abs = n,
             }
         }
         let done = self.term[last] || (self.trunc[last] && !ns.bootstrap_truncation);
@@ -460,6 +548,130 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn interleaved_streams_give_each_episode_the_targets_it_has_alone() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let ns = NStep {
+            n: 4,
+            gamma: 0.9,
+            bootstrap_truncation: false,
+        };
+        // Three actors, each a few episodes of random lengths and endings.
+        let actors: Vec<Vec<Transition>> = (0..3)
+            .map(|a| {
+                let mut steps = vec![];
+                for _ in 0..4 {
+                    let len = rng.random_range(1..9);
+                    let end = rng.random_range(0..2);
+                    for k in 0..len {
+                        let id = (a * 1000 + steps.len()) as f32;
+                        steps.push(tr(
+                            rng.random(),
+                            k + 1 == len && end == 0,
+                            k + 1 == len && end == 1,
+                            id,
+                        ));
+                    }
+                }
+                steps
+            })
+            .collect();
+        let mut mixed = Replay::new(1000, 1, 0, 1);
+        let mut at = vec![0; actors.len()];
+        while at.iter().zip(&actors).any(|(i, s)| *i < s.len()) {
+            let a = rng.random_range(0..actors.len());
+            if at[a] < actors[a].len() {
+                mixed.push_stream(a as u64, &actors[a][at[a]]);
+                at[a] += 1;
+            }
+        }
+        let alone: Vec<Replay> = actors
+            .iter()
+            .map(|s| {
+                let mut b = Replay::new(1000, 1, 0, 1);
+                s.iter().for_each(|t| b.push(t));
+                b
+            })
+            .collect();
+        for l in 0..mixed.len() {
+            let id = mixed.obs[l];
+            let (a, k) = ((id / 1000.0) as usize, (id % 1000.0) as usize);
+            let (r, d, last) = mixed.nstep(l, &ns);
+            let (r1, d1, last1) = alone[a].nstep(k, &ns);
+            assert_eq!((r, d), (r1, d1), "actor {a} step {k}");
+            assert_eq!(mixed.obs[last], alone[a].obs[last1], "actor {a} step {k}");
+        }
+        // The same after a round trip through a file, and an open episode goes on.
+        let back: Replay =
+            rmp_serde::from_slice(&rmp_serde::to_vec_named(&mixed).unwrap()).unwrap();
+        for l in 0..mixed.len() {
+            assert_eq!(back.nstep(l, &ns), mixed.nstep(l, &ns));
+        }
+    }
+
+    #[test]
+    fn a_buffer_written_before_streams_reads_back_with_its_episodes_linked() {
+        let mut buf = Replay::new(8, 1, 0, 1);
+        for i in 0..11 {
+            buf.push(&tr(1.0, i % 5 == 4, false, i as f32));
+        }
+        let ns = NStep {
+            n: 3,
+            gamma: 1.0,
+            bootstrap_truncation: true,
+        };
+        let want: Vec<_> = (0..buf.len()).map(|l| buf.nstep(l, &ns)).collect();
+        // An old file: no links, no open streams, the ongoing episode's number not handed on.
+        #[derive(Serialize)]
+        struct Old<'a> {
+            cap: usize,
+            obs_dim: usize,
+            base_dim: usize,
+            act_dim: usize,
+            obs: &'a [f32],
+            next_obs: &'a [f32],
+            base: &'a [f32],
+            next_base: &'a [f32],
+            action: &'a [f32],
+            reward: &'a [f32],
+            term: &'a [bool],
+            trunc: &'a [bool],
+            episode: &'a [u64],
+            total: u64,
+            current_episode: u64,
+        }
+        let b = &buf;
+        let bytes = rmp_serde::to_vec_named(&Old {
+            cap: b.cap,
+            obs_dim: 1,
+            base_dim: 0,
+            act_dim: 1,
+            obs: &b.obs,
+            next_obs: &b.next_obs,
+            base: &[],
+            next_base: &[],
+            action: &b.action,
+            reward: &b.reward,
+            term: &b.term,
+            trunc: &b.trunc,
+            episode: &b.episode,
+            total: b.total,
+            current_episode: b.current_episode - 1,
+        })
+        .unwrap();
+        let mut back: Replay = rmp_serde::from_slice(&bytes).unwrap();
+        let got: Vec<_> = (0..back.len()).map(|l| back.nstep(l, &ns)).collect();
+        assert_eq!(got, want);
+        // Rows 10.. go on the episode that row 10 opened.
+        back.push(&tr(1.0, false, false, 11.0));
+        buf.push(&tr(1.0, false, false, 11.0));
+        assert_eq!(
+            back.nstep(back.len() - 2, &ns),
+            buf.nstep(buf.len() - 2, &ns)
+        );
+        assert_eq!(back.nstep(back.len() - 2, &ns).0, 2.0);
     }
 
     #[test]
