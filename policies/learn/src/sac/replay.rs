@@ -69,6 +69,9 @@ pub struct Columns<F, B, U> {
 /// `next` of a row whose episode has no later row stored (yet).
 const NO_NEXT: u64 = u64::MAX;
 
+/// Open episodes kept before those whose rows the ring has overwritten are forgotten.
+const MAX_OPEN_STREAMS: usize = 64;
+
 /// The stream [`Replay::push`] stores into.
 pub const ONE_STREAM: u64 = u64::MAX;
 
@@ -346,6 +349,10 @@ impl Replay {
         self.next[i] = NO_NEXT;
         self.total += 1;
         let oldest = self.total - self.len() as u64;
+        if self.open.len() > MAX_OPEN_STREAMS {
+            // Actors that stopped mid-episode long ago: their rows are overwritten.
+            self.open.retain(|e| e[2] >= oldest);
+        }
         let k = match self.open.iter().position(|e| e[0] == stream) {
             Some(k) => k,
             None => {
@@ -609,6 +616,25 @@ mod tests {
         for l in 0..mixed.len() {
             assert_eq!(back.nstep(l, &ns), mixed.nstep(l, &ns));
         }
+    }
+
+    #[test]
+    fn actors_that_stop_mid_episode_are_forgotten_once_their_rows_are_overwritten() {
+        let mut buf = Replay::new(10, 1, 0, 1);
+        // A thousand actors, each gone after one step of an episode that never ends.
+        for a in 0..1000u64 {
+            buf.push_stream(a, &tr(0.0, false, false, a as f32));
+            assert!(buf.open.len() <= MAX_OPEN_STREAMS + 1, "{}", buf.open.len());
+        }
+        // One still going links its next row.
+        buf.push_stream(999, &tr(1.0, true, false, 1000.0));
+        let ns = NStep {
+            n: 2,
+            gamma: 1.0,
+            bootstrap_truncation: true,
+        };
+        let (r, d, last) = buf.nstep(buf.len() - 2, &ns);
+        assert_eq!((r, d, buf.obs[last]), (1.0, 0.0, 1000.0));
     }
 
     #[test]
