@@ -93,6 +93,10 @@ pub struct DemoArgs {
     /// step as for one robot.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=reflex_demo::MAX_ROBOTS as u64))]
     robots: u64,
+    /// Threads for the learner's matrix products, as `[learner] threads` (0: one fewer than
+    /// this machine's cores); the figures are the same for any count, only the wall time moves.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
@@ -137,6 +141,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             ..Default::default()
         }),
         robots: a.robots as usize,
+        threads: a.threads,
     };
     let r = reflex_demo::run(&o, &Bars::new(a.json))?;
     if a.json {

@@ -531,6 +531,53 @@ fn a_fleet_demo_runs_every_robot_with_its_own_seed_person_and_records_into_one_l
 }
 
 #[test]
+fn the_learner_on_two_threads_learns_the_same_to_the_bit_as_on_one() {
+    // `--threads` moves only the wall time: the split of a product over threads keeps every
+    // sum's order (docs/learner.md). 128-wide layers at batch 256 are split on two threads.
+    let dir = tempfile::tempdir().unwrap();
+    let run = |threads: &str| {
+        let v = crate::common::json_output(&mut demo(
+            &[
+                "--robots",
+                "2",
+                "--episodes",
+                "8",
+                "--demos",
+                "2",
+                "--eval-episodes",
+                "4",
+                "--threads",
+                threads,
+                "--json",
+                "--no-record",
+            ],
+            dir.path(),
+        ));
+        let run = std::path::PathBuf::from(v["run_dir"].as_str().unwrap());
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+        (
+            v,
+            summary["episodes"].clone(),
+            std::fs::read(run.join("residual.onnx")).unwrap(),
+        )
+    };
+    let (one, rows1, res1) = run("1");
+    let (two, rows2, res2) = run("2");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(one["learner_threads"], 1, "{one}");
+    assert_eq!(two["learner_threads"], 2.min(cores), "{two}");
+    assert!(one["updates"].as_u64().unwrap() > 0, "{one}");
+    assert_eq!(one["updates"], two["updates"]);
+    assert_eq!(rows1, rows2, "the episodes differ with the thread count");
+    assert!(
+        res1 == res2,
+        "the kept residual differs with the thread count"
+    );
+    assert_eq!(one["held_out"], two["held_out"]);
+}
+
+#[test]
 fn four_robots_learning_together_lift_the_base_with_a_quarter_of_the_episodes_each() {
     // 100 training episodes over four robots, 25 each. Measured on seeds 0-3 (docs/training.md,
     // "Several robots, one learner"): 97 / 94 / 97 / 89 % held out; the base alone makes 38-46 %.

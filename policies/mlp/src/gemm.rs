@@ -36,6 +36,19 @@ pub fn set_threads(n: usize) -> usize {
     n
 }
 
+/// The threads a `threads` setting asks for (`[learner] threads`, `reflex demo --threads`): 0 is
+/// one fewer than this machine's cores (at least one), so that a control loop on the same
+/// computer keeps its core.
+pub fn threads_for(setting: usize) -> usize {
+    match setting {
+        0 => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .saturating_sub(1)
+            .max(1),
+        n => n,
+    }
+}
+
 /// Threads the learner's matrix products use.
 pub fn threads() -> usize {
     THREADS.load(Ordering::Relaxed)

@@ -968,13 +968,7 @@ fn d_true() -> bool {
 impl LearnerSection {
     /// The threads `threads` asks for, 0 resolved against this machine's cores.
     pub fn learner_threads(&self) -> usize {
-        match self.threads {
-            0 => std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .saturating_sub(1)
-                .max(1),
-            n => n,
-        }
+        reflex_learn::sac::gemm::threads_for(self.threads)
     }
 
     /// The SAC settings for `mode`: the demo's, with the keys of `[learner.sac]` replacing them.

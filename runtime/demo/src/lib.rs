@@ -72,6 +72,9 @@ pub struct DemoOptions {
     /// Simulated robots feeding the one learner (`--robots N`; 1: the demo), each with its own
     /// seed and person; `episodes` and `demos` count the fleet's.
     pub robots: usize,
+    /// Threads for the learner's matrix products (`--threads`, as `[learner] threads`; 0: one
+    /// fewer than the machine's cores). The figures are the same to the bit for any count.
+    pub threads: usize,
 }
 
 /// The largest demo fleet (`--robots`).
@@ -96,6 +99,7 @@ impl Default for DemoOptions {
             offline_updates: 0,
             rtc: None,
             robots: 1,
+            threads: 1,
         }
     }
 }
@@ -186,6 +190,8 @@ pub struct DemoSummary {
     pub episodes_per_robot_reaching_90pct: Option<f64>,
     /// Wall time, s.
     pub wall_s: f64,
+    /// Threads the learner's matrix products used.
+    pub learner_threads: usize,
     /// Environment steps.
     pub env_steps: u64,
     /// Learner updates (critic).
@@ -946,6 +952,7 @@ impl Arm {
 pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     let t0 = Instant::now();
     check(o)?;
+    reflex_learn::sac::gemm::set_threads(reflex_learn::sac::gemm::threads_for(o.threads));
     let Settings {
         learner: learner_cfg,
         human: human_cfg,
@@ -1419,27 +1426,16 @@ fn window(v: &[f64], from: usize, to: usize) -> f64 {
     }
 }
 
-fn summarize(
+/// The learning curves: `learning_curve.png` (rolling success and takeovers, the held-out band)
+/// and `learning.rrd`.
+fn draw_curves(
     o: &DemoOptions,
     dir: &Path,
-    rows: Vec<EpisodeRow>,
-    wall: f64,
-    sac: &Sac,
-    reasons: Option<TakeoverReasons>,
+    rows: &[EpisodeRow],
+    (succ, intv): (&[f64], &[f64]),
     held: Option<&reflex_agent::heldout::HeldOut>,
-) -> Result<DemoReport> {
-    // The headline: success without a takeover (the robot's own); `success` counts assisted
-    // episodes too.
-    let succ: Vec<f64> = rows
-        .iter()
-        .map(|r| (r.success && r.interventions == 0) as u8 as f64)
-        .collect();
-    let assisted: Vec<f64> = rows.iter().map(|r| r.success as u8 as f64).collect();
-    let intv: Vec<f64> = rows
-        .iter()
-        .map(|r| (r.interventions > 0) as u8 as f64)
-        .collect();
-    let (s20, i20) = (rolling(&succ, 20), rolling(&intv, 20));
+) -> Result<()> {
+    let (s20, i20) = (rolling(succ, 20), rolling(intv, 20));
     let title = format!(
         "reflex demo, {} mode, seed {}{}",
         mode_name(o.mode),
@@ -1486,6 +1482,30 @@ fn summarize(
         })
         .collect();
     reflex_record::write_learning_curves(&dir.join("learning.rrd"), &points, 20)?;
+    Ok(())
+}
+
+fn summarize(
+    o: &DemoOptions,
+    dir: &Path,
+    rows: Vec<EpisodeRow>,
+    wall: f64,
+    sac: &Sac,
+    reasons: Option<TakeoverReasons>,
+    held: Option<&reflex_agent::heldout::HeldOut>,
+) -> Result<DemoReport> {
+    // The headline: success without a takeover (the robot's own); `success` counts assisted
+    // episodes too.
+    let succ: Vec<f64> = rows
+        .iter()
+        .map(|r| (r.success && r.interventions == 0) as u8 as f64)
+        .collect();
+    let assisted: Vec<f64> = rows.iter().map(|r| r.success as u8 as f64).collect();
+    let intv: Vec<f64> = rows
+        .iter()
+        .map(|r| (r.interventions > 0) as u8 as f64)
+        .collect();
+    draw_curves(o, dir, &rows, (&succ, &intv), held)?;
     let n = rows.len();
     let (first, last) = (
         window(&succ, 0, n.min(20)),
@@ -1507,6 +1527,7 @@ fn summarize(
         robots: o.robots,
         episodes_per_robot_reaching_90pct: reached.map(|e| e as f64 / o.robots.max(1) as f64),
         wall_s: wall,
+        learner_threads: reflex_learn::sac::gemm::threads(),
         env_steps: sac.counters.env_steps,
         updates: sac.counters.critic_updates,
         takeover_reasons: reasons,
