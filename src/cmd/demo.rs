@@ -97,14 +97,25 @@ pub struct DemoArgs {
     /// this machine's cores); the figures are the same for any count, only the wall time moves.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// The simulator's task: `pick`, or `insert` (a held peg into a hole with 2 mm clearance;
+    /// base policy models/insert.onnx). The pixel demo runs `pick`.
+    #[arg(long, default_value = "pick", value_parser = ["pick", "insert"])]
+    task: String,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
+    let task: reflex_sim::task::TaskKind = a
+        .task
+        .parse()
+        .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
     let model = a.model.unwrap_or_else(|| {
         PathBuf::from(if a.vision {
             "models/pick-seeing.onnx"
         } else {
-            "models/pick.onnx"
+            match task {
+                reflex_sim::task::TaskKind::Insert => "models/insert.onnx",
+                _ => "models/pick.onnx",
+            }
         })
     });
     let vision = a.vision.then(|| {
@@ -142,6 +153,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         }),
         robots: a.robots as usize,
         threads: a.threads,
+        task,
     };
     let r = reflex_demo::run(&o, &Bars::new(a.json))?;
     if a.json {

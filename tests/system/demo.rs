@@ -531,6 +531,40 @@ fn a_fleet_demo_runs_every_robot_with_its_own_seed_person_and_records_into_one_l
 }
 
 #[test]
+fn the_insert_demo_runs_its_own_base_on_insert_and_keeps_insert_in_the_refined_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = crate::common::json_output(&mut demo(
+        &[
+            "--task",
+            "insert",
+            "--episodes",
+            "3",
+            "--demos",
+            "1",
+            "--eval-episodes",
+            "2",
+            "--json",
+            "--no-record",
+        ],
+        dir.path(),
+    ));
+    assert_eq!(v["episodes"], 3, "{v}");
+    assert_eq!(v["held_out"]["episodes"], 2, "{v}");
+    let refined = std::fs::read_to_string(v["refined_config"].as_str().unwrap()).unwrap();
+    assert!(refined.contains("task = \"insert\""), "{refined}");
+    assert!(refined.contains("models/insert.onnx"), "{refined}");
+    // The pixel demo is pick's; a task without a shipped base is refused with the flag named.
+    let o = demo(
+        &["--task", "insert", "--vision", "--episodes", "1"],
+        dir.path(),
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--task"), "{err}");
+}
+
+#[test]
 fn the_learner_on_two_threads_learns_the_same_to_the_bit_as_on_one() {
     // `--threads` moves only the wall time: the split of a product over threads keeps every
     // sum's order (docs/learner.md). 128-wide layers at batch 256 are split on two threads.

@@ -75,6 +75,9 @@ pub struct DemoOptions {
     /// Threads for the learner's matrix products (`--threads`, as `[learner] threads`; 0: one
     /// fewer than the machine's cores). The figures are the same to the bit for any count.
     pub threads: usize,
+    /// The simulator's task (`--task`; `pick`, or `insert` with its own base policy). The pixel
+    /// demo runs `pick` only.
+    pub task: TaskKind,
 }
 
 /// The largest demo fleet (`--robots`).
@@ -100,6 +103,7 @@ impl Default for DemoOptions {
             rtc: None,
             robots: 1,
             threads: 1,
+            task: TaskKind::Pick,
         }
     }
 }
@@ -340,7 +344,7 @@ struct Settings {
 fn sim_settings(o: &DemoOptions, file: Option<DemoSim>) -> Result<SimConfig> {
     let mut sim = match &o.vision {
         Some(v) => vision::sim_config(v),
-        None => SimConfig::for_task(TaskKind::Pick),
+        None => SimConfig::for_task(o.task),
     };
     let (Some(p), Some(table)) = (&o.config, file) else {
         return Ok(sim);
@@ -721,7 +725,7 @@ fn person(
 ) -> Result<Option<SimHuman>> {
     // The person sees the whole scene, whatever the robot's state reports.
     let scene_spec = reflex_contracts::msg::RobotSpec {
-        state: reflex_sim::env::state_fields(TaskKind::Pick),
+        state: reflex_sim::env::state_fields(o.task),
         ..spec.clone()
     };
     let cfg = HumanConfig {
@@ -1020,6 +1024,24 @@ fn check(o: &DemoOptions) -> Result<()> {
             "the offline updates train on the person's demonstrations, and this run has none (--no-human or --demos 0)",
         ));
     }
+    if o.vision.is_some() && o.task != TaskKind::Pick {
+        return Err(AgentError::setup(
+            "--task",
+            format!(
+                "the pixel demo runs `pick` (its base policy, encoder and classifier are pick's), not `{}`",
+                o.task.as_str()
+            ),
+        ));
+    }
+    if !matches!(o.task, TaskKind::Pick | TaskKind::Insert) {
+        return Err(AgentError::setup(
+            "--task",
+            format!(
+                "`{}`: the demo runs `pick` and `insert`, the tasks with a shipped base policy (models/pick.onnx, models/insert.onnx)",
+                o.task.as_str()
+            ),
+        ));
+    }
     if !(1..=MAX_ROBOTS).contains(&o.robots) {
         return Err(AgentError::setup(
             "--robots",
@@ -1227,7 +1249,7 @@ fn sim_section(o: &DemoOptions, sim: &SimConfig) -> Result<String> {
         sim.physics_hz
     );
     Ok(match &o.vision {
-        None => format!("[sim]\ntask = \"pick\"\n{physics}"),
+        None => format!("[sim]\ntask = \"{}\"\n{physics}", o.task.as_str()),
         Some(v) => format!(
             "[sim]\ntask = \"pick\"\nstate = \"arm\"\n{physics}\n[sim.cameras]\nenabled = true\nwidth = {}\nheight = {}\n",
             v.camera_size.0, v.camera_size.1
