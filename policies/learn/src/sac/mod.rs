@@ -47,175 +47,98 @@ pub enum Mode {
     Noise,
 }
 
-fn d_mode() -> Mode {
-    Mode::Residual
-}
-fn d_hidden() -> Vec<usize> {
-    vec![256, 256]
-}
-fn d_critics() -> usize {
-    2
-}
-fn d_lr() -> f64 {
-    3e-4
-}
-fn d_gamma() -> f32 {
-    0.99
-}
-fn d_tau() -> f64 {
-    0.005
-}
-fn d_one() -> usize {
-    1
-}
-fn d_temp() -> f64 {
-    1.0
-}
-fn d_true() -> bool {
-    true
-}
-fn d_batch() -> usize {
-    256
-}
-fn d_ratio() -> f64 {
-    0.5
-}
-fn d_scale() -> f32 {
-    0.1
-}
-fn d_bound() -> f32 {
-    1.5
-}
-fn d_log_std() -> (f32, f32) {
-    (-20.0, 2.0)
-}
-fn d_res_log_std() -> f32 {
-    -2.0
-}
-fn d_cap() -> usize {
-    1_000_000
-}
-
 /// Learner settings (`[learner]` in a config). Defaults: RLPD's SAC core with HIL-SERL's buffer
 /// ratio; see docs/learner.md.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SacConfig {
     /// residual | full | noise.
-    #[serde(default = "d_mode")]
     pub mode: Mode,
     /// Hidden widths of actor and critics.
-    #[serde(default = "d_hidden")]
     pub hidden: Vec<usize>,
     /// Critics in the ensemble.
-    #[serde(default = "d_critics")]
     pub critics: usize,
     /// Critics the target takes the minimum over (a random subset, redrawn every update).
-    #[serde(default = "d_critics")]
     pub critic_subset: usize,
     /// LayerNorm after every hidden layer of the critics.
-    #[serde(default = "d_true")]
     pub critic_layer_norm: bool,
     /// LayerNorm in the actor.
-    #[serde(default)]
     pub actor_layer_norm: bool,
     /// Actor learning rate.
-    #[serde(default = "d_lr")]
     pub actor_lr: f64,
     /// Critic learning rate.
-    #[serde(default = "d_lr")]
     pub critic_lr: f64,
     /// Temperature learning rate.
-    #[serde(default = "d_lr")]
     pub temperature_lr: f64,
     /// Decoupled weight decay (0 = Adam).
-    #[serde(default)]
     pub weight_decay: f64,
     /// Gradient-norm clip (None = off).
-    #[serde(default)]
     pub max_grad_norm: Option<f64>,
     /// Discount.
-    #[serde(default = "d_gamma")]
     pub discount: f32,
     /// Polyak rate of the target critics.
-    #[serde(default = "d_tau")]
     pub tau: f64,
     /// n-step returns.
-    #[serde(default = "d_one")]
     pub n_step: usize,
     /// Bootstrap through time-limit truncations.
-    #[serde(default = "d_true")]
     pub bootstrap_truncation: bool,
     /// Initial temperature.
-    #[serde(default = "d_temp")]
     pub init_temperature: f64,
     /// Target entropy (default -|A|/2).
-    #[serde(default)]
     pub target_entropy: Option<f64>,
     /// Subtract `alpha log pi` in the critic target.
-    #[serde(default = "d_true")]
     pub entropy_in_target: bool,
     /// Critic updates per environment step (update-to-data ratio).
-    #[serde(default = "d_one")]
     pub utd: usize,
     /// Actor and temperature update every this many environment steps.
-    #[serde(default = "d_one")]
     pub actor_every: usize,
     /// Batch size.
-    #[serde(default = "d_batch")]
     pub batch: usize,
     /// Fraction of each batch from the demonstration/intervention buffer.
-    #[serde(default = "d_ratio")]
     pub demo_ratio: f64,
     /// Residual bound (residual mode), in normalised action units.
-    #[serde(default = "d_scale")]
     pub action_scale: f32,
     /// Residual bounds per action component (residual mode), replacing `action_scale` for each;
     /// empty: `action_scale` everywhere. For a gripper that needs more reach than the motion,
     /// or the reverse (tried on `reflex demo --vision`, where a uniform bound did better:
     /// docs/training.md).
-    #[serde(default)]
     pub action_scales: Vec<f32>,
     /// Noise bound (noise mode).
-    #[serde(default = "d_bound")]
     pub noise_bound: f32,
     /// Log-std clip of the actor.
-    #[serde(default = "d_log_std")]
     pub log_std: (f32, f32),
     /// Initial log-std of the residual actor (its last layer starts at zero with this bias): small
     /// exploration around the base at first.
-    #[serde(default = "d_res_log_std")]
     pub residual_init_log_std: f32,
     /// Capacity of each buffer.
-    #[serde(default = "d_cap")]
     pub capacity: usize,
     /// Environment steps before the first update.
-    #[serde(default)]
     pub warmup_steps: usize,
     /// Weight of a behaviour-cloning term on the batch's demonstration/intervention rows in the
     /// actor loss: `bc_weight * mean ||mean_action(s) - a_person||^2` (0 = off, plain SAC as in
     /// RLPD and HIL-SERL). The Q-plus-BC actor objective of TD3+BC (Fujimoto & Gu 2021) and of
     /// ConRFT's human-in-the-loop stage (Chen et al. 2025): a person's corrections pull the
     /// policy directly instead of only through the critic.
-    #[serde(default)]
     pub bc_weight: f64,
     /// Affine scaling of the state before every network: `(s - center) / half` per component.
     /// Positions in metres differ by centimetres where a grasp is decided; unscaled, such
     /// differences are lost next to velocities of several rad/s. `reflex demo` and `reflex learn`
     /// set it from the base policy's own input normalisation; absent, the state is used as is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub obs_norm: Option<ObsNorm>,
     /// Learning from pixels (`[learner.vision]`, resolved from the frozen encoder's spec): each
     /// observation row carries, after the state, one feature map per camera; a trainable head per
     /// camera (SERL's, [`reflex_vision::head`]) turns it into 256 features beside the scaled
     /// state. Absent: the learner reads the state only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionHeads>,
     /// Seed.
-    #[serde(default)]
     pub seed: u64,
 }
 
+fn d_true() -> bool {
+    true
+}
 fn d_embeddings() -> usize {
     reflex_vision::head::EMBEDDINGS
 }
@@ -374,8 +297,43 @@ impl SacConfig {
 }
 
 impl Default for SacConfig {
+    /// A key a config leaves out takes its value from here.
     fn default() -> Self {
-        toml::from_str("").expect("defaults deserialize")
+        SacConfig {
+            mode: Mode::Residual,
+            hidden: vec![256, 256],
+            critics: 2,
+            critic_subset: 2,
+            critic_layer_norm: true,
+            actor_layer_norm: false,
+            actor_lr: 3e-4,
+            critic_lr: 3e-4,
+            temperature_lr: 3e-4,
+            weight_decay: 0.0,
+            max_grad_norm: None,
+            discount: 0.99,
+            tau: 0.005,
+            n_step: 1,
+            bootstrap_truncation: true,
+            init_temperature: 1.0,
+            target_entropy: None,
+            entropy_in_target: true,
+            utd: 1,
+            actor_every: 1,
+            batch: 256,
+            demo_ratio: 0.5,
+            action_scale: 0.1,
+            action_scales: vec![],
+            noise_bound: 1.5,
+            log_std: (-20.0, 2.0),
+            residual_init_log_std: -2.0,
+            capacity: 1_000_000,
+            warmup_steps: 0,
+            bc_weight: 0.0,
+            obs_norm: None,
+            vision: None,
+            seed: 0,
+        }
     }
 }
 

@@ -649,42 +649,27 @@ mod tests {
             bootstrap_truncation: true,
         };
         let want: Vec<_> = (0..buf.len()).map(|l| buf.nstep(l, &ns)).collect();
-        // An old file: no links, no open streams, the ongoing episode's number not handed on.
-        #[derive(Serialize)]
-        struct Old<'a> {
-            cap: usize,
-            obs_dim: usize,
-            base_dim: usize,
-            act_dim: usize,
-            obs: &'a [f32],
-            next_obs: &'a [f32],
-            base: &'a [f32],
-            next_base: &'a [f32],
-            action: &'a [f32],
-            reward: &'a [f32],
-            term: &'a [bool],
-            trunc: &'a [bool],
-            episode: &'a [u64],
-            total: u64,
-            current_episode: u64,
-        }
+        // An old file: no links, no open streams (serde's default for files without them), the
+        // ongoing episode's number not handed on.
         let b = &buf;
-        let bytes = rmp_serde::to_vec_named(&Old {
+        let bytes = rmp_serde::to_vec_named(&Columns {
             cap: b.cap,
             obs_dim: 1,
             base_dim: 0,
             act_dim: 1,
-            obs: &b.obs,
-            next_obs: &b.next_obs,
-            base: &[],
-            next_base: &[],
-            action: &b.action,
-            reward: &b.reward,
-            term: &b.term,
-            trunc: &b.trunc,
-            episode: &b.episode,
+            obs: &b.obs[..],
+            next_obs: &b.next_obs[..],
+            base: &[][..],
+            next_base: &[][..],
+            action: &b.action[..],
+            reward: &b.reward[..],
+            term: &b.term[..],
+            trunc: &b.trunc[..],
+            episode: &b.episode[..],
+            next: &[][..],
             total: b.total,
             current_episode: b.current_episode - 1,
+            open: vec![],
         })
         .unwrap();
         let mut back: Replay = rmp_serde::from_slice(&bytes).unwrap();
