@@ -72,10 +72,12 @@ fn a_demo_runs_refined_policy_is_distilled_into_a_base_of_the_same_shape_and_jud
     // Every episode, failed ones too.
     let r = distil(&["--all-episodes"]);
     assert_eq!(r["episodes_used"], episodes.len(), "{r}");
-    // As a flow policy, the way docs/training.md distils: its VJP graph is written beside it.
-    distil(&["--objective", "flow"]);
+    // As a flow policy executing 4 a chunk, the way docs/training.md distils: its VJP graph is
+    // written beside it.
+    distil(&["--objective", "flow", "--execute", "4"]);
     let flow = PolicySpec::load_for(&out).unwrap();
     assert_eq!(flow.kind, PolicyKind::Flow);
+    assert_eq!((flow.chunk_len, flow.execute), (base.chunk_len, 4));
     assert!(reflex_policies::spec::vjp_path_for(&out).is_file());
     assert_eq!(
         flow.graph.vjp.map(|v| v.file),

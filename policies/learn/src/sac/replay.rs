@@ -172,7 +172,12 @@ impl<'de> Deserialize<'de> for Replay {
         out.episode[..n].copy_from_slice(&r.episode);
         out.total = r.total;
         out.current_episode = r.current_episode;
+        // An open episode whose last row is not held (a corrupt file) is dropped; the sampler
+        // follows a link only to a held row, so a bad link ends a walk and reaches nothing.
+        let oldest = out.total - out.len() as u64;
         out.open = r.open;
+        let held = oldest..out.total;
+        out.open.retain(|e| held.contains(&e[2]));
         if r.next.is_empty() {
             out.link_in_order();
         } else {
@@ -364,7 +369,7 @@ impl Replay {
         };
         let [_, episode, last] = self.open[k];
         // The stream's previous row, unless the ring has overwritten it.
-        if last != abs && last >= oldest {
+        if last < abs && last >= oldest {
             let s = self.slot(last);
             self.next[s] = abs;
         }
