@@ -237,6 +237,10 @@ pub struct LearnerBenchArgs {
     /// Threads the learner's matrix products may use.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// The matrix kernel's instruction set: avx512, avx2 or portable (default: the processor's
+    /// fastest). `--kernel avx2` on an AVX-512 machine times what an AVX2-only one runs.
+    #[arg(long, value_parser = learner_bench::KernelPath::parse)]
+    kernel: Option<learner_bench::KernelPath>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -477,10 +481,11 @@ fn kernel(a: KernelBenchArgs) -> anyhow::Result<()> {
 }
 
 fn learner(a: LearnerBenchArgs) -> anyhow::Result<()> {
-    let out = learner_bench::run(a.updates, a.pendulum_steps, a.threads)?;
+    let out = learner_bench::run(a.updates, a.pendulum_steps, a.threads, a.kernel)?;
     if a.json {
         print_json(&out);
     } else {
+        println!("kernel path: {}, {} thread(s)", out.kernel, out.threads);
         for (name, r) in out.rates() {
             println!("{name:<26} {:>8.1} updates/s", r.updates_per_s);
         }

@@ -29,6 +29,9 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
+/// The path of this process's products, fixed at the first product (or by [`Path::choose`]).
+static CHOSEN: OnceLock<Path> = OnceLock::new();
+
 /// Columns per packed panel of `b`.
 pub const PANEL: usize = 16;
 
@@ -44,18 +47,56 @@ pub enum Path {
 }
 
 impl Path {
-    /// The fastest path this processor runs (looked up once).
+    /// The path this process's products run on: the fastest this processor has, unless
+    /// [`Path::choose`] pinned another before the first product (looked up once).
     pub fn detected() -> Path {
-        static DETECTED: OnceLock<Path> = OnceLock::new();
-        *DETECTED.get_or_init(|| {
-            if Path::Avx512.available() {
-                Path::Avx512
-            } else if Path::Avx2Fma.available() {
-                Path::Avx2Fma
-            } else {
-                Path::Portable
-            }
-        })
+        *CHOSEN.get_or_init(Path::fastest)
+    }
+
+    /// The fastest path this processor runs.
+    pub fn fastest() -> Path {
+        if Path::Avx512.available() {
+            Path::Avx512
+        } else if Path::Avx2Fma.available() {
+            Path::Avx2Fma
+        } else {
+            Path::Portable
+        }
+    }
+
+    /// Pins the path every later product of this process runs on, e.g. AVX2 on an AVX-512
+    /// processor, to time what an AVX2-only machine runs (`reflex bench learner --kernel`). The
+    /// bits do not change (every path computes the same sums in the same order), only the speed.
+    /// Refused when the processor lacks the path, or when products already ran on another one.
+    pub fn choose(self) -> Result<(), String> {
+        if !self.available() {
+            return Err(format!(
+                "this processor cannot run the {} kernel path (it has: {})",
+                self.name(),
+                Path::fastest().name()
+            ));
+        }
+        let now = *CHOSEN.get_or_init(|| self);
+        if now != self {
+            return Err(format!(
+                "the kernel path is already {} in this process; choose {} before the first product",
+                now.name(),
+                self.name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The path named `avx512`, `avx2` (or `avx2+fma`) or `portable`.
+    pub fn parse(name: &str) -> Result<Path, String> {
+        match name {
+            "avx512" => Ok(Path::Avx512),
+            "avx2" | "avx2+fma" => Ok(Path::Avx2Fma),
+            "portable" => Ok(Path::Portable),
+            other => Err(format!(
+                "unknown kernel path '{other}': use avx512, avx2 or portable"
+            )),
+        }
     }
 
     /// Whether this processor can run the path.
@@ -738,6 +779,25 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_is_chosen_by_name_once_per_process() {
+        assert_eq!(Path::parse("avx2"), Ok(Path::Avx2Fma));
+        assert_eq!(Path::parse("avx2+fma"), Ok(Path::Avx2Fma));
+        assert_eq!(Path::parse("avx512"), Ok(Path::Avx512));
+        assert!(
+            Path::parse("sse")
+                .unwrap_err()
+                .contains("avx512, avx2 or portable")
+        );
+        // Other tests may already have run products on the fastest path: choosing it holds.
+        Path::fastest().choose().unwrap();
+        assert_eq!(Path::detected(), Path::fastest());
+        if Path::fastest() != Path::Portable {
+            let e = Path::Portable.choose().unwrap_err();
+            assert!(e.contains("already"), "{e}");
+        }
+    }
 
     /// The definition: each element one fused multiply-add chain in inner order, then added.
     fn reference(

@@ -3,9 +3,10 @@
 
 use crate::pendulum::{MAX_TORQUE, Pendulum};
 use crate::pendulum_run::train_dense;
-use reflex_agent::error::Result;
+use reflex_agent::error::{AgentError, Result};
 use reflex_learn::sac::replay::Transition;
 use reflex_learn::sac::{Mode, Sac, SacConfig};
+pub use reflex_mlp::kernel::Path as KernelPath;
 use std::time::Instant;
 
 /// Updates per second of one configuration: one update = one critic update + one actor and
@@ -78,6 +79,8 @@ pub struct PendulumRun {
 pub struct LearnerBenchReport {
     /// Threads of the learner's matrix products in effect.
     pub threads: usize,
+    /// The instruction set of the learner's matrix kernel (`avx512`, `avx2+fma`, `portable`).
+    pub kernel: &'static str,
     /// 64x64, batch 100, 2 critics (SB3's default SAC).
     pub a_64x64_b100_2critics: UpdateRate,
     /// 256x256, batch 256, 2 critics (HIL-SERL, LeRobot).
@@ -103,9 +106,18 @@ impl LearnerBenchReport {
 /// SAC update throughput in three network configurations (`updates` timed each), and the wall
 /// time of `pendulum_steps` Pendulum steps with one update per step (0 skips it), with the
 /// learner's matrix products on `threads` threads (capped at the machine's cores; the number in
-/// effect is reported). candle's other kernels read `RAYON_NUM_THREADS`, which the caller sets
-/// before starting any thread.
-pub fn run(updates: usize, pendulum_steps: usize, threads: usize) -> Result<LearnerBenchReport> {
+/// effect is reported), on the kernel path `kernel` (the processor's fastest when `None`; an
+/// AVX-512 machine can time the AVX2 path an AVX2-only one runs). candle's other kernels read
+/// `RAYON_NUM_THREADS`, which the caller sets before starting any thread.
+pub fn run(
+    updates: usize,
+    pendulum_steps: usize,
+    threads: usize,
+    kernel: Option<KernelPath>,
+) -> Result<LearnerBenchReport> {
+    if let Some(path) = kernel {
+        path.choose().map_err(AgentError::Failed)?;
+    }
     let threads = reflex_learn::sac::gemm::set_threads(threads);
     let rate = |hidden, batch, critics| -> Result<UpdateRate> {
         Ok(UpdateRate {
@@ -117,6 +129,7 @@ pub fn run(updates: usize, pendulum_steps: usize, threads: usize) -> Result<Lear
     };
     let mut out = LearnerBenchReport {
         threads,
+        kernel: KernelPath::detected().name(),
         a_64x64_b100_2critics: rate(64, 100, 2)?,
         b_256x256_b256_2critics: rate(256, 256, 2)?,
         c_256x256_b256_10critics: rate(256, 256, 10)?,
