@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 CARGO ?= cargo
 
-.PHONY: demo test venv build bench fmt clippy clean-venv models bundle bundle-check lerobot-tools parity
+.PHONY: demo test venv build robot bench fmt clippy clean-venv models bundle bundle-check lerobot-tools parity
 
 ## The pinned Python environment (onnxruntime, eclipse-zenoh, gymnasium, msgpack).
 venv: $(VENV)/.installed
@@ -45,6 +45,16 @@ models: build
 	$(REFLEX) bc train --demos demos/insert --out models/insert.onnx --steps 10000 --seed 1
 	$(REFLEX) run --config configs/run/sim-pick-bc.toml --episodes 100
 	$(REFLEX) run --config configs/run/sim-insert-bc.toml --episodes 100
+
+## The robot's build for this machine (docs/deploy.md, "The robot build"): what `make bundle`
+## cross-builds (`--no-default-features`: no simulator, trainers, dataset or video code,
+## importer, emulator or benches), under $(CARGO_TARGET_DIR)/<host triple>/release so it never
+## replaces the workstation binary the tests run. Prints its size and crate count.
+HOST_TRIPLE := $(shell rustc -vV 2> /dev/null | sed -n 's/^host: //p')
+robot:
+	$(CARGO) build --release -p reflex --no-default-features --target $(HOST_TRIPLE)
+	@bin="$(or $(CARGO_TARGET_DIR),target)/$(HOST_TRIPLE)/release/reflex"; \
+	echo "robot build: $$bin, $$(du -m "$$bin" | cut -f1) MB, $$($(CARGO) tree --offline -e normal --prefix none -p reflex --no-default-features | sed 's/ (\*)//' | sort -u | wc -l) crates"
 
 ## The robot's bundle (docs/deploy.md): reflex cross-built for BUNDLE_TARGET with cargo-zigbuild
 ## (zig from PyPI, in .venv-tools), ONNX Runtime from the onnxruntime wheel of that platform,

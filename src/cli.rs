@@ -1,4 +1,7 @@
 //! What the subcommands share: logging, Zenoh arguments, progress bars.
+// Argument parsers and helpers that only the workstation's commands use (training, the
+// simulator, the emulator) are unused in a build without them, such as the robot's.
+#![cfg_attr(not(feature = "workstation"), allow(dead_code))]
 
 use clap::Args;
 use reflex_bus::BusConfig;
@@ -428,6 +431,7 @@ mod tests {
     }
 }
 
+#[cfg(feature = "train")]
 /// `reflex bc train --objective`.
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum ObjectiveArg {
@@ -437,6 +441,7 @@ pub enum ObjectiveArg {
     Flow,
 }
 
+#[cfg(feature = "train")]
 impl From<ObjectiveArg> for reflex_imitate::Objective {
     fn from(o: ObjectiveArg) -> Self {
         match o {

@@ -5,8 +5,10 @@ mod cli;
 mod cmd;
 
 use clap::{Parser, Subcommand};
+#[cfg(feature = "train")]
 use cmd::bc::BcCommand;
 use cmd::policy::PolicyCommand;
+#[cfg(feature = "sim")]
 use cmd::sim::SimCommand;
 
 /// reflex: a real-time runtime for robots that learn on the job.
@@ -19,8 +21,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    #[cfg(feature = "sim")]
     /// The whole mission on the simulator: base policy, residual learner, simulated person.
     Demo(cmd::demo::DemoArgs),
+    #[cfg(feature = "sim")]
     /// The simulator: serve it as a robot, benchmark it, record expert demonstrations.
     Sim {
         #[command(subcommand)]
@@ -37,16 +41,19 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    #[cfg(feature = "train")]
     /// Imitation learning: train a diffusion or flow policy from recorded episodes or a LeRobot dataset.
     Bc {
         #[command(subcommand)]
         command: BcCommand,
     },
+    #[cfg(feature = "train")]
     /// A reward the robot can see: train a success classifier on recorded camera frames.
     Reward {
         #[command(subcommand)]
         command: cmd::reward::RewardCommand,
     },
+    #[cfg(feature = "dataset")]
     /// Datasets: export recorded episodes as a LeRobotDataset v3.0.
     Dataset {
         #[command(subcommand)]
@@ -54,6 +61,7 @@ enum Command {
     },
     /// The actor: runs the control loop against a robot with a policy (config file).
     Run(cmd::run::RunArgs),
+    #[cfg(feature = "train")]
     /// A refined policy (base + residual, as executed, with the person's corrections) made into
     /// the next base policy: trained on the run's successful rollouts, evaluated alone.
     Distill(cmd::distill::DistillArgs),
@@ -121,12 +129,15 @@ fn main() {
     let cli = Cli::parse();
     cli::init_logging();
     let result = match cli.command {
+        #[cfg(feature = "sim")]
         Command::Sim { command } => cmd::sim::run(command),
         #[cfg(feature = "bench")]
         Command::Bench { command } => cmd::bench::run(command),
         Command::Run(a) => cmd::run::run(a),
         Command::Eval(a) => cmd::run::eval(a),
+        #[cfg(feature = "sim")]
         Command::Demo(a) => cmd::demo::run(a),
+        #[cfg(feature = "train")]
         Command::Distill(a) => cmd::distill::run(a),
         Command::Replay(a) => cmd::replay::replay(a),
         Command::Viz(a) => cmd::viz::viz(a),
@@ -135,8 +146,11 @@ fn main() {
         Command::Learn(a) => cmd::learn::run(a),
         Command::Bundle(a) => cmd::bundle::run(a),
         Command::Policy { command } => cmd::policy::run(command),
+        #[cfg(feature = "train")]
         Command::Bc { command } => cmd::bc::bc(command),
+        #[cfg(feature = "train")]
         Command::Reward { command } => cmd::reward::reward(command),
+        #[cfg(feature = "dataset")]
         Command::Dataset { command } => cmd::dataset::dataset(command),
         Command::Doctor(a) => cli::doctor(
             &reflex_deploy::doctor::DoctorOptions {

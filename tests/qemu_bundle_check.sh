@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs an aarch64 bundle on an x86_64 machine under qemu-user (`make bundle-check`): the binary's
-# --version, `reflex doctor`, and a short simulator run of the shipped pick policy on the
-# bundle's own aarch64 ONNX Runtime, then the same run on the host build beside it.
+# --version, `reflex doctor`, and a short run of the shipped pick policy on the bundle's own
+# aarch64 ONNX Runtime against the simulator served by the host build over the bus (the robot's
+# binary has no simulator: the way a robot meets one), then the same run on the host build.
 # Needs (Debian): qemu-user-static libc6-arm64-cross libstdc++6-arm64-cross, and root (a private
 # mount namespace, below).
 set -eu
@@ -44,20 +45,29 @@ aarch64 "$b/bin/reflex" doctor | tee "$work/doctor.txt" || true
 grep -q "found via the bundle's lib/" "$work/doctor.txt" || { echo "doctor did not use the bundle's ONNX Runtime" >&2; exit 1; }
 grep -q "ONNX Runtime loads: ok" "$work/doctor.txt" || { echo "the aarch64 ONNX Runtime did not load" >&2; exit 1; }
 
-echo "== reflex run, shipped pick policy, 10 episodes (aarch64, qemu)"
-start=$(date +%s.%N)
-(cd "$b" && aarch64 ./bin/reflex run --config configs/run/sim-pick-bc.toml --episodes 10 --json) > "$work/arm.json"
-end=$(date +%s.%N)
+host="${REFLEX_HOST:-${CARGO_TARGET_DIR:-target}/release/reflex}"
+host_ort="$(ls "$checkout"/.venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.* 2> /dev/null | head -n 1)"
+[ -x "$host" ] && [ -n "$host_ort" ] || { echo "the host build ($host) and make venv's ONNX Runtime serve the simulator: run make build venv" >&2; exit 1; }
 summary() {
     python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print("%d episodes, success %.0f%%, mean return %.2f, %.1f steps per episode" % (v["episodes"], 100 * v["success_rate"], v["mean_return"], v["mean_steps"]))' "$1"
 }
+# configs/run/remote-pick.toml: robot `arm` on tcp/127.0.0.1:7457, lockstep, simulated time.
+serve() {
+    "$host" sim serve --task pick --robot arm --listen tcp/127.0.0.1:7457 --no-multicast > "$work/serve.log" 2>&1 &
+    server=$!
+    # The robot answers its spec once it is up; the actor's connect waits for it (timeout_ms).
+}
+echo "== reflex run, shipped pick policy, 10 episodes (aarch64, qemu; the simulator served by the host build)"
+serve
+start=$(date +%s.%N)
+(cd "$b" && aarch64 ./bin/reflex run --config configs/run/remote-pick.toml --episodes 10 --json) > "$work/arm.json" || { kill $server; cat "$work/serve.log" >&2; exit 1; }
+end=$(date +%s.%N)
+kill $server; wait $server 2> /dev/null || true
 echo "aarch64: $(summary "$work/arm.json"), $(python3 -c "print(round($end - $start, 1))") s under emulation"
-host="${REFLEX_HOST:-${CARGO_TARGET_DIR:-target}/release/reflex}"
-host_ort="$(ls "$checkout"/.venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.* 2> /dev/null | head -n 1)"
-if [ -x "$host" ] && [ -n "$host_ort" ]; then
-    (cd "$b" && ORT_DYLIB_PATH="$host_ort" "$host" run --config configs/run/sim-pick-bc.toml --episodes 10 --json) > "$work/host.json"
-    echo "x86_64 (the host build, same config and seeds): $(summary "$work/host.json")"
-fi
+serve
+(cd "$b" && ORT_DYLIB_PATH="$host_ort" "$host" run --config configs/run/remote-pick.toml --episodes 10 --json) > "$work/host.json"
+kill $server; wait $server 2> /dev/null || true
+echo "x86_64 (the host build, same config and seeds): $(summary "$work/host.json")"
 python3 - "$work/arm.json" << 'PY'
 import json, sys
 v = json.load(open(sys.argv[1]))

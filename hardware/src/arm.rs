@@ -12,11 +12,24 @@
 
 use crate::bus::{BusError, BusStats, Dynamixel, Feetech, Register, ServoBus};
 use crate::dynamixel::x_series;
-use crate::emulate::ServoModel;
 use crate::feetech::{self, sts3215};
 use reflex_calibration::{Calibration, DeviceKind, MotorCalibration};
 use reflex_runtime::hist::Histogram;
 use std::time::{Duration, Instant};
+
+/// The STS3215's model number (what PING's follow-up read of address 3 returns).
+pub const STS3215_MODEL: u16 = 777;
+/// The XL330-M288's model number (in its PING answer).
+pub const XL330_M288_MODEL: u16 = 1200;
+
+/// Which servos the bus holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServoModel {
+    /// Feetech STS3215 (SO-100/SO-101), Feetech protocol 0.
+    Sts3215,
+    /// Dynamixel XL330-M288 (Koch), Protocol 2.0.
+    Xl330,
+}
 
 /// Steps per turn of the STS3215 and the X series.
 pub const RESOLUTION: i64 = 4096;

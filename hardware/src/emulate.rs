@@ -22,19 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The STS3215's model number (what PING's follow-up read of address 3 returns).
-pub const STS3215_MODEL: u16 = 777;
-/// The XL330-M288's model number (in its PING answer).
-pub const XL330_M288_MODEL: u16 = 1200;
-
-/// Which servos the bus holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ServoModel {
-    /// Feetech STS3215 (SO-100/SO-101), Feetech protocol 0.
-    Sts3215,
-    /// Dynamixel XL330-M288 (Koch), Protocol 2.0.
-    Xl330,
-}
+pub use crate::arm::{STS3215_MODEL, ServoModel, XL330_M288_MODEL};
 
 /// Where a model keeps what the emulator moves: (model number, goal, present, torque, moving).
 struct Table {

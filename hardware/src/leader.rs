@@ -16,7 +16,7 @@ use crate::arm::{ArmKind, ServoArm};
 use nalgebra::Vector3;
 use reflex_contracts::msg::{ActionKind, Observation, RobotSpec, TeleopMsg};
 use reflex_contracts::teleop::{Teleop, TeleopError};
-use reflex_sim::world::ArmModel;
+use reflex_tabletop::ArmModel;
 use std::time::Duration;
 
 const BODY: usize = 5;

@@ -10,8 +10,8 @@
 //!
 //! Underneath, the packet layers, each a faithful implementation of a public protocol, checked byte
 //! for byte against the vendors' own Python SDKs (tests/system/servo_packets.rs), a Feetech bus
-//! on a serial port ([`bus`]) and emulated Feetech servos behind a pseudo-terminal
-//! ([`emulate`]):
+//! on a serial port ([`bus`]) and, with the feature `emulate` (a test double: workstation builds
+//! only), emulated Feetech and Dynamixel servos behind a pseudo-terminal (`emulate`):
 //! - [`feetech`]: Feetech STS/SMS ("protocol 0", SO-100/SO-101's STS3215), little-endian;
 //! - [`dynamixel`]: Dynamixel Protocol 2.0 (Koch's XL330/XL430), CRC-16 and byte stuffing.
 //!
@@ -23,6 +23,7 @@ pub mod bus;
 pub mod calibrate;
 pub mod devices;
 pub mod dynamixel;
+#[cfg(any(test, feature = "emulate"))]
 pub mod emulate;
 pub mod feetech;
 pub mod keyboard;

@@ -26,9 +26,9 @@ use reflex_contracts::msg::{ActionKind, Observation, PROTOCOL_VERSION, RobotSpec
 use reflex_contracts::robot::{Robot, RobotError, check_action};
 use reflex_contracts::stop::StopSwitch;
 use reflex_runtime::kinematics::{IkOptions, top_down};
-use reflex_sim::env::{HOME_YAW, WORKSPACE_MAX, WORKSPACE_MIN};
-use reflex_sim::task::{TaskKind, TaskLayout};
-use reflex_sim::world::ArmModel;
+use reflex_tabletop::ArmModel;
+use reflex_tabletop::spec::{HOME_YAW, WORKSPACE_MAX, WORKSPACE_MIN};
+use reflex_tabletop::task::{TaskKind, TaskLayout};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -430,8 +430,8 @@ impl ArmRobot {
         let joints: Vec<String> = kind.motors().iter().map(|m| m.name.to_string()).collect();
         let (state, action) = match (cfg.task, model) {
             (ArmTask::Reach, Some(model)) => (
-                reflex_sim::env::state_fields(TaskKind::Reach),
-                reflex_sim::env::action_space(
+                reflex_tabletop::spec::state_fields(TaskKind::Reach),
+                reflex_tabletop::spec::action_space(
                     cfg.action,
                     cfg.ee_step_m,
                     0.2,
@@ -496,7 +496,7 @@ impl ArmRobot {
             ArmTask::Joints => (20.0 * cfg.control_hz).round() as u32,
         });
         if cfg.task == ArmTask::Reach {
-            spec.scene = Some(reflex_sim::env::scene(TaskKind::Reach));
+            spec.scene = Some(reflex_tabletop::spec::scene(TaskKind::Reach));
         }
         spec.validate().map_err(RobotError::from)?;
         Ok(spec)

@@ -532,6 +532,54 @@ impl PolicySpec {
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("a spec serialises")
     }
+
+    /// A chunking policy's spec built in Rust rather than written as TOML: the graph reads the
+    /// robot's whole state, unnormalised, at `state_input` and returns `chunk_len` actions of
+    /// `action_dim` at `output`, of which the loop executes `execute`. The other keys keep their
+    /// defaults; set the fields for more (normalisation, cameras, a diffusion or flow sampler).
+    pub fn chunk(
+        name: &str,
+        (action_dim, chunk_len, execute): (usize, usize, usize),
+        state_input: &str,
+        output: &str,
+    ) -> Self {
+        PolicySpec {
+            format: "reflex-policy".into(),
+            version: 1,
+            name: name.into(),
+            kind: PolicyKind::Chunk,
+            action_dim,
+            chunk_len,
+            execute,
+            robot_kind: None,
+            action_normalize: d_norm(),
+            graph: GraphIo {
+                sample_input: None,
+                time_input: None,
+                time_dtype: TimeDtype::default(),
+                time_shape: TimeShape::default(),
+                output: output.into(),
+                vjp: None,
+            },
+            inputs: vec![InputSource::State {
+                name: state_input.into(),
+                fields: Vec::new(),
+                history: d_history(),
+                normalize: d_norm(),
+            }],
+            diffusion: None,
+            flow_steps: d_flow_steps(),
+            provenance: None,
+        }
+    }
+
+    /// Writes the spec beside `model` (`NAME.policy.toml`, where [`PolicySpec::load_for`] and
+    /// the ONNX policy read it), atomically.
+    pub fn write_for(&self, model: &Path) -> std::io::Result<PathBuf> {
+        let path = spec_path(model);
+        reflex_runtime::fsio::atomic_write(&path, self.to_toml().as_bytes())?;
+        Ok(path)
+    }
 }
 
 impl PolicySpec {

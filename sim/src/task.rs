@@ -1,280 +1,57 @@
-//! The tasks: what is on the table, how an episode is randomised, and when it succeeded.
-//!
-//! Every task draws its randomisation from the episode's seed only, ends with a sparse success
-//! signal (reward 1 on the success step, 0 otherwise; the episode terminates on success) and has
-//! a time limit in control steps.
+//! The tasks (reflex-tabletop's [`reflex_tabletop::task`]): what is on the table, how an
+//! episode is randomised, and when it succeeded. The simulator's part is [`populate`]: the task's
+//! objects as bodies in the physical scene.
+
+pub use reflex_tabletop::task::*;
 
 use crate::world::{BoxSpec, Scene};
-use nalgebra::{Isometry3, Translation3, UnitQuaternion, Vector3};
-use rand::Rng;
-use rand_chacha::ChaCha8Rng;
-use serde::Deserialize;
-use std::fmt;
-use std::str::FromStr;
+use nalgebra::Isometry3;
 
-/// The four tasks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskKind {
-    /// Bring the tool centre point to a target point in the air.
-    Reach,
-    /// Push a cube into a target region on the table.
-    Push,
-    /// Grasp a cube and lift it by at least 5 cm.
-    Pick,
-    /// Insert a held peg into a hole with 2 mm clearance per side.
-    Insert,
-}
-
-impl TaskKind {
-    /// All tasks.
-    pub const ALL: [TaskKind; 4] = [
-        TaskKind::Reach,
-        TaskKind::Push,
-        TaskKind::Pick,
-        TaskKind::Insert,
-    ];
-
-    /// Config spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskKind::Reach => "reach",
-            TaskKind::Push => "push",
-            TaskKind::Pick => "pick",
-            TaskKind::Insert => "insert",
+/// Adds the task's objects to the scene. `tcp` is the pose of the tool centre point after the arm
+/// was placed (the insert task puts the peg in the grasp and records its pose in the layout).
+pub fn populate(layout: &mut TaskLayout, scene: &mut Scene, tcp: &Isometry3<f64>) {
+    match layout.kind {
+        TaskKind::Reach => {}
+        TaskKind::Push | TaskKind::Pick => {
+            let h = CUBE_SIZE_M as f32 / 2.0;
+            scene.add_object(&BoxSpec {
+                half: [h, h, h],
+                pose: layout.object_start.expect("cube pose"),
+                mass: 0.05,
+                friction: 0.8,
+                color: [0.85, 0.15, 0.12],
+            });
         }
-    }
-
-    /// Default time limit, control steps at the default 20 Hz.
-    pub fn default_max_steps(self) -> u32 {
-        match self {
-            TaskKind::Reach => 60,
-            TaskKind::Push => 150,
-            TaskKind::Pick => 100,
-            TaskKind::Insert => 100,
-        }
-    }
-
-    /// `true` when the task has a movable object whose pose is observed.
-    pub fn has_object(self) -> bool {
-        !matches!(self, TaskKind::Reach)
-    }
-}
-
-impl fmt::Display for TaskKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A task name the simulator does not have.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown task `{0}`; allowed: reach, push, pick, insert")]
-pub struct UnknownTask(pub String);
-
-impl FromStr for TaskKind {
-    type Err = UnknownTask;
-    fn from_str(s: &str) -> Result<Self, UnknownTask> {
-        TaskKind::ALL
-            .into_iter()
-            .find(|t| t.as_str() == s)
-            .ok_or_else(|| UnknownTask(s.to_string()))
-    }
-}
-
-/// Side of the pick/push cube, m.
-pub const CUBE_SIZE_M: f64 = 0.03;
-/// Cross-section side of the peg, m.
-pub const PEG_SIZE_M: f64 = 0.02;
-/// Length of the peg, m.
-pub const PEG_LENGTH_M: f64 = 0.06;
-/// Side of the square hole, m (2 mm clearance per side around the peg).
-pub const HOLE_SIZE_M: f64 = 0.024;
-/// Height of the hole fixture, m.
-pub const HOLE_DEPTH_M: f64 = 0.03;
-/// How deep the peg's bottom must be below the fixture's top for success, m.
-pub const INSERT_DEPTH_M: f64 = 0.015;
-/// Lift required by `pick`, m.
-pub const PICK_LIFT_M: f64 = 0.05;
-/// Success radius of `reach`, m.
-pub const REACH_TOLERANCE_M: f64 = 0.02;
-/// Success radius of `push` (cube centre to goal centre, in the table plane), m.
-pub const PUSH_TOLERANCE_M: f64 = 0.025;
-/// Where the peg sits in the grasp: its centre lies this far beyond the tool centre point along
-/// the tool's z axis (towards the fingertips): 3.5 cm of it between the finger pads, 2.5 cm below.
-pub const PEG_GRASP_OFFSET_M: f64 = 0.005;
-
-/// The randomised layout of one episode.
-#[derive(Clone, Debug)]
-pub struct TaskLayout {
-    /// Task.
-    pub kind: TaskKind,
-    /// `reach`: target point; `push`: goal centre on the table; `pick`: the cube's start position
-    /// raised by the required lift; `insert`: centre of the hole's opening.
-    pub target: Vector3<f64>,
-    /// Start pose of the object, if any.
-    pub object_start: Option<Isometry3<f64>>,
-    /// Start position of the tool centre point.
-    pub tcp_start: Vector3<f64>,
-    /// Start gripper opening, m.
-    pub opening_start: f64,
-}
-
-fn uniform(rng: &mut ChaCha8Rng, lo: f64, hi: f64) -> f64 {
-    lo + (hi - lo) * rng.random::<f64>()
-}
-
-/// A point on the table drawn in polar form around the arm's base (radius in m, bearing in rad),
-/// which is the shape of what a top-down gripper can reach.
-fn polar(rng: &mut ChaCha8Rng, r: (f64, f64), bearing: f64, z: f64) -> Vector3<f64> {
-    let (rr, a) = (uniform(rng, r.0, r.1), uniform(rng, -bearing, bearing));
-    Vector3::new(rr * a.cos(), rr * a.sin(), z)
-}
-
-impl TaskLayout {
-    /// Draws a layout from `rng` (seeded from the episode's seed).
-    pub fn sample(kind: TaskKind, rng: &mut ChaCha8Rng) -> Self {
-        let home = Vector3::new(0.20, 0.0, 0.14);
-        match kind {
-            TaskKind::Reach => TaskLayout {
-                kind,
-                target: {
-                    // In polar form around the base, inside what a top-down tool reaches.
-                    let (r, a) = (uniform(rng, 0.14, 0.26), uniform(rng, -0.5, 0.5));
-                    Vector3::new(r * a.cos(), r * a.sin(), uniform(rng, 0.03, 0.14))
-                },
-                object_start: None,
-                tcp_start: home,
-                opening_start: 0.04,
-            },
-            TaskKind::Push => {
-                let cube = polar(rng, (0.16, 0.22), 0.4, CUBE_SIZE_M / 2.0);
-                // Goal 6-10 cm away in a random direction, kept inside the reachable table area
-                // (the pusher works from behind the cube, so the goal stays within 24 cm).
-                let mut goal;
-                loop {
-                    let a = uniform(rng, -std::f64::consts::PI, std::f64::consts::PI);
-                    let d = uniform(rng, 0.06, 0.10);
-                    goal = cube + Vector3::new(d * a.cos(), d * a.sin(), 0.0);
-                    let r = goal.xy().norm();
-                    if (0.13..=0.24).contains(&r) && goal.y.atan2(goal.x).abs() <= 0.6 {
-                        break;
-                    }
-                }
-                let yaw = uniform(rng, -0.3, 0.3);
-                TaskLayout {
-                    kind,
-                    target: goal,
-                    object_start: Some(Isometry3::from_parts(
-                        Translation3::from(cube),
-                        UnitQuaternion::from_axis_angle(&Vector3::z_axis(), yaw),
-                    )),
-                    tcp_start: home,
-                    opening_start: 0.0,
-                }
-            }
-            TaskKind::Pick => {
-                let cube = polar(rng, (0.15, 0.24), 0.45, CUBE_SIZE_M / 2.0);
-                let yaw = uniform(rng, -0.2, 0.2);
-                TaskLayout {
-                    kind,
-                    target: cube + Vector3::new(0.0, 0.0, PICK_LIFT_M),
-                    object_start: Some(Isometry3::from_parts(
-                        Translation3::from(cube),
-                        UnitQuaternion::from_axis_angle(&Vector3::z_axis(), yaw),
-                    )),
-                    tcp_start: home,
-                    opening_start: 0.06,
-                }
-            }
-            TaskKind::Insert => {
-                let hole = polar(rng, (0.16, 0.24), 0.4, HOLE_DEPTH_M);
-                // Start above the table with the peg in the grasp, a few cm off the hole.
-                let tcp = Vector3::new(
-                    hole.x + uniform(rng, -0.04, 0.04),
-                    hole.y + uniform(rng, -0.04, 0.04),
-                    0.14,
-                );
-                TaskLayout {
-                    kind,
-                    target: hole,
-                    object_start: None,
-                    tcp_start: tcp,
-                    opening_start: PEG_SIZE_M,
-                }
-            }
-        }
-    }
-
-    /// Adds the task's objects to the scene. `tcp` is the pose of the tool centre point after the
-    /// arm was placed (the insert task puts the peg in the grasp).
-    pub fn populate(&mut self, scene: &mut Scene, tcp: &Isometry3<f64>) {
-        match self.kind {
-            TaskKind::Reach => {}
-            TaskKind::Push | TaskKind::Pick => {
-                let h = CUBE_SIZE_M as f32 / 2.0;
-                scene.add_object(&BoxSpec {
-                    half: [h, h, h],
-                    pose: self.object_start.expect("cube pose"),
-                    mass: 0.05,
-                    friction: 0.8,
-                    color: [0.85, 0.15, 0.12],
-                });
-            }
-            TaskKind::Insert => {
-                let peg_pose = tcp * Isometry3::translation(0.0, 0.0, PEG_GRASP_OFFSET_M);
-                self.object_start = Some(peg_pose);
-                let (s, l) = (PEG_SIZE_M as f32 / 2.0, PEG_LENGTH_M as f32 / 2.0);
-                scene.add_object(&BoxSpec {
-                    half: [s, s, l],
-                    pose: peg_pose,
-                    mass: 0.02,
-                    friction: 0.8,
-                    color: [0.15, 0.35, 0.85],
-                });
-                // The hole: four walls around a square opening, centred on `target`.
-                let (inner, outer, depth) = (HOLE_SIZE_M / 2.0, 0.04, HOLE_DEPTH_M);
-                let wall = (outer - inner) / 2.0;
-                let c = self.target;
-                let z = depth / 2.0;
-                let color = [0.35, 0.6, 0.35];
-                let mk = |dx: f64, dy: f64, hx: f64, hy: f64| BoxSpec {
-                    half: [hx as f32, hy as f32, (depth / 2.0) as f32],
-                    pose: Isometry3::translation(c.x + dx, c.y + dy, z),
-                    mass: 0.0,
-                    friction: 0.5,
-                    color,
-                };
-                scene.add_fixture(&[
-                    mk(inner + wall, 0.0, wall, outer),
-                    mk(-(inner + wall), 0.0, wall, outer),
-                    mk(0.0, inner + wall, inner, wall),
-                    mk(0.0, -(inner + wall), inner, wall),
-                ]);
-            }
-        }
-    }
-
-    /// Whether the task is solved in this state.
-    pub fn success(&self, tcp: &Vector3<f64>, object: Option<&Isometry3<f64>>) -> bool {
-        match self.kind {
-            TaskKind::Reach => (tcp - self.target).norm() < REACH_TOLERANCE_M,
-            TaskKind::Push => {
-                let o = object.expect("push has an object").translation.vector;
-                (o.xy() - self.target.xy()).norm() < PUSH_TOLERANCE_M && o.z < CUBE_SIZE_M
-            }
-            TaskKind::Pick => {
-                object.expect("pick has an object").translation.vector.z >= self.target.z
-            }
-            TaskKind::Insert => {
-                let peg = object.expect("insert has a peg");
-                let bottom = peg * nalgebra::Point3::new(0.0, 0.0, PEG_LENGTH_M / 2.0);
-                let top = peg * nalgebra::Point3::new(0.0, 0.0, -PEG_LENGTH_M / 2.0);
-                // Whichever end is lower is the one in the hole.
-                let low = if bottom.z < top.z { bottom } else { top };
-                low.z <= self.target.z - INSERT_DEPTH_M
-                    && (low.coords.xy() - self.target.xy()).norm() < HOLE_SIZE_M / 2.0
-            }
+        TaskKind::Insert => {
+            let peg_pose = tcp * Isometry3::translation(0.0, 0.0, PEG_GRASP_OFFSET_M);
+            layout.object_start = Some(peg_pose);
+            let (s, l) = (PEG_SIZE_M as f32 / 2.0, PEG_LENGTH_M as f32 / 2.0);
+            scene.add_object(&BoxSpec {
+                half: [s, s, l],
+                pose: peg_pose,
+                mass: 0.02,
+                friction: 0.8,
+                color: [0.15, 0.35, 0.85],
+            });
+            // The hole: four walls around a square opening, centred on `target`.
+            let (inner, outer, depth) = (HOLE_SIZE_M / 2.0, 0.04, HOLE_DEPTH_M);
+            let wall = (outer - inner) / 2.0;
+            let c = layout.target;
+            let z = depth / 2.0;
+            let color = [0.35, 0.6, 0.35];
+            let mk = |dx: f64, dy: f64, hx: f64, hy: f64| BoxSpec {
+                half: [hx as f32, hy as f32, (depth / 2.0) as f32],
+                pose: Isometry3::translation(c.x + dx, c.y + dy, z),
+                mass: 0.0,
+                friction: 0.5,
+                color,
+            };
+            scene.add_fixture(&[
+                mk(inner + wall, 0.0, wall, outer),
+                mk(-(inner + wall), 0.0, wall, outer),
+                mk(0.0, inner + wall, inner, wall),
+                mk(0.0, -(inner + wall), inner, wall),
+            ]);
         }
     }
 }

@@ -12,22 +12,8 @@ use nalgebra::{Isometry3, Point3, Quaternion, Translation3, UnitQuaternion, Vect
 use rapier3d::prelude::*;
 use rapier3d_urdf::{UrdfLoaderOptions, UrdfMultibodyOptions, UrdfRobot};
 use reflex_arm_dynamics::{ArmDynamics, Floor, ServoGains};
-use reflex_runtime::kinematics::Chain;
 
-/// The arm's URDF, shipped in the crate.
-pub const ARM_URDF: &str = include_str!("../assets/so101.urdf");
-/// Arm joints in command order.
-pub const ARM_JOINTS: [&str; 5] = [
-    "shoulder_pan",
-    "shoulder_lift",
-    "elbow_flex",
-    "wrist_flex",
-    "wrist_roll",
-];
-/// The two gripper fingers (prismatic, each 0..=`finger_max_m`).
-pub const FINGER_JOINTS: [&str; 2] = ["finger_left", "finger_right"];
-/// Number of commanded actuators: five arm joints and the gripper opening.
-pub const NUM_ACTUATORS: usize = 6;
+pub use reflex_tabletop::model::{ARM_JOINTS, ARM_URDF, ArmModel, FINGER_JOINTS, NUM_ACTUATORS};
 
 /// Collision groups, so that only contacts that matter are computed.
 pub mod groups {
@@ -44,192 +30,7 @@ pub mod groups {
     pub const FIXTURE: Group = Group::GROUP_5;
 }
 
-/// The arm's kinematic model and actuator limits, read from the URDF once.
-#[derive(Clone, Debug)]
-pub struct ArmModel {
-    /// Parsed URDF.
-    pub urdf: urdf_rs::Robot,
-    /// Chain from `base` to the tool centre point `tcp`, with the URDF's limits.
-    pub chain: Chain,
-    /// The same chain with the elbow kept 10 degrees short of straight, so that damped
-    /// least-squares IK never crosses the stretched-out singularity onto the elbow-down branch.
-    pub ik_chain: Chain,
-    /// Position limits of the five arm joints, rad.
-    pub limits: [(f64, f64); 5],
-    /// Effort limits of the five arm joints, N m.
-    pub efforts: [f32; 5],
-    /// Speed limits of the five arm joints, rad/s.
-    pub speeds: [f32; 5],
-    /// Travel of one finger, m (the opening is twice this).
-    pub finger_max_m: f32,
-    /// Finger force limit, N.
-    pub finger_effort: f32,
-    /// Finger speed limit, m/s.
-    pub finger_speed: f32,
-}
-
-impl ArmModel {
-    /// Parses the shipped URDF.
-    pub fn so101() -> Self {
-        let urdf = urdf_rs::read_from_string(ARM_URDF).expect("the shipped URDF parses");
-        let chain = Chain::from_urdf(&urdf, "sim/assets/so101.urdf", "base", "tcp")
-            .expect("the shipped URDF has a base->tcp chain");
-        let joint = |name: &str| {
-            urdf.joints
-                .iter()
-                .find(|j| j.name == name)
-                .expect("joint in shipped URDF")
-        };
-        let mut limits = [(0.0, 0.0); 5];
-        let mut efforts = [0.0; 5];
-        let mut speeds = [0.0; 5];
-        for (i, name) in ARM_JOINTS.iter().enumerate() {
-            let j = joint(name);
-            limits[i] = (j.limit.lower, j.limit.upper);
-            efforts[i] = j.limit.effort as f32;
-            speeds[i] = j.limit.velocity as f32;
-        }
-        let f = joint(FINGER_JOINTS[0]);
-        let mut ik_chain = chain.clone();
-        // Elbow zero is the right-angle "L" pose. The upper arm's link is tilted 13.9 degrees
-        // forward by its 28 mm offset, so the arm is straight at -(pi/2 - 0.2428) = -1.328 rad.
-        let straight = -(std::f64::consts::FRAC_PI_2 - (0.028f64).atan2(0.113));
-        ik_chain.set_limits(2, straight + 0.17, limits[2].1);
-        ArmModel {
-            ik_chain,
-            chain,
-            limits,
-            efforts,
-            speeds,
-            finger_max_m: f.limit.upper as f32,
-            finger_effort: f.limit.effort as f32,
-            finger_speed: f.limit.velocity as f32,
-            urdf,
-        }
-    }
-
-    /// Largest gripper opening (distance between the finger pads), m.
-    pub fn max_opening_m(&self) -> f32 {
-        2.0 * self.finger_max_m
-    }
-}
-
-/// Servo model parameters (config `[sim.servo]`).
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServoParams {
-    /// Position gain of the arm joints, N m / rad.
-    pub stiffness: f32,
-    /// Velocity gain of the arm joints, N m s / rad.
-    pub damping: f32,
-    /// Reflected rotor inertia of each arm joint, kg m^2.
-    pub armature: f32,
-    /// Position gain of the fingers, N / m.
-    pub finger_stiffness: f32,
-    /// Velocity gain of the fingers, N s / m.
-    pub finger_damping: f32,
-}
-
-impl Default for ServoParams {
-    fn default() -> Self {
-        // The STS3215 has a 1:345 gearbox; its rotor inertia reflected through it is of the order
-        // of 0.01 kg m^2. Gains give a ~10 Hz closed-loop bandwidth on the heaviest joint.
-        ServoParams {
-            stiffness: 60.0,
-            damping: 1.5,
-            armature: 0.01,
-            finger_stiffness: 1000.0,
-            finger_damping: 10.0,
-        }
-    }
-}
-
-/// Physics solver parameters (config `[sim.solver]`).
-#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SolverParams {
-    /// rapier solver iterations (small steps) per physics step.
-    pub iterations: usize,
-    /// Speculative contact margin, m.
-    #[serde(serialize_with = "shortest")]
-    pub prediction_distance_m: f32,
-    /// Natural frequency of contact springs, Hz (rapier's default is 30).
-    #[serde(serialize_with = "shortest")]
-    pub contact_hz: f32,
-    /// Who integrates the arm's five joints: `rapier` (one rapier multibody with the fingers) or
-    /// `reflex` (reflex's own reduced-coordinate dynamics, [`crate::arm`]; rapier then moves the
-    /// links as kinematic bodies and simulates the fingers and the contacts).
-    pub arm: ArmSolver,
-    /// With `arm = "reflex"`: arm integration steps per physics step.
-    pub arm_substeps: u32,
-    /// Gauss-Seidel passes over the constraints in each solver iteration (rapier's
-    /// `num_internal_pgs_iterations`). The fingers on impulse joints (`arm = "reflex"`) need 3 at
-    /// one iteration to hold a peg through an insertion; the multibody's fingers need 1.
-    pub pgs_iterations: usize,
-    /// rapier's stabilisation passes per iteration (`num_internal_stabilization_iterations`):
-    /// the position-error correction after the velocity passes. 0 leaves penetration to the
-    /// contacts' springs alone.
-    pub stabilization_iterations: usize,
-    /// Start each step's joint solve from the last step's impulses (rapier's
-    /// `warmstart_joints`). With the fingers on impulse joints it holds the peg in fewer passes.
-    pub warmstart_joints: bool,
-    /// rapier's continuous collision detection: fast dynamic bodies are swept between steps and
-    /// stopped at their first impact. At 100 Hz or more nothing in the tasks moves far enough
-    /// in a step to tunnel (a falling cube travels under 1.5 cm against a 4 cm table).
-    pub ccd: bool,
-}
-
-/// An `f32` written as its shortest decimal (0.002, not 0.0020000000949949026): read back, it is
-/// the same `f32`.
-fn shortest<S: serde::Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(v.to_string().parse().unwrap_or(*v as f64))
-}
-
-impl SolverParams {
-    /// rapier's multibody for the arm and fingers with rapier's own settings otherwise (one
-    /// Gauss-Seidel pass, a stabilisation pass, CCD, no joint warm start): the simulator's
-    /// default until 2026-11-28, at 200 Hz physics ([`crate::SimConfig::with_multibody_arm`]).
-    pub fn multibody() -> Self {
-        SolverParams {
-            arm: ArmSolver::Rapier,
-            pgs_iterations: 1,
-            stabilization_iterations: 1,
-            warmstart_joints: false,
-            ccd: true,
-            ..Default::default()
-        }
-    }
-}
-
-/// Who integrates the arm (config `[sim.solver] arm`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ArmSolver {
-    /// rapier's multibody: the arm and fingers as one reduced-coordinate body.
-    Rapier,
-    /// reflex's own dynamics of the five joints; fingers and contacts in rapier (the default).
-    #[default]
-    Reflex,
-}
-
-impl Default for SolverParams {
-    /// reflex's arm at 100 Hz physics (set in [`crate::SimConfig`]): the arm in two 5 ms steps
-    /// per physics step, rapier's one iteration of two warm-started Gauss-Seidel passes for the
-    /// fingers, objects and contacts, no stabilisation pass, no CCD (docs/sim.md, "Speed").
-    fn default() -> Self {
-        SolverParams {
-            iterations: 1,
-            prediction_distance_m: 0.002,
-            contact_hz: 30.0,
-            arm: ArmSolver::Reflex,
-            arm_substeps: 2,
-            pgs_iterations: 2,
-            stabilization_iterations: 0,
-            warmstart_joints: true,
-            ccd: false,
-        }
-    }
-}
+pub use reflex_tabletop::sim_config::{ArmSolver, ServoParams, SolverParams};
 
 /// What a body in the scene is, for rendering and bookkeeping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1218,7 +1019,7 @@ mod tests {
             &mut rand_chacha::ChaCha8Rng::seed_from_u64(1),
         );
         let tcp = Isometry3::translation(0.0, 0.3, 0.5); // far away: only the fixture matters
-        layout.populate(&mut s, &tcp);
+        crate::task::populate(&mut layout, &mut s, &tcp);
         let h = s.object.unwrap();
         let c = layout.target;
         let start = Isometry3::translation(

@@ -3,7 +3,7 @@
 use crate::cli::{Bars, ObjectiveArg, command_line};
 use clap::{Args, Subcommand};
 use reflex_imitate::TrainConfig;
-use reflex_tools::policytools::{self, TrainOptions};
+use reflex_tools::bctrain::{self, TrainOptions};
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -85,8 +85,8 @@ pub struct TrainArgs {
 pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
     let BcCommand::Train(a) = cmd;
     let source = match (a.demos, a.dataset) {
-        (Some(d), _) => policytools::TrainSource::Demos(d),
-        (None, Some(dir)) => policytools::TrainSource::LeRobot {
+        (Some(d), _) => bctrain::TrainSource::Demos(d),
+        (None, Some(dir)) => bctrain::TrainSource::LeRobot {
             dir,
             state_key: a.state_key,
             action_key: a.action_key,
@@ -118,7 +118,7 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
         image_size: a.image_size,
         command: command_line(),
     };
-    let r = policytools::bc_train(&o, &Bars::new(false))?;
+    let r = bctrain::bc_train(&o, &Bars::new(false))?;
     println!(
         "wrote {} and {} (final loss {:.4}, {:.0} s)",
         r.model.display(),

@@ -2,12 +2,16 @@
 //! `bench` times sync reads and writes over one.
 
 use clap::{Args, Subcommand};
+#[cfg(feature = "emulate")]
 use reflex_hardware::emulate::{Emulator, EmulatorConfig, ServoModel};
+#[cfg(feature = "emulate")]
 use std::io::Write;
+#[cfg(feature = "emulate")]
 use std::time::{Duration, Instant};
 
 #[derive(Subcommand)]
 pub enum HwCommand {
+    #[cfg(feature = "emulate")]
     /// Emulated servos behind a pseudo-terminal (prints the port to open), until stopped.
     Emulate(EmulateArgs),
     /// Serve the arm of a run config on the bus (a robot driver for an actor on another
@@ -75,6 +79,7 @@ fn cameras(a: CamerasArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "emulate")]
 #[derive(Args)]
 pub struct EmulateArgs {
     /// Which arm's servos.
@@ -120,6 +125,7 @@ pub struct ServeArgs {
     bus: crate::cli::BusArgs,
 }
 
+#[cfg(feature = "emulate")]
 fn config(a: &EmulateArgs) -> EmulatorConfig {
     let model = a.robot.kind().servo_model();
     EmulatorConfig {
@@ -136,6 +142,7 @@ fn config(a: &EmulateArgs) -> EmulatorConfig {
 pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
     match cmd {
         HwCommand::Cameras(a) => cameras(a),
+        #[cfg(feature = "emulate")]
         HwCommand::Emulate(a) => {
             let cfg = config(&a);
             let model = match cfg.model {
@@ -160,9 +167,7 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
             std::io::stdout().flush()?;
             let stop = reflex_agent::signals::stop_on_signals();
             let t0 = Instant::now();
-            while a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s)
-                && !stop.load(std::sync::atomic::Ordering::Relaxed)
-            {
+            while a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) && !stop.finish_asked() {
                 std::thread::sleep(Duration::from_millis(50));
             }
             if let Some(link) = &a.link {
@@ -175,7 +180,12 @@ pub fn run(cmd: HwCommand) -> anyhow::Result<()> {
         HwCommand::Serve(a) => {
             let cfg = reflex_agent::config::RunConfig::load(&a.config)?;
             let stop = reflex_agent::signals::stop_on_signals();
-            let stats = reflex_tools::serve::serve_config(&cfg, &a.bus.config(), stop, a.seconds)?;
+            let stats = reflex_tools::serve::serve_config(
+                &cfg,
+                &a.bus.config(),
+                stop.finish_flag(),
+                a.seconds,
+            )?;
             if a.json {
                 crate::cli::print_json(&stats);
             } else {

@@ -1,7 +1,10 @@
 //! `reflex policy check|bench|import|infer`: arguments and what they print.
 
-use crate::cli::{Bars, command_line, print_json};
+use crate::cli::print_json;
+#[cfg(feature = "import")]
+use crate::cli::{Bars, command_line};
 use clap::{Args, Subcommand, ValueEnum};
+#[cfg(feature = "import")]
 use reflex_import::{ImportOptions, RobotSource};
 use reflex_tools::policytools;
 use std::path::PathBuf;
@@ -12,11 +15,13 @@ pub enum PolicyCommand {
     Check(CheckArgs),
     /// Time one chunk (all sampler steps) on a provider.
     Bench(PolicyBenchArgs),
+    #[cfg(feature = "import")]
     /// Make a policy trained elsewhere into a reflex model (ONNX graph and spec).
     Import {
         #[command(subcommand)]
         from: ImportCommand,
     },
+    #[cfg(feature = "import")]
     /// Run a model on observations from a JSON file and print its chunks and their times as
     /// JSON. The file: {"observations": [{"state": [...], "images": [{"camera": "front",
     /// "width": W, "height": H, "rgb8": [W*H*3 bytes]}], "noise": [chunk_len*action_dim]}]}
@@ -24,6 +29,7 @@ pub enum PolicyCommand {
     Infer(InferArgs),
 }
 
+#[cfg(feature = "import")]
 #[derive(Subcommand)]
 pub enum ImportCommand {
     /// A LeRobot 0.6 checkpoint (ACT; Diffusion Policy with one observation frame and DDIM):
@@ -33,6 +39,7 @@ pub enum ImportCommand {
     Lerobot(LerobotImportArgs),
 }
 
+#[cfg(feature = "import")]
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("robot").required(true).args(["robot_kind", "robot_spec"])))]
 pub struct LerobotImportArgs {
@@ -66,6 +73,7 @@ pub struct LerobotImportArgs {
     json: bool,
 }
 
+#[cfg(feature = "import")]
 fn parse_map(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
@@ -77,6 +85,7 @@ fn parse_map(s: &str) -> Result<(String, String), String> {
     }
 }
 
+#[cfg(feature = "import")]
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("robot").args(["robot_kind", "robot_spec"])))]
 pub struct InferArgs {
@@ -147,9 +156,11 @@ pub struct PolicyBenchArgs {
 pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
     match cmd {
         PolicyCommand::Check(a) => check(&a.model),
+        #[cfg(feature = "import")]
         PolicyCommand::Import {
             from: ImportCommand::Lerobot(a),
         } => import_lerobot(a),
+        #[cfg(feature = "import")]
         PolicyCommand::Infer(a) => infer(a),
         PolicyCommand::Bench(a) => bench(a),
     }
@@ -167,6 +178,7 @@ fn check(model: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "import")]
 fn import_lerobot(a: LerobotImportArgs) -> anyhow::Result<()> {
     let robot = match (a.robot_kind, a.robot_spec) {
         (Some(k), _) => RobotSource::Kind(k),
@@ -206,6 +218,7 @@ fn import_lerobot(a: LerobotImportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "import")]
 fn infer(a: InferArgs) -> anyhow::Result<()> {
     let robot = match (a.robot_kind, a.robot_spec) {
         (Some(k), _) => Some(RobotSource::Kind(k)),

@@ -2,7 +2,7 @@
 
 use crate::cli::{Bars, command_line};
 use clap::{Args, Subcommand};
-use reflex_tools::policytools;
+use reflex_tools::rewardtrain;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -61,10 +61,10 @@ pub struct RewardTrainArgs {
 
 pub fn reward(cmd: RewardCommand) -> anyhow::Result<()> {
     let RewardCommand::Train(a) = cmd;
-    let o = policytools::RewardTrainOptions {
+    let o = rewardtrain::RewardTrainOptions {
         source: match (a.demos, a.runs) {
-            (Some(d), _) => policytools::RewardSource::Demos(d),
-            (None, Some(r)) => policytools::RewardSource::Runs(r),
+            (Some(d), _) => rewardtrain::RewardSource::Demos(d),
+            (None, Some(r)) => rewardtrain::RewardSource::Runs(r),
             (None, None) => unreachable!("clap requires --demos or --runs"),
         },
         cameras: a.cameras,
@@ -81,7 +81,7 @@ pub fn reward(cmd: RewardCommand) -> anyhow::Result<()> {
         out: a.out,
         command: command_line(),
     };
-    let r = policytools::reward_train(&o, &Bars::new(a.json))?;
+    let r = rewardtrain::reward_train(&o, &Bars::new(a.json))?;
     if a.json {
         crate::cli::print_json(&r);
     } else {
@@ -99,7 +99,7 @@ pub fn reward(cmd: RewardCommand) -> anyhow::Result<()> {
             r.threshold,
             r.false_positives_near_success,
             r.confusion.false_positives,
-            policytools::NEAR_FRAMES
+            rewardtrain::NEAR_FRAMES
         );
     }
     Ok(())

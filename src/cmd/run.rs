@@ -71,7 +71,6 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         trace_hz: a.trace_hz,
         episode_lines: true,
         stop: Some(reflex_agent::signals::stop_on_signals()),
-        stop_now: Some(reflex_agent::signals::stop_now_flag()),
     };
     let report = run_config(&cfg, &o, &Bars::new(a.json))?;
     if a.json {

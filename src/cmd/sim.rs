@@ -282,7 +282,7 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
         }
         SimCommand::Expert(a) => expert(a)?,
         SimCommand::BoardViews(a) => {
-            let o = reflex_tools::calibrate::BoardViewsOptions {
+            let o = reflex_tools::boardviews::BoardViewsOptions {
                 camera: a.camera.clone(),
                 width: a.size.0,
                 height: a.size.1,
@@ -293,7 +293,7 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
                 hand_eye: a.hand_eye,
                 out: a.out.clone(),
             };
-            let t = reflex_tools::calibrate::board_views(&o, &Bars::new(false))?;
+            let t = reflex_tools::boardviews::board_views(&o, &Bars::new(false))?;
             let k = &t.camera.camera_matrix;
             println!(
                 "wrote {} views of {} seen by `{}` to {} (fx {:.2} fy {:.2} cx {:.2} cy {:.2} px; truth.json{})",

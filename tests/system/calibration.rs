@@ -230,7 +230,7 @@ fn opencv_hand_eye_gap_mm(
 fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agree_with_opencv() {
     use reflex_calibration::camera::CameraModel;
     use reflex_calibration::hand_eye::HandEyeFile;
-    use reflex_tools::calibrate::TruthFile;
+    use reflex_tools::boardviews::TruthFile;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let commands = documented_commands("**Without a camera.**");
@@ -341,7 +341,7 @@ fn camera_and_hand_eye_calibration_on_simulated_boards_recover_the_truth_and_agr
 fn charuco_calibration_on_simulated_boards_recovers_the_truth_and_agrees_with_opencv() {
     use reflex_calibration::camera::CameraModel;
     use reflex_calibration::hand_eye::HandEyeFile;
-    use reflex_tools::calibrate::{CornersFile, TruthFile};
+    use reflex_tools::{boardviews::TruthFile, calibrate::CornersFile};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let commands = documented_commands("**Without a camera, with a ChArUco board.**");
@@ -941,7 +941,7 @@ fn hand_eye_with_noisy_arm_poses_is_no_worse_than_its_closed_form_or_opencv() {
     ] {
         run_ok(crate::common::reflex().current_dir(d).args(args));
     }
-    let truth: reflex_tools::calibrate::TruthFile =
+    let truth: reflex_tools::boardviews::TruthFile =
         serde_json::from_str(&std::fs::read_to_string(d.join("he/truth.json")).unwrap()).unwrap();
     let mount = truth.gripper_camera.unwrap().iso();
     // The exact poses, from a first run's report; each draw turns every one by 0.1 degree per

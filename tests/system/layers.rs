@@ -215,7 +215,7 @@ fn no_crate_is_over_five_thousand_lines() {
 }
 
 #[test]
-fn the_robots_binary_carries_no_benchmark_and_no_test_double() {
+fn the_robots_binary_carries_no_simulator_trainer_dataset_writer_benchmark_or_test_double() {
     // What `make bundle` builds: no default features, no dev-dependencies.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let tree = |extra: &[&str]| {
@@ -238,8 +238,37 @@ fn the_robots_binary_carries_no_benchmark_and_no_test_double() {
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let robot = tree(&["--no-default-features"]);
-    assert!(robot.contains("reflex-agent"), "{robot}");
-    for never in ["reflex-bench", "testkit", "fixtures"] {
+    for needed in [
+        "reflex-agent",
+        "reflex-learn",
+        "reflex-policies",
+        "reflex-record",
+        "reflex-hardware",
+        "reflex-tabletop",
+        "zenoh",
+        "ort",
+    ] {
+        assert!(
+            robot.lines().any(|l| l.starts_with(&format!("{needed} "))),
+            "the robot's binary lacks {needed}:\n{robot}"
+        );
+    }
+    // No simulator (rapier), no imitation trainer, no dataset writer (parquet, arrow), no video
+    // encoder (OpenH264), no LeRobot importer, no emulated servos, no benchmark.
+    for never in [
+        "rapier3d",
+        "reflex-sim ",
+        "reflex-demo",
+        "reflex-imitate",
+        "reflex-import",
+        "parquet",
+        "openh264",
+        "reflex-video",
+        "reflex-bench",
+        "reflex-hardware feature \"emulate\"",
+        "testkit",
+        "fixtures",
+    ] {
         assert!(
             !robot.contains(never),
             "the robot's binary has {never}:\n{robot}"
@@ -248,7 +277,18 @@ fn the_robots_binary_carries_no_benchmark_and_no_test_double() {
     // A development build asks for the benchmarks (the `bench` feature, on by default), and
     // still no test double.
     let dev = tree(&[]);
-    assert!(dev.contains("reflex-bench"), "{dev}");
+    for all in [
+        "reflex-bench",
+        "rapier3d",
+        "reflex-imitate",
+        "parquet",
+        "openh264",
+    ] {
+        assert!(
+            dev.contains(all),
+            "the workstation build lacks {all}:\n{dev}"
+        );
+    }
     for never in ["testkit", "fixtures"] {
         assert!(!dev.contains(never), "the binary has {never}:\n{dev}");
     }

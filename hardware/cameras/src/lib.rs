@@ -17,7 +17,9 @@ pub mod v4l2;
 
 pub use file::FileCamera;
 pub use pixels::{PixelFormat, Roi};
-pub use recorded::{EpisodeCamera, VideoCamera};
+pub use recorded::EpisodeCamera;
+#[cfg(feature = "video")]
+pub use recorded::VideoCamera;
 
 use reflex_calibration::camera::{CameraModel, UndistortMap};
 use reflex_calibration::hand_eye::HandEyeFile;
@@ -284,7 +286,19 @@ impl CameraConfig {
             .map(str::to_ascii_lowercase);
         Ok(match ext.as_deref() {
             _ if path.is_dir() => Box::new(FileCamera::open(path, self.fps, self.repeat)?),
+            #[cfg(feature = "video")]
             Some("mp4") => Box::new(VideoCamera::open(path, self.fps, self.repeat)?),
+            #[cfg(not(feature = "video"))]
+            Some("mp4") => {
+                return Err(CameraError::Open {
+                    device: self.device.clone(),
+                    message: format!(
+                        "`{}`: this build plays no video (the robot's build leaves out the video \
+                         decoders, feature `video`): play a folder of images or a recorded episode",
+                        path.display()
+                    ),
+                });
+            }
             Some("msgpack") => Box::new(EpisodeCamera::open(path, camera, self.fps, self.repeat)?),
             _ => {
                 return Err(CameraError::Open {

@@ -6,6 +6,7 @@
 
 use super::pixels::PixelFormat;
 use super::{CameraError, FrameSource};
+#[cfg(feature = "video")]
 use reflex_video::VideoReader;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -64,7 +65,8 @@ fn played_out(pace: &mut Pace, what: &str) -> CameraError {
     ))
 }
 
-/// An H.264 or AV1 MP4 file played as a camera.
+/// An H.264 or AV1 MP4 file played as a camera (feature `video`).
+#[cfg(feature = "video")]
 pub struct VideoCamera {
     path: PathBuf,
     reader: VideoReader,
@@ -73,6 +75,7 @@ pub struct VideoCamera {
     size: (u32, u32),
 }
 
+#[cfg(feature = "video")]
 impl VideoCamera {
     /// Opens `path` to deliver `fps` frames a second (whatever rate it was recorded at), round
     /// and round (`repeat`) or once.
@@ -100,6 +103,7 @@ impl VideoCamera {
     }
 }
 
+#[cfg(feature = "video")]
 impl FrameSource for VideoCamera {
     fn describe(&self) -> String {
         format!("video file camera {}", self.path.display())

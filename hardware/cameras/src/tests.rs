@@ -466,6 +466,7 @@ fn near(a: [f64; 3], b: [u8; 3]) -> bool {
 }
 
 #[test]
+#[cfg(feature = "video")]
 fn an_h264_video_plays_as_a_camera_round_and_round_or_once_then_goes_stale() {
     let dir = tempfile::tempdir().unwrap();
     let colours = [
@@ -515,6 +516,7 @@ fn an_h264_video_plays_as_a_camera_round_and_round_or_once_then_goes_stale() {
 }
 
 #[test]
+#[cfg(feature = "video")]
 fn lerobots_av1_video_plays_as_a_camera() {
     // A video as LeRobot writes its datasets' by default (FFmpeg's libsvtav1; reflex-video's
     // fixture): its ten frames, once, then stale.

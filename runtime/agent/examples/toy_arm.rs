@@ -1,14 +1,10 @@
 //! Embedding reflex: your own robot type, an ONNX base policy, reflex's loop, residual learner
-//! and recorder. Run it with `cargo run --release -p reflex-agent --example toy_arm`. It shows
-//! the wiring, not a result: 40 sparse-reward episodes are too few for the residual to help this
-//! toy (it prints what it measured; `reflex demo` shows a lift with a person correcting).
-use rand::{Rng, SeedableRng};
-use reflex_agent::actor::{ActorBuilder, ClockChoice, LearnerSetup};
-use reflex_agent::progress::Silent;
-use reflex_contracts::prelude::*;
-use reflex_contracts::robot::check_action;
-use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
-use reflex_policies::onnx_write::{Dim, Elem, Graph, batch};
+//! and recorder, from the front door alone (`reflex_agent::prelude`, typed configs, no TOML).
+//! Run it with `cargo run --release -p reflex-agent --example toy_arm`. It shows the wiring, not
+//! a result: 40 sparse-reward episodes are too few for the residual to help this toy (it prints
+//! what it measured; `reflex demo` shows a lift with a person correcting).
+use reflex_agent::onnx_write::{Dim, Elem, Graph, batch};
+use reflex_agent::prelude::*;
 
 /// A planar 2-joint arm: joint steps in; joint angles and the target out. Success: both joints
 /// within 0.05 rad of the target. Its second joint is slow: it moves 60% of each step.
@@ -38,8 +34,7 @@ impl Robot for ToyArm {
         &self.spec
     }
     fn reset(&mut self, seed: Option<u64>) -> Result<&Observation, RobotError> {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.unwrap_or(0));
-        self.goal = [rng.random_range(-1.0..1.0), rng.random_range(-1.0..1.0)];
+        self.goal = goal_for(seed.unwrap_or(0));
         (self.q, self.obs.step) = ([0.0; 2], 0);
         self.obs.episode += 1;
         self.update()
@@ -58,6 +53,18 @@ impl Robot for ToyArm {
     }
 }
 
+/// The episode's target, two angles in [-1, 1) rad from its seed (SplitMix64's mixing).
+fn goal_for(seed: u64) -> [f32; 2] {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let unit = |z: u64| (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+    let a = mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
+    [unit(a), unit(mix(a))]
+}
+
 /// The base policy, a proportional controller exported to ONNX: step = 0.5 (target - q).
 fn write_base(dir: &std::path::Path) -> std::path::PathBuf {
     let mut g = Graph::new();
@@ -69,10 +76,10 @@ fn write_base(dir: &std::path::Path) -> std::path::PathBuf {
     g.output(&y, "actions", Elem::F32, dims);
     let model = dir.join("p_control.onnx");
     std::fs::write(&model, g.to_bytes("p_control", "toy_arm example")).unwrap();
-    let spec = "format = \"reflex-policy\"\nversion = 1\nname = \"p_control\"\nkind = \"chunk\"\n\
-        action_dim = 2\nchunk_len = 1\nexecute = 1\n[graph]\noutput = \"actions\"\n\
-        [[inputs]]\nsource = \"state\"\nname = \"state\"\n";
-    std::fs::write(dir.join("p_control.policy.toml"), spec).unwrap();
+    // Two actions, one per chunk, all executed; the robot's whole state at the input `state`.
+    PolicySpec::chunk("p_control", (2, 1, 1), "state", "actions")
+        .write_for(&model)
+        .unwrap();
     model
 }
 
@@ -85,15 +92,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_state("target", 2, "rad")
         .with_action(ActionKind::JointDelta, &["dq0", "dq1"], -0.1, 0.1)
         .with_max_episode_steps(60);
-    let base = OnnxPolicy::load(&model, &spec, &RunOptions::default())?;
+    let base = OnnxPolicy::load(&model, &spec, &PolicyOptions::default())?;
     let (q, goal, obs) = ([0.0; 2], [0.0; 2], Observation::default());
     let robot = ToyArm { spec, obs, q, goal };
     // The residual SAC learner on a thread of this process, small nets for a small problem.
-    let section = reflex_agent::config::LearnerSection {
+    let section = LearnerSection {
         checkpoint: dir.join("learner.ckpt"),
-        sac: Some(toml::from_str("hidden = [32, 32]\nbatch = 64")?),
         ..Default::default()
-    };
+    }
+    .with_sac(&SacConfig {
+        hidden: vec![32, 32],
+        batch: 64,
+        ..SacConfig::default()
+    });
     let setup = LearnerSetup {
         section,
         base_model: Some(model),
@@ -108,7 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let train = actor.run_episodes(40, &Silent)?.to_vec();
     let eval = actor.evaluate(10, &Silent)?.to_vec();
     let runs = actor.finish()?.recording.map(|r| r.dir).unwrap_or_default();
-    let ok = |e: &[reflex_runtime::control::EpisodeSummary]| e.iter().filter(|e| e.success).count();
+    let ok = |e: &[EpisodeSummary]| e.iter().filter(|e| e.success).count();
     let (first, last) = (ok(&train[..10]), ok(&train[30..]));
     println!(
         "training {first}/10 -> {last}/10, evaluation {}/10, episodes in {runs:?}",

@@ -21,6 +21,7 @@
 use crate::config::{ClockKind, LearnerSection, PolicyKind, RobotSource, RunConfig};
 use crate::learner::{LearnerConfig, LearnerReport, ServeOptions, action_norm};
 use crate::progress::Progress;
+use crate::stop::StopHandle;
 use crate::tap::{RecordingTap, make_recorder};
 use crate::{AgentError, error::Result};
 use reflex_bus::learnlink::{ActorLink, LinkProgress, LinkStats, SwapPoint};
@@ -355,8 +356,7 @@ impl<R: Robot + 'static> ActorBuilder<R> {
             done: Vec::new(),
             eval: Vec::new(),
             episode_lines: false,
-            stop_when: None,
-            stop_now: None,
+            stop: StopHandle::new(),
             last_stop: (StopState::Running, 0),
             t0: Instant::now(),
             encoder_id,
@@ -952,12 +952,8 @@ pub struct Actor<R: Robot> {
     t0: Instant,
     /// Print a line per episode through the progress sink (`reflex run`).
     pub episode_lines: bool,
-    /// Set from outside (a signal handler) to end the run after the episode in progress (at
-    /// once when no episode is in progress: the e-stop holds the robot).
-    pub stop_when: Option<&'static AtomicBool>,
-    /// Set from outside (a second signal) to end the run at the next tick, the episode in
-    /// progress unfinished; the robot is then left as `[robot] on_exit` says.
-    pub stop_now: Option<&'static AtomicBool>,
+    /// Asked from outside to end the run ([`Actor::stop_handle`]).
+    stop: StopHandle,
     last_stop: (StopState, u64),
     /// The frozen encoder's identity (empty for a residual that does not see).
     encoder_id: String,
@@ -979,11 +975,22 @@ impl<R: Robot> Actor<R> {
         self.lp.stop_switch().clone()
     }
 
+    /// Ends [`Actor::run_episodes`] from another thread: `finish()` after the episode in
+    /// progress (at once while the e-stop holds the robot), `stop_now()` at the next tick.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// Obeys `handle` from now on (one shared with other work, or the signals' handle).
+    pub fn set_stop_handle(&mut self, handle: StopHandle) {
+        self.stop = handle;
+    }
+
     /// Runs `n` more episodes. In simulated time with a learner, the actor lets the learner
     /// take every step so far before each episode (between episodes nothing waits on the robot),
     /// so training follows the data as it would at the robot's own pace. A learner that stopped
     /// ends the run at once with its error. While the e-stop holds the robot the loop keeps
-    /// ticking (holding) and no episode counts; `stop_when` then ends the run at once.
+    /// ticking (holding) and no episode counts; a finish request then ends the run at once.
     pub fn run_episodes(&mut self, n: u64, progress: &dyn Progress) -> Result<&[EpisodeSummary]> {
         progress.start(n, "episodes");
         let start = self.done.len();
@@ -991,16 +998,15 @@ impl<R: Robot> Actor<R> {
         self.pace_learner()?;
         let mut safety_before = self.lp.safety_counters();
         let mut version_before = self.lp.stats().residual_version;
-        let asked = |f: Option<&'static AtomicBool>| f.is_some_and(|s| s.load(Ordering::Relaxed));
         while ((self.done.len() - start) as u64) < n {
-            if asked(self.stop_now) {
+            if self.stop.now_asked() {
                 tracing::warn!(
                     "asked to stop now: ending the run after {} episodes, the one in progress unfinished",
                     self.done.len() - start
                 );
                 break;
             }
-            if asked(self.stop_when) && !self.lp.in_episode() {
+            if self.stop.finish_asked() && !self.lp.in_episode() {
                 tracing::info!("asked to stop while the robot is held: ending the run");
                 break;
             }
@@ -1025,7 +1031,7 @@ impl<R: Robot> Actor<R> {
                 safety_before = self.lp.safety_counters();
                 version_before = self.lp.stats().residual_version;
             }
-            if asked(self.stop_when) {
+            if self.stop.finish_asked() {
                 tracing::info!(
                     "asked to stop: ending the run after {} episodes",
                     self.done.len() - start
@@ -1358,11 +1364,10 @@ pub struct RunOptions {
     pub trace_hz: Option<f64>,
     /// Print a line per episode through the progress sink (what `reflex run` shows).
     pub episode_lines: bool,
-    /// When set (SIGTERM from systemd, Ctrl-C), the run ends after the episode in progress: the
-    /// episode finishes, is recorded and its steps reach the learner.
-    pub stop: Option<&'static AtomicBool>,
-    /// When set (a second signal), the run ends at the next tick.
-    pub stop_now: Option<&'static AtomicBool>,
+    /// Ends the run from outside (SIGTERM from systemd, Ctrl-C: [`crate::signals`]): finish
+    /// after the episode in progress (it is recorded and its steps reach the learner), or stop
+    /// at the next tick.
+    pub stop: Option<StopHandle>,
 }
 
 /// How ONNX Runtime runs the config's models (the base policy, and a frozen image encoder
@@ -1415,6 +1420,9 @@ pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn P
             }
             Some(Box::new(p))
         }
+        #[cfg(not(feature = "sim"))]
+        PolicyKind::Expert => return Err(without_sim("[policy] kind = \"expert\"")),
+        #[cfg(feature = "sim")]
         PolicyKind::Expert => Some(Box::new(
             reflex_sim::expert::ExpertPolicy::new(
                 spec,
@@ -1688,6 +1696,19 @@ pub fn judged_by<R: Robot>(
     Ok(ClassifiedReward::new(robot, driver, rule))
 }
 
+/// The simulator of `[sim]`, named by `[robot] name`.
+#[cfg(feature = "sim")]
+fn sim_robot(cfg: &RunConfig) -> Result<reflex_sim::SimEnv> {
+    let mut sim = cfg
+        .sim
+        .clone()
+        .ok_or_else(|| AgentError::setup("[robot] source = \"sim\"", "needs a [sim] table"))?;
+    if let Some(n) = &cfg.robot.name {
+        sim.robot = n.clone();
+    }
+    Ok(reflex_sim::SimEnv::new(sim)?)
+}
+
 /// Runs a run config to the end: what `reflex run --config F` does.
 pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> Result<RunReport> {
     let _insecure = check_arm_bus(cfg, &o.bus)?;
@@ -1699,25 +1720,18 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
     };
     let episodes = o.episodes.unwrap_or(cfg.run.episodes);
     match cfg.robot.source {
-        RobotSource::Sim => {
-            let mut sim = cfg.sim.clone().ok_or_else(|| {
-                AgentError::setup("[robot] source = \"sim\"", "needs a [sim] table")
-            })?;
-            if let Some(n) = &cfg.robot.name {
-                sim.robot = n.clone();
-            }
-            let env = reflex_sim::SimEnv::new(sim)?;
-            let chain = Some(reflex_sim::world::ArmModel::so101().chain);
-            drive(
-                ActorBuilder::new(with_reward(env, cfg)?),
-                chain,
-                cfg,
-                session,
-                o,
-                episodes,
-                progress,
-            )
-        }
+        #[cfg(not(feature = "sim"))]
+        RobotSource::Sim => Err(without_sim("[robot] source = \"sim\"")),
+        #[cfg(feature = "sim")]
+        RobotSource::Sim => drive(
+            ActorBuilder::new(with_reward(sim_robot(cfg)?, cfg)?),
+            Some(reflex_tabletop::ArmModel::so101().chain),
+            cfg,
+            session,
+            o,
+            episodes,
+            progress,
+        ),
         RobotSource::Remote => {
             let name = cfg.robot_name();
             let s = session.as_ref().expect("remote robots use the bus");
@@ -1764,7 +1778,7 @@ pub fn run_config(cfg: &RunConfig, o: &RunOptions, progress: &dyn Progress) -> R
             let handle = robot.report_handle();
             let monitors = robot.camera_monitors();
             let chain = (kind == reflex_hardware::arm::ArmKind::So101Follower)
-                .then(|| reflex_sim::world::ArmModel::so101().chain);
+                .then(|| reflex_tabletop::ArmModel::so101().chain);
             let mut builder = ActorBuilder::new(with_reward(robot, cfg)?);
             if !monitors.is_empty() {
                 builder = builder.camera_figures(Box::new(move || {
@@ -1865,8 +1879,9 @@ fn drive<R: Robot + 'static>(
         actor.pace = false;
     }
     actor.episode_lines = o.episode_lines;
-    actor.stop_when = o.stop;
-    actor.stop_now = o.stop_now;
+    if let Some(h) = &o.stop {
+        actor.set_stop_handle(h.clone());
+    }
     actor.run_episodes(episodes, progress)?;
     if cfg.run.eval_episodes > 0 {
         actor.evaluate(cfg.run.eval_episodes, progress)?;
@@ -1915,4 +1930,15 @@ fn ros2_of<R: Robot + 'static>(
         }
         (None, _) => None,
     })
+}
+
+/// What a robot build (`--no-default-features`: no simulator) says when a config asks for it.
+#[cfg(not(feature = "sim"))]
+fn without_sim(key: &str) -> AgentError {
+    AgentError::setup(
+        key,
+        "this reflex is the robot build, without the simulator (feature `sim`): run the \
+         simulator from a workstation build (`reflex sim serve`) and connect to it with \
+         [robot] source = \"remote\", or use a real arm",
+    )
 }

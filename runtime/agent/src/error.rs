@@ -47,6 +47,7 @@ pub enum AgentError {
     /// ONNX Runtime itself.
     #[error(transparent)]
     Ort(#[from] reflex_policies::ort_env::OrtError),
+    #[cfg(feature = "train")]
     /// Behaviour cloning.
     #[error(transparent)]
     Bc(#[from] reflex_imitate::BcError),
@@ -62,9 +63,11 @@ pub enum AgentError {
     /// The learner's tensors (transparent: the chain `reflex` prints says candle's message once).
     #[error(transparent)]
     Learner(#[from] candle_core::Error),
+    #[cfg(feature = "sim")]
     /// The simulator.
     #[error(transparent)]
     Sim(#[from] reflex_sim::env::SimError),
+    #[cfg(feature = "sim")]
     /// A scripted expert.
     #[error(transparent)]
     Expert(#[from] reflex_sim::expert::ExpertError),

@@ -12,7 +12,8 @@
 //!   RLIF, HIL-SERL routing) and the SAC settings the demo measured;
 //! - `[robot.cameras]` and a success classifier's reward are reflex-adapters' robot wrappers;
 //! - [`heldout`]: a policy judged alone on held-out seeds (`reflex eval`);
-//! - [`signals`]: SIGINT and SIGTERM as stops; [`summary`]: a run's figures as one type.
+//! - [`stop`]: a run ended from another thread ([`stop::StopHandle`]); [`signals`]: SIGINT and
+//!   SIGTERM as such requests; [`summary`]: a run's figures as one type.
 //!
 //! The commands around a run (serving, watching, replaying, teleop, the e-stop, policy tools) are
 //! in reflex-tools.
@@ -27,12 +28,37 @@ pub mod learner;
 pub mod presets;
 pub mod progress;
 pub mod signals;
+pub mod stop;
 pub mod summary;
 pub mod tap;
 
 pub use error::AgentError;
 /// The run config (reflex-config), where the actor and the learner read it.
 pub use reflex_config as config;
+/// reflex's ONNX writer: a graph built in Rust (a controller as a base policy, a test model).
+pub use reflex_policies::onnx_write;
+pub use stop::StopHandle;
+/// The Zenoh reflex is built with: [`actor::ActorBuilder::bus`] takes its `Session`.
+pub use zenoh;
+
+/// The front door: what a program that drives its own robot with reflex's loop, a base policy
+/// on ONNX Runtime, the residual learner and the recorder needs, from this crate alone
+/// (`use reflex_agent::prelude::*;`, runtime/agent/examples/toy_arm.rs).
+pub mod prelude {
+    pub use crate::AgentError;
+    pub use crate::actor::{Actor, ActorBuilder, ClockChoice, LearnerSetup, RunReport};
+    pub use crate::config::LearnerSection;
+    pub use crate::progress::{Progress, Silent};
+    pub use crate::stop::StopHandle;
+    pub use reflex_contracts::prelude::*;
+    pub use reflex_contracts::robot::check_action;
+    pub use reflex_learn::sac::SacConfig;
+    pub use reflex_policies::onnx_policy::OnnxPolicy;
+    /// How ONNX Runtime runs a policy (threads, provider); not the actor's run options.
+    pub use reflex_policies::onnx_policy::RunOptions as PolicyOptions;
+    pub use reflex_policies::spec::PolicySpec;
+    pub use reflex_runtime::control::EpisodeSummary;
+}
 
 /// A run id that no other run on this machine has: the time in seconds and microseconds, the
 /// process id and a per-process counter (two runs started in the same second get different ids).

@@ -6,20 +6,21 @@
 //! The signals are taken by a thread of signal-hook's (`iterator`), so nothing here runs inside
 //! a signal handler.
 
+use crate::stop::StopHandle;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-static STOP: AtomicBool = AtomicBool::new(false);
-static STOP_NOW: AtomicBool = AtomicBool::new(false);
+static HANDLE: OnceLock<StopHandle> = OnceLock::new();
 static LISTENING: OnceLock<Result<(), String>> = OnceLock::new();
 
-/// Starts listening for SIGINT and SIGTERM (once per process) and returns the flag the first
-/// one sets; [`stop_now_flag`] is set by the second. When the signals cannot be taken, the flag
-/// is still returned (never set) and a warning says so: the default action (the process ends)
-/// stays in force.
-pub fn stop_on_signals() -> &'static AtomicBool {
-    let started = LISTENING.get_or_init(|| {
+/// Starts listening for SIGINT and SIGTERM (once per process) and returns the process's stop
+/// handle: the first signal asks it to finish, the second to stop now. When the signals cannot
+/// be taken, the handle is still returned (never asked) and a warning says so: the default
+/// action (the process ends) stays in force.
+pub fn stop_on_signals() -> StopHandle {
+    let handle = HANDLE.get_or_init(StopHandle::new).clone();
+    let asked = handle.clone();
+    let started = LISTENING.get_or_init(move || {
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
             .map_err(|e| e.to_string())?;
         std::thread::Builder::new()
@@ -29,13 +30,13 @@ pub fn stop_on_signals() -> &'static AtomicBool {
                     let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
                     match n {
                         0 => {
-                            STOP.store(true, Ordering::SeqCst);
+                            asked.finish();
                             tracing::warn!(
                                 "{name}: stopping when the work in hand is done (signal again to stop now)"
                             );
                         }
                         1 => {
-                            STOP_NOW.store(true, Ordering::SeqCst);
+                            asked.stop_now();
                             tracing::warn!(
                                 "{name}: stopping now (signal again to quit at once, leaving the robot as it is)"
                             );
@@ -53,10 +54,5 @@ pub fn stop_on_signals() -> &'static AtomicBool {
     if let Err(e) = started {
         tracing::warn!("cannot take SIGINT/SIGTERM ({e}): a signal ends the process at once");
     }
-    &STOP
-}
-
-/// Set by a second SIGINT or SIGTERM (after [`stop_on_signals`]): stop at once, cleanly.
-pub fn stop_now_flag() -> &'static AtomicBool {
-    &STOP_NOW
+    handle
 }

@@ -10,7 +10,7 @@ use reflex_contracts::config::{ConfigError, Invalid, Validate, in_range};
 use reflex_learn::sac::{Mode, SacConfig};
 use reflex_runtime::control::LoopConfig;
 use reflex_runtime::safety::SafetyConfig;
-use reflex_sim::SimConfig;
+use reflex_tabletop::sim_config::SimConfig;
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -966,6 +966,19 @@ fn d_true() -> bool {
 }
 
 impl LearnerSection {
+    /// `[learner.sac]` from a typed config instead of a TOML table: the learner runs `sac` as
+    /// given (the `sac` preset under every key of it), but for its mode and seed, which are the
+    /// actor's. For a program that embeds reflex:
+    /// `LearnerSection::default().with_sac(&SacConfig { batch: 64, ..SacConfig::default() })`.
+    pub fn with_sac(mut self, sac: &SacConfig) -> Self {
+        let mut t = toml::Table::try_from(sac).expect("SacConfig serialises to a table");
+        t.remove("mode");
+        t.remove("seed");
+        self.preset = Preset::Sac;
+        self.sac = Some(t);
+        self
+    }
+
     /// The threads `threads` asks for, 0 resolved against this machine's cores.
     pub fn learner_threads(&self) -> usize {
         reflex_learn::sac::gemm::threads_for(self.threads)

@@ -4,17 +4,20 @@
 //! - [`demos`]: reflex's episode format (`manifest.json` and one MessagePack file per episode),
 //!   written by `reflex sim demos`, by the demo and by `reflex run --record`;
 //! - [`steplog`]: every step of a run in that format, with who acted;
-//! - [`dataset`]: LeRobotDataset v3.0 out (`reflex dataset export`) and in (`reflex bc train
-//!   --dataset`);
-//! - [`videos`]: the dataset's camera frames as H.264 MP4 video features, out and in;
+//! - `dataset` (feature `lerobot`): LeRobotDataset v3.0 out (`reflex dataset export`) and in
+//!   (`reflex bc train --dataset`);
+//! - `videos` (feature `lerobot`): the dataset's camera frames as H.264 MP4 video features, out
+//!   and in;
 //! - [`plot`]: learning curves and camera snapshots as PNG;
 //! - [`rotate`]: a records directory kept within a size and an age.
 
+#[cfg(feature = "lerobot")]
 pub mod dataset;
 pub mod demos;
 pub mod plot;
 pub mod rotate;
 pub mod steplog;
+#[cfg(feature = "lerobot")]
 pub mod videos;
 
 /// Errors of the data formats: each names the file or directory at fault.

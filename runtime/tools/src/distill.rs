@@ -11,7 +11,7 @@
 //! refined policy's, and a second round of residual learning can start from it
 //! (`reflex demo --model NAME.onnx`).
 
-use crate::policytools::{TrainOptions, TrainReport, TrainSource, bc_train};
+use crate::bctrain::{TrainOptions, TrainReport, TrainSource, bc_train};
 use reflex_agent::config::RunConfig;
 use reflex_agent::heldout::{EvalOptions, HeldOut, evaluate_config};
 use reflex_agent::progress::Progress;
