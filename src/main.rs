@@ -99,7 +99,8 @@ enum Command {
     /// The tarball that installs reflex on a robot's computer as a service (binary, ONNX
     /// Runtime, models, configs, systemd unit, install script with upgrade and rollback).
     Bundle(cmd::bundle::BundleArgs),
-    /// Servo buses: emulated servos on a pseudo-terminal, bus latency.
+    /// Arms and cameras on this computer: serve an arm on the bus, list the cameras; emulated
+    /// servos and bus latency in a workstation build.
     Hw {
         #[command(subcommand)]
         command: cmd::hw::HwCommand,
