@@ -18,7 +18,7 @@ pub fn to_msg(robot: &str, s: &LoopStatus) -> StatusMsg {
             .collect(),
         recorder_dropped: 0,
         rejected: Vec::new(),
-        stop: s.stop.as_str().to_string(),
+        stop: s.stop,
         stop_by: String::new(),
         estop_raised_unix_ns: 0,
         cameras: Vec::new(),

@@ -166,7 +166,7 @@ pub fn spawn_publisher(
 /// The e-stop's state, count and who acted last, from the switch itself.
 pub fn fill_stop(m: &mut msg::StatusMsg, sw: &StopSwitch) {
     let state = sw.state();
-    m.stop = state.as_str().to_string();
+    m.stop = state;
     m.figures.estops = sw.raises();
     m.estop_raised_unix_ns = sw.last_raised_unix_ns();
     m.stop_by = match state {

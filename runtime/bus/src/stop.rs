@@ -47,7 +47,7 @@ pub fn stop_status(
         v: PROTOCOL_VERSION,
         robot: keys.robot.clone(),
         holder: holder.as_str().to_string(),
-        stop: state.as_str().to_string(),
+        stop: state,
         estops: stop.raises(),
         stop_by: match state {
             StopState::Latched => stop.raised_by(),

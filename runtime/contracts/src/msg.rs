@@ -495,7 +495,7 @@ pub struct StopStatus {
     /// `robot` (the process serving it) or `actor`.
     pub holder: String,
     /// `running`, `latched` or `paused`.
-    pub stop: String,
+    pub stop: crate::stop::StopState,
     /// E-stops this holder heard (an operator's release names this count).
     pub estops: u64,
     /// Who raised it (latched), released it (paused) or resumed (running after a stop).
@@ -618,7 +618,7 @@ pub struct StatusMsg {
     pub rejected: Vec<(String, u64)>,
     /// The e-stop: `running`, `latched` or `paused` (docs/runtime.md, "Stopping").
     #[serde(default)]
-    pub stop: String,
+    pub stop: crate::stop::StopState,
     /// Who raised the e-stop (latched), released it (paused) or resumed (running after a stop).
     #[serde(default)]
     pub stop_by: String,
@@ -952,6 +952,70 @@ pub fn decode<T: DeserializeOwned + Versioned>(key: &str, bytes: &[u8]) -> Resul
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_stop_state_travels_as_its_name_and_an_unknown_one_does_not_decode() {
+        use super::{PROTOCOL_VERSION, StopStatus, decode, encode};
+        use crate::stop::StopState;
+        let m = StopStatus {
+            v: PROTOCOL_VERSION,
+            robot: "arm".into(),
+            holder: "robot".into(),
+            stop: StopState::Latched,
+            ..Default::default()
+        };
+        let bytes = encode(&m);
+        // The same bytes as when the field was a string: a peer reading a string still does.
+        #[derive(serde::Deserialize)]
+        struct AsString {
+            stop: String,
+        }
+        let read: AsString = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(read.stop, "latched");
+        assert_eq!(
+            decode::<StopStatus>("k", &bytes).unwrap().stop,
+            StopState::Latched
+        );
+        // Another process's status with a state reflex does not know is refused, not read as one.
+        #[derive(serde::Serialize)]
+        struct Forged<'a> {
+            v: u16,
+            robot: &'a str,
+            holder: &'a str,
+            stop: &'a str,
+            estops: u64,
+            stop_by: &'a str,
+            estop_raised_unix_ns: u64,
+        }
+        let forged = rmp_serde::to_vec_named(&Forged {
+            v: PROTOCOL_VERSION,
+            robot: "arm",
+            holder: "robot",
+            stop: "stopped-ish",
+            estops: 0,
+            stop_by: "",
+            estop_raised_unix_ns: 0,
+        })
+        .unwrap();
+        assert!(decode::<StopStatus>("k", &forged).is_err());
+        let honest = rmp_serde::to_vec_named(&Forged {
+            stop: "paused",
+            ..Forged {
+                v: PROTOCOL_VERSION,
+                robot: "arm",
+                holder: "robot",
+                stop: "",
+                estops: 0,
+                stop_by: "",
+                estop_raised_unix_ns: 0,
+            }
+        })
+        .unwrap();
+        assert_eq!(
+            decode::<StopStatus>("k", &honest).unwrap().stop,
+            StopState::Paused
+        );
+    }
     #[test]
     fn an_image_copy_skips_the_pixels_of_a_frame_it_already_holds() {
         let frame = |seq, v| Image {

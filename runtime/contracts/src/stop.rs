@@ -28,8 +28,12 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-/// Where the stop stands.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// Where the stop stands. On the wire (status messages) it is its name, `running`, `latched` or
+/// `paused`; any other string does not decode.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum StopState {
     /// Moving is allowed.
     #[default]
@@ -63,6 +67,19 @@ impl StopState {
             2 => StopState::Paused,
             _ => StopState::Running,
         }
+    }
+}
+
+impl std::fmt::Display for StopState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A state equals its name (`state == "latched"`), as a person or a test reads a status.
+impl PartialEq<&str> for StopState {
+    fn eq(&self, name: &&str) -> bool {
+        self.as_str() == *name
     }
 }
 

@@ -602,7 +602,7 @@ fn diagnostics_input(
         Pub::declare(node, "/diagnostics", &msgs::DIAGNOSTIC_ARRAY, STATE_QOS)?,
         None::<Instant>,
         cdr::Writer::new(),
-        String::new(),
+        reflex_contracts::stop::StopState::default(),
     ));
     let (status_key, hw) = (keys.status.clone(), spec.name.clone());
     let (node_counters, topic_counters) = (node.counters.clone(), topics.counters());
@@ -620,7 +620,7 @@ fn diagnostics_input(
                 return;
             }
             *last = Some(Instant::now());
-            last_stop.clone_from(&m.stop);
+            *last_stop = m.stop;
             let mut d = diagnostics(&m, &hw);
             // What the node itself did while stopped: the robot's topics kept going, and
             // repeated ROS 2 e-stops were counted rather than warned.
@@ -801,7 +801,7 @@ mod tests {
     fn diagnostics_say_what_is_wrong_at_the_level_ros_2_tools_colour() {
         let mut s = StatusMsg {
             robot: "arm".into(),
-            stop: "latched".into(),
+            stop: reflex_contracts::stop::StopState::Latched,
             stop_by: "ros2".into(),
             ..Default::default()
         };
@@ -823,7 +823,7 @@ mod tests {
             (msgs::Level::Error, "latched by ros2")
         );
         s.figures.missed = 3;
-        s.stop = "running".into();
+        s.stop = reflex_contracts::stop::StopState::Running;
         s.stop_by.clear();
         s.learner = Some(reflex_contracts::msg::LearnerLag {
             offered: 9_000,

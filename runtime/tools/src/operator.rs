@@ -147,7 +147,6 @@ pub fn holders(
             .ok()
             .filter(|m| {
                 m.robot == keys.robot
-                    && StopState::parse(&m.stop).is_some()
                     && StopHolder::parse(&m.holder).is_some_and(|h| keys.stop_of(h) == key)
             });
         match fits {
@@ -320,14 +319,13 @@ pub fn act(
         let done = !now.is_empty()
             && match act {
                 StopAct::Raise => {
-                    now.iter().all(|m| m.stop == want.as_str())
+                    now.iter().all(|m| m.stop == want)
                         && (now.iter().any(|m| m.holder == StopHolder::Actor.as_str())
                             || (t0.elapsed() >= SETTLE && !actor_alive(session, &keys)))
                 }
-                _ => targets.iter().all(|t| {
-                    now.iter()
-                        .any(|m| m.holder == t.holder && m.stop == want.as_str())
-                }),
+                _ => targets
+                    .iter()
+                    .all(|t| now.iter().any(|m| m.holder == t.holder && m.stop == want)),
             };
         if done {
             let main = now
@@ -408,10 +406,7 @@ fn targets(
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    if let Some(m) = now
-        .iter()
-        .find(|m| m.stop != need.as_str() && m.stop != want.as_str())
-    {
+    if let Some(m) = now.iter().find(|m| m.stop != need && m.stop != want) {
         return Err(fail(format!(
             "the {}'s stop of `{robot}` is {} (by {}); {} needs it {} (all: {})",
             m.holder,
@@ -422,11 +417,7 @@ fn targets(
             list(&now)
         )));
     }
-    let targets: Vec<StopStatus> = now
-        .iter()
-        .filter(|m| m.stop == need.as_str())
-        .cloned()
-        .collect();
+    let targets: Vec<StopStatus> = now.iter().filter(|m| m.stop == need).cloned().collect();
     if targets.is_empty() {
         return Err(fail(format!(
             "nothing to {}: the stop of `{robot}` is {} already ({}); {} needs it {}",

@@ -9,7 +9,7 @@
 use reflex_agent::error::Result;
 use reflex_contracts::keys::Keys;
 use reflex_contracts::msg::{self, Observation, PROTOCOL_VERSION, RobotSpec, TeleopMsg};
-use reflex_contracts::stop::StopAct;
+use reflex_contracts::stop::{StopAct, StopState};
 use reflex_contracts::teleop::Teleop;
 use std::time::{Duration, Instant};
 use zenoh::Wait;
@@ -38,7 +38,7 @@ pub struct Follow {
     latest: std::sync::Mutex<Option<Observation>>,
     events: std::sync::Mutex<Vec<msg::EpisodeEvent>>,
     status: std::sync::Mutex<Option<(u64, bool)>>,
-    stop: std::sync::Mutex<Option<(String, u64, String)>>,
+    stop: std::sync::Mutex<Option<(StopState, u64, String)>>,
 }
 
 impl Follow {
@@ -61,7 +61,7 @@ impl Follow {
     }
 
     /// The robot's e-stop in the actor's newest status: (state, e-stops raised, who acted).
-    pub fn stop(&self) -> Option<(String, u64, String)> {
+    pub fn stop(&self) -> Option<(StopState, u64, String)> {
         self.stop.lock().ok().and_then(|g| g.clone())
     }
 }
@@ -81,7 +81,7 @@ impl reflex_bus::trace::TraceSink for Follow {
             *g = Some((m.figures.episode, m.figures.intervening));
         }
         if let Ok(mut g) = self.stop.lock() {
-            *g = Some((m.stop.clone(), m.figures.estops, m.stop_by.clone()));
+            *g = Some((m.stop, m.figures.estops, m.stop_by.clone()));
         }
     }
     fn event(&self, e: &msg::EpisodeEvent) {
@@ -147,7 +147,7 @@ pub fn drive(
             if sp.is_some() && sp != last_stop {
                 last_stop = sp;
                 if let Some((state, n, by)) = f.stop() {
-                    on_event(TeleopEvent::Stop(&state, n, &by));
+                    on_event(TeleopEvent::Stop(state.as_str(), n, &by));
                 }
             }
         }
