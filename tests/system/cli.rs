@@ -565,6 +565,50 @@ fn reflex_bench_learner_reports_every_configuration_and_the_pendulum_run() {
     assert!(p["wall_s"].as_f64().unwrap() > 0.0, "{v}");
 }
 
+/// `reflex bench learner --kernel avx2` as docs/benchmarks.md and benches/peers/run.sh run it to
+/// time an AVX2-only machine's path: the report names the path it ran on. A processor without
+/// AVX2 and FMA refuses it, naming its own fastest; an unknown name is refused with the choices.
+#[test]
+fn reflex_bench_learner_runs_on_the_kernel_path_it_is_asked_for() {
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has = |f: &str| {
+        flags
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .is_some_and(|l| l.split_whitespace().any(|x| x == f))
+    };
+    let args = [
+        "bench",
+        "learner",
+        "--kernel",
+        "avx2",
+        "--updates",
+        "3",
+        "--pendulum-steps",
+        "0",
+        "--json",
+    ];
+    if cfg!(target_arch = "x86_64") && has("avx2") && has("fma") {
+        let v = crate::common::json_output(reflex().args(args));
+        assert_eq!(v["kernel"], "avx2+fma", "{v}");
+        assert!(
+            v["b_256x256_b256_2critics"]["updates_per_s"]
+                .as_f64()
+                .unwrap()
+                > 0.0,
+            "{v}"
+        );
+    } else {
+        let (ok, _, err) = run(&args);
+        assert!(
+            !ok && err.contains("cannot run the avx2+fma kernel path"),
+            "{err}"
+        );
+    }
+    let (ok, _, err) = run(&["bench", "learner", "--kernel", "sse", "--updates", "3"]);
+    assert!(!ok && err.contains("use avx512, avx2 or portable"), "{err}");
+}
+
 /// A preset file through the binary: its scripted expert must keep 95 % over 50 episodes; returns
 /// what a short `sim bench` of it reports, and its text.
 fn expert_then_bench(cfg: &str) -> (serde_json::Value, String) {
