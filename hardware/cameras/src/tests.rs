@@ -520,8 +520,8 @@ fn an_h264_video_plays_as_a_camera_round_and_round_or_once_then_goes_stale() {
 fn lerobots_av1_video_plays_as_a_camera() {
     // A video as LeRobot writes its datasets' by default (FFmpeg's libsvtav1; reflex-video's
     // fixture): its ten frames, once, then stale.
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../runtime/video/fixtures/scene_svtav1.mp4");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../video/fixtures/scene_svtav1.mp4");
     let mut cfg = config("front", format!("files:{}", path.display()), 64, 48);
     cfg.repeat = false;
     cfg.timeout_ms = 50.0;

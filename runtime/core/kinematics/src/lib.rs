@@ -697,7 +697,7 @@ mod tests {
 
     #[test]
     fn ik_on_the_stack_is_bit_identical_to_the_dmatrix_formulation() {
-        let urdf = include_str!("../../../sim/assets/so101.urdf");
+        let urdf = include_str!("../../../../sim/assets/so101.urdf");
         let arm = Chain::from_urdf_str(urdf, "so101.urdf", "base", "tcp").unwrap();
         assert_eq!(arm.dof(), 5);
         // A fixed sequence of joint targets spread over the limits (a 64-bit LCG), reached from

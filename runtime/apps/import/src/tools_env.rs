@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// policies/import/requirements.txt, as this reflex was built with it.
-pub const REQUIREMENTS: &str = include_str!("../../../policies/import/requirements.txt");
+pub const REQUIREMENTS: &str = include_str!("../../../../policies/import/requirements.txt");
 /// policies/import/lerobot_export.py.
-pub const EXPORTER: &str = include_str!("../../../policies/import/lerobot_export.py");
+pub const EXPORTER: &str = include_str!("../../../../policies/import/lerobot_export.py");
 /// The environment's folder name.
 pub const DIR_NAME: &str = ".venv-lerobot";
 

@@ -1655,7 +1655,7 @@ mod tests {
 
     #[test]
     fn a_demo_config_sets_the_heads_keys_on_the_demos_encoder_and_only_for_the_pixel_demo() {
-        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../models");
         let model = models.join("pick-seeing.onnx");
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("heads.toml");
