@@ -59,9 +59,9 @@ impl WallClock {
 
 #[cfg(target_os = "linux")]
 fn set_timer_slack_ns(ns: u64) {
-    // SAFETY: prctl(PR_SET_TIMERSLACK) takes an integer argument and touches only this thread.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, ns as libc::c_ulong, 0, 0, 0);
+    // Best effort: the default slack (50 us) only makes wake-ups later, which the spin absorbs.
+    if let Err(e) = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(ns)) {
+        tracing::debug!("timer slack {ns} ns refused: {e}");
     }
 }
 

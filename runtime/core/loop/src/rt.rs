@@ -40,6 +40,8 @@ pub fn apply(cfg: &RtConfig) -> Vec<RtReport> {
     #[cfg(target_os = "linux")]
     {
         if let Some(p) = cfg.fifo_priority {
+            // libc, not rustix: rustix leaves sched_setscheduler out on purpose (glibc's
+            // wrapper and the raw system call differ in what they set for threads).
             let param = libc::sched_param { sched_priority: p };
             // SAFETY: sets the scheduling policy of the calling thread (pid 0) with a valid struct.
             let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
@@ -57,36 +59,36 @@ pub fn apply(cfg: &RtConfig) -> Vec<RtReport> {
             });
         }
         if let Some(cpu) = cfg.cpu {
-            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only
-            // touch that set and the calling thread.
-            let r = unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+            let r = if cpu < rustix::thread::CpuSet::MAX_CPU {
+                let mut set = rustix::thread::CpuSet::new();
+                set.set(cpu);
+                rustix::thread::sched_setaffinity(None, &set).map_err(|e| e.to_string())
+            } else {
+                Err(format!(
+                    "the kernel's CPU set holds CPUs 0-{}",
+                    rustix::thread::CpuSet::MAX_CPU - 1
+                ))
             };
             out.push(RtReport {
                 setting: format!("pin to CPU {cpu}"),
-                ok: r == 0,
-                detail: if r == 0 {
-                    "pinned".into()
-                } else {
-                    format!("refused ({})", errno())
+                ok: r.is_ok(),
+                detail: match r {
+                    Ok(()) => "pinned".into(),
+                    Err(e) => format!("refused ({e})"),
                 },
             });
         }
         if cfg.mlockall {
-            // SAFETY: mlockall takes flags only.
-            let r = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+            use rustix::mm::MlockAllFlags;
+            let r = rustix::mm::mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE);
             out.push(RtReport {
                 setting: "mlockall".into(),
-                ok: r == 0,
-                detail: if r == 0 {
-                    "memory locked".into()
-                } else {
-                    format!(
-                        "refused ({}); raise the memlock limit or add CAP_IPC_LOCK",
-                        errno()
-                    )
+                ok: r.is_ok(),
+                detail: match r {
+                    Ok(()) => "memory locked".into(),
+                    Err(e) => {
+                        format!("refused ({e}); raise the memlock limit or add CAP_IPC_LOCK")
+                    }
                 },
             });
         }
@@ -158,4 +160,68 @@ pub fn prepare_process() -> ProcessSetup {
 /// `/proc/self/task`; elsewhere unknown, so false).
 fn only_thread() -> bool {
     std::fs::read_dir("/proc/self/task").is_ok_and(|d| d.count() == 1)
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The CPUs the calling thread may run on, as the kernel reports them
+    /// (`/proc/thread-self/status`, `Cpus_allowed_list`: "0-3,6").
+    fn allowed_cpus() -> Vec<usize> {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim();
+        let mut cpus = vec![];
+        for part in list.split(',') {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap());
+        }
+        cpus
+    }
+
+    #[test]
+    fn pinning_leaves_the_thread_one_cpu_and_a_cpu_past_the_kernels_set_is_refused() {
+        std::thread::spawn(|| {
+            let cpu = *allowed_cpus().last().unwrap();
+            let report = apply(&RtConfig {
+                cpu: Some(cpu),
+                ..Default::default()
+            });
+            assert_eq!(report.len(), 1);
+            assert!(report[0].ok, "{report:?}");
+            assert_eq!(allowed_cpus(), vec![cpu]);
+            let report = apply(&RtConfig {
+                cpu: Some(1 << 20),
+                ..Default::default()
+            });
+            assert!(!report[0].ok, "{report:?}");
+            assert!(report[0].detail.contains("CPU set"), "{report:?}");
+            assert_eq!(allowed_cpus(), vec![cpu], "a refused pin changes nothing");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_wall_clock_sets_its_threads_timer_slack_to_one_nanosecond() {
+        std::thread::spawn(|| {
+            let read = || {
+                let tid = rustix::thread::gettid().as_raw_nonzero();
+                std::fs::read_to_string(format!("/proc/self/task/{tid}/timerslack_ns"))
+                    .ok()
+                    .map(|s| s.trim().parse::<u64>().unwrap())
+            };
+            let _clock = crate::clock::WallClock::new(std::time::Duration::from_micros(50));
+            // The kernel's own file where it is readable (it needs ptrace rights over the
+            // thread); the prctl read-back otherwise.
+            let slack = read().unwrap_or_else(|| rustix::thread::current_timer_slack().unwrap());
+            assert_eq!(slack, 1);
+        })
+        .join()
+        .unwrap();
+    }
 }
