@@ -70,26 +70,18 @@ impl Provider {
 
 /// How to run a model.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RunOptions {
     /// Execution provider.
-    #[serde(default)]
     pub provider: Provider,
     /// Threads ONNX Runtime may use inside one operator (keep it below the core count so the
     /// control loop keeps a core).
-    #[serde(default = "d_threads")]
     pub intra_threads: usize,
     /// Seed of the sampler's noise.
-    #[serde(default)]
     pub seed: u64,
     /// Actions executed per chunk before the next inference, in place of the spec's `execute`
     /// (`[policy] execute`): smaller looks again sooner, at more inferences a second.
-    #[serde(default)]
     pub execute: Option<usize>,
-}
-
-fn d_threads() -> usize {
-    1
 }
 
 impl Default for RunOptions {

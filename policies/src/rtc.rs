@@ -45,44 +45,28 @@ pub enum PrefixSchedule {
     Exp,
 }
 
-fn d_schedule() -> PrefixSchedule {
-    PrefixSchedule::Exp
-}
-
-fn d_beta() -> f32 {
-    5.0
-}
-
 /// `[policy.rtc]`: real-time chunking for a diffusion or flow policy. Off unless `enabled`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RtcConfig {
     /// Sample each chunk as an inpainting of the executing one.
-    #[serde(default)]
     pub enabled: bool,
     /// Weights over the soft part of the overlap.
-    #[serde(default = "d_schedule")]
     pub prefix_attention_schedule: PrefixSchedule,
     /// The clip `beta` on the guidance weight (the paper uses 5).
-    #[serde(default = "d_beta")]
     pub max_guidance_weight: f32,
     /// Guide a flow policy's sampling with its VJP graph when the model has one (the paper's
     /// method); `false` inpaints hard even then (for comparing the two).
-    #[serde(default = "d_guidance")]
     pub guidance: bool,
-}
-
-fn d_guidance() -> bool {
-    true
 }
 
 impl Default for RtcConfig {
     fn default() -> Self {
         RtcConfig {
             enabled: false,
-            prefix_attention_schedule: d_schedule(),
-            max_guidance_weight: d_beta(),
-            guidance: d_guidance(),
+            prefix_attention_schedule: PrefixSchedule::Exp,
+            max_guidance_weight: 5.0,
+            guidance: true,
         }
     }
 }

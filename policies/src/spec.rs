@@ -214,65 +214,36 @@ impl InputSource {
     }
 }
 
-fn d_train() -> usize {
-    100
-}
-fn d_infer() -> usize {
-    10
-}
-fn d_sched() -> BetaSchedule {
-    BetaSchedule::SquaredcosCapV2
-}
-fn d_bstart() -> f64 {
-    1e-4
-}
-fn d_bend() -> f64 {
-    0.02
-}
-fn d_clip() -> f64 {
-    1.0
-}
-fn d_pred() -> Prediction {
-    Prediction::Epsilon
-}
-
 /// The DDPM/DDIM schedule of a diffusion policy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct DiffusionSpec {
     /// Training steps of the noise schedule.
-    #[serde(default = "d_train")]
     pub train_steps: usize,
     /// DDIM steps at inference.
-    #[serde(default = "d_infer")]
     pub inference_steps: usize,
     /// Beta schedule.
-    #[serde(default = "d_sched")]
     pub schedule: BetaSchedule,
     /// First beta (linear schedule).
-    #[serde(default = "d_bstart")]
     pub beta_start: f64,
     /// Last beta (linear schedule).
-    #[serde(default = "d_bend")]
     pub beta_end: f64,
     /// Clip the predicted clean sample to [-clip, clip] (0 = off).
-    #[serde(default = "d_clip")]
     pub clip_sample: f64,
     /// What the network predicts.
-    #[serde(default = "d_pred")]
     pub prediction: Prediction,
 }
 
 impl Default for DiffusionSpec {
     fn default() -> Self {
         DiffusionSpec {
-            train_steps: d_train(),
-            inference_steps: d_infer(),
-            schedule: d_sched(),
-            beta_start: d_bstart(),
-            beta_end: d_bend(),
-            clip_sample: d_clip(),
-            prediction: d_pred(),
+            train_steps: 100,
+            inference_steps: 10,
+            schedule: BetaSchedule::SquaredcosCapV2,
+            beta_start: 1e-4,
+            beta_end: 0.02,
+            clip_sample: 1.0,
+            prediction: Prediction::Epsilon,
         }
     }
 }

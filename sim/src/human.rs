@@ -32,89 +32,41 @@ use reflex_runtime::msg::{Observation, PROTOCOL_VERSION, RobotSpec, TeleopMsg};
 use serde::Deserialize;
 use std::ops::Range;
 
-fn d_rate() -> f64 {
-    1.0
-}
-fn d_hold() -> u32 {
-    12
-}
-fn d_stall_steps() -> u32 {
-    15
-}
-fn d_stall_m() -> f64 {
-    0.005
-}
-fn d_stray_m() -> f64 {
-    0.12
-}
-fn d_late() -> f64 {
-    0.7
-}
-fn d_max() -> u32 {
-    2
-}
-fn d_min_step() -> u32 {
-    25
-}
-fn d_grasp_zone() -> f64 {
-    0.015
-}
-fn d_misalign() -> f64 {
-    0.02
-}
-fn d_missed() -> f64 {
-    0.015
-}
-
 /// The simulated person (`[human]` in a config).
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct HumanConfig {
     /// Probability of taking over when a criterion fires.
-    #[serde(default = "d_rate")]
     pub rate: f64,
     /// Steps per takeover.
-    #[serde(default = "d_hold")]
     pub hold_steps: u32,
     /// Window of the stall criterion, steps.
-    #[serde(default = "d_stall_steps")]
     pub stall_steps: u32,
     /// Movement below which the robot counts as stalled, m.
-    #[serde(default = "d_stall_m")]
     pub stall_m: f64,
     /// Distance from the object beyond which the robot counts as straying, m.
-    #[serde(default = "d_stray_m")]
     pub stray_m: f64,
     /// Fraction of the time limit after which a person steps in.
-    #[serde(default = "d_late")]
     pub late_fraction: f64,
     /// Takeovers per episode at most.
-    #[serde(default = "d_max")]
     pub max_interventions: u32,
     /// No takeover before this step (stall, stray, late).
-    #[serde(default = "d_min_step")]
     pub min_step: u32,
     /// Distance beside the object (table plane) at which a descending tool counts as misaligned,
     /// m; 0 turns the criterion off.
-    #[serde(default = "d_misalign")]
     pub misalign_m: f64,
     /// Height above the object's centre below which the tool counts as going in for a grasp, m.
-    #[serde(default = "d_grasp_zone")]
     pub grasp_zone_m: f64,
     /// Gripper opening below which, with the object not lifted, the grasp counts as missed, m; 0
     /// turns the criterion off.
-    #[serde(default = "d_missed")]
     pub missed_m: f64,
     /// Gripper opening below which the gripper counts as closing for a grasp; closing with the
     /// tool more than `grasp_zone_m` above the object's centre is a grasp about to close on
     /// nothing, m; 0 (the default) turns the criterion off.
-    #[serde(default)]
     pub close_high_m: f64,
     /// Action noise of the person's commands (the expert's noise knob).
-    #[serde(default)]
     pub skill_noise: f64,
     /// Seed.
-    #[serde(default)]
     pub seed: u64,
 }
 
@@ -144,7 +96,22 @@ impl Validate for HumanConfig {
 
 impl Default for HumanConfig {
     fn default() -> Self {
-        toml::from_str("").expect("defaults")
+        HumanConfig {
+            rate: 1.0,
+            hold_steps: 12,
+            stall_steps: 15,
+            stall_m: 0.005,
+            stray_m: 0.12,
+            late_fraction: 0.7,
+            max_interventions: 2,
+            min_step: 25,
+            misalign_m: 0.02,
+            grasp_zone_m: 0.015,
+            missed_m: 0.015,
+            close_high_m: Default::default(),
+            skill_noise: Default::default(),
+            seed: Default::default(),
+        }
     }
 }
 

@@ -441,93 +441,50 @@ pub fn min_max(rows: impl Iterator<Item = Vec<f32>>, dim: usize) -> Normalize {
     }
 }
 
-fn d_steps() -> usize {
-    4000
-}
-fn d_batch() -> usize {
-    256
-}
-fn d_lr() -> f64 {
-    1e-3
-}
-fn d_hidden() -> usize {
-    256
-}
-fn d_layers() -> usize {
-    3
-}
-fn d_horizon() -> usize {
-    16
-}
-fn d_execute() -> usize {
-    8
-}
-fn d_ema() -> f64 {
-    0.995
-}
-fn d_shift() -> usize {
-    4
-}
-
 /// Training settings (`reflex bc train` flags).
 #[derive(Clone, Debug, Deserialize)]
+#[serde(default)]
 pub struct TrainConfig {
     /// Gradient steps.
-    #[serde(default = "d_steps")]
     pub steps: usize,
     /// Batch size.
-    #[serde(default = "d_batch")]
     pub batch: usize,
     /// AdamW learning rate (weight decay 1e-6, as Diffusion Policy).
-    #[serde(default = "d_lr")]
     pub lr: f64,
     /// Hidden width.
-    #[serde(default = "d_hidden")]
     pub hidden: usize,
     /// Hidden layers.
-    #[serde(default = "d_layers")]
     pub layers: usize,
     /// Chunk length.
-    #[serde(default = "d_horizon")]
     pub horizon: usize,
     /// Actions executed per chunk.
-    #[serde(default = "d_execute")]
     pub execute: usize,
     /// EMA decay of the exported weights (0 = export the raw weights).
-    #[serde(default = "d_ema")]
     pub ema: f64,
     /// Largest random shift of a training image, pixels on each axis (0: none).
-    #[serde(default = "d_shift")]
     pub shift: usize,
     /// What the network learns: diffusion (the default) or flow.
-    #[serde(default)]
     pub objective: Objective,
     /// Euler steps of a flow policy's sampler (its spec's `flow_steps`).
-    #[serde(default = "d_flow_steps")]
     pub flow_steps: usize,
     /// Seed of initialisation, batches, timesteps and noise.
-    #[serde(default)]
     pub seed: u64,
-}
-
-fn d_flow_steps() -> usize {
-    10
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
-            steps: d_steps(),
-            batch: d_batch(),
-            lr: d_lr(),
-            hidden: d_hidden(),
-            layers: d_layers(),
-            horizon: d_horizon(),
-            execute: d_execute(),
-            ema: d_ema(),
-            shift: d_shift(),
+            steps: 4000,
+            batch: 256,
+            lr: 1e-3,
+            hidden: 256,
+            layers: 3,
+            horizon: 16,
+            execute: 8,
+            ema: 0.995,
+            shift: 4,
             objective: Objective::Diffusion,
-            flow_steps: d_flow_steps(),
+            flow_steps: 10,
             seed: 0,
         }
     }

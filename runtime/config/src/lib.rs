@@ -79,49 +79,32 @@ pub enum PolicyKind {
     None,
 }
 
-fn d_policy_kind() -> PolicyKind {
-    PolicyKind::Expert
-}
-fn d_chunk_len() -> usize {
-    2
-}
-
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 /// `[policy]`: the base policy.
 pub struct PolicySection {
-    #[serde(default = "d_policy_kind")]
     /// `expert`, `onnx` or `none`.
     pub kind: PolicyKind,
     /// Expert action noise.
-    #[serde(default)]
     pub noise: f64,
     /// Seed of the expert's noise.
-    #[serde(default)]
     pub seed: u64,
     /// Chunk length the expert returns (its action repeated).
-    #[serde(default = "d_chunk_len")]
     pub chunk_len: usize,
     /// The .onnx file (kind = "onnx"); its spec is NAME.policy.toml beside it. Relative paths are
     /// relative to the config file.
-    #[serde(default)]
     pub model: Option<PathBuf>,
     /// Execution provider (kind = "onnx").
-    #[serde(default)]
     pub provider: reflex_policies::onnx_policy::Provider,
     /// ONNX Runtime intra-op threads.
-    #[serde(default = "d_threads")]
     pub intra_threads: usize,
     /// Actions executed per chunk, in place of the model spec's `execute` (docs/policy-spec.md).
-    #[serde(default)]
     pub execute: Option<usize>,
     /// `[policy.residual]`: a refined policy kept from training, run on the base with no
     /// learner (docs/training.md).
-    #[serde(default)]
     pub residual: Option<ResidualSection>,
     /// `[policy.rtc]`: real-time chunking for a diffusion or flow model on its own thread
     /// (docs/runtime.md, "Chunk execution"). Off by default.
-    #[serde(default)]
     pub rtc: reflex_policies::rtc::RtcConfig,
 }
 
@@ -138,20 +121,16 @@ pub struct ResidualSection {
     pub encoder: Option<PathBuf>,
 }
 
-fn d_threads() -> usize {
-    1
-}
-
 impl Default for PolicySection {
     fn default() -> Self {
         PolicySection {
-            kind: d_policy_kind(),
+            kind: PolicyKind::Expert,
             noise: 0.0,
             seed: 0,
-            chunk_len: d_chunk_len(),
+            chunk_len: 2,
             model: None,
             provider: Default::default(),
-            intra_threads: d_threads(),
+            intra_threads: 1,
             execute: None,
             residual: None,
             rtc: Default::default(),
@@ -169,36 +148,23 @@ pub enum ClockKind {
     Wall,
 }
 
-fn d_episodes() -> u64 {
-    10
-}
-fn d_clock() -> ClockKind {
-    ClockKind::Sim
-}
-
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 /// `[run]`: how many episodes, seeds, which clock.
 pub struct RunSection {
-    #[serde(default = "d_episodes")]
     /// Episodes to run.
     pub episodes: u64,
     /// Seed of the episode seeds.
-    #[serde(default)]
     pub seed: u64,
-    #[serde(default = "d_clock")]
     /// `sim` (lockstep, reproducible) or `wall`.
     pub clock: ClockKind,
     /// After the episodes above, this many more with the learner's deterministic action (no
     /// exploration noise), reported apart as the evaluation (`eval` in `--json`).
-    #[serde(default)]
     pub eval_episodes: u64,
     /// With `--record DIR`: keep DIR within this many GB, deleting the oldest recordings of
     /// earlier runs first (the run being recorded is never touched).
-    #[serde(default)]
     pub keep_recordings_gb: Option<f64>,
     /// With `--record DIR`: delete recordings of earlier runs older than this many days.
-    #[serde(default)]
     pub keep_recordings_days: Option<f64>,
 }
 
@@ -217,9 +183,9 @@ impl RunSection {
 impl Default for RunSection {
     fn default() -> Self {
         RunSection {
-            episodes: d_episodes(),
+            episodes: 10,
             seed: 0,
-            clock: d_clock(),
+            clock: ClockKind::Sim,
             eval_episodes: 0,
             keep_recordings_gb: None,
             keep_recordings_days: None,
@@ -228,35 +194,27 @@ impl Default for RunSection {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 /// `[bus]`: how the actor joins the Zenoh network.
 pub struct BusSection {
     /// Use the bus at all (status, teleop, estop; required for remote robots).
-    #[serde(default)]
     pub enabled: bool,
-    #[serde(default)]
     /// Endpoints to listen on.
     pub listen: Vec<String>,
-    #[serde(default)]
     /// Endpoints to connect to.
     pub connect: Vec<String>,
-    #[serde(default)]
     /// Turn multicast scouting off.
     pub no_multicast: bool,
     /// Rate of the step trace published for `reflex viz`, Hz (0 turns it off).
-    #[serde(default = "d_trace_hz")]
     pub trace_hz: f64,
     /// TLS with mutual authentication: the directory `reflex keys init` wrote (relative to
     /// this file) and this peer's name in it.
-    #[serde(default)]
     pub tls: Option<TlsSection>,
     /// Who may do what on this robot's key space (certificate common names); needs `tls`.
-    #[serde(default)]
     pub access: Option<AccessSection>,
     /// Allow a real arm on a bus without TLS (anyone on the network could take over, reset or
     /// release it): `reflex run` refuses such a config unless this is set, and then warns every
     /// minute.
-    #[serde(default)]
     pub insecure: bool,
 }
 
@@ -285,10 +243,6 @@ pub struct AccessSection {
     pub viewers: Vec<String>,
 }
 
-fn d_trace_hz() -> f64 {
-    10.0
-}
-
 impl Default for BusSection {
     fn default() -> Self {
         BusSection {
@@ -296,7 +250,7 @@ impl Default for BusSection {
             listen: Vec::new(),
             connect: Vec::new(),
             no_multicast: false,
-            trace_hz: d_trace_hz(),
+            trace_hz: 10.0,
             tls: None,
             access: None,
             insecure: false,
@@ -734,77 +688,49 @@ impl RunConfig {
     }
 }
 
-fn d_ckpt() -> PathBuf {
-    PathBuf::from("runs/learner/sac.ckpt")
-}
-fn d_every() -> f64 {
-    10.0
-}
-fn d_one() -> u64 {
-    1
-}
-fn d_backlog() -> usize {
-    5_000
-}
-
 /// `[learner]` of a run config: shared by the actor (`reflex run`) and the learner.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct LearnerSection {
     /// Checkpoint file of the learner (resumed from when it exists).
-    #[serde(default = "d_ckpt")]
     pub checkpoint: PathBuf,
     /// Seconds between checkpoints (the actor keeps what is not in one yet).
-    #[serde(default = "d_every")]
     pub checkpoint_every_s: f64,
     /// Publish new weights every this many episodes.
-    #[serde(default = "d_one")]
     pub publish_every_episodes: u64,
     /// RLIF: reward -1 on the step before each takeover.
-    #[serde(default)]
     pub rlif: bool,
     /// SAC hyperparameters (docs/learner.md); keys not given keep the demo's values.
-    #[serde(default)]
     pub sac: Option<toml::Table>,
     /// The actor's side of the link.
-    #[serde(default)]
     pub link: reflex_bus::learnlink::LinkConfig,
     /// Run the learner inside `reflex run` (a thread on the same bus session) rather than as a
     /// separate `reflex learn` process.
-    #[serde(default = "d_true")]
     pub in_process: bool,
     /// With `[run] clock = "sim"`: before each episode, let the learner take every step so far
     /// (the actor runs ahead of it otherwise). Never inside an episode.
-    #[serde(default = "d_true")]
     pub pace_lockstep: bool,
     /// Where the learner's state scaling comes from (docs/learner.md).
-    #[serde(default)]
     pub obs_norm: ObsNormSource,
     /// What to do when the checkpoint cannot be read (corrupt, truncated, another format).
-    #[serde(default)]
     pub on_bad_checkpoint: BadCheckpoint,
     /// The settings `[learner.sac]` is laid over: `demo` (measured with a person correcting
     /// the robot, docs/training.md) or `sac` (SAC's own defaults, RLPD-like).
-    #[serde(default)]
     pub preset: Preset,
     /// When more than about this many received steps wait to be taken, the learner stores
     /// them without training on them (counted as `updates_shed`): a learner slower than the
     /// robot keeps every step and a bounded queue, and trains at the rate it can.
-    #[serde(default = "d_backlog")]
     pub shed_updates_above: usize,
     /// Threads for the learner's matrix products; 0 (the default) takes one fewer than the
     /// machine's cores, at least one, so that a control loop on the same computer keeps a core.
     /// On a workstation running only `reflex learn`, give it every core.
-    #[serde(default)]
     pub threads: usize,
     /// A learner that sees: the frozen image encoder whose feature maps go with every step,
     /// and the image heads the learner trains on them (docs/learner.md, "Learning from pixels").
-    #[serde(default)]
     pub vision: Option<VisionSection>,
     /// The robots a `reflex learn` serves at once (fleet learning: every robot's steps feed one
     /// replay, every robot gets the same weights); `["*"]` takes every robot on the bus. Empty
     /// (the default): the config's own robot. `reflex learn --robot` overrides it.
-    #[serde(default)]
     pub fleet: Vec<String>,
 }
 
@@ -943,7 +869,23 @@ pub enum Preset {
 impl Default for LearnerSection {
     /// Every key at its default (as an empty `[learner]` table).
     fn default() -> Self {
-        toml::from_str("").expect("every [learner] key has a default")
+        LearnerSection {
+            checkpoint: PathBuf::from("runs/learner/sac.ckpt"),
+            checkpoint_every_s: 10.0,
+            publish_every_episodes: 1,
+            rlif: Default::default(),
+            sac: Default::default(),
+            link: Default::default(),
+            in_process: true,
+            pace_lockstep: true,
+            obs_norm: Default::default(),
+            on_bad_checkpoint: Default::default(),
+            preset: Default::default(),
+            shed_updates_above: 5_000,
+            threads: Default::default(),
+            vision: Default::default(),
+            fleet: Default::default(),
+        }
     }
 }
 
@@ -959,10 +901,6 @@ pub enum ObsNormSource {
     Spec,
     /// No scaling: the learner sees the raw state.
     Off,
-}
-
-fn d_true() -> bool {
-    true
 }
 
 impl LearnerSection {

@@ -53,6 +53,7 @@ mod wires;
 
 pub use builder::*;
 pub use from_config::*;
+pub use wires::obs_template;
 use wires::*;
 
 /// What a run produced.

@@ -13,72 +13,39 @@ use crate::msg::{ActionKind, ActionSpec};
 use serde::Deserialize;
 use std::time::Duration;
 
-fn d_joint_step() -> f32 {
-    0.1
-}
-fn d_ee_step() -> f32 {
-    0.02
-}
-fn d_gripper_step() -> f32 {
-    0.02
-}
-fn d_ws_min() -> [f64; 3] {
-    [0.05, -0.30, 0.0]
-}
-fn d_ws_max() -> [f64; 3] {
-    [0.40, 0.30, 0.35]
-}
-fn d_obs_timeout() -> f64 {
-    100.0
-}
-fn d_policy_timeout() -> f64 {
-    500.0
-}
-fn d_teleop_timeout() -> f64 {
-    200.0
-}
-
 /// Safety limits (`[safety]` in a config).
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct SafetyConfig {
     /// Largest change of a joint target per control step, rad (joint action spaces).
-    #[serde(default = "d_joint_step")]
     pub max_joint_step_rad: f32,
     /// Largest end-effector step per control step, m (ee action spaces).
-    #[serde(default = "d_ee_step")]
     pub max_ee_step_m: f32,
     /// Largest change of the gripper command per control step, m.
-    #[serde(default = "d_gripper_step")]
     pub max_gripper_step_m: f32,
     /// Lower corner of the end-effector workspace box, m, base frame.
-    #[serde(default = "d_ws_min")]
     pub workspace_min_m: [f64; 3],
     /// Upper corner of the workspace box.
-    #[serde(default = "d_ws_max")]
     pub workspace_max_m: [f64; 3],
     /// Hold when no new observation arrived for this long, ms.
-    #[serde(default = "d_obs_timeout")]
     pub obs_timeout_ms: f64,
     /// Hold when the policy produced no usable action for this long while in charge, ms.
-    #[serde(default = "d_policy_timeout")]
     pub policy_timeout_ms: f64,
     /// Hold when a person is intervening and their stream stopped for this long, ms.
-    #[serde(default = "d_teleop_timeout")]
     pub teleop_timeout_ms: f64,
 }
 
 impl Default for SafetyConfig {
     fn default() -> Self {
         SafetyConfig {
-            max_joint_step_rad: d_joint_step(),
-            max_ee_step_m: d_ee_step(),
-            max_gripper_step_m: d_gripper_step(),
-            workspace_min_m: d_ws_min(),
-            workspace_max_m: d_ws_max(),
-            obs_timeout_ms: d_obs_timeout(),
-            policy_timeout_ms: d_policy_timeout(),
-            teleop_timeout_ms: d_teleop_timeout(),
+            max_joint_step_rad: 0.1,
+            max_ee_step_m: 0.02,
+            max_gripper_step_m: 0.02,
+            workspace_min_m: [0.05, -0.30, 0.0],
+            workspace_max_m: [0.40, 0.30, 0.35],
+            obs_timeout_ms: 100.0,
+            policy_timeout_ms: 500.0,
+            teleop_timeout_ms: 200.0,
         }
     }
 }
