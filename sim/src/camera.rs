@@ -230,7 +230,7 @@ impl Renderer {
         View {
             eye: cam.eye,
             marker: match layout.kind {
-                TaskKind::Reach => Some((layout.target.cast::<f32>(), 0.012f32)),
+                TaskKind::Reach | TaskKind::Track => Some((layout.target.cast::<f32>(), 0.012f32)),
                 _ => None,
             },
             goal_disc: (layout.kind == TaskKind::Push).then(|| layout.target.cast::<f32>()),

@@ -316,6 +316,8 @@ impl SimEnv {
         let tcp = self.tcp_pose();
         self.tcp = tcp;
         let obj = self.scene.object.map(|h| self.scene.body_pose(h));
+        let t_s = self.step as f64 / self.cfg.control_hz;
+        self.layout.advance(t_s, &tcp.translation.vector);
         let success = self.layout.success(&tcp.translation.vector, obj.as_ref());
         let o = &mut self.obs;
         o.v = PROTOCOL_VERSION;
@@ -340,7 +342,7 @@ impl SimEnv {
         s.extend_from_slice(&[g.x as f32, g.y as f32, g.z as f32]);
         // The vector a policy has to close, given directly: what moves towards the target.
         let from = match (self.cfg.task, obj.as_ref()) {
-            (TaskKind::Reach, _) | (_, None) => t,
+            (TaskKind::Reach | TaskKind::Track, _) | (_, None) => t,
             (TaskKind::Insert, Some(p)) => {
                 let half =
                     p.rotation * nalgebra::Vector3::new(0.0, 0.0, crate::task::PEG_LENGTH_M / 2.0);
@@ -351,6 +353,10 @@ impl SimEnv {
         };
         let d = g - from;
         s.extend_from_slice(&[d.x as f32, d.y as f32, d.z as f32]);
+        if self.cfg.task == TaskKind::Track {
+            let v = self.layout.target_velocity(t_s);
+            s.extend_from_slice(&[v.x as f32, v.y as f32, v.z as f32]);
+        }
         self.scene_state.clear();
         self.scene_state.extend_from_slice(s);
         self.scene_success = success;

@@ -43,6 +43,8 @@ pub struct EeTarget {
 
 /// The largest tool step of the experts' fast moves, m.
 const FAST_STEP_M: f64 = 0.02;
+/// How far ahead along its velocity the expert aims at `track`'s moving target, s.
+const TRACK_LEAD_S: f64 = 0.1;
 
 /// Where each task's state machine is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +96,7 @@ impl Phase {
     /// Where `task` starts.
     pub fn first(task: TaskKind) -> Self {
         match task {
-            TaskKind::Reach => Phase::Reach,
+            TaskKind::Reach | TaskKind::Track => Phase::Reach,
             TaskKind::Pick => Phase::Pick(PickPhase::Above),
             TaskKind::Push => Phase::Push(PushPhase::Behind),
             TaskKind::Insert => Phase::Insert(InsertPhase::Hover),
@@ -136,6 +138,7 @@ struct Fields {
     object_pos: Option<Range<usize>>,
     object_quat: Option<Range<usize>>,
     target_pos: Range<usize>,
+    target_vel: Option<Range<usize>>,
 }
 
 /// A scripted expert for one of the simulator's tasks.
@@ -193,7 +196,11 @@ impl Expert {
             object_pos: spec.field("object_pos"),
             object_quat: spec.field("object_quat"),
             target_pos: need("target_pos")?,
+            target_vel: spec.field("target_vel"),
         };
+        if task == TaskKind::Track && f.target_vel.is_none() {
+            return Err(ExpertError::MissingField("target_vel".into()));
+        }
         if task.has_object() && f.object_pos.is_none() {
             return Err(ExpertError::MissingField("object_pos".into()));
         }
@@ -277,6 +284,17 @@ impl Expert {
                 opening: 0.04,
                 max_step: FAST_STEP_M,
             },
+            TaskKind::Track => {
+                // Aim where the target will be when the arm gets there: the servos follow a
+                // command about a tenth of a second late.
+                let vel = Self::v3(obs, self.f.target_vel.as_ref().expect("checked in new"));
+                EeTarget {
+                    pos: s.goal + vel * TRACK_LEAD_S,
+                    yaw: s.yaw_now,
+                    opening: 0.04,
+                    max_step: FAST_STEP_M,
+                }
+            }
             TaskKind::Pick => self.pick(obs, &s),
             TaskKind::Push => self.push(obs, &s),
             TaskKind::Insert => self.insert(obs, &s),

@@ -11,7 +11,7 @@ use nalgebra::Isometry3;
 /// was placed (the insert task puts the peg in the grasp and records its pose in the layout).
 pub fn populate(layout: &mut TaskLayout, scene: &mut Scene, tcp: &Isometry3<f64>) {
     match layout.kind {
-        TaskKind::Reach => {}
+        TaskKind::Reach | TaskKind::Track => {}
         TaskKind::Push | TaskKind::Pick => {
             let h = CUBE_SIZE_M as f32 / 2.0;
             scene.add_object(&BoxSpec {

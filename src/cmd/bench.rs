@@ -78,7 +78,7 @@ pub struct FleetBenchArgs {
 
 #[derive(Args)]
 pub struct PixelsBenchArgs {
-    /// The simulated task (reach, push, pick, insert).
+    /// The simulated task (reach, push, pick, insert, track).
     #[arg(long, default_value = "pick")]
     task: String,
     /// Camera frame size, WIDTHxHEIGHT (multiples of 4).

@@ -47,6 +47,8 @@ pub enum TaskArg {
     Pick,
     /// Put the peg in the hole.
     Insert,
+    /// Follow a moving target.
+    Track,
 }
 
 /// An action space of the simulator.
@@ -91,6 +93,7 @@ impl SimSelect {
                 TaskArg::Push => TaskKind::Push,
                 TaskArg::Pick => TaskKind::Pick,
                 TaskArg::Insert => TaskKind::Insert,
+                TaskArg::Track => TaskKind::Track,
             }),
         };
         if let Some(a) = self.action {

@@ -118,6 +118,7 @@ pub fn state_fields(task: TaskKind) -> Vec<StateField> {
         3,
         match task {
             TaskKind::Reach => "m, point to reach, base frame",
+            TaskKind::Track => "m, where the moving target is now, base frame",
             TaskKind::Push => "m, centre of the goal region on the table, base frame",
             TaskKind::Pick => "m, cube start position raised by the required lift, base frame",
             TaskKind::Insert => "m, centre of the hole's opening, base frame",
@@ -127,11 +128,18 @@ pub fn state_fields(task: TaskKind) -> Vec<StateField> {
         "to_target",
         3,
         match task {
-            TaskKind::Reach => "m, target_pos - ee_pos, base frame",
+            TaskKind::Reach | TaskKind::Track => "m, target_pos - ee_pos, base frame",
             TaskKind::Push | TaskKind::Pick => "m, target_pos - object_pos, base frame",
             TaskKind::Insert => "m, target_pos - the peg's lower tip, base frame",
         },
     ));
+    if task == TaskKind::Track {
+        v.push(f(
+            "target_vel",
+            3,
+            "m/s, the moving target's velocity, base frame",
+        ));
+    }
     v
 }
 

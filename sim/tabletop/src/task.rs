@@ -2,7 +2,9 @@
 //!
 //! Every task draws its randomisation from the episode's seed only, ends with a sparse success
 //! signal (reward 1 on the success step, 0 otherwise; the episode terminates on success) and has
-//! a time limit in control steps.
+//! a time limit in control steps. `track` is the one whose target moves: it succeeds when the tool
+//! has stayed on the moving target for [`TRACK_HOLD_TICKS`] control ticks in a row, so a policy
+//! that acts on old observations falls behind it (what makes inference delay visible).
 
 use nalgebra::{Isometry3, Translation3, UnitQuaternion, Vector3};
 use rand::Rng;
@@ -11,7 +13,7 @@ use serde::Deserialize;
 use std::fmt;
 use std::str::FromStr;
 
-/// The four tasks.
+/// The five tasks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskKind {
@@ -23,15 +25,19 @@ pub enum TaskKind {
     Pick,
     /// Insert a held peg into a hole with 2 mm clearance per side.
     Insert,
+    /// Follow a target point that sweeps back and forth along an arc around the base at
+    /// 4-6 cm/s, staying within 2 cm of it for half a second.
+    Track,
 }
 
 impl TaskKind {
     /// All tasks.
-    pub const ALL: [TaskKind; 4] = [
+    pub const ALL: [TaskKind; 5] = [
         TaskKind::Reach,
         TaskKind::Push,
         TaskKind::Pick,
         TaskKind::Insert,
+        TaskKind::Track,
     ];
 
     /// Config spelling.
@@ -41,6 +47,7 @@ impl TaskKind {
             TaskKind::Push => "push",
             TaskKind::Pick => "pick",
             TaskKind::Insert => "insert",
+            TaskKind::Track => "track",
         }
     }
 
@@ -51,12 +58,13 @@ impl TaskKind {
             TaskKind::Push => 150,
             TaskKind::Pick => 100,
             TaskKind::Insert => 100,
+            TaskKind::Track => 100,
         }
     }
 
     /// `true` when the task has a movable object whose pose is observed.
     pub fn has_object(self) -> bool {
-        !matches!(self, TaskKind::Reach)
+        !matches!(self, TaskKind::Reach | TaskKind::Track)
     }
 }
 
@@ -68,7 +76,7 @@ impl fmt::Display for TaskKind {
 
 /// A task name the simulator does not have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown task `{0}`; allowed: reach, push, pick, insert")]
+#[error("unknown task `{0}`; allowed: reach, push, pick, insert, track")]
 pub struct UnknownTask(pub String);
 
 impl FromStr for TaskKind {
@@ -97,6 +105,9 @@ pub const INSERT_DEPTH_M: f64 = 0.015;
 pub const PICK_LIFT_M: f64 = 0.05;
 /// Success radius of `reach`, m.
 pub const REACH_TOLERANCE_M: f64 = 0.02;
+/// Control ticks in a row the tool must stay within [`REACH_TOLERANCE_M`] of `track`'s moving
+/// target (half a second at the default 20 Hz).
+pub const TRACK_HOLD_TICKS: u32 = 10;
 /// Success radius of `push` (cube centre to goal centre, in the table plane), m.
 pub const PUSH_TOLERANCE_M: f64 = 0.025;
 /// Where the peg sits in the grasp: its centre lies this far beyond the tool centre point along
@@ -117,6 +128,45 @@ pub struct TaskLayout {
     pub tcp_start: Vector3<f64>,
     /// Start gripper opening, m.
     pub opening_start: f64,
+    /// `track`: how the target moves (`target` is where it is now).
+    pub motion: Option<TargetMotion>,
+    /// `track`: control ticks in a row the tool has been on the target.
+    pub on_target_ticks: u32,
+}
+
+/// `track`'s target: a point at a fixed radius and height that sweeps its bearing back and forth
+/// between `-limit` and `limit` at a constant angular speed (a triangle wave in the bearing).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TargetMotion {
+    /// Distance from the base axis, m.
+    pub radius: f64,
+    /// Height above the table, m.
+    pub z: f64,
+    /// Bearing at time 0, rad.
+    pub bearing0: f64,
+    /// Angular speed, rad/s; its sign is the first direction of travel.
+    pub omega: f64,
+    /// Largest bearing either side, rad.
+    pub limit: f64,
+}
+
+impl TargetMotion {
+    /// The target's position and velocity `t_s` seconds into the episode.
+    pub fn at(&self, t_s: f64) -> (Vector3<f64>, Vector3<f64>) {
+        let l = self.limit;
+        // Unfold the reflections: u runs over one period of length 4l.
+        let u = (self.bearing0 + self.omega * t_s + l).rem_euclid(4.0 * l);
+        let (bearing, dir) = if u < 2.0 * l {
+            (u - l, 1.0)
+        } else {
+            (3.0 * l - u, -1.0)
+        };
+        let w = self.omega * dir;
+        let (sin, cos) = bearing.sin_cos();
+        let pos = Vector3::new(self.radius * cos, self.radius * sin, self.z);
+        let vel = Vector3::new(-self.radius * sin * w, self.radius * cos * w, 0.0);
+        (pos, vel)
+    }
 }
 
 fn uniform(rng: &mut ChaCha8Rng, lo: f64, hi: f64) -> f64 {
@@ -145,7 +195,31 @@ impl TaskLayout {
                 object_start: None,
                 tcp_start: home,
                 opening_start: 0.04,
+                motion: None,
+                on_target_ticks: 0,
             },
+            TaskKind::Track => {
+                let radius = uniform(rng, 0.17, 0.23);
+                let speed = uniform(rng, 0.04, 0.06);
+                let limit = 0.45;
+                let direction = if rng.random::<bool>() { 1.0 } else { -1.0 };
+                let motion = TargetMotion {
+                    radius,
+                    z: uniform(rng, 0.05, 0.10),
+                    bearing0: uniform(rng, -limit, limit),
+                    omega: direction * speed / radius,
+                    limit,
+                };
+                TaskLayout {
+                    kind,
+                    target: motion.at(0.0).0,
+                    object_start: None,
+                    tcp_start: home,
+                    opening_start: 0.04,
+                    motion: Some(motion),
+                    on_target_ticks: 0,
+                }
+            }
             TaskKind::Push => {
                 let cube = polar(rng, (0.16, 0.22), 0.4, CUBE_SIZE_M / 2.0);
                 // Goal 6-10 cm away in a random direction, kept inside the reachable table area
@@ -170,6 +244,8 @@ impl TaskLayout {
                     )),
                     tcp_start: home,
                     opening_start: 0.0,
+                    motion: None,
+                    on_target_ticks: 0,
                 }
             }
             TaskKind::Pick => {
@@ -184,6 +260,8 @@ impl TaskLayout {
                     )),
                     tcp_start: home,
                     opening_start: 0.06,
+                    motion: None,
+                    on_target_ticks: 0,
                 }
             }
             TaskKind::Insert => {
@@ -200,15 +278,37 @@ impl TaskLayout {
                     object_start: None,
                     tcp_start: tcp,
                     opening_start: PEG_SIZE_M,
+                    motion: None,
+                    on_target_ticks: 0,
                 }
             }
         }
+    }
+
+    /// Moves a moving target to where it is `t_s` seconds into the episode and counts the ticks
+    /// the tool has been on it; call once per control tick, before [`TaskLayout::success`]. Does
+    /// nothing for a task whose target stands still.
+    pub fn advance(&mut self, t_s: f64, tcp: &Vector3<f64>) {
+        if let Some(m) = self.motion {
+            self.target = m.at(t_s).0;
+            if (tcp - self.target).norm() < REACH_TOLERANCE_M {
+                self.on_target_ticks += 1;
+            } else {
+                self.on_target_ticks = 0;
+            }
+        }
+    }
+
+    /// The target's velocity now, m/s (zero for a target that stands still).
+    pub fn target_velocity(&self, t_s: f64) -> Vector3<f64> {
+        self.motion.map_or_else(Vector3::zeros, |m| m.at(t_s).1)
     }
 
     /// Whether the task is solved in this state.
     pub fn success(&self, tcp: &Vector3<f64>, object: Option<&Isometry3<f64>>) -> bool {
         match self.kind {
             TaskKind::Reach => (tcp - self.target).norm() < REACH_TOLERANCE_M,
+            TaskKind::Track => self.on_target_ticks >= TRACK_HOLD_TICKS,
             TaskKind::Push => {
                 let o = object.expect("push has an object").translation.vector;
                 (o.xy() - self.target.xy()).norm() < PUSH_TOLERANCE_M && o.z < CUBE_SIZE_M
@@ -226,5 +326,60 @@ impl TaskLayout {
                     && (low.coords.xy() - self.target.xy()).norm() < HOLE_SIZE_M / 2.0
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn the_track_target_sweeps_its_arc_at_its_speed_and_turns_at_the_limits() {
+        let layout = TaskLayout::sample(TaskKind::Track, &mut ChaCha8Rng::seed_from_u64(3));
+        let m = layout.motion.expect("track has a moving target");
+        let (dt, mut turns) = (0.001, 0);
+        let mut last_vel = m.at(0.0).1;
+        for i in 0..40_000 {
+            let t = i as f64 * dt;
+            let (p, v) = m.at(t);
+            let bearing = p.y.atan2(p.x);
+            assert!(bearing.abs() <= m.limit + 1e-9, "bearing {bearing} at {t}");
+            assert!((p.xy().norm() - m.radius).abs() < 1e-9 && p.z == m.z);
+            assert!((v.norm() - m.omega.abs() * m.radius).abs() < 1e-9);
+            // The velocity is the position's derivative (away from the turns).
+            let (p2, _) = m.at(t + 1e-6);
+            if v.dot(&last_vel) > 0.0 {
+                assert!(((p2 - p) / 1e-6 - v).norm() < 1e-3 * v.norm() + 1e-6);
+            } else {
+                turns += 1;
+            }
+            last_vel = v;
+        }
+        // 40 s at 4-6 cm/s over an arc of 0.9 rad at 17-23 cm (a sweep takes at most 5.2 s).
+        assert!(turns >= 4, "{turns} turns");
+    }
+
+    #[test]
+    fn track_succeeds_only_after_the_tool_stays_on_the_target_for_the_hold() {
+        let mut layout = TaskLayout::sample(TaskKind::Track, &mut ChaCha8Rng::seed_from_u64(5));
+        let m = layout.motion.unwrap();
+        for tick in 0..TRACK_HOLD_TICKS {
+            let t = tick as f64 * 0.05;
+            layout.advance(t, &m.at(t).0);
+            assert_eq!(
+                layout.success(&m.at(t).0, None),
+                tick + 1 >= TRACK_HOLD_TICKS
+            );
+        }
+        // One tick off the target starts the count again.
+        layout.advance(1.0, &Vector3::zeros());
+        assert!(!layout.success(&Vector3::zeros(), None));
+        assert_eq!(layout.on_target_ticks, 0);
+        // A target that stands still is not moved.
+        let mut reach = TaskLayout::sample(TaskKind::Reach, &mut ChaCha8Rng::seed_from_u64(5));
+        let before = reach.target;
+        reach.advance(3.0, &Vector3::zeros());
+        assert_eq!(reach.target, before);
     }
 }

@@ -225,10 +225,12 @@ pub fn run(
             .all(|m| *m != ExecMode::RtcGuided)
             .then(|| "guided RTC (the paper's method): not among the modes run".to_string())
             .into_iter()
-            .chain(std::iter::once(
-                "a task where timing matters (a moving target): the simulator's targets are static"
-                    .to_string(),
-            ))
+            .chain((o.task != TaskKind::Track).then(|| {
+                format!(
+                    "a task where timing matters: {} has a static target (`--task track` with a model trained on it has a moving one)",
+                    o.task
+                )
+            }))
             .collect(),
     })
 }
