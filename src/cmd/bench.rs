@@ -39,6 +39,10 @@ pub struct RtcBenchArgs {
     /// Simulator task the model drives.
     #[arg(long, default_value = "pick")]
     task: String,
+    /// The simulator's action space, the one the model was trained in (as `reflex sim demos
+    /// --action`): ee-delta, ee-delta-yaw, joint-abs or joint-delta.
+    #[arg(long, default_value = "ee-delta")]
+    action: String,
     /// Delays in control ticks, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2,4,8")]
     delays: Vec<u32>,
@@ -402,6 +406,7 @@ fn rtc(a: RtcBenchArgs) -> anyhow::Result<()> {
         .parse()
         .map_err(|e: reflex_sim::task::UnknownTask| anyhow::anyhow!("--task: {e}"))?;
     let mut modes = vec![
+        rtc_bench::ExecMode::Sync,
         rtc_bench::ExecMode::Naive,
         rtc_bench::ExecMode::Ensemble,
         rtc_bench::ExecMode::RtcHard,
@@ -414,9 +419,17 @@ fn rtc(a: RtcBenchArgs) -> anyhow::Result<()> {
     {
         modes.push(rtc_bench::ExecMode::RtcGuided);
     }
+    let action = serde_json::from_value(serde_json::Value::String(a.action.replace('-', "_")))
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "--action {}: one of ee-delta, ee-delta-yaw, joint-abs, joint-delta",
+                a.action
+            )
+        })?;
     let o = rtc_bench::RtcBenchOptions {
         model: a.model,
         task,
+        action,
         delays: a.delays,
         modes,
         episodes: a.episodes,
@@ -439,12 +452,13 @@ fn rtc(a: RtcBenchArgs) -> anyhow::Result<()> {
     let out = rtc_bench::run(&o, &mut |c| {
         if !json {
             println!(
-                "delay {:>2} ticks {:<9} success {:>5.1}% [{:.0}-{:.0}]  jerk mean {:.4} p99 {:.4}  boundary jump {:.4} (other ticks {:.4})  holds {}",
+                "delay {:>2} ticks {:<9} success {:>5.1}% [{:.0}-{:.0}]  {:.1} steps  jerk mean {:.4} p99 {:.4}  boundary jump {:.4} (other ticks {:.4})  holds {}",
                 c.delay_ticks,
                 format!("{:?}", c.mode),
                 100.0 * c.success_rate,
                 100.0 * c.success_ci95.0,
                 100.0 * c.success_ci95.1,
+                c.mean_steps,
                 c.jerk_mean,
                 c.jerk_p99,
                 c.boundary_jump_mean,

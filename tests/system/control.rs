@@ -943,7 +943,7 @@ fn reflex_bench_rtc_runs_every_mode_at_every_delay_with_the_late_ticks_counted()
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let cells = v["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 6, "{v}");
+    assert_eq!(cells.len(), 8, "{v}");
     let cell = |mode: &str, d: u64| {
         cells
             .iter()
@@ -966,7 +966,13 @@ fn reflex_bench_rtc_runs_every_mode_at_every_delay_with_the_late_ticks_counted()
         "boundary_jump_mean",
     ] {
         assert_eq!(cell("rtc_hard", 0)[key], cell("naive", 0)[key], "{key}");
+        // With no delay, waiting for a chunk costs nothing: synchronous is newest-wins.
+        assert_eq!(cell("sync", 0)[key], cell("naive", 0)[key], "{key}");
     }
+    // Waiting, the robot holds for every chunk, not only each episode's first.
+    assert_eq!(cell("sync", 0)["holds_no_chunk"], 0);
+    let sync_holds = cell("sync", 2)["holds_no_chunk"].as_u64().unwrap();
+    assert!(sync_holds > 2 * 4 && sync_holds % 2 == 0, "{v}");
     for mode in ["naive", "ensemble", "rtc_hard"] {
         assert_eq!(cell(mode, 0)["holds_no_chunk"], 0);
         assert_eq!(cell(mode, 2)["holds_no_chunk"], 2 * 4, "{mode}");

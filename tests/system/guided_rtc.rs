@@ -318,7 +318,11 @@ fn a_flow_policy_trained_by_reflex_runs_guided_rtc_in_the_bench_and_in_reflex_ru
     ]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let cells = v["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 8, "four modes at two delays: {v}");
+    assert_eq!(
+        cells.len(),
+        10,
+        "five modes (waiting among them) at two delays: {v}"
+    );
     assert_eq!(
         v["rtc"]["max_guidance_weight"], 5.0,
         "the paper's clip by default: {v}"

@@ -4,7 +4,7 @@
 //! A policy that takes `d` control ticks per chunk is stood in for, exactly and reproducibly,
 //! by the loop's delayed inline driver: the chunk computed from the observation at tick `k` is
 //! handed over at tick `k + d` (`PolicyDriver::inline_delayed`). For each delay and each
-//! execution mode (newest wins, ACT's temporal ensembling, real-time chunking by hard
+//! execution mode (synchronous: the robot waits; newest wins, ACT's temporal ensembling, real-time chunking by hard
 //! inpainting or guided by the velocity's VJP), the same seeds run, and per episode the executed actions give the jerk (third
 //! difference per tick) and the jump at chunk boundaries (the action's change at the tick a new
 //! chunk takes over, beside its change at every other tick).
@@ -24,6 +24,9 @@ use std::path::PathBuf;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecMode {
+    /// Synchronous execution: the robot holds while each chunk is computed, then executes it
+    /// from its first action (`PolicyDriver::inline_waiting`).
+    Sync,
     /// The newest chunk covering the time, switched to as soon as it arrives.
     Naive,
     /// ACT's temporal ensembling (`m = 0.01`) of every chunk covering the time.
@@ -43,6 +46,8 @@ pub struct RtcBenchOptions {
     pub model: PathBuf,
     /// Simulator task the model drives.
     pub task: TaskKind,
+    /// The simulator's action space (the one the model was trained in).
+    pub action: reflex_runtime::msg::ActionKind,
     /// Delays, in control ticks.
     pub delays: Vec<u32>,
     /// Modes.
@@ -69,6 +74,8 @@ pub struct RtcCell {
     pub episodes: u64,
     /// Successes / episodes.
     pub success_rate: f64,
+    /// Mean episode length, control ticks (a robot that waits takes longer).
+    pub mean_steps: f64,
     /// 95% Wilson interval of the success rate.
     pub success_ci95: (f64, f64),
     /// Mean norm of the executed action's third difference, per tick (action units).
@@ -113,7 +120,9 @@ fn cell(
     delay: u32,
 ) -> Result<(RtcCell, usize, usize), Box<dyn std::error::Error + Send + Sync>> {
     let started = std::time::Instant::now();
-    let env = SimEnv::new(SimConfig::for_task(o.task))?;
+    let mut sim = SimConfig::for_task(o.task);
+    sim.action = o.action;
+    let env = SimEnv::new(sim)?;
     let spec = env.spec().clone();
     let opts = RunOptions {
         seed: o.seed,
@@ -140,7 +149,11 @@ fn cell(
     };
     let mut lp = ControlLoop::builder(env, SimClock::new())
         .config(cfg)
-        .policy(PolicyDriver::inline_delayed(Box::new(policy), delay))
+        .policy(if mode == ExecMode::Sync {
+            PolicyDriver::inline_waiting(Box::new(policy), delay)
+        } else {
+            PolicyDriver::inline_delayed(Box::new(policy), delay)
+        })
         .seed(o.seed)
         .build()?;
     let (mut jerks, mut jumps, mut steps) = (vec![], vec![], vec![]);
@@ -185,6 +198,7 @@ fn cell(
             delay_of_execute: delay as f64 / execute as f64,
             episodes: o.episodes,
             success_rate: k as f64 / o.episodes as f64,
+            mean_steps: eps.iter().map(|e| e.steps as f64).sum::<f64>() / eps.len().max(1) as f64,
             success_ci95: wilson_95(k, o.episodes),
             jerk_mean: mean(&jerks),
             jerk_p99: reflex_runtime::hist::percentile(&jerks, 99.0),

@@ -127,6 +127,9 @@ pub enum PolicyDriver {
         due: Option<Duration>,
         /// What the loop executes meanwhile, for a policy that wants it.
         prefix: Vec<f32>,
+        /// Synchronous execution: the robot waits (holds) while the chunk is computed and then
+        /// executes it from its first action; each chunk ends after its `execute` actions.
+        wait: bool,
     },
     /// No base policy: the loop holds unless a person drives.
     None,
@@ -161,7 +164,20 @@ impl PolicyDriver {
             delay,
             due: None,
             prefix,
+            wait: false,
         }
+    }
+
+    /// Runs `policy` inline with synchronous execution, the baseline real-time chunking is
+    /// measured against: after each chunk's `execute` actions the robot holds for the `delay`
+    /// ticks the next chunk takes (counted as holds), then executes that chunk from its first
+    /// action, planned from the observation taken when the wait began.
+    pub fn inline_waiting(policy: Box<dyn Policy>, delay: u32) -> Self {
+        let mut driver = Self::inline_delayed(policy, delay);
+        if let PolicyDriver::Inline { wait, .. } = &mut driver {
+            *wait = true;
+        }
+        driver
     }
 
     fn spec(&self) -> Option<ChunkSpec> {
@@ -858,10 +874,16 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                     }
                 }
             }
-            PolicyDriver::Inline { chunk, due, .. } if due.is_some_and(|at| t >= at) => {
+            PolicyDriver::Inline {
+                chunk, due, wait, ..
+            } if due.is_some_and(|at| t >= at) => {
                 *due = None;
-                self.chunks.push(chunk);
                 self.latency.push(t.saturating_sub(chunk.t_start));
+                if *wait {
+                    // The robot waited: the chunk starts now, at its first action.
+                    chunk.t_start = t;
+                }
+                self.chunks.push(chunk);
                 self.stats.chunks += 1;
                 self.request_pending = false;
             }
@@ -874,10 +896,17 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         // A thread delivers its chunk a tick or more after the request; an inline policy answers
         // at once (or, delayed, exactly `delay` ticks later).
         let lead = matches!(self.driver, PolicyDriver::Thread(_)) as usize;
-        let delayed = match &self.driver {
+        let (delayed, waiting) = match &self.driver {
             PolicyDriver::Inline { due: Some(_), .. } => return, // one chunk in flight
-            PolicyDriver::Inline { delay, .. } => *delay > 0,
-            _ => false,
+            // A waiting robot asks only when its chunk is spent (no early start).
+            PolicyDriver::Inline { delay, wait, .. } => (*delay > 0 && !*wait, *wait),
+            _ => (false, false),
+        };
+        // A waiting robot's chunks end after the actions they execute.
+        let len = if waiting {
+            cs.execute.min(cs.len)
+        } else {
+            cs.len
         };
         // A threaded policy is also asked when the executing chunk's remaining actions fall to
         // what its recent inference times need (the start threshold), so a slow policy's chunk
@@ -886,7 +915,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let delay = self.latency.ticks(dt);
         let need = crate::chunk::request_due(
             self.chunks.newest_remaining(t),
-            cs.len,
+            len,
             cs.execute,
             (lead > 0 || delayed).then_some(delay),
             lead,
@@ -911,6 +940,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 delay: ticks,
                 due,
                 prefix,
+                ..
             } => {
                 let result = if prefix.is_empty() {
                     policy.infer(&self.obs, &mut chunk.data)
@@ -927,7 +957,9 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                     Ok(()) => {
                         chunk.t_start = t;
                         chunk.dt = dt;
-                        chunk.len = cs.len;
+                        // Waiting, a chunk ends after the actions it executes, so the robot
+                        // holds rather than running on into the rest of the old plan.
+                        chunk.len = len;
                         chunk.dim = cs.dim;
                         chunk.seq += 1;
                         if *ticks > 0 {
