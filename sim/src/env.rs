@@ -323,7 +323,7 @@ impl SimEnv {
         o.v = PROTOCOL_VERSION;
         o.episode = self.episode;
         o.step = self.step;
-        o.time_ns = (self.step as f64 / self.cfg.control_hz * 1e9).round() as u64;
+        o.time_ns = (t_s * 1e9).round() as u64;
         let s = &mut o.state;
         s.clear();
         s.extend_from_slice(&q);

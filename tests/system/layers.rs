@@ -80,17 +80,21 @@ fn workspace_graph() -> std::collections::BTreeMap<String, std::collections::BTr
     graph
 }
 
+/// docs/architecture.md's crate table, a row's cells each:
+/// `| crate | folder | job | deps |` -> `["", crate, folder, job, deps, ""]`.
+fn crate_rows(doc: &str) -> Vec<Vec<&str>> {
+    doc.lines()
+        .map(|line| line.split('|').map(str::trim).collect::<Vec<_>>())
+        .filter(|cells| cells.len() == 6 && cells[1].starts_with("reflex"))
+        .collect()
+}
+
 /// docs/architecture.md's crate table: crate -> the reflex crates it may depend on.
 fn documented_graph(
     doc: &str,
 ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
     let mut table = std::collections::BTreeMap::new();
-    for line in doc.lines() {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        // | crate | folder | job | deps |  -> ["", crate, folder, job, deps, ""]
-        if cells.len() != 6 || !cells[1].starts_with("reflex") {
-            continue;
-        }
+    for cells in crate_rows(doc) {
         let deps = cells[4]
             .split(',')
             .map(str::trim)
@@ -241,11 +245,7 @@ fn no_folder_uses_a_folder_drawn_after_it_and_the_crate_table_names_each_crates_
         dir_of.insert(p["name"].as_str().unwrap().to_string(), rel);
     }
     // The crate table's folder column is where each crate is.
-    for line in doc.lines() {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        if cells.len() != 6 || !cells[1].starts_with("reflex") {
-            continue;
-        }
+    for cells in crate_rows(&doc) {
         let folder = cells[2].split_whitespace().next().unwrap();
         assert_eq!(
             dir_of.get(cells[1]).map(String::as_str),

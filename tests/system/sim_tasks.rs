@@ -238,3 +238,44 @@ fn the_arm_view_reports_only_the_arms_state_and_keeps_the_scene_for_a_person() {
     let bad = toml::from_str::<SimConfig>("task = \"pick\"\nstate = \"cube\"").unwrap_err();
     assert!(bad.to_string().contains("arm"), "{bad}");
 }
+
+#[test]
+fn the_documented_track_commands_run_through_the_binary_in_either_action_space() {
+    // docs/benchmarks.md's moving-target commands, as a user types them (fewer episodes).
+    let dir = tempfile::tempdir().unwrap();
+    let demos = dir.path().join("J");
+    let out = crate::common::run_ok(
+        crate::common::reflex()
+            .args([
+                "sim",
+                "demos",
+                "--task",
+                "track",
+                "--action",
+                "joint-abs",
+                "--episodes",
+                "10",
+                "--noise",
+                "0.02",
+                "--seed",
+                "1",
+                "--out",
+            ])
+            .arg(&demos),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(10 of 10 run episodes succeeded)"), "{text}");
+    // The benchmark drives the simulator in the action space it is told, and names the
+    // spellings when told one it does not know.
+    let bad = crate::common::reflex()
+        .current_dir(crate::common::repo())
+        .args(["bench", "rtc", "--episodes", "1", "--action", "joint_pos"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--action joint_pos") && err.contains("joint-abs"),
+        "{err}"
+    );
+}
