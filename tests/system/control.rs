@@ -979,3 +979,144 @@ fn reflex_bench_rtc_runs_every_mode_at_every_delay_with_the_late_ticks_counted()
     }
     assert!(!v["not_measured"].as_array().unwrap().is_empty());
 }
+
+/// A policy on its own thread that tells the test when it is asked and answers only when the
+/// test lets it: the test decides how many ticks each chunk takes. Row `r` of chunk `n` steps
+/// `0.0001 (r + 1)` in x and `0.0001 n` in y.
+struct Gated {
+    asked: std::sync::mpsc::Sender<u64>,
+    go: std::sync::mpsc::Receiver<()>,
+    n: u64,
+}
+
+impl Policy for Gated {
+    fn name(&self) -> &str {
+        "gated"
+    }
+    fn chunk_spec(&self) -> ChunkSpec {
+        ChunkSpec {
+            len: 8,
+            execute: 3,
+            dim: 4,
+        }
+    }
+    fn infer(&mut self, _: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
+        self.n += 1;
+        let _ = self.asked.send(self.n);
+        let _ = self.go.recv();
+        for (r, row) in out.chunks_mut(4).enumerate() {
+            row.copy_from_slice(&[1e-4 * (r + 1) as f32, 1e-4 * self.n as f32, 0.0, 0.0]);
+        }
+        Ok(())
+    }
+}
+
+/// Runs three chunks of the gated policy on a thread, each held back for `gate_ticks` ticks
+/// after the loop asked for it; returns, per chunk, the rows the loop executed from it (in
+/// order) and the ticks the robot held before it arrived.
+fn gated_chunks(mode: ChunkMode, gate_ticks: u32) -> Vec<(Vec<usize>, u64)> {
+    let (asked_tx, asked) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let template = Observation {
+        state: vec![0.0; 8],
+        ..Default::default()
+    };
+    let policy = Gated {
+        asked: asked_tx,
+        go: go_rx,
+        n: 0,
+    };
+    let thread = PolicyThread::spawn(Box::new(policy), &template);
+    let safety = SafetyConfig {
+        obs_timeout_ms: 1e4,
+        policy_timeout_ms: 1e4,
+        ..Default::default()
+    };
+    let mut lp = ControlLoop::builder(NullRobot::new("gated", 8, 0), SimClock::new())
+        .config(cfg(100.0, mode))
+        .safety(safety)
+        .policy(PolicyDriver::Thread(thread))
+        .build()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut out = vec![];
+    let mut executed: Vec<(u64, usize)> = vec![];
+    for n in 1..=3u64 {
+        // Ticks until the policy is asked for chunk n (it is answering n - 1 before that).
+        let holds_before = lp.stats().holds_no_chunk;
+        loop {
+            lp.step().unwrap();
+            record(&lp, &mut executed);
+            match asked.try_recv() {
+                Ok(k) => {
+                    assert_eq!(k, n);
+                    break;
+                }
+                Err(_) => assert!(std::time::Instant::now() < deadline, "never asked"),
+            }
+            std::thread::yield_now();
+        }
+        for _ in 0..gate_ticks {
+            lp.step().unwrap();
+            record(&lp, &mut executed);
+        }
+        let chunks = lp.stats().chunks;
+        go.send(()).unwrap();
+        // Ticks until the loop takes it.
+        while lp.stats().chunks == chunks {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "chunk {n} never arrived"
+            );
+            std::thread::yield_now();
+            lp.step().unwrap();
+            record(&lp, &mut executed);
+        }
+        out.push((vec![], lp.stats().holds_no_chunk - holds_before));
+    }
+    // Run the third chunk out, then sort the executed rows by chunk.
+    for _ in 0..8 {
+        lp.step().unwrap();
+        record(&lp, &mut executed);
+    }
+    for (n, r) in executed {
+        if let Some((rows, _)) = out.get_mut(n as usize - 1) {
+            rows.push(r);
+        }
+    }
+    drop(go);
+    out
+}
+
+/// The chunk and row of the action the loop just sent, if it came from the gated policy.
+fn record(lp: &ControlLoop<NullRobot, SimClock>, executed: &mut Vec<(u64, usize)>) {
+    let a = lp.last_action();
+    if a[0] > 0.0 {
+        let (r, n) = (
+            (a[0] * 1e4).round() as usize - 1,
+            (a[1] * 1e4).round() as u64,
+        );
+        assert_eq!(a[0].to_bits(), (1e-4 * (r + 1) as f32).to_bits(), "{a:?}");
+        executed.push((n, r));
+    }
+}
+
+#[test]
+fn a_waiting_robot_holds_while_a_threaded_policy_infers_and_then_runs_its_chunk_from_the_first_action()
+ {
+    // Each chunk takes 5 ticks past the request. Waiting, the robot holds through them and
+    // then executes rows 0, 1, 2 (execute = 3) of every chunk, none skipped, none past execute.
+    let got = gated_chunks(ChunkMode::Wait, 5);
+    for (n, (rows, holds)) in got.iter().enumerate() {
+        assert_eq!(rows, &vec![0, 1, 2], "chunk {}: {got:?}", n + 1);
+        assert!(*holds >= 5, "chunk {}: held {holds} ticks: {got:?}", n + 1);
+    }
+    // The same policy with newest-wins: a chunk indexed by its observation's time arrives with
+    // its first rows in the past, and they are skipped (what waiting avoids).
+    let got = gated_chunks(ChunkMode::NewestWins, 5);
+    assert!(
+        got.iter()
+            .any(|(rows, _)| rows.first().is_some_and(|r| *r >= 5)),
+        "newest-wins skipped no rows: {got:?}"
+    );
+}

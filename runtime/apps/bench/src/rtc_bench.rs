@@ -25,7 +25,7 @@ use std::path::PathBuf;
 #[serde(rename_all = "snake_case")]
 pub enum ExecMode {
     /// Synchronous execution: the robot holds while each chunk is computed, then executes it
-    /// from its first action (`PolicyDriver::inline_waiting`).
+    /// from its first action (`[loop] chunks = { mode = "wait" }`).
     Sync,
     /// The newest chunk covering the time, switched to as soon as it arrives.
     Naive,
@@ -145,15 +145,12 @@ fn cell(
     let mut cfg = LoopConfig::at(spec.control_hz);
     cfg.chunks = match mode {
         ExecMode::Ensemble => ChunkMode::Ensemble { m: 0.01 },
+        ExecMode::Sync => ChunkMode::Wait,
         _ => ChunkMode::NewestWins,
     };
     let mut lp = ControlLoop::builder(env, SimClock::new())
         .config(cfg)
-        .policy(if mode == ExecMode::Sync {
-            PolicyDriver::inline_waiting(Box::new(policy), delay)
-        } else {
-            PolicyDriver::inline_delayed(Box::new(policy), delay)
-        })
+        .policy(PolicyDriver::inline_delayed(Box::new(policy), delay))
         .seed(o.seed)
         .build()?;
     let (mut jerks, mut jumps, mut steps) = (vec![], vec![], vec![]);

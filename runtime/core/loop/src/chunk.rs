@@ -3,12 +3,15 @@
 //! A policy returns a chunk: `len` actions meant for the control ticks starting at the time of the
 //! observation it was computed from (`t_start`), `dt` apart. The loop indexes the chunk by time,
 //! so actions the policy took too long to produce are skipped rather than executed late. Two
-//! execution modes:
+//! execution modes, and a third way to run them:
 //!
 //! - newest wins: the newest chunk that covers the current time is executed;
 //! - temporal ensembling (Zhao et al. 2023, ACT): every stored chunk that covers the current time
 //!   contributes, weighted `exp(-m * i)` with `i = 0` for the oldest, normalised. ACT uses
-//!   `m = 0.01`; a larger `m` gives newer predictions less weight: smoother, slower to react.
+//!   `m = 0.01`; a larger `m` gives newer predictions less weight: smoother, slower to react;
+//! - wait (synchronous execution): the loop asks for the next chunk only when the executing one
+//!   has run its `execute` actions, holds the robot while it is computed, and runs it from its
+//!   first action at the tick it arrives (docs/runtime.md, "Chunk execution modes").
 
 use std::time::Duration;
 
@@ -79,6 +82,9 @@ pub enum ChunkMode {
         /// Decay `m` of the weights `exp(-m i)`, `i = 0` for the oldest chunk.
         m: f32,
     },
+    /// Synchronous execution: the robot holds while each chunk is computed, then executes its
+    /// first `execute` actions from the tick it arrives (newest wins among what is held).
+    Wait,
 }
 
 /// Whether the policy should be asked for its next chunk now, from the newest chunk's actions
@@ -170,6 +176,15 @@ impl ChunkQueue {
         self.len += 1;
     }
 
+    /// Adds `c` as arriving at `t_start` with only its first `len` actions, the way a waiting
+    /// robot runs a chunk (no allocation: the slot's buffer is reused).
+    pub fn push_from(&mut self, c: &ActionChunk, t_start: Duration, len: usize) {
+        self.push(c);
+        let slot = &mut self.ring[self.order[self.len - 1]];
+        slot.t_start = t_start;
+        slot.len = slot.len.min(len);
+    }
+
     /// Rows of the newest chunk still ahead at `t` (the one due at `t` included); 0 when it
     /// does not cover `t`. The chunk's age is rounded to the nearest tick, so a wall clock's
     /// jitter (a request tick that woke a little late, this one a little early) does not count
@@ -217,7 +232,7 @@ impl ChunkQueue {
     /// Writes the action due at `t` into `out`; `None` when no chunk covers `t`.
     pub fn action_at(&self, t: Duration, out: &mut [f32]) -> Option<Blend> {
         match self.mode {
-            ChunkMode::NewestWins => {
+            ChunkMode::NewestWins | ChunkMode::Wait => {
                 for k in (0..self.len).rev() {
                     let c = &self.ring[self.order[k]];
                     if let Some(i) = c.index_at(t) {

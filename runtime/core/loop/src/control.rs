@@ -53,7 +53,8 @@ pub struct LoopConfig {
     /// What to do after an overrun.
     #[serde(default = "d_catch_up")]
     pub catch_up: CatchUp,
-    /// How chunks are executed: `{ mode = "newest_wins" }` or `{ mode = "ensemble", m = 0.01 }`.
+    /// How chunks are executed: `{ mode = "newest_wins" }`, `{ mode = "ensemble", m = 0.01 }` or
+    /// `{ mode = "wait" }` (synchronous: the robot holds while each chunk is computed).
     #[serde(default = "d_chunks")]
     pub chunks: ChunkMode,
     /// Chunks kept for ensembling.
@@ -127,9 +128,6 @@ pub enum PolicyDriver {
         due: Option<Duration>,
         /// What the loop executes meanwhile, for a policy that wants it.
         prefix: Vec<f32>,
-        /// Synchronous execution: the robot waits (holds) while the chunk is computed and then
-        /// executes it from its first action; each chunk ends after its `execute` actions.
-        wait: bool,
     },
     /// No base policy: the loop holds unless a person drives.
     None,
@@ -164,20 +162,7 @@ impl PolicyDriver {
             delay,
             due: None,
             prefix,
-            wait: false,
         }
-    }
-
-    /// Runs `policy` inline with synchronous execution, the baseline real-time chunking is
-    /// measured against: after each chunk's `execute` actions the robot holds for the `delay`
-    /// ticks the next chunk takes (counted as holds), then executes that chunk from its first
-    /// action, planned from the observation taken when the wait began.
-    pub fn inline_waiting(policy: Box<dyn Policy>, delay: u32) -> Self {
-        let mut driver = Self::inline_delayed(policy, delay);
-        if let PolicyDriver::Inline { wait, .. } = &mut driver {
-            *wait = true;
-        }
-        driver
     }
 
     fn spec(&self) -> Option<ChunkSpec> {
@@ -858,11 +843,19 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     }
 
     fn push_chunk(&mut self, t: Duration) {
+        let waiting = self.cfg.chunks == ChunkMode::Wait;
+        let execute = self.chunk_spec.map_or(0, |cs| cs.execute.min(cs.len));
         match &mut self.driver {
             PolicyDriver::Thread(pt) => {
                 while let Some(c) = pt.poll() {
                     if c.generation == self.generation {
-                        self.chunks.push(&c.chunk);
+                        if waiting {
+                            // The robot waited: the chunk starts now, at its first action, and
+                            // ends after the actions it executes.
+                            self.chunks.push_from(&c.chunk, t, execute);
+                        } else {
+                            self.chunks.push(&c.chunk);
+                        }
                         self.policy_latency = c.latency;
                         // On the loop's clock, from the request to this tick: the rows of the
                         // chunk already in the past, hand-over included.
@@ -874,12 +867,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                     }
                 }
             }
-            PolicyDriver::Inline {
-                chunk, due, wait, ..
-            } if due.is_some_and(|at| t >= at) => {
+            PolicyDriver::Inline { chunk, due, .. } if due.is_some_and(|at| t >= at) => {
                 *due = None;
                 self.latency.push(t.saturating_sub(chunk.t_start));
-                if *wait {
+                if waiting {
                     // The robot waited: the chunk starts now, at its first action.
                     chunk.t_start = t;
                 }
@@ -896,11 +887,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         // A thread delivers its chunk a tick or more after the request; an inline policy answers
         // at once (or, delayed, exactly `delay` ticks later).
         let lead = matches!(self.driver, PolicyDriver::Thread(_)) as usize;
-        let (delayed, waiting) = match &self.driver {
+        let waiting = self.cfg.chunks == ChunkMode::Wait;
+        let delayed = match &self.driver {
             PolicyDriver::Inline { due: Some(_), .. } => return, // one chunk in flight
-            // A waiting robot asks only when its chunk is spent (no early start).
-            PolicyDriver::Inline { delay, wait, .. } => (*delay > 0 && !*wait, *wait),
-            _ => (false, false),
+            PolicyDriver::Inline { delay, .. } => *delay > 0,
+            _ => false,
         };
         // A waiting robot's chunks end after the actions they execute.
         let len = if waiting {
@@ -917,7 +908,8 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.chunks.newest_remaining(t),
             len,
             cs.execute,
-            (lead > 0 || delayed).then_some(delay),
+            // A waiting robot asks only when its chunk is spent (no early start).
+            ((lead > 0 || delayed) && !waiting).then_some(delay),
             lead,
         );
         if !need || self.intervening {
