@@ -319,6 +319,21 @@ fn expected_inputs(
         };
         v.push((s.clone(), spec.graph.time_dtype.ort_name(), Some(dims)));
     }
+    match &spec.graph.prefix {
+        // A two-graph VLA's model takes the prefix graph's outputs, of any shape.
+        Some(p) => v.extend(p.outputs.iter().map(|o| (o.clone(), "float32", None))),
+        None => observation_inputs(spec, robot, &mut v),
+    }
+    v
+}
+
+/// The graph inputs the spec's `[[inputs]]` feed: the model's, or a two-graph VLA's prefix
+/// graph's.
+fn observation_inputs(
+    spec: &PolicySpec,
+    robot: Option<&RobotSpec>,
+    v: &mut Vec<(String, &'static str, Option<Vec<i64>>)>,
+) {
     for i in &spec.inputs {
         match i {
             InputSource::State {
@@ -374,7 +389,48 @@ fn expected_inputs(
             }
         }
     }
-    v
+}
+
+/// Every way a two-graph VLA's prefix graph disagrees with the spec: it must take exactly the
+/// spec's `[[inputs]]` and return each output `[graph.prefix]` names as float32.
+pub fn check_prefix_graph(
+    spec: &PolicySpec,
+    session: &Session,
+    robot: Option<&RobotSpec>,
+) -> Vec<String> {
+    let Some(p) = &spec.graph.prefix else {
+        return vec![];
+    };
+    let (inputs, outputs) = graph_io(session);
+    let mut expected = vec![];
+    observation_inputs(spec, robot, &mut expected);
+    let mut problems = vec![];
+    for (name, elem, dims) in &expected {
+        input_problems(spec, &inputs, name, elem, dims.as_deref(), &mut problems);
+    }
+    for g in inputs
+        .iter()
+        .filter(|g| !expected.iter().any(|e| e.0 == g.name))
+    {
+        problems.push(format!(
+            "prefix graph input `{}` ({} {:?}) is not fed by any spec input",
+            g.name, g.elem, g.dims
+        ));
+    }
+    for o in &p.outputs {
+        match outputs.iter().find(|g| &g.name == o) {
+            None => problems.push(format!(
+                "graph.prefix.outputs names `{o}`, which the prefix graph does not return (its outputs: {})",
+                outputs.iter().map(|g| g.name.as_str()).collect::<Vec<_>>().join(", ")
+            )),
+            Some(g) if g.elem != "float32" => problems.push(format!(
+                "prefix output `{o}` is {}; reflex passes float32 prefix tensors only",
+                g.elem
+            )),
+            Some(_) => {}
+        }
+    }
+    problems
 }
 
 /// Every way the graph disagrees with the spec (empty when they agree). `robot` lets the state
@@ -396,8 +452,9 @@ pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpe
         if !expected.iter().any(|(n, _, _)| n == &g.name) {
             // A fixed-size input nothing feeds: say how to feed it a constant.
             let tail: Vec<i64> = g.dims.iter().skip(1).copied().collect();
-            let fix = if matches!(g.elem.as_str(), "float32" | "int64")
-                && tail.iter().all(|d| *d > 0)
+            let fix = if spec.graph.prefix.is_some() {
+                "; a two-graph VLA's model takes the prefix graph's outputs: name it in [graph.prefix] outputs".to_string()
+            } else if matches!(g.elem.as_str(), "float32" | "int64") && tail.iter().all(|d| *d > 0)
             {
                 let n: i64 = tail.iter().product();
                 format!(
@@ -646,6 +703,54 @@ pub struct OnnxPolicy {
     trace: Option<Vec<Vec<f32>>>,
     rtc: Rtc,
     vjp: Option<VjpSession>,
+    prefix: Option<PrefixSession>,
+}
+
+/// A two-graph VLA's prefix graph (`[graph.prefix]`) and what it returned for the chunk being
+/// sampled (buffers reused from chunk to chunk).
+struct PrefixSession {
+    session: Session,
+    /// Each output the model takes: name, shape, values.
+    outputs: Vec<(String, Vec<usize>, Vec<f32>)>,
+    /// How long its last run took.
+    last: std::time::Duration,
+}
+
+/// Opens the prefix graph `p` names beside `model` and checks it against the spec.
+fn load_prefix(
+    model: &Path,
+    spec: &PolicySpec,
+    p: &crate::spec::PrefixGraph,
+    robot: &RobotSpec,
+    opts: &RunOptions,
+) -> Result<PrefixSession, LoadError> {
+    let dir = model.parent().unwrap_or(Path::new("."));
+    let path = dir.join(&p.file);
+    let mismatch = |problems| LoadError::Mismatch {
+        path: path.display().to_string(),
+        spec: spec_path(model).display().to_string(),
+        problems,
+    };
+    if !path.is_file() {
+        return Err(mismatch(vec![format!(
+            "graph.prefix.file names `{}`, which does not exist: the two graphs of a VLA travel together (NAME.onnx and NAME.prefix.onnx)",
+            path.display()
+        )]));
+    }
+    let session = open_session(&path, opts)?;
+    let problems = check_prefix_graph(spec, &session, Some(robot));
+    if !problems.is_empty() {
+        return Err(mismatch(problems));
+    }
+    Ok(PrefixSession {
+        session,
+        outputs: p
+            .outputs
+            .iter()
+            .map(|o| (o.clone(), vec![], vec![]))
+            .collect(),
+        last: std::time::Duration::ZERO,
+    })
 }
 
 /// A flow policy's vector-Jacobian-product graph (`[graph.vjp]`), loaded beside the model, with
@@ -784,10 +889,13 @@ fn load_vjp(
     let session = open_session(&path, opts)?;
     let mut problems = vec![];
     let has_in = |n: &str| session.inputs().iter().any(|i| i.name() == n);
-    let wanted = spec
-        .inputs
-        .iter()
-        .map(|i| i.name().to_string())
+    // Like the model, a two-graph VLA's VJP graph takes the prefix graph's outputs.
+    let observed: Vec<String> = match &spec.graph.prefix {
+        Some(p) => p.outputs.clone(),
+        None => spec.inputs.iter().map(|i| i.name().to_string()).collect(),
+    };
+    let wanted = observed
+        .into_iter()
         .chain(spec.graph.sample_input.clone())
         .chain(spec.graph.time_input.clone())
         .chain(std::iter::once(v.cotangent_input.clone()));
@@ -874,6 +982,10 @@ impl OnnxPolicy {
             Some(v) => Some(load_vjp(model, &spec, v, opts)?),
             None => None,
         };
+        let prefix = match &spec.graph.prefix {
+            Some(p) => Some(load_prefix(model, &spec, p, robot, opts)?),
+            None => None,
+        };
         Ok(OnnxPolicy {
             spec,
             session,
@@ -898,7 +1010,13 @@ impl OnnxPolicy {
                 last: None,
             },
             vjp,
+            prefix,
         })
+    }
+
+    /// How long the prefix graph of a two-graph VLA took for the last chunk (`None`: one graph).
+    pub fn last_prefix_time(&self) -> Option<std::time::Duration> {
+        self.prefix.as_ref().map(|p| p.last)
     }
 
     /// Whether the model carries a VJP graph, so real-time chunking guides its sampling (the
@@ -1044,6 +1162,33 @@ impl OnnxPolicy {
                 Prepared::Tokens { .. } | Prepared::Constant { .. } => {}
             }
         }
+        self.run_prefix()
+    }
+
+    /// A two-graph VLA: runs the prefix graph on the prepared inputs, once per chunk, and keeps
+    /// its outputs for the model's integration steps.
+    fn run_prefix(&mut self) -> Result<(), PolicyError> {
+        let Some(p) = &mut self.prefix else {
+            return Ok(());
+        };
+        let err = |e: ort::Error| PolicyError {
+            policy: self.spec.name.clone(),
+            message: format!("prefix graph: {e}"),
+        };
+        let t0 = std::time::Instant::now();
+        let mut feeds: Feeds = Vec::with_capacity(self.inputs.len() + 1);
+        input_feeds(&self.inputs, &mut feeds).map_err(err)?;
+        let outputs = p.session.run(feeds).map_err(err)?;
+        for (name, shape, data) in &mut p.outputs {
+            let (sh, values) = outputs[name.as_str()]
+                .try_extract_tensor::<f32>()
+                .map_err(err)?;
+            shape.clear();
+            shape.extend(sh.iter().map(|d| *d as usize));
+            data.clear();
+            data.extend_from_slice(values);
+        }
+        p.last = t0.elapsed();
         Ok(())
     }
 
@@ -1073,7 +1218,15 @@ impl OnnxPolicy {
             let time = time_feed(g, &self.time, &self.time_i64).map_err(err)?;
             feeds.push((tn.into(), time));
         }
-        input_feeds(&self.inputs, &mut feeds).map_err(err)?;
+        match &self.prefix {
+            Some(p) => {
+                for (name, shape, data) in &p.outputs {
+                    let t = TensorRef::from_array_view((shape.clone(), &data[..])).map_err(err)?;
+                    feeds.push((name.as_str().into(), t.into()));
+                }
+            }
+            None => input_feeds(&self.inputs, &mut feeds).map_err(err)?,
+        }
         if vjp {
             let v = self.vjp.as_mut().expect("a VJP graph is loaded");
             feeds.push((

@@ -326,6 +326,25 @@ pub struct GraphIo {
     /// for guided real-time chunking (`[policy.rtc]`); without one, RTC inpaints hard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vjp: Option<VjpGraph>,
+    /// A flow VLA's first graph (`[graph.prefix]`): run once per chunk on the observation inputs;
+    /// the model (the action expert) then takes its outputs in place of those inputs at every
+    /// integration step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<PrefixGraph>,
+}
+
+/// The prefix graph of a two-graph flow VLA (pi0, SmolVLA): it takes the spec's `[[inputs]]`
+/// (images, instruction, state) and returns the prefix's embeddings or its cached keys and
+/// values, float32 tensors of any shape, which the model takes under the same names beside the
+/// noisy chunk and the time. The expensive vision-language part then runs once per chunk rather
+/// than once per integration step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixGraph {
+    /// The ONNX file, relative to the model's folder (`NAME.prefix.onnx`).
+    pub file: String,
+    /// Its outputs the model takes, by name.
+    pub outputs: Vec<String>,
 }
 
 /// A flow policy's vector-Jacobian-product graph: the model's inputs plus a cotangent `e` shaped
@@ -442,6 +461,17 @@ impl Validate for PolicySpec {
                         allowed: "a VJP graph only for kind = \"flow\" (guided RTC is derived for flow policies)".into(),
                     });
                 }
+                if let Some(g) = &self.graph.prefix
+                    && (self.kind != PolicyKind::Flow || g.outputs.is_empty())
+                {
+                    return Err(Invalid {
+                        key: key(&key(p, "graph"), "prefix"),
+                        value: format!("{:?} with outputs {:?}", g.file, g.outputs),
+                        allowed:
+                            "a prefix graph only for kind = \"flow\", naming at least one output"
+                                .into(),
+                    });
+                }
                 if self.kind == PolicyKind::Diffusion {
                     let d = self.diffusion.clone().unwrap_or_default();
                     let dk = key(p, "diffusion");
@@ -531,6 +561,7 @@ impl PolicySpec {
                 time_shape: TimeShape::default(),
                 output: output.into(),
                 vjp: None,
+                prefix: None,
             },
             inputs: vec![InputSource::State {
                 name: state_input.into(),

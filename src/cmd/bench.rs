@@ -1,10 +1,11 @@
-//! `reflex bench bus|loop|learner|kernel|bus-servo|pixels|fleet|rtc`: arguments and what they
+//! `reflex bench bus|loop|learner|kernel|bus-servo|pixels|fleet|rtc|vla`: arguments and what they
 //! print.
 
 use crate::cli::{BusArgs, print_json};
 use clap::{Args, Subcommand};
 use reflex_bench::{
     bus_bench, fleet_bench, kernel_bench, learner_bench, loop_bench, pixels_bench, rtc_bench,
+    vla_bench,
 };
 use reflex_runtime::rt::RtConfig;
 
@@ -29,6 +30,42 @@ pub enum BenchCommand {
     /// A chunking policy whose chunks arrive late, per execution mode and delay, on the
     /// simulator: success, jerk and the jump at chunk boundaries (real-time chunking).
     Rtc(RtcBenchArgs),
+    /// A SmolVLA-shaped flow VLA (random weights) at its real cost on this CPU: per chunk as two
+    /// graphs (prefix once, expert per step) and as one, then the loop at 30 Hz on the simulator
+    /// with it on its thread (real-time chunking) and with no policy.
+    Vla(VlaBenchArgs),
+}
+
+#[derive(Args)]
+pub struct VlaBenchArgs {
+    /// Loop rate, Hz.
+    #[arg(long, default_value_t = 30.0)]
+    hz: f64,
+    /// Seconds of each loop run.
+    #[arg(long, default_value_t = 20.0)]
+    seconds: f64,
+    /// Chunks timed per way of running it.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    chunks: u64,
+    /// Actions executed per chunk of 50.
+    #[arg(long, default_value_t = 25)]
+    execute: usize,
+    /// Flow integration steps (SmolVLA and pi0 take 10).
+    #[arg(long, default_value_t = 10)]
+    flow_steps: usize,
+    /// ONNX Runtime's intra-op threads (one core stays with the loop).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Where the graphs are written (kept).
+    #[arg(long, default_value = "runs/bench-vla")]
+    dir: std::path::PathBuf,
+    /// The same architecture at a size that runs in moments (a check that the path works, not
+    /// a measurement).
+    #[arg(long)]
+    tiny: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -269,6 +306,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Loop(a) => loop_bench(a)?,
         BenchCommand::Fleet(a) => fleet(a)?,
         BenchCommand::Rtc(a) => rtc(a)?,
+        BenchCommand::Vla(a) => vla(a)?,
         BenchCommand::Kernel(a) => kernel(a)?,
         BenchCommand::Learner(a) => learner(a)?,
     }
@@ -474,6 +512,64 @@ fn rtc(a: RtcBenchArgs) -> anyhow::Result<()> {
         for n in &out.not_measured {
             println!("not measured: {n}");
         }
+    }
+    Ok(())
+}
+
+fn vla(a: VlaBenchArgs) -> anyhow::Result<()> {
+    let o = vla_bench::VlaBenchOptions {
+        hz: a.hz,
+        seconds: a.seconds,
+        chunks: a.chunks as usize,
+        execute: a.execute,
+        flow_steps: a.flow_steps,
+        threads: a.threads,
+        dir: a.dir,
+        tiny: a.tiny,
+    };
+    let json = a.json;
+    let out = vla_bench::run(&o, &mut |m| eprintln!("{m}"))?;
+    if json {
+        print_json(&out);
+        return Ok(());
+    }
+    println!(
+        "SmolVLA-shaped flow VLA, random weights: prefix {:.1} M weights, expert {:.1} M, {} steps, {} thread(s)",
+        out.prefix_params_m, out.expert_params_m, out.flow_steps, out.threads
+    );
+    let t = &out.two_graphs;
+    println!(
+        "two graphs: chunk p50 {:.1} ms p99 {:.1} ms (prefix {:.1} ms + expert {:.1} ms)",
+        t.p50_us / 1e3,
+        t.p99_us / 1e3,
+        t.prefix_p50_us.unwrap_or(f64::NAN) / 1e3,
+        t.expert_p50_us.unwrap_or(f64::NAN) / 1e3
+    );
+    println!(
+        "one graph:  chunk p50 {:.1} ms p99 {:.1} ms ({:.1}x the two graphs; chunks differ by at most {:.1e})",
+        out.single_graph.p50_us / 1e3,
+        out.single_graph.p99_us / 1e3,
+        out.single_over_two,
+        out.max_abs_diff
+    );
+    println!(
+        "loop at {} Hz, execute {} of 50, delay {} ticks:",
+        out.hz, out.execute, out.delay_ticks
+    );
+    for r in [&out.with_vla, &out.without_policy] {
+        println!(
+            "  {:<22} {} ticks, lateness p50 {:.0} us p99 {:.0} us max {:.0} us, missed {}, holds {} ({} episodes ended), chunks {}{}",
+            r.policy,
+            r.ticks,
+            r.lateness_p50_us,
+            r.lateness_p99_us,
+            r.lateness_max_us,
+            r.missed,
+            r.holds_no_chunk,
+            r.episodes,
+            r.chunks,
+            r.rtc.map(|v| format!(", rtc {v:?}")).unwrap_or_default()
+        );
     }
     Ok(())
 }

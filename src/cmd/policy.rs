@@ -265,6 +265,12 @@ fn bench(a: PolicyBenchArgs) -> anyhow::Result<()> {
             v.max_us,
             v.iters
         );
+        if let Some(g) = &v.graphs {
+            println!(
+                "two graphs: prefix once p50 {:.0} us (p99 {:.0} us), action expert p50 {:.0} us over the steps ({:.0} us a step)",
+                g.prefix_p50_us, g.prefix_p99_us, g.expert_p50_us, g.expert_step_p50_us
+            );
+        }
         if let Some(r) = &v.rtc {
             println!(
                 "real-time chunking ({:?}, {} overlapping rows, {} frozen): per chunk p50 {:.0} us, p99 {:.0} us, max {:.0} us ({:.2}x plain)",

@@ -39,6 +39,7 @@ mod servo_packets;
 mod sim_tasks;
 mod tiny_vla;
 mod vision;
+mod vla_two_graphs;
 
 /// Every allocation in this test binary goes through a counter that only counts on threads that
 /// asked for it (see `alloc_count`).

@@ -10,6 +10,8 @@
 //!   actor's image heads, a learner update);
 //! - [`kernel_bench`]: the learner's matrix kernel against the `gemm` crate, product by product;
 //! - [`rtc_bench`]: a chunking policy whose chunks arrive late, per execution mode and delay;
+//! - [`vla_bench`], [`vla_graphs`]: a SmolVLA-shaped flow VLA's cost as two graphs and as one, and
+//!   the loop at 30 Hz with it on its thread;
 //! - [`fleet_bench`]: one learner's ingest and training rates with 1, 2, 4, 8 actors;
 //! - [`soak`]: the actor and its learner for a long run with faults injected;
 //! - [`workloads`]: a robot and a policy that do no work (what is measured is the runtime);
@@ -28,4 +30,6 @@ pub mod rtc_bench;
 pub mod scratch;
 pub mod servo_bench;
 pub mod soak;
+pub mod vla_bench;
+pub mod vla_graphs;
 pub mod workloads;

@@ -177,10 +177,26 @@ pub struct PolicyBenchReport {
     pub p99_us: f64,
     /// Slowest chunk, µs.
     pub max_us: f64,
+    /// A two-graph VLA (`[graph.prefix]`): each graph's share of the chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graphs: Option<GraphTimes>,
     /// With `--rtc`: the same chunks sampled by real-time chunking, timed alternately with the
     /// plain ones in the same run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rtc: Option<RtcTiming>,
+}
+
+/// A two-graph VLA's chunk, graph by graph.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct GraphTimes {
+    /// The prefix graph, once per chunk: median, µs.
+    pub prefix_p50_us: f64,
+    /// Its 99th percentile, µs.
+    pub prefix_p99_us: f64,
+    /// The action expert over all integration steps (the chunk less the prefix): median, µs.
+    pub expert_p50_us: f64,
+    /// One expert call (the median over the steps), µs.
+    pub expert_step_p50_us: f64,
 }
 
 /// Per-chunk latency of real-time chunking beside plain sampling.
@@ -268,10 +284,16 @@ pub fn bench(
     let mut rtc_out = vec![0.0f32; out.len()];
     let mut variant = None;
     let (mut lat, mut rtc_lat) = (Vec::with_capacity(iters), vec![]);
+    let (mut prefix_lat, mut expert_lat) = (vec![], vec![]);
     for _ in 0..iters {
         let t0 = Instant::now();
         policy.infer_chunk(&obs, &mut out)?;
-        lat.push(t0.elapsed().as_secs_f64() * 1e6);
+        let chunk = t0.elapsed().as_secs_f64() * 1e6;
+        lat.push(chunk);
+        if let Some(p) = policy.last_prefix_time() {
+            prefix_lat.push(p.as_secs_f64() * 1e6);
+            expert_lat.push(chunk - p.as_secs_f64() * 1e6);
+        }
         if rtc.is_some() {
             let prefix = reflex_runtime::policy::ChunkPrefix {
                 actions: &executing,
@@ -296,6 +318,8 @@ pub fn bench(
         max_us: rtc_lat.last().copied().unwrap_or(f64::NAN),
         p50_over_plain: percentile(&rtc_lat, 50.0) / plain_p50,
     });
+    prefix_lat.sort_by(|x, y| x.total_cmp(y));
+    expert_lat.sort_by(|x, y| x.total_cmp(y));
     let calls = match spec.kind {
         reflex_policies::spec::PolicyKind::Diffusion => {
             spec.diffusion.clone().unwrap_or_default().inference_steps
@@ -312,6 +336,12 @@ pub fn bench(
         p50_us: plain_p50,
         p99_us: percentile(&lat, 99.0),
         max_us: lat.last().copied().unwrap_or(f64::NAN),
+        graphs: (!prefix_lat.is_empty()).then(|| GraphTimes {
+            prefix_p50_us: percentile(&prefix_lat, 50.0),
+            prefix_p99_us: percentile(&prefix_lat, 99.0),
+            expert_p50_us: percentile(&expert_lat, 50.0),
+            expert_step_p50_us: percentile(&expert_lat, 50.0) / calls.max(1) as f64,
+        }),
         rtc,
     })
 }
