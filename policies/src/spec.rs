@@ -405,6 +405,34 @@ pub struct PolicySpec {
     pub provenance: Option<String>,
 }
 
+impl PolicySpec {
+    /// The VJP and prefix graphs are for flow policies only, and a prefix graph names an output.
+    fn validate_second_graphs(&self, p: &str) -> Result<(), Invalid> {
+        if let Some(v) = &self.graph.vjp
+            && self.kind != PolicyKind::Flow
+        {
+            return Err(Invalid {
+                key: key(&key(p, "graph"), "vjp"),
+                value: format!("{:?}", v.file),
+                allowed:
+                    "a VJP graph only for kind = \"flow\" (guided RTC is derived for flow policies)"
+                        .into(),
+            });
+        }
+        if let Some(g) = &self.graph.prefix
+            && (self.kind != PolicyKind::Flow || g.outputs.is_empty())
+        {
+            return Err(Invalid {
+                key: key(&key(p, "graph"), "prefix"),
+                value: format!("{:?} with outputs {:?}", g.file, g.outputs),
+                allowed: "a prefix graph only for kind = \"flow\", naming at least one output"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Validate for PolicySpec {
     fn validate(&self, p: &str) -> Result<(), Invalid> {
         if self.format != "reflex-policy" {
@@ -452,26 +480,7 @@ impl Validate for PolicySpec {
                         allowed: "\"float32\" for kind = \"flow\" (t runs through [0, 1])".into(),
                     });
                 }
-                if let Some(v) = &self.graph.vjp
-                    && self.kind != PolicyKind::Flow
-                {
-                    return Err(Invalid {
-                        key: key(&key(p, "graph"), "vjp"),
-                        value: format!("{:?}", v.file),
-                        allowed: "a VJP graph only for kind = \"flow\" (guided RTC is derived for flow policies)".into(),
-                    });
-                }
-                if let Some(g) = &self.graph.prefix
-                    && (self.kind != PolicyKind::Flow || g.outputs.is_empty())
-                {
-                    return Err(Invalid {
-                        key: key(&key(p, "graph"), "prefix"),
-                        value: format!("{:?} with outputs {:?}", g.file, g.outputs),
-                        allowed:
-                            "a prefix graph only for kind = \"flow\", naming at least one output"
-                                .into(),
-                    });
-                }
+                self.validate_second_graphs(p)?;
                 if self.kind == PolicyKind::Diffusion {
                     let d = self.diffusion.clone().unwrap_or_default();
                     let dk = key(p, "diffusion");

@@ -218,6 +218,40 @@ pub struct RtcTiming {
     pub p50_over_plain: f64,
 }
 
+/// Turns on real-time chunking for `policy bench --rtc`, refusing a policy it cannot apply to.
+fn rtc_for_bench(
+    policy: &mut OnnxPolicy,
+    spec: &PolicySpec,
+    model: &Path,
+    guided: bool,
+    overlap: usize,
+) -> Result<()> {
+    if spec.kind == reflex_policies::spec::PolicyKind::Chunk || overlap == 0 {
+        return Err(AgentError::setup(
+            "reflex policy bench --rtc",
+            format!(
+                "`{}` is a chunk policy or executes its whole chunk (execute = chunk_len): real-time chunking has nothing to inpaint",
+                model.display()
+            ),
+        ));
+    }
+    if guided && !policy.has_vjp() {
+        return Err(AgentError::setup(
+            "reflex policy bench --rtc guided",
+            format!(
+                "`{}` has no VJP graph ([graph.vjp] in its spec; `reflex bc train --objective flow` writes one): time `--rtc hard`",
+                model.display()
+            ),
+        ));
+    }
+    policy.set_rtc(reflex_policies::rtc::RtcConfig {
+        enabled: true,
+        guidance: guided,
+        ..Default::default()
+    });
+    Ok(())
+}
+
 /// `reflex policy bench`: per-chunk latency (all sampler steps) on a provider; with `rtc`
 /// (`Some(guided)`), real-time chunking's chunks too, alternating with the plain ones, with the
 /// policy's own previous chunk as the executing one (overlap `chunk_len - execute` rows, delay
@@ -252,30 +286,8 @@ pub fn bench(
     }
     let overlap = spec.chunk_len - spec.execute;
     let delay = (overlap / 2).max(1).min(overlap);
-    if rtc.is_some() {
-        if spec.kind == reflex_policies::spec::PolicyKind::Chunk || overlap == 0 {
-            return Err(AgentError::setup(
-                "reflex policy bench --rtc",
-                format!(
-                    "`{}` is a chunk policy or executes its whole chunk (execute = chunk_len): real-time chunking has nothing to inpaint",
-                    model.display()
-                ),
-            ));
-        }
-        if rtc == Some(true) && !policy.has_vjp() {
-            return Err(AgentError::setup(
-                "reflex policy bench --rtc guided",
-                format!(
-                    "`{}` has no VJP graph ([graph.vjp] in its spec; `reflex bc train --objective flow` writes one): time `--rtc hard`",
-                    model.display()
-                ),
-            ));
-        }
-        policy.set_rtc(reflex_policies::rtc::RtcConfig {
-            enabled: true,
-            guidance: rtc == Some(true),
-            ..Default::default()
-        });
+    if let Some(guided) = rtc {
+        rtc_for_bench(&mut policy, &spec, model, guided, overlap)?;
     }
     // The executing chunk: the policy's own, shifted by what was executed.
     let dim = spec.action_dim;
