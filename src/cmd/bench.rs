@@ -63,6 +63,13 @@ pub struct VlaBenchArgs {
     /// a measurement).
     #[arg(long)]
     tiny: bool,
+    /// SCHED_FIFO priority for the loop thread (`[loop.rt] fifo_priority`; the VLA's thread does
+    /// not take it).
+    #[arg(long)]
+    fifo: Option<i32>,
+    /// Pin the loop thread to this CPU (`[loop.rt] cpu`).
+    #[arg(long)]
+    cpu: Option<usize>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -526,6 +533,11 @@ fn vla(a: VlaBenchArgs) -> anyhow::Result<()> {
         threads: a.threads,
         dir: a.dir,
         tiny: a.tiny,
+        rt: RtConfig {
+            fifo_priority: a.fifo,
+            cpu: a.cpu,
+            mlockall: false,
+        },
     };
     let json = a.json;
     let out = vla_bench::run(&o, &mut |m| eprintln!("{m}"))?;
@@ -553,8 +565,15 @@ fn vla(a: VlaBenchArgs) -> anyhow::Result<()> {
         out.max_abs_diff
     );
     println!(
-        "loop at {} Hz, execute {} of 50, delay {} ticks:",
-        out.hz, out.execute, out.delay_ticks
+        "loop at {} Hz, execute {} of 50, delay {} ticks{}:",
+        out.hz,
+        out.execute,
+        out.delay_ticks,
+        if out.rt.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", out.rt.join("; "))
+        }
     );
     for r in [&out.with_vla, &out.without_policy] {
         println!(

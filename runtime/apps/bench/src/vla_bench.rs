@@ -42,6 +42,9 @@ pub struct VlaBenchOptions {
     pub dir: PathBuf,
     /// [`VlaShape::tiny`] instead of [`VlaShape::reduced_smolvla`] (tests).
     pub tiny: bool,
+    /// Real-time settings of the loop thread (`[loop.rt]`), applied once the VLA's thread has
+    /// started (it does not inherit them), for both loop runs.
+    pub rt: reflex_runtime::rt::RtConfig,
 }
 
 /// Per-chunk latency of one way of running the VLA.
@@ -123,6 +126,8 @@ pub struct VlaBenchReport {
     pub without_policy: VlaLoopRun,
     /// Where the graphs are.
     pub dir: String,
+    /// The loop thread's real-time settings and what became of each.
+    pub rt: Vec<String>,
 }
 
 /// The tokenizer the graphs' instruction goes through (a word-level vocabulary; the network's
@@ -228,7 +233,13 @@ fn sim() -> Result<SimEnv> {
     Ok(SimEnv::new(cfg)?)
 }
 
-fn loop_run(name: &str, hz: f64, seconds: f64, policy: Option<OnnxPolicy>) -> Result<VlaLoopRun> {
+fn loop_run(
+    name: &str,
+    hz: f64,
+    seconds: f64,
+    policy: Option<OnnxPolicy>,
+    rt: &reflex_runtime::rt::RtConfig,
+) -> Result<(VlaLoopRun, Vec<String>)> {
     let mut env = sim()?;
     let template = env.reset(Some(0))?.clone();
     let has_policy = policy.is_some();
@@ -241,6 +252,17 @@ fn loop_run(name: &str, hz: f64, seconds: f64, policy: Option<OnnxPolicy>) -> Re
         .policy(driver)
         .seed(0)
         .build()?;
+    let rt = reflex_runtime::rt::apply(rt)
+        .into_iter()
+        .map(|r| {
+            format!(
+                "{}: {} ({})",
+                r.setting,
+                if r.ok { "ok" } else { "refused" },
+                r.detail
+            )
+        })
+        .collect();
     // Until the first chunk arrives (or for a second with no policy): not counted.
     if has_policy {
         let t0 = Instant::now();
@@ -260,7 +282,7 @@ fn loop_run(name: &str, hz: f64, seconds: f64, policy: Option<OnnxPolicy>) -> Re
     lp.run_ticks((seconds * hz).round() as u64)?;
     let s = lp.stats();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    Ok(VlaLoopRun {
+    let run = VlaLoopRun {
         policy: name.into(),
         ticks: s.ticks - warm.ticks,
         lateness_p50_us: us(s.lateness.percentile(50.0)),
@@ -273,7 +295,8 @@ fn loop_run(name: &str, hz: f64, seconds: f64, policy: Option<OnnxPolicy>) -> Re
         chunks: s.chunks - warm.chunks,
         episodes: s.episodes - warm.episodes,
         rtc: None,
-    })
+    };
+    Ok((run, rt))
 }
 
 fn timing(lat: &mut [f64], prefix: Option<&mut [f64]>) -> ChunkTiming {
@@ -364,10 +387,10 @@ pub fn run(o: &VlaBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<VlaBen
         "the loop at {} Hz with the VLA for {} s",
         o.hz, o.seconds
     ));
-    let mut with_vla = loop_run("vla (two graphs, rtc)", o.hz, o.seconds, Some(p2))?;
+    let (mut with_vla, rt) = loop_run("vla (two graphs, rtc)", o.hz, o.seconds, Some(p2), &o.rt)?;
     with_vla.rtc = variant;
     progress(&format!("the loop with no policy for {} s", o.seconds));
-    let without_policy = loop_run("none", o.hz, o.seconds, None)?;
+    let (without_policy, _) = loop_run("none", o.hz, o.seconds, None, &o.rt)?;
     let (pp, ep) = v.parameters();
     Ok(VlaBenchReport {
         shape: v,
@@ -385,5 +408,6 @@ pub fn run(o: &VlaBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<VlaBen
         with_vla,
         without_policy,
         dir: o.dir.display().to_string(),
+        rt,
     })
 }
