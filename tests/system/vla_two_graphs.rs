@@ -195,4 +195,29 @@ fn reflex_bench_vla_and_policy_bench_time_each_graph_through_the_binary() {
         v["graphs"]["expert_step_p50_us"].as_f64().unwrap() > 0.0,
         "{v}"
     );
+
+    // `reflex policy check` reads the prefix graph too, and names it when it does not fit.
+    let check = || {
+        reflex()
+            .args(["policy", "check", "--model"])
+            .arg(dir.path().join("vla.onnx"))
+            .output()
+            .unwrap()
+    };
+    let out = check();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("vla.prefix.onnx"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec = dir.path().join("vla.policy.toml");
+    let good = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(&spec, good.replace("name = \"state\"", "name = \"joints\"")).unwrap();
+    let out = check();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("prefix graph") && err.contains("`joints`"),
+        "{err}"
+    );
 }

@@ -112,6 +112,25 @@ pub fn check(model: &Path) -> Result<CheckReport> {
         ));
     }
     let mut problems = check_graph(&spec, &session, robot.as_ref().map(|r| &r.spec));
+    // A two-graph VLA: the prefix graph beside it, against the spec's inputs and outputs.
+    if let Some(p) = &spec.graph.prefix {
+        let path = model.parent().unwrap_or(Path::new(".")).join(&p.file);
+        match open_session(&path, &RunOptions::default()) {
+            Ok(prefix) => {
+                lines.push(format!(
+                    "  prefix graph {} (once per chunk)",
+                    path.display()
+                ));
+                let r = robot.as_ref().map(|r| &r.spec);
+                problems.extend(
+                    reflex_policies::onnx_policy::check_prefix_graph(&spec, &prefix, r)
+                        .into_iter()
+                        .map(|m| format!("prefix graph {}: {m}", path.display())),
+                );
+            }
+            Err(e) => problems.push(format!("[graph.prefix] {}: {e}", path.display())),
+        }
+    }
     // A training that diverged leaves NaN weights: the graph matches, every action is NaN.
     // Weights in external data files beside the model are read too.
     match reflex_policies::onnx_read::float_initializers_of_file(model) {
