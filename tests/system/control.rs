@@ -1120,3 +1120,49 @@ fn a_waiting_robot_holds_while_a_threaded_policy_infers_and_then_runs_its_chunk_
         "newest-wins skipped no rows: {got:?}"
     );
 }
+
+#[test]
+fn reflex_run_with_the_wait_mode_holds_before_every_chunk_on_a_wall_clock() {
+    // The documented setting through the binary: the shipped policy on its own thread, the
+    // simulator in wall time. Every chunk is asked for when the last one's actions are spent and
+    // taken at a later tick, so each one is preceded by at least one held tick; a chunk timed
+    // from a tick's wake-up instead of its deadline re-ran its last action instead of holding
+    // on about half of them (8 holds for 15 chunks).
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("wait.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[robot]
+source = "sim"
+
+[sim]
+task = "pick"
+
+[loop]
+hz = 20.0
+chunks = {{ mode = "wait" }}
+
+[policy]
+kind = "onnx"
+model = "{}"
+intra_threads = 1
+
+[run]
+episodes = 2
+seed = 7
+clock = "wall"
+"#,
+            crate::common::repo().join("models/pick.onnx").display()
+        ),
+    )
+    .unwrap();
+    let v = crate::common::json_output(reflex().args(["run", "--config"]).arg(&cfg).arg("--json"));
+    assert_eq!(v["episodes"], 2, "{v}");
+    let (chunks, holds) = (
+        v["chunks"].as_u64().unwrap(),
+        v["holds_no_chunk"].as_u64().unwrap(),
+    );
+    assert!(chunks >= 4, "{v}");
+    assert!(holds >= chunks, "{holds} holds for {chunks} chunks: {v}");
+}

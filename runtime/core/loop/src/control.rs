@@ -383,6 +383,8 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     teleop_seen: bool,
     intervening: bool,
     request_pending: bool,
+    /// This tick's deadline: where a waiting robot's chunk starts (its wake-up time jitters).
+    deadline: Duration,
     chunk_age: Duration,
     policy_latency: Duration,
     latency: crate::policy::LatencyWindow,
@@ -628,6 +630,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop_seen: false,
             intervening: false,
             request_pending: false,
+            deadline: Duration::ZERO,
             chunk_age: Duration::ZERO,
             policy_latency: Duration::ZERO,
             latency: Default::default(),
@@ -850,9 +853,11 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 while let Some(c) = pt.poll() {
                     if c.generation == self.generation {
                         if waiting {
-                            // The robot waited: the chunk starts now, at its first action, and
-                            // ends after the actions it executes.
-                            self.chunks.push_from(&c.chunk, t, execute);
+                            // The robot waited: the chunk starts at this tick, at its first
+                            // action, and ends after the actions it executes. Timed from the
+                            // tick's deadline, not its wake-up, so a later tick that wakes less
+                            // late still indexes the next row (not the same one again).
+                            self.chunks.push_from(&c.chunk, self.deadline, execute);
                         } else {
                             self.chunks.push(&c.chunk);
                         }
@@ -871,8 +876,8 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 *due = None;
                 self.latency.push(t.saturating_sub(chunk.t_start));
                 if waiting {
-                    // The robot waited: the chunk starts now, at its first action.
-                    chunk.t_start = t;
+                    // The robot waited: the chunk starts at this tick, at its first action.
+                    chunk.t_start = self.deadline;
                 }
                 self.chunks.push(chunk);
                 self.stats.chunks += 1;
@@ -990,6 +995,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
         let deadline = self.schedule.deadline();
         let t = self.clock.sleep_until(deadline);
         let lateness = t.saturating_sub(deadline);
+        self.deadline = deadline;
         let estop = self.note_stop();
         self.read_observation(t)?;
         if estop && self.episode_open {
