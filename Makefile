@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 CARGO ?= cargo
 
-.PHONY: demo test venv build robot bench fmt clippy clean-venv models bundle bundle-check lerobot-tools parity
+.PHONY: demo test venv build robot bench fmt clippy clean-venv models bundle bundle-check lerobot-tools parity lerobot-path
 
 ## The pinned Python environment (onnxruntime, eclipse-zenoh, gymnasium, msgpack).
 venv: $(VENV)/.installed
@@ -116,6 +116,15 @@ PARITY_REFLEX = "$(or $(CARGO_TARGET_DIR),target)/release/reflex"
 parity: lerobot-tools build
 	$(LEROBOT_VENV)/bin/python policies/import/parity.py --policy act --reflex $(PARITY_REFLEX)
 	$(LEROBOT_VENV)/bin/python policies/import/parity.py --policy diffusion --observations 4 --reflex $(PARITY_REFLEX)
+
+## The whole path a LeRobot user takes (policies/import/user_path.py), each step the real program in
+## its own process: reflex records demonstrations with cameras, exports them, LeRobot's
+## LeRobotDataset loads them (checked against reflex's records), lerobot-train trains ACT on the
+## CPU, reflex imports it, runs it on the simulator and refines it with the residual learner; and
+## datasets written by LeRobot's own writer (AV1 and H.264) train in `reflex bc train`. Small
+## sizes, a few minutes; its own target for the same reason as `parity`.
+lerobot-path: lerobot-tools build
+	$(LEROBOT_VENV)/bin/python policies/import/user_path.py --reflex $(PARITY_REFLEX)
 
 bench: build
 	$(CARGO) run --release --quiet -- sim bench --task pick

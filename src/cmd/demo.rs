@@ -200,7 +200,8 @@ fn print_table(o: &DemoOptions, r: &DemoReport) {
             last * 100.0
         );
     }
-    if let Some(h) = s.vision.as_ref().and_then(|v| v.base_held_out.as_ref()) {
+    let base = s.vision.as_ref().and_then(|v| v.base_held_out.as_ref());
+    if let Some(h) = base.or(s.base_held_out.as_ref()) {
         let (lo, hi) = h.success_rate_wilson_95;
         println!(
             "  held out, base policy alone ({} new seeds): {:.0}% success (95% CI {:.0}-{:.0}%)",

@@ -423,6 +423,48 @@ fn the_pixel_demo_takes_its_reward_from_the_classifier_and_the_person_vetoes_fal
 }
 
 #[test]
+fn the_state_demo_refines_a_base_that_reads_images_and_measures_it_alone_first() {
+    // A base that reads cameras (an imported LeRobot ACT does; here the shipped image policy) in
+    // the state demo: the simulator renders its cameras at the size the policy takes, the
+    // person's steps are relabelled on the frames they were taken on (the learner's own
+    // relabeller reads only the state, and failed with "no image from camera" before), and the
+    // base alone is measured on the same held-out episodes as the refined policy.
+    let dir = tempfile::tempdir().unwrap();
+    let v = crate::common::json_output(&mut demo(
+        &[
+            "--model",
+            "models/pick-seeing.onnx",
+            "--episodes",
+            "3",
+            "--demos",
+            "1",
+            "--eval-episodes",
+            "4",
+            "--json",
+        ],
+        dir.path(),
+    ));
+    assert!(v.get("vision").is_none(), "{v}");
+    for h in [&v["held_out"], &v["base_held_out"]] {
+        assert_eq!(h["episodes"], 4, "{v}");
+        assert_eq!(h["seeds_seen_in_training"], 0, "{v}");
+    }
+    assert!(v["demonstrations"].as_u64().unwrap() >= 1, "{v}");
+    let run_dir = std::path::Path::new(v["run_dir"].as_str().unwrap());
+    for f in ["refined.toml", "base.toml"] {
+        let text = std::fs::read_to_string(run_dir.join(f)).unwrap();
+        assert!(
+            text.contains("[sim.cameras]") && text.contains("width = 64"),
+            "{f}: {text}"
+        );
+        assert!(
+            !text.contains("state = \"arm\""),
+            "the state demo's full state: {f}: {text}"
+        );
+    }
+}
+
+#[test]
 fn the_pixel_demo_takes_per_component_bounds_and_a_height_watching_person_from_its_config() {
     // docs/learner.md's `[learner] action_scales` and docs/training.md's `[human] close_high_m`,
     // given to `reflex demo --vision --config` in a file as a user writes one.

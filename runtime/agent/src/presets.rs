@@ -12,9 +12,14 @@ pub use reflex_learn::sac::learner_preset;
 /// at least 0.05, so a component that hardly varied in the demonstrations is not blown up), for
 /// the state components the policy reads: all of them, or the fields it names (an image policy
 /// reads the arm's joints and tool pose beside its cameras). A component it does not read is
-/// scaled by `robot`'s own bounds where they are finite, and left as it is otherwise.
+/// scaled by `robot`'s own bounds where they are finite, and left as it is otherwise. A base
+/// that normalises its state by mean and standard deviation (LeRobot's ACT and Diffusion Policy)
+/// gives no bounds: then every component takes the robot's.
 pub fn state_norm(base: &OnnxPolicy, robot: &RobotSpec) -> Option<reflex_learn::sac::ObsNorm> {
-    let bounds = base.spec().state_bounds(robot)?;
+    let bounds = base
+        .spec()
+        .state_bounds(robot)
+        .unwrap_or_else(|| vec![None; robot.state_dim()]);
     let own = state_bounds_of(robot);
     let (lo, hi): (Vec<f32>, Vec<f32>) = bounds
         .iter()

@@ -149,7 +149,7 @@ impl Column {
             "dtype": self.dtype(),
             "shape": [self.width],
             "names": self.names,
-            "fps": fps,
+            "fps": fps_value(fps),
         })
     }
 
@@ -397,7 +397,7 @@ pub fn export_lerobot(o: &ExportOptions) -> Result<ExportReport> {
         "chunks_size": CHUNK_SIZE,
         "data_files_size_in_mb": DATA_FILE_MB,
         "video_files_size_in_mb": crate::videos::VIDEO_FILE_MB,
-        "fps": fps,
+        "fps": fps_value(fps),
         "splits": {"train": format!("0:{}", episodes.len())},
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
         "video_path": video_path,
@@ -763,4 +763,14 @@ fn read_frames(
         }
     }
     Ok(())
+}
+
+/// A rate as LeRobot writes it in info.json: an integer (its `fps: int`; PyAV, which LeRobot's
+/// writer hands it to, refuses a float), a float only when the rate is not whole.
+fn fps_value(fps: f64) -> serde_json::Value {
+    if fps.fract() == 0.0 && fps > 0.0 && fps < f64::from(u32::MAX) {
+        serde_json::json!(fps as u32)
+    } else {
+        serde_json::json!(fps)
+    }
 }

@@ -28,6 +28,7 @@ use reflex_runtime::control::{ControlLoop, LoopConfig, PolicyDriver};
 use reflex_runtime::outbox::{OutboxReceiver, Source, outbox, outbox_with_features};
 use reflex_runtime::residual::WeightsWriter;
 use reflex_runtime::teleop::{TeleopWriter, teleop_channel};
+use reflex_sim::config::CameraConfig;
 use reflex_sim::human::{HumanConfig, SimHuman, TakeoverReasons};
 use reflex_sim::{SimConfig, SimEnv, TaskKind};
 use std::path::{Path, PathBuf};
@@ -232,6 +233,10 @@ pub struct DemoSummary {
     /// The held-out evaluation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_out: Option<reflex_agent::heldout::HeldOut>,
+    /// A state demo whose base reads images (an imported LeRobot policy): the base alone on the
+    /// same held-out episodes as `held_out` (the pixel demo keeps it in `vision`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_held_out: Option<reflex_agent::heldout::HeldOut>,
     /// Learning from pixels: what the learner saw, the classifier's verdicts, the base alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionFigures>,
@@ -346,6 +351,9 @@ fn sim_settings(o: &DemoOptions, file: Option<DemoSim>) -> Result<SimConfig> {
         Some(v) => vision::sim_config(v),
         None => SimConfig::for_task(o.task),
     };
+    if o.vision.is_none() {
+        sim.cameras = cameras_for_base(&o.model)?;
+    }
     let (Some(p), Some(table)) = (&o.config, file) else {
         return Ok(sim);
     };
@@ -363,6 +371,34 @@ fn sim_settings(o: &DemoOptions, file: Option<DemoSim>) -> Result<SimConfig> {
     }
     sim.validate("sim").map_err(|i| invalid_in(p, i))?;
     Ok(sim)
+}
+
+/// The state demo's cameras: off, unless the base policy reads images (an imported LeRobot ACT
+/// or Diffusion Policy does); then on, rendered at the size its first image input takes, so
+/// nothing is resized on the way in. The residual learner still learns from the state.
+fn cameras_for_base(model: &Path) -> Result<CameraConfig> {
+    // A missing model is reported where the base is loaded, with the rest of its checks.
+    if !reflex_policies::spec::spec_path(model).is_file() {
+        return Ok(CameraConfig::default());
+    }
+    let spec = reflex_policies::spec::PolicySpec::load_for(model).map_err(|e| {
+        AgentError::setup(
+            format!("--model {}", model.display()),
+            format!("its spec: {e}"),
+        )
+    })?;
+    Ok(spec
+        .inputs
+        .iter()
+        .find_map(|i| match i {
+            reflex_policies::spec::InputSource::Image { width, height, .. } => Some(CameraConfig {
+                enabled: true,
+                width: *width,
+                height: *height,
+            }),
+            _ => None,
+        })
+        .unwrap_or_default())
 }
 
 /// The learner's, the person's and the simulator's settings: the demo's, with a config file's
@@ -444,6 +480,8 @@ struct Arm {
     asm: Assembler,
     chunk_asm: ChunkAssembler,
     vision: Option<vision::VisionRig>,
+    /// A state demo's base that reads images: its person's steps relabelled on their frames.
+    seen_relabel: Option<vision::PersonRelabel>,
     human: Option<SimHuman>,
     msg: TeleopMsg,
     count: PersonCount,
@@ -676,15 +714,26 @@ fn build_arm(
     }
     // The learner's relabeller reads the state only; an image policy relabels the person's
     // steps in the rig, on the frames the person acted on.
-    let (relabel, vision) = match seeing {
+    let reads_images = relabel
+        .spec()
+        .inputs
+        .iter()
+        .any(|i| matches!(i, reflex_policies::spec::InputSource::Image { .. }));
+    let (relabel, vision, seen_relabel) = match seeing {
         Some(s) => {
             b = b.features(s.features);
             (
                 None,
                 Some(vision::VisionRig::new(s.header, relabel, act_dim)),
+                None,
             )
         }
-        None => (Some(relabel), None),
+        None if reads_images => (
+            None,
+            None,
+            Some(vision::PersonRelabel::new(relabel, act_dim)),
+        ),
+        None => (Some(relabel), None, None),
     };
     let lp = b.teleop(teleop_rx).outbox(otx).build()?;
     let human = person(o, human_cfg, &spec, i)?;
@@ -693,6 +742,7 @@ fn build_arm(
         index: i,
         lp,
         vision,
+        seen_relabel,
         asm: Assembler::new(o.mode, norm.clone(), relabel, o.rlif, act_dim),
         chunk_asm: ChunkAssembler::new(o.rlif),
         teleop,
@@ -871,10 +921,11 @@ impl Arm {
             None => msg.intervene = false,
         }
         self.count.note(msg.intervene);
+        let seen = (self.vision.as_mut().map(|v| &mut v.person)).or(self.seen_relabel.as_mut());
         if msg.intervene
-            && let Some(v) = &mut self.vision
+            && let Some(r) = seen
         {
-            v.note_person(env.obs(), msg.action.len())?;
+            r.note_person(env.obs(), msg.action.len())?;
         }
         if o.mode == Mode::Full && !msg.intervene {
             let an = if (sac.counters.env_steps as usize) < sac.cfg.warmup_steps {
@@ -916,11 +967,12 @@ impl Arm {
                 && (o.mode != Mode::Full || self.human.as_ref().is_some_and(|h| h.intervening()));
             if let Some(v) = &mut self.vision {
                 v.maps_into(&tr, step);
-                if step.teleop
-                    && let Some(b) = &v.person_base
-                {
-                    step.base.clone_from(b);
-                }
+            }
+            let seen = (self.vision.as_ref().map(|v| &v.person)).or(self.seen_relabel.as_ref());
+            if step.teleop
+                && let Some(b) = seen.and_then(|r| r.base.as_ref())
+            {
+                step.base.clone_from(b);
             }
             if let Some(l) = &mut self.log {
                 let seed = self.lp.episodes().last().and_then(|e| e.seed);
@@ -997,6 +1049,9 @@ pub fn run(o: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport> {
     // names (`success_rate_last_20`).
     r.summary.success_rate = judged.held.as_ref().map(|h| h.success_rate);
     r.summary.held_out = judged.held;
+    if o.vision.is_none() {
+        r.summary.base_held_out = judged.base_held.clone();
+    }
     if let Some(v) = &o.vision {
         r.summary.vision = Some(VisionFigures {
             encoder: v.encoder.display().to_string(),
@@ -1129,8 +1184,11 @@ fn judge(
             Some(reflex_agent::heldout::HeldOut::of(&alone, Some(&trained)))
         }
     };
-    let base_held = match (&o.vision, o.eval_episodes) {
-        (Some(_), n) if n > 0 => {
+    // The pixel demo's base, and a state demo's base that reads images (an imported LeRobot
+    // policy), are measured alone on the same held-out episodes: their starting point.
+    let alone = o.vision.is_some() || cameras_for_base(&o.model)?.enabled;
+    let base_held = match (alone, o.eval_episodes) {
+        (true, n) if n > 0 => {
             progress.message("the base policy alone, on the same held-out episodes");
             Some(run(&keep_base(o, sim_text, dir)?)?)
         }
@@ -1240,7 +1298,8 @@ fn keep_refined(
 
 /// The `[sim]` tables of a config that runs this demo's robot: `pick` on the physics the demo
 /// trained on, spelled out so that the kept files keep running on it whatever the defaults
-/// become, and for the pixel demo its cameras and the arm's own state.
+/// become, with the cameras when the base reads images, and for the pixel demo the arm's own
+/// state.
 fn sim_section(o: &DemoOptions, sim: &SimConfig) -> Result<String> {
     let solver = toml::to_string(&sim.solver)
         .map_err(|e| AgentError::setup("[sim.solver]", e.to_string()))?;
@@ -1249,6 +1308,13 @@ fn sim_section(o: &DemoOptions, sim: &SimConfig) -> Result<String> {
         sim.physics_hz
     );
     Ok(match &o.vision {
+        // A base that reads images keeps its cameras in the kept configs too.
+        None if sim.cameras.enabled => format!(
+            "[sim]\ntask = \"{}\"\n{physics}\n[sim.cameras]\nenabled = true\nwidth = {}\nheight = {}\n",
+            o.task.as_str(),
+            sim.cameras.width,
+            sim.cameras.height
+        ),
         None => format!("[sim]\ntask = \"{}\"\n{physics}", o.task.as_str()),
         Some(v) => format!(
             "[sim]\ntask = \"pick\"\nstate = \"arm\"\n{physics}\n[sim.cameras]\nenabled = true\nwidth = {}\nheight = {}\n",
@@ -1566,6 +1632,7 @@ fn summarize(
         residual_averages_episodes: None,
         refined_config: None,
         held_out: None,
+        base_held_out: None,
         vision: None,
     };
     Ok(DemoReport {

@@ -136,29 +136,32 @@ pub fn seeing(v: &VisionDemo, spec: &RobotSpec) -> Result<Seeing> {
 pub struct VisionRig {
     /// What each step's maps say of themselves, reused for every step.
     pub header: StepFeatures,
-    /// A copy of the base policy: what it would have done where the person drove (ResFiT's
-    /// relabelling; the learner's own relabeller reads no images).
-    relabel: OnnxPolicy,
-    chunk: Vec<f32>,
-    /// The base action of the state the person just acted in.
-    pub person_base: Option<Vec<f32>>,
+    /// What the base policy would have done where the person drove.
+    pub person: PersonRelabel,
     /// The classifier's successes the person saw were false and marked as failures.
     pub vetoed: u64,
     /// The classifier's successes the scene confirmed.
     pub confirmed: u64,
 }
 
-impl VisionRig {
-    /// The per-step work for the base policy `relabel` reads.
-    pub fn new(header: StepFeatures, relabel: OnnxPolicy, act_dim: usize) -> Self {
+/// A copy of the base policy that labels the person's steps with what the base would have done
+/// (ResFiT's relabelling), on the observation the person acted in, camera frames included: the
+/// learner's own relabeller reads the state alone, so a base that reads images is relabelled here.
+pub struct PersonRelabel {
+    relabel: OnnxPolicy,
+    chunk: Vec<f32>,
+    /// The base action of the state the person just acted in.
+    pub base: Option<Vec<f32>>,
+}
+
+impl PersonRelabel {
+    /// The relabeller around `relabel`, a copy of the base.
+    pub fn new(relabel: OnnxPolicy, act_dim: usize) -> Self {
         let n = relabel.spec().chunk_len * act_dim;
-        VisionRig {
-            header,
+        PersonRelabel {
             relabel,
             chunk: vec![0.0; n],
-            person_base: None,
-            vetoed: 0,
-            confirmed: 0,
+            base: None,
         }
     }
 
@@ -166,9 +169,21 @@ impl VisionRig {
     /// camera frames the person saw).
     pub fn note_person(&mut self, obs: &Observation, act_dim: usize) -> Result<()> {
         self.relabel.infer_chunk(obs, &mut self.chunk)?;
-        let base = self.person_base.get_or_insert_with(|| vec![0.0; act_dim]);
+        let base = self.base.get_or_insert_with(|| vec![0.0; act_dim]);
         base.copy_from_slice(&self.chunk[..act_dim]);
         Ok(())
+    }
+}
+
+impl VisionRig {
+    /// The per-step work for the base policy `relabel` reads.
+    pub fn new(header: StepFeatures, relabel: OnnxPolicy, act_dim: usize) -> Self {
+        VisionRig {
+            header,
+            person: PersonRelabel::new(relabel, act_dim),
+            vetoed: 0,
+            confirmed: 0,
+        }
     }
 
     /// The person's verdict on a step that ends an episode: a classifier's success the scene
