@@ -255,7 +255,12 @@ def main():
 
     t = step("5. reflex policy import lerobot")
     model = w / "models" / "act.onnx"
-    sh([reflex, "policy", "import", "lerobot", ckpt, "--out", model, "--robot-kind", "sim/pick",
+    # The robot as `reflex run` will serve it, cameras at the size the demonstrations had, as a
+    # user with a real robot passes its own spec.
+    robot = w / "robot.json"
+    robot.write_text(sh([reflex, "sim", "spec", "--task", "pick", "--cameras", "--camera-size",
+                         f"{a.camera_size}x{a.camera_size}"], capture_output=True, text=True).stdout)
+    sh([reflex, "policy", "import", "lerobot", ckpt, "--out", model, "--robot-spec", robot,
         "--tools-env", sys.prefix])
     sh([reflex, "policy", "check", "--model", model])
     wall["import_s"] = time.monotonic() - t
