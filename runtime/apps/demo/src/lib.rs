@@ -480,7 +480,8 @@ struct Arm {
     asm: Assembler,
     chunk_asm: ChunkAssembler,
     vision: Option<vision::VisionRig>,
-    /// A state demo's base that reads images: its person's steps relabelled on their frames.
+    /// A base that reads images (the pixel demo's, or an imported one): its person's steps
+    /// relabelled on their frames.
     seen_relabel: Option<vision::PersonRelabel>,
     human: Option<SimHuman>,
     msg: TeleopMsg,
@@ -719,21 +720,15 @@ fn build_arm(
         .inputs
         .iter()
         .any(|i| matches!(i, reflex_policies::spec::InputSource::Image { .. }));
-    let (relabel, vision, seen_relabel) = match seeing {
-        Some(s) => {
-            b = b.features(s.features);
-            (
-                None,
-                Some(vision::VisionRig::new(s.header, relabel, act_dim)),
-                None,
-            )
-        }
-        None if reads_images => (
-            None,
-            None,
-            Some(vision::PersonRelabel::new(relabel, act_dim)),
-        ),
-        None => (Some(relabel), None, None),
+    let mut vision = None;
+    if let Some(s) = seeing {
+        b = b.features(s.features);
+        vision = Some(vision::VisionRig::new(s.header));
+    }
+    let (relabel, seen_relabel) = if reads_images {
+        (None, Some(vision::PersonRelabel::new(relabel, act_dim)))
+    } else {
+        (Some(relabel), None)
     };
     let lp = b.teleop(teleop_rx).outbox(otx).build()?;
     let human = person(o, human_cfg, &spec, i)?;
@@ -921,9 +916,8 @@ impl Arm {
             None => msg.intervene = false,
         }
         self.count.note(msg.intervene);
-        let seen = (self.vision.as_mut().map(|v| &mut v.person)).or(self.seen_relabel.as_mut());
         if msg.intervene
-            && let Some(r) = seen
+            && let Some(r) = &mut self.seen_relabel
         {
             r.note_person(env.obs(), msg.action.len())?;
         }
@@ -968,9 +962,8 @@ impl Arm {
             if let Some(v) = &mut self.vision {
                 v.maps_into(&tr, step);
             }
-            let seen = (self.vision.as_ref().map(|v| &v.person)).or(self.seen_relabel.as_ref());
             if step.teleop
-                && let Some(b) = seen.and_then(|r| r.base.as_ref())
+                && let Some(b) = self.seen_relabel.as_ref().and_then(|r| r.base.as_ref())
             {
                 step.base.clone_from(b);
             }
@@ -1186,7 +1179,7 @@ fn judge(
     };
     // The pixel demo's base, and a state demo's base that reads images (an imported LeRobot
     // policy), are measured alone on the same held-out episodes: their starting point.
-    let alone = o.vision.is_some() || cameras_for_base(&o.model)?.enabled;
+    let alone = rig.arms[0].seen_relabel.is_some();
     let base_held = match (alone, o.eval_episodes) {
         (true, n) if n > 0 => {
             progress.message("the base policy alone, on the same held-out episodes");

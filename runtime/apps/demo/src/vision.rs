@@ -136,8 +136,6 @@ pub fn seeing(v: &VisionDemo, spec: &RobotSpec) -> Result<Seeing> {
 pub struct VisionRig {
     /// What each step's maps say of themselves, reused for every step.
     pub header: StepFeatures,
-    /// What the base policy would have done where the person drove.
-    pub person: PersonRelabel,
     /// The classifier's successes the person saw were false and marked as failures.
     pub vetoed: u64,
     /// The classifier's successes the scene confirmed.
@@ -176,11 +174,10 @@ impl PersonRelabel {
 }
 
 impl VisionRig {
-    /// The per-step work for the base policy `relabel` reads.
-    pub fn new(header: StepFeatures, relabel: OnnxPolicy, act_dim: usize) -> Self {
+    /// The per-step work for the maps `header` describes.
+    pub fn new(header: StepFeatures) -> Self {
         VisionRig {
             header,
-            person: PersonRelabel::new(relabel, act_dim),
             vetoed: 0,
             confirmed: 0,
         }
