@@ -147,30 +147,25 @@ def act_network(policy, order):
 
 def diffusion_network(policy, order, ckpt):
     """Diffusion Policy's denoiser: the noise (or sample) the U-Net predicts for a noisy chunk at
-    an integer timestep, conditioned on the observation (state, and the cameras through their
-    ResNet encoders, as LeRobot's `_prepare_global_conditioning` makes it). reflex runs the
-    sampler around it; the observation encoders run at every step."""
+    an integer timestep, conditioned on the last n_obs_steps observations (state, and the cameras
+    through their ResNet encoders, as LeRobot's `_prepare_global_conditioning` makes it). reflex
+    runs the sampler (DDIM or DDPM, as the checkpoint says) around it and keeps the history; the
+    observation encoders run at every step. The state arrives stacked flat, oldest first
+    (B, n_obs_steps * dim), each camera as (B, n_obs_steps, 3, H, W) when n_obs_steps > 1."""
     import torch
 
     from lerobot.utils.constants import OBS_ENV_STATE, OBS_IMAGES, OBS_STATE
 
     cfg = policy.config
     where = ckpt / "config.json"
-    if cfg.n_obs_steps != 1:
-        raise Refused(
-            f"{where}: n_obs_steps = {cfg.n_obs_steps} (a history of observation frames) is not supported yet; "
-            "reflex imports Diffusion Policies trained with n_obs_steps = 1"
-        )
-    if cfg.noise_scheduler_type != "DDIM":
-        raise Refused(
-            f"{where}: noise_scheduler_type = {cfg.noise_scheduler_type} is not supported yet; "
-            "reflex samples as LeRobot's DDIM does (eta 0)"
-        )
+    if cfg.noise_scheduler_type not in ("DDIM", "DDPM"):
+        raise Refused(f"{where}: noise_scheduler_type = {cfg.noise_scheduler_type} is not supported (DDPM and DDIM are)")
     if cfg.beta_schedule not in ("squaredcos_cap_v2", "linear"):
         raise Refused(f"{where}: beta_schedule = {cfg.beta_schedule} is not supported yet (squaredcos_cap_v2 and linear are)")
     model = policy.diffusion
     image_keys = list(cfg.image_features)
     fix_centre_crops(model, cfg)
+    n_obs = int(cfg.n_obs_steps)
     state_key = OBS_STATE if cfg.robot_state_feature else None
     env_key = OBS_ENV_STATE if cfg.env_state_feature else None
 
@@ -181,14 +176,15 @@ def diffusion_network(policy, order, ckpt):
 
         def forward(self, noisy_actions, timestep, *xs):
             feats = dict(zip(order, xs, strict=True))
-            # One observation step: (B, 1, ...), cameras stacked as predict_action_chunk does.
+            # n observation steps: (B, n, ...), cameras stacked as select_action's queue holds them.
             batch = {}
             if state_key:
-                batch[OBS_STATE] = feats[state_key].unsqueeze(1)
+                batch[OBS_STATE] = feats[state_key].reshape(feats[state_key].shape[0], n_obs, -1)
             if env_key:
-                batch[OBS_ENV_STATE] = feats[env_key].unsqueeze(1)
+                batch[OBS_ENV_STATE] = feats[env_key].reshape(feats[env_key].shape[0], n_obs, -1)
             if image_keys:
-                batch[OBS_IMAGES] = torch.stack([feats[k].unsqueeze(1) for k in image_keys], dim=-4)
+                frames = [feats[k] if n_obs > 1 else feats[k].unsqueeze(1) for k in image_keys]
+                batch[OBS_IMAGES] = torch.stack(frames, dim=-4)
             cond = self.model._prepare_global_conditioning(batch)
             return self.model.unet(noisy_actions, timestep, global_cond=cond)
 
@@ -201,6 +197,9 @@ def diffusion_network(policy, order, ckpt):
     return Net().eval(), extra, {
         "kind": "diffusion",
         "chunk_size": horizon,
+        # LeRobot executes from the current step's row: its chunk starts at the oldest observation.
+        "first_action": n_obs - 1,
+        "history": n_obs,
         "temporal_ensemble_coeff": None,
         "graph": {"sample_input": "noisy_actions", "time_input": "timestep", "time_dtype": "int64", "time_shape": "batch"},
         "diffusion": {
@@ -211,6 +210,7 @@ def diffusion_network(policy, order, ckpt):
             "beta_end": float(cfg.beta_end),
             "clip_sample": float(cfg.clip_sample_range) if cfg.clip_sample else 0.0,
             "prediction": cfg.prediction_type,
+            "sampler": cfg.noise_scheduler_type.lower(),
         },
     }
 
@@ -300,7 +300,17 @@ def export(ckpt, onnx_path, report_path):
         out_name = "eps" if cfg.prediction_type == "epsilon" else "sample"
     kind_report.setdefault("graph", {})["output"] = out_name
     gen = torch.Generator().manual_seed(0)
-    example = tuple(x for _, x in extra) + tuple(torch.randn(1, *i["shape"], generator=gen) for i in inputs)
+    hist = int(kind_report.get("history", 1))
+
+    def example_shape(i):
+        # A stacked history: the state flat (oldest first), each camera's frames on their own axis.
+        if hist == 1:
+            return i["shape"]
+        if i["type"] == "VISUAL":
+            return [hist, *i["shape"]]
+        return [hist * i["shape"][0]]
+
+    example = tuple(x for _, x in extra) + tuple(torch.randn(1, *example_shape(i), generator=gen) for i in inputs)
     names = [n for n, _ in extra] + order
     params = sum(p.numel() for p in net.parameters())
     log(f"exporting {params / 1e6:.1f} M parameters to ONNX (opset {OPSET})")

@@ -4,13 +4,19 @@ Builds a LeRobot 0.6.1 checkpoint (ACT, or Diffusion Policy with --policy diffus
 LeRobot's own classes (random weights, ResNet-18 not pretrained: nothing is downloaded) whose
 features are those of reflex's simulated `pick` robot, saves it the way `lerobot-train` does (the
 policy, then both processor pipelines with their statistics), imports it with reflex, and runs the
-same observations (and, for a diffusion policy, the same initial noise) through both:
+same observations (and, for a diffusion policy, the same noise) through both:
 
 - LeRobot: `prepare_observation_for_inference` (uint8 camera frames to [0, 1], channel first),
   the checkpoint's preprocessor, the policy (ACT's `predict_action_chunk`; Diffusion Policy's
   `select_action`, whose queue holds the executed actions), the postprocessor (unnormalisation);
 - reflex: `reflex policy infer` on the imported model (its spec's normalisation, its sampler,
   ONNX Runtime).
+
+A Diffusion Policy is built with LeRobot's defaults unless told otherwise: two observation steps
+(each observation comes with the step before it, which LeRobot's queue holds and reflex gets as
+`past`) and DDPM with 100 steps. DDPM draws fresh noise at every step; the script records what
+LeRobot's scheduler drew (diffusers' `randn_tensor`, wrapped) and hands reflex the same values
+after the initial noise.
 
 It prints the largest difference between the two chunks (in the robot's units) and each side's
 time per chunk (median, one thread each: torch.set_num_threads(1), ONNX Runtime's
@@ -19,6 +25,8 @@ above 1e-4.
 
     .venv-lerobot/bin/python policies/import/parity.py --reflex target/release/reflex
     .venv-lerobot/bin/python policies/import/parity.py --policy diffusion --reflex target/release/reflex
+    .venv-lerobot/bin/python policies/import/parity.py --policy diffusion --scheduler DDIM \
+        --n-obs-steps 1 --inference-steps 10 --reflex target/release/reflex
 
 The checkpoint maps one of its cameras by another name (`observation.images.top` onto the
 robot's `front`) so the importer's --map is part of what is checked.
@@ -78,14 +86,14 @@ def make_checkpoint(out, robot, a):
             make_diffusion_pre_post_processors as make_processors,
         )
 
-        # What reflex imports today: one observation frame, DDIM. The U-Net at Diffusion Policy's
+        # LeRobot's defaults unless told: n_obs_steps 2, DDPM. The U-Net at Diffusion Policy's
         # published width (256/512/1024), an in-graph centre crop as LeRobot evaluates it.
         cfg = DiffusionConfig(
             **common,
-            n_obs_steps=1,
+            n_obs_steps=a.n_obs_steps,
             horizon=a.chunk_size,
             n_action_steps=a.n_action_steps,
-            noise_scheduler_type="DDIM",
+            noise_scheduler_type=a.scheduler,
             num_inference_steps=a.inference_steps,
             down_dims=(256, 512, 1024),
             crop_shape=(112, 112),
@@ -121,19 +129,26 @@ def make_checkpoint(out, robot, a):
 
 
 def observations(robot, stats, a, action_dim):
-    """Observations: states drawn around the checkpoint's statistics, random camera frames, and
-    for a diffusion policy the initial noise both sides start from."""
+    """Observations: states drawn around the checkpoint's statistics, random camera frames, for a
+    diffusion policy the initial noise both sides start from, and the observations of the steps
+    before each one that a policy with a history reads (oldest first; none for ACT)."""
     import numpy as np
 
     rng = np.random.default_rng(a.seed + 1)
     mean = stats["observation.state"]["mean"].numpy()
     std = stats["observation.state"]["std"].numpy()
-    out = []
-    for _ in range(a.observations):
+
+    def frame():
         state = (mean + std * rng.standard_normal(mean.shape)).astype(np.float32)
         images = {c["name"]: rng.integers(0, 256, (c["height"], c["width"], 3), dtype=np.uint8) for c in robot["cameras"]}
+        return state, images
+
+    past_steps = a.n_obs_steps - 1 if a.policy == "diffusion" else 0
+    out = []
+    for _ in range(a.observations):
+        state, images = frame()
         noise = rng.standard_normal((a.chunk_size, action_dim)).astype(np.float32) if a.policy == "diffusion" else None
-        out.append((state, images, noise))
+        out.append((state, images, noise, [frame() for _ in range(past_steps)]))
     return out
 
 
@@ -141,11 +156,26 @@ def lerobot_chunks(ckpt, cams, obs, a):
     """LeRobot's chunks as its rollout makes them: the frame converted by
     `prepare_observation_for_inference`, the preprocessor, the policy, the postprocessor. ACT's
     whole chunk from `predict_action_chunk`; a diffusion policy's executed part from
-    `select_action` (its queue of n_action_steps actions), started from the given noise."""
+    `select_action` (its queue of n_action_steps actions), started from the given noise, its
+    observation queue holding the past observations first (as `select_action` fills it step by
+    step). Returns the chunks, the median time per chunk and, per observation, the noise DDPM's
+    scheduler drew at its steps (empty for DDIM and ACT)."""
+    import diffusers.schedulers.scheduling_ddpm as ddpm
     import torch
 
     from lerobot.policies.factory import make_pre_post_processors
-    from lerobot.policies.utils import prepare_observation_for_inference
+    from lerobot.policies.utils import populate_queues, prepare_observation_for_inference
+    from lerobot.utils.constants import OBS_IMAGES
+
+    drawn = []
+    randn = ddpm.randn_tensor
+
+    def recording_randn(*args, **kw):
+        z = randn(*args, **kw)
+        drawn.append(z.detach().clone())
+        return z
+
+    ddpm.randn_tensor = recording_randn
 
     if a.policy == "act":
         from lerobot.policies.act.modeling_act import ACTPolicy as Policy
@@ -155,20 +185,29 @@ def lerobot_chunks(ckpt, cams, obs, a):
     policy = Policy.from_pretrained(str(ckpt))
     policy.eval()
     pre, post = make_pre_post_processors(policy.config, pretrained_path=str(ckpt))
-    chunks, times = [], []
-    for state, images, noise in obs:
+    def batch_of(state, images):
+        frame = {"observation.state": state.copy()}
+        for key, cam in cams.items():
+            frame[key] = images[cam].copy()
+        return pre(prepare_observation_for_inference(frame, torch.device("cpu")))
+
+    chunks, times, step_noise = [], [], []
+    for state, images, noise, past in obs:
         t = []
         for r in range(a.warmup + a.repeat):
-            frame = {"observation.state": state.copy()}
-            for key, cam in cams.items():
-                frame[key] = images[cam].copy()
             t0 = time.perf_counter()
-            batch = pre(prepare_observation_for_inference(frame, torch.device("cpu")))
+            batch = batch_of(state, images)
+            drawn.clear()
             with torch.no_grad():
                 if a.policy == "act":
                     actions = policy.predict_action_chunk(batch)[0]
                 else:
                     policy.reset()
+                    for ps, pi in past:
+                        # As select_action: no action key, the cameras stacked, then queued.
+                        pb = {k: v for k, v in batch_of(ps, pi).items() if k != "action"}
+                        pb[OBS_IMAGES] = torch.stack([pb[k] for k in policy.config.image_features], dim=-4)
+                        policy._queues = populate_queues(policy._queues, pb)
                     first = policy.select_action(batch, noise=torch.from_numpy(noise)[None])
                     actions = torch.cat([first, *list(policy._queues["action"])], dim=0)
             actions = post(actions)
@@ -177,8 +216,10 @@ def lerobot_chunks(ckpt, cams, obs, a):
                 t.append(dt * 1e6)
             if r == 0:
                 chunks.append(actions.numpy())
+                step_noise.append([z.numpy().reshape(-1) for z in drawn])
         times.append(sorted(t)[len(t) // 2])
-    return chunks, times
+    ddpm.randn_tensor = randn
+    return chunks, times, step_noise
 
 
 def main():
@@ -191,7 +232,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk-size", type=int, help="ACT's chunk_size (default LeRobot's, 100), Diffusion Policy's horizon (16)")
     ap.add_argument("--n-action-steps", type=int, help="default: the chunk for ACT, 8 for Diffusion Policy")
-    ap.add_argument("--inference-steps", type=int, default=10, help="Diffusion Policy's DDIM steps")
+    ap.add_argument("--inference-steps", type=int, help="Diffusion Policy's sampler steps (default LeRobot's: the 100 training steps)")
+    ap.add_argument("--n-obs-steps", type=int, default=2, help="Diffusion Policy's observation steps (LeRobot's default, 2)")
+    ap.add_argument("--scheduler", choices=["DDPM", "DDIM"], default="DDPM", help="Diffusion Policy's sampler (LeRobot's default, DDPM)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json-out", type=Path, help="write the figures here as JSON")
@@ -234,19 +277,30 @@ def main():
 
     action_dim = len(robot["action"]["names"])
     obs = observations(robot, stats, a, action_dim)
-    obs_file = a.work / "observations.json"
-    obs_file.write_text(json.dumps({"observations": [
-        {"state": s.tolist(), "images": [
+    # LeRobot first: DDPM's per-step noise is what its scheduler draws, handed to reflex after.
+    theirs, lerobot_us, drawn = lerobot_chunks(ckpt, cams, obs, a)
+
+    def frame_json(s, images):
+        return {"state": s.tolist(), "images": [
             {"camera": cam, "width": int(img.shape[1]), "height": int(img.shape[0]), "rgb8": img.reshape(-1).tolist()}
-            for cam, img in images.items()], **({"noise": n.reshape(-1).tolist()} if n is not None else {})}
-        for s, images, n in obs]}))
+            for cam, img in images.items()]}
+
+    entries = []
+    for (s, images, n, past), steps in zip(obs, drawn, strict=True):
+        e = frame_json(s, images)
+        if n is not None:
+            e["noise"] = np.concatenate([n.reshape(-1), *steps]).tolist()
+        if past:
+            e["past"] = [frame_json(ps, pi) for ps, pi in past]
+        entries.append(e)
+    obs_file = a.work / "observations.json"
+    obs_file.write_text(json.dumps({"observations": entries}))
     out = sh([reflex, "policy", "infer", "--model", model, "--observations", obs_file,
               "--warmup", a.warmup, "--repeat", a.repeat], capture_output=True, text=True).stdout
     ours = json.loads(out)
-    theirs, lerobot_us = lerobot_chunks(ckpt, cams, obs, a)
 
-    # LeRobot's diffusion policy hands out only the executed part (n_action_steps from index 0
-    # with one observation frame); reflex's chunk is the whole horizon, executed from its start.
+    # LeRobot's diffusion policy hands out only the executed part (n_action_steps from row
+    # n_obs_steps - 1); reflex's chunk starts at that row (first_action) and runs to the horizon.
     diffs = [
         float(np.max(np.abs(np.asarray(r, dtype=np.float32)[: len(l)] - l)))
         for r, l in zip(ours["chunks"], theirs, strict=True)
@@ -260,7 +314,9 @@ def main():
         "parameters_m": round(params / 1e6, 1),
         "chunk_size": a.chunk_size,
         "compared_actions": int(len(theirs[0])),
-        "inference_steps": a.inference_steps if a.policy == "diffusion" else None,
+        "inference_steps": (a.inference_steps or 100) if a.policy == "diffusion" else None,
+        "scheduler": a.scheduler if a.policy == "diffusion" else None,
+        "n_obs_steps": a.n_obs_steps if a.policy == "diffusion" else None,
         "cameras": list(cams.values()),
         "observations": a.observations,
         "max_abs_diff": max(diffs),

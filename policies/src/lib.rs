@@ -8,18 +8,18 @@
 //! - [`vla`]: image and language inputs.
 //! - [`features`]: a frozen image encoder file (images in, feature maps out) for a learner that
 //!   sees.
-//! - [`onnx_write`], [`onnx_read`]: reflex's own ONNX files, as [`onnx_proto`]'s messages (prost).
+//! - [`onnx_write`], [`onnx_read`], [`onnx_proto`]: reflex's own ONNX files, from reflex-onnx
+//!   (re-exported under these names).
 //!
 //! The learners that make and refine these models (SAC, imitation) are in reflex-learn.
 
 pub mod features;
 pub mod onnx_policy;
-pub mod onnx_proto;
-pub mod onnx_read;
-pub mod onnx_write;
 pub mod ort_env;
 pub mod reward;
 pub mod rtc;
 pub mod sampler;
 pub mod spec;
 pub mod vla;
+
+pub use reflex_onnx::{proto as onnx_proto, read as onnx_read, write as onnx_write};

@@ -363,12 +363,17 @@ fn observation_inputs(
                 name,
                 width,
                 height,
+                history,
                 ..
-            } => v.push((
-                name.clone(),
-                "float32",
-                Some(vec![3, *height as i64, *width as i64]),
-            )),
+            } => {
+                let frame = [3, *height as i64, *width as i64];
+                let dims = if *history > 1 {
+                    std::iter::once(*history as i64).chain(frame).collect()
+                } else {
+                    frame.to_vec()
+                };
+                v.push((name.clone(), "float32", Some(dims)));
+            }
             InputSource::Constant {
                 name, dtype, shape, ..
             } => v.push((
@@ -619,15 +624,17 @@ fn input_feeds<'a>(
                 data,
                 width,
                 height,
+                history,
                 ..
-            } => feeds.push((
-                name.as_str().into(),
-                TensorRef::from_array_view((
-                    [1usize, 3, *height as usize, *width as usize],
-                    &data[..],
-                ))?
-                .into(),
-            )),
+            } => {
+                let (h, w) = (*height as usize, *width as usize);
+                let t = if *history > 1 {
+                    TensorRef::from_array_view(([1usize, *history, 3, h, w], &data[..]))?
+                } else {
+                    TensorRef::from_array_view(([1usize, 3, h, w], &data[..]))?
+                };
+                feeds.push((name.as_str().into(), t.into()));
+            }
             Prepared::Constant {
                 shape,
                 f32s,
@@ -663,7 +670,6 @@ enum Prepared {
         data: Vec<f32>,
         ranges: Vec<Range<usize>>,
         history: usize,
-        filled: bool,
         normalize: crate::spec::Normalize,
     },
     Image {
@@ -673,6 +679,7 @@ enum Prepared {
         height: u32,
         mean: [f32; 3],
         std: [f32; 3],
+        history: usize,
     },
     Tokens {
         ids: Vec<i64>,
@@ -693,6 +700,13 @@ pub struct OnnxPolicy {
     inputs: Vec<(String, Prepared)>,
     ddim: Option<Ddim>,
     noise: Vec<f32>,
+    /// DDPM's noise for its steps after the initial sample (`noise_draws` chunks).
+    step_noise: Vec<f32>,
+    /// The observations of the steps before the next inference's (`past_steps` of them) and
+    /// whether the loop handed them over for it (without, the current one stands in for them, as
+    /// at an episode's start).
+    past: Vec<Observation>,
+    past_given: bool,
     next_noise: Option<Vec<f32>>,
     noise_pending: bool,
     x: Vec<f32>,
@@ -808,7 +822,6 @@ fn prepare_input(
                 data: vec![0.0; n * history],
                 ranges,
                 history: *history,
-                filled: false,
                 normalize: normalize.clone(),
             }
         }
@@ -819,6 +832,7 @@ fn prepare_input(
             mean,
             std,
             eps,
+            history,
             ..
         } => {
             if !robot.cameras.iter().any(|c| &c.name == camera) {
@@ -829,12 +843,13 @@ fn prepare_input(
                 )));
             }
             Prepared::Image {
-                data: vec![0.0; (3 * width * height) as usize],
+                data: vec![0.0; (3 * width * height) as usize * history],
                 camera: camera.clone(),
                 width: *width,
                 height: *height,
                 mean: *mean,
                 std: crate::spec::image_divisor(std, *eps),
+                history: *history,
             }
         }
         InputSource::Language {
@@ -930,11 +945,11 @@ impl OnnxPolicy {
         model_file(model)?;
         let mut spec = PolicySpec::load_for(model)?;
         if let Some(execute) = opts.execute {
-            if !(1..=spec.chunk_len).contains(&execute) {
+            if !(1..=spec.rows()).contains(&execute) {
                 return Err(LoadError::Execute {
                     execute,
                     path: model.display().to_string(),
-                    chunk_len: spec.chunk_len,
+                    chunk_len: spec.rows(),
                 });
             }
             spec.execute = execute;
@@ -986,12 +1001,17 @@ impl OnnxPolicy {
             Some(p) => Some(load_prefix(model, &spec, p, robot, opts)?),
             None => None,
         };
+        let draws = ddim.as_ref().map_or(0, Ddim::noise_draws);
+        let past = vec![Observation::default(); spec.past_steps()];
         Ok(OnnxPolicy {
             spec,
             session,
             inputs,
             ddim,
             noise: vec![0.0; n],
+            step_noise: vec![0.0; n * draws],
+            past,
+            past_given: false,
             next_noise: None,
             noise_pending: false,
             x: vec![0.0; n],
@@ -1054,9 +1074,32 @@ impl OnnxPolicy {
 
     /// Real-time chunking (`[policy.rtc]`): with it enabled, a diffusion or flow policy samples
     /// each chunk as an inpainting of the chunk the robot executes meanwhile (docs/runtime.md).
-    /// A chunk policy (ACT-style) has no sampler to guide and ignores it.
+    /// A chunk policy (ACT-style) has no sampler to guide and ignores it; one that cannot use it
+    /// ([`Self::rtc_unsupported`]) keeps it off, with a warning.
     pub fn set_rtc(&mut self, cfg: RtcConfig) {
+        if let (true, Some(why)) = (cfg.enabled, self.rtc_unsupported()) {
+            tracing::warn!(
+                "policy `{}`: real-time chunking stays off: {why}",
+                self.spec.name
+            );
+            return;
+        }
         self.rtc.cfg = cfg;
+    }
+
+    /// Why real-time chunking cannot sample this policy's chunks (`None`: it can): DDPM adds fresh
+    /// noise at every step, which the inpainting sampler does not model, and a chunk that starts
+    /// before its observation (`first_action`) is not laid out as the executing one.
+    pub fn rtc_unsupported(&self) -> Option<String> {
+        if self.ddim.as_ref().is_some_and(|d| d.noise_draws() > 0) {
+            return Some("it samples with DDPM; real-time chunking needs DDIM or flow".into());
+        }
+        (self.spec.first_action > 0).then(|| {
+            format!(
+                "its chunk starts {} rows before the observation (first_action)",
+                self.spec.first_action
+            )
+        })
     }
 
     /// Which real-time chunking sampler produced the last chunk (`None`: plain sampling).
@@ -1070,7 +1113,9 @@ impl OnnxPolicy {
     }
 
     /// Uses `noise` (chunk_len x action_dim, standard normal units) as the initial sample of the
-    /// next inference instead of drawing it (deterministic tests; diffusion steering).
+    /// next inference instead of drawing it (deterministic tests; diffusion steering). For a DDPM
+    /// policy it may go on with the noise of every later step ([`Self::step_noise_len`] more
+    /// values), as a parity check passes what the reference drew; otherwise those are drawn.
     pub fn set_next_noise(&mut self, noise: Vec<f32>) {
         self.next_noise = Some(noise);
         self.noise_pending = true;
@@ -1086,6 +1131,12 @@ impl OnnxPolicy {
         self.noise_pending = true;
     }
 
+    /// Values of noise a DDPM policy draws after the initial sample (0 for any other): injected
+    /// noise may carry them after the initial chunk ([`Self::set_next_noise`]).
+    pub fn step_noise_len(&self) -> usize {
+        self.step_noise.len()
+    }
+
     /// Values of the initial noise of one chunk (chunk_len x action_dim; 0 for a chunk policy).
     pub fn noise_len(&self) -> usize {
         match self.spec.kind {
@@ -1096,35 +1147,39 @@ impl OnnxPolicy {
 
     fn prepare(&mut self, obs: &Observation) -> Result<(), PolicyError> {
         let name = self.spec.name.clone();
+        let given = std::mem::take(&mut self.past_given);
+        let past = &self.past;
+        // Frame `k` of `h` (oldest first): the current observation last, the loop's past ones
+        // before it; without them (no loop, or an episode's start) the current one.
+        let frame = |k: usize, h: usize| -> &Observation {
+            let back = h - 1 - k;
+            match past.len().checked_sub(back) {
+                Some(i) if back > 0 && given => &past[i],
+                _ => obs,
+            }
+        };
         for (input, p) in &mut self.inputs {
             match p {
                 Prepared::State {
                     data,
                     ranges,
                     history,
-                    filled,
                     normalize,
                 } => {
                     let n: usize = ranges.iter().map(|r| r.len()).sum();
-                    let mut cur = Vec::with_capacity(n);
-                    for r in ranges.iter() {
-                        cur.extend_from_slice(obs.state.get(r.clone()).ok_or_else(|| {
-                            PolicyError {
+                    for k in 0..*history {
+                        let o = frame(k, *history);
+                        let dst = &mut data[k * n..(k + 1) * n];
+                        let mut at = 0;
+                        for r in ranges.iter() {
+                            let src = o.state.get(r.clone()).ok_or_else(|| PolicyError {
                                 policy: name.clone(),
                                 message: format!("observation too short for input `{input}`"),
-                            }
-                        })?);
-                    }
-                    normalize.apply(&mut cur);
-                    if !*filled || obs.step == 0 {
-                        for h in 0..*history {
-                            data[h * n..(h + 1) * n].copy_from_slice(&cur);
+                            })?;
+                            dst[at..at + src.len()].copy_from_slice(src);
+                            at += src.len();
                         }
-                        *filled = true;
-                    } else {
-                        data.copy_within(n.., 0);
-                        let k = data.len() - n;
-                        data[k..].copy_from_slice(&cur);
+                        normalize.apply(dst);
                     }
                 }
                 Prepared::Image {
@@ -1134,30 +1189,25 @@ impl OnnxPolicy {
                     height,
                     mean,
                     std,
+                    history,
                 } => {
-                    let img = obs
-                        .images
-                        .iter()
-                        .find(|i| &i.camera == camera)
-                        .ok_or_else(|| PolicyError {
+                    let per = data.len() / *history;
+                    for k in 0..*history {
+                        crate::vla::camera_to_nchw(
+                            &frame(k, *history).images,
+                            camera,
+                            "the policy",
+                            *width,
+                            *height,
+                            mean,
+                            std,
+                            &mut data[k * per..(k + 1) * per],
+                        )
+                        .map_err(|message| PolicyError {
                             policy: name.clone(),
-                            message: format!("no image from camera `{camera}` in the observation"),
+                            message,
                         })?;
-                    let (iw, ih) = (img.width as usize, img.height as usize);
-                    if iw == 0 || ih == 0 || img.encoding != "rgb8" || img.data.len() != iw * ih * 3
-                    {
-                        return Err(PolicyError {
-                            policy: name.clone(),
-                            message: format!(
-                                "image from camera `{camera}` is {}x{} {} with {} bytes: not a non-empty rgb8 image",
-                                img.width,
-                                img.height,
-                                img.encoding,
-                                img.data.len()
-                            ),
-                        });
                     }
-                    crate::vla::image_to_nchw(img, *width, *height, mean, std, data);
                 }
                 Prepared::Tokens { .. } | Prepared::Constant { .. } => {}
             }
@@ -1340,6 +1390,48 @@ impl OnnxPolicy {
         self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// The initial noise of the next chunk (and DDPM's per-step noise): injected, or drawn.
+    fn draw_noise(&mut self) -> Result<(), PolicyError> {
+        let injected = std::mem::take(&mut self.noise_pending)
+            .then_some(self.next_noise.as_ref())
+            .flatten();
+        let (n0, ns) = (self.noise.len(), self.step_noise.len());
+        let mut steps_given = false;
+        match injected {
+            Some(n) if n.len() == n0 => self.noise.copy_from_slice(n),
+            Some(n) if ns > 0 && n.len() == n0 + ns => {
+                self.noise.copy_from_slice(&n[..n0]);
+                self.step_noise.copy_from_slice(&n[n0..]);
+                steps_given = true;
+            }
+            Some(n) => {
+                return Err(PolicyError {
+                    policy: self.spec.name.clone(),
+                    message: format!(
+                        "injected noise has {} values, the chunk has {n0}{}",
+                        n.len(),
+                        if ns > 0 {
+                            format!(" (or {} with every DDPM step's)", n0 + ns)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                });
+            }
+            None => {
+                for v in self.noise.iter_mut() {
+                    *v = StandardNormal.sample(&mut self.rng);
+                }
+            }
+        }
+        if !steps_given {
+            for v in self.step_noise.iter_mut() {
+                *v = StandardNormal.sample(&mut self.rng);
+            }
+        }
+        Ok(())
+    }
+
     /// Computes a chunk (in robot action units) for `obs` into `out`.
     pub fn infer_chunk(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
         self.infer_chunk_with(obs, None, out)
@@ -1353,35 +1445,26 @@ impl OnnxPolicy {
         prefix: Option<&ChunkPrefix<'_>>,
         out: &mut [f32],
     ) -> Result<(), PolicyError> {
+        let (skip, dim) = (self.spec.first_action, self.spec.action_dim);
+        if out.len() != self.spec.rows() * dim {
+            return Err(PolicyError {
+                policy: self.spec.name.clone(),
+                message: format!(
+                    "the chunk buffer holds {} values; this policy writes {} rows of {dim}",
+                    out.len(),
+                    self.spec.rows()
+                ),
+            });
+        }
         self.prepare(obs)?;
         self.rtc.last = None;
         match self.spec.kind {
             PolicyKind::Chunk => {
                 self.run_graph(false)?;
-                out.copy_from_slice(&self.out);
+                out.copy_from_slice(&self.out[skip * dim..]);
             }
             PolicyKind::Diffusion | PolicyKind::Flow => {
-                let injected = std::mem::take(&mut self.noise_pending)
-                    .then_some(self.next_noise.as_ref())
-                    .flatten();
-                match injected {
-                    Some(n) if n.len() == self.noise.len() => self.noise.copy_from_slice(n),
-                    Some(n) => {
-                        return Err(PolicyError {
-                            policy: self.spec.name.clone(),
-                            message: format!(
-                                "injected noise has {} values, the chunk has {}",
-                                n.len(),
-                                self.noise.len()
-                            ),
-                        });
-                    }
-                    None => {
-                        for v in self.noise.iter_mut() {
-                            *v = StandardNormal.sample(&mut self.rng);
-                        }
-                    }
-                }
+                self.draw_noise()?;
                 self.x.copy_from_slice(&self.noise);
                 let guided = prefix
                     .filter(|p| self.rtc.cfg.enabled && p.covered > 0 && self.trace.is_none());
@@ -1389,12 +1472,19 @@ impl OnnxPolicy {
                     self.sample_rtc(p)?;
                 } else if self.spec.kind == PolicyKind::Diffusion {
                     let ddim = self.ddim.clone().expect("diffusion has a schedule");
-                    for &t in &ddim.timesteps {
+                    let n = self.noise.len();
+                    for (i, &t) in ddim.timesteps.iter().enumerate() {
                         self.time[0] = t as f32;
                         self.time_i64[0] = t as i64;
                         self.run_graph(true)?;
                         let out = std::mem::take(&mut self.out);
-                        ddim.step(t, &out, &mut self.x);
+                        if ddim.noise_draws() > 0 {
+                            // Step i draws the i-th chunk of noise (none at t = 0, the last).
+                            let z = self.step_noise.get(i * n..(i + 1) * n).unwrap_or(&[]);
+                            ddim.step_ddpm(t, &out, &mut self.x, z);
+                        } else {
+                            ddim.step(t, &out, &mut self.x);
+                        }
                         self.out = out;
                         if let Some(tr) = &mut self.trace {
                             tr.push(self.x.clone());
@@ -1414,7 +1504,7 @@ impl OnnxPolicy {
                         }
                     }
                 }
-                out.copy_from_slice(&self.x);
+                out.copy_from_slice(&self.x[skip * dim..]);
             }
         }
         self.spec.action_normalize.invert(out);
@@ -1436,18 +1526,21 @@ impl Policy for OnnxPolicy {
 
     fn chunk_spec(&self) -> ChunkSpec {
         ChunkSpec {
-            len: self.spec.chunk_len,
+            len: self.spec.rows(),
             execute: self.spec.execute,
             dim: self.spec.action_dim,
         }
     }
 
-    fn reset(&mut self) {
-        for (_, p) in &mut self.inputs {
-            if let Prepared::State { filled, .. } = p {
-                *filled = false;
-            }
+    fn past_steps(&self) -> usize {
+        self.past.len()
+    }
+
+    fn observe_past(&mut self, past: &[Observation]) {
+        for (dst, src) in self.past.iter_mut().zip(past) {
+            dst.copy_from(src);
         }
+        self.past_given = past.len() >= self.past.len();
     }
 
     fn infer(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {

@@ -6,6 +6,11 @@
 //!   the initial noise, which is an input here: tests inject it, and diffusion steering (DSRL)
 //!   chooses it. Step conventions follow Hugging Face diffusers' `DDIMScheduler` ("leading" timestep
 //!   spacing, `clip_sample`, `set_alpha_to_one`), which is what Chi et al.'s Diffusion Policy uses.
+//! - The same schedule sampled with DDPM (Ho et al. 2020), as LeRobot's Diffusion Policy does by
+//!   default: each step but the last adds fresh noise, scaled by diffusers' `DDPMScheduler`
+//!   `fixed_small` variance `(1 - abar_prev) / (1 - abar_t) * beta_t`. The noise of every step is
+//!   an input too ([`Ddim::noise_draws`] chunks of it after the initial sample), so a parity check
+//!   can hand reflex the very noise LeRobot drew.
 //! - Flow matching (pi0, SmolVLA): the network predicts a velocity `v(x, t)`; `x` goes from noise at
 //!   `t = 0` to an action chunk at `t = 1` in `steps` Euler steps.
 
@@ -31,7 +36,25 @@ pub enum Prediction {
     Sample,
 }
 
-/// A diffusion schedule.
+/// How a diffusion policy samples its chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sampler {
+    /// DDIM with eta 0: deterministic given the initial noise.
+    #[default]
+    Ddim,
+    /// DDPM: fresh noise at every step but the last.
+    Ddpm,
+}
+
+impl Sampler {
+    /// Whether it is DDIM (the default, left out of a written spec).
+    pub fn is_ddim(&self) -> bool {
+        *self == Sampler::Ddim
+    }
+}
+
+/// A diffusion schedule and how it is sampled (DDIM, or DDPM when `sampler` says so).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ddim {
     /// Cumulative products of alphas, one per training step.
@@ -44,6 +67,8 @@ pub struct Ddim {
     pub clip: f64,
     /// What the network predicts.
     pub prediction: Prediction,
+    /// DDIM or DDPM.
+    pub sampler: Sampler,
 }
 
 /// Betas of a schedule.
@@ -102,6 +127,22 @@ impl Ddim {
             step_ratio,
             clip,
             prediction,
+            sampler: Sampler::Ddim,
+        }
+    }
+
+    /// The same schedule sampled with `sampler`.
+    pub fn with_sampler(mut self, sampler: Sampler) -> Self {
+        self.sampler = sampler;
+        self
+    }
+
+    /// Chunks of fresh noise one sample draws after its initial one: DDPM's steps at `t > 0`;
+    /// none for DDIM.
+    pub fn noise_draws(&self) -> usize {
+        match self.sampler {
+            Sampler::Ddim => 0,
+            Sampler::Ddpm => self.timesteps.iter().filter(|&&t| t > 0).count(),
         }
     }
 
@@ -130,6 +171,36 @@ impl Ddim {
                 x0 = x0.clamp(-self.clip, self.clip);
             }
             *xi = (a_prev.sqrt() * x0 + (1.0 - a_prev).sqrt() * eps) as f32;
+        }
+    }
+
+    /// One DDPM step, as diffusers' `DDPMScheduler.step` with `fixed_small` variance: the
+    /// posterior mean from `x` at timestep `t` and the network output `out`, plus `noise` (one
+    /// chunk of standard normal values, unused at `t = 0`) times the posterior deviation, in place.
+    pub fn step_ddpm(&self, t: usize, out: &[f32], x: &mut [f32], noise: &[f32]) {
+        let a_t = self.alphas_cumprod[t];
+        let a_prev = self.alpha_prev(t);
+        let (b_t, b_prev) = (1.0 - a_t, 1.0 - a_prev);
+        let alpha = a_t / a_prev;
+        let beta = 1.0 - alpha;
+        let c_x0 = a_prev.sqrt() * beta / b_t;
+        let c_x = alpha.sqrt() * b_prev / b_t;
+        let sd = if t > 0 {
+            (b_prev / b_t * beta).max(1e-20).sqrt()
+        } else {
+            0.0
+        };
+        for (i, (xi, oi)) in x.iter_mut().zip(out).enumerate() {
+            let (xv, ov) = (*xi as f64, *oi as f64);
+            let mut x0 = match self.prediction {
+                Prediction::Epsilon => (xv - b_t.sqrt() * ov) / a_t.sqrt(),
+                Prediction::Sample => ov,
+            };
+            if self.clip > 0.0 {
+                x0 = x0.clamp(-self.clip, self.clip);
+            }
+            let z = if t > 0 { noise[i] as f64 } else { 0.0 };
+            *xi = (c_x0 * x0 + c_x * xv + sd * z) as f32;
         }
     }
 
@@ -250,6 +321,35 @@ mod tests {
         let a = run();
         assert_eq!(a, run());
         assert!(a.iter().all(|v| v.abs() <= 1.0 + 1e-6), "{a:?}");
+    }
+
+    #[test]
+    fn ddpm_matches_a_hand_computed_two_step_example_and_adds_noise_only_before_the_last_step() {
+        // The schedule of the DDIM example (abar 0.9, 0.72, 0.504, 0.3024; timesteps 2, 0).
+        let d = Ddim::new(
+            BetaSchedule::Linear,
+            4,
+            2,
+            0.1,
+            0.4,
+            0.0,
+            Prediction::Epsilon,
+        )
+        .with_sampler(Sampler::Ddpm);
+        assert_eq!(d.noise_draws(), 1);
+        // t = 2, prev 0: alpha = 0.504 / 0.9 = 0.56, beta = 0.44; eps(x) = 0.5 x at x = 1:
+        // x0 = (1 - sqrt(0.496) 0.5) / sqrt(0.504) = 0.91257
+        // mean = sqrt(0.9) 0.44 / 0.496 x0 + sqrt(0.56) 0.1 / 0.496 x = 0.76800 + 0.15088
+        // sd = sqrt(0.1 / 0.496 * 0.44) = 0.29785; with z = 2: x' = 0.91888 + 0.59570 = 1.51458
+        let mut x = [1.0f32];
+        d.step_ddpm(2, &[0.5], &mut x, &[2.0]);
+        assert!((x[0] - 1.51458).abs() < 1e-4, "{}", x[0]);
+        // t = 0, prev alpha 1: alpha = 0.9, beta = 0.1; x' = x0 exactly, no noise.
+        let mut y = [1.0f32];
+        d.step_ddpm(0, &[0.5], &mut y, &[100.0]);
+        let x0 = (1.0 - 0.1f64.sqrt() * 0.5) / 0.9f64.sqrt();
+        assert!((y[0] as f64 - x0).abs() < 1e-6, "{} vs {x0}", y[0]);
+        assert_eq!(d.clone().with_sampler(Sampler::Ddim).noise_draws(), 0);
     }
 
     #[test]

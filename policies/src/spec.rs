@@ -1,7 +1,7 @@
 //! The policy spec: a TOML file beside each ONNX model that says what the network is, what it
 //! eats and what it returns (docs/policy-spec.md is the reference for users).
 
-use crate::sampler::{BetaSchedule, Ddim, Prediction};
+use crate::sampler::{BetaSchedule, Ddim, Prediction, Sampler};
 use reflex_runtime::config::{Invalid, Validate, in_range, key};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -124,13 +124,19 @@ fn d_norm() -> Normalize {
 fn d_history() -> usize {
     1
 }
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
 
 /// Where an input's values come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "source", rename_all = "snake_case", deny_unknown_fields)]
 pub enum InputSource {
     /// Named fields of the robot's state vector, concatenated (all of it when empty), stacked over
-    /// `history` observations (oldest first).
+    /// the last `history` control steps (oldest first).
     State {
         /// Graph input name.
         name: String,
@@ -144,7 +150,9 @@ pub enum InputSource {
         #[serde(default = "d_norm")]
         normalize: Normalize,
     },
-    /// A camera image, resized (bilinear) and normalised per channel, NCHW float32.
+    /// A camera image, resized (bilinear) and normalised per channel, NCHW float32; with
+    /// `history` > 1 the last `history` control steps' frames, oldest first (`[batch, history, 3,
+    /// height, width]`).
     Image {
         /// Graph input name.
         name: String,
@@ -161,6 +169,9 @@ pub enum InputSource {
         /// Added to `std` (LeRobot's `(x - mean) / (std + eps)`); absent: `std` as it is.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         eps: Option<f32>,
+        /// Frames stacked (1: the current one only, and no history dimension).
+        #[serde(default = "d_history", skip_serializing_if = "is_one")]
+        history: usize,
     },
     /// A language instruction tokenised with a Hugging Face `tokenizer.json` (int64 ids, padded).
     Language {
@@ -232,6 +243,10 @@ pub struct DiffusionSpec {
     pub clip_sample: f64,
     /// What the network predicts.
     pub prediction: Prediction,
+    /// How a chunk is sampled: `ddim` (deterministic given the initial noise) or `ddpm`
+    /// (stochastic: fresh noise at every step but the last, diffusers' `fixed_small` variance).
+    #[serde(skip_serializing_if = "Sampler::is_ddim")]
+    pub sampler: Sampler,
 }
 
 impl Default for DiffusionSpec {
@@ -244,6 +259,7 @@ impl Default for DiffusionSpec {
             beta_end: 0.02,
             clip_sample: 1.0,
             prediction: Prediction::Epsilon,
+            sampler: Sampler::Ddim,
         }
     }
 }
@@ -260,6 +276,7 @@ impl DiffusionSpec {
             self.clip_sample,
             self.prediction,
         )
+        .with_sampler(self.sampler)
     }
 }
 
@@ -384,6 +401,11 @@ pub struct PolicySpec {
     pub chunk_len: usize,
     /// Actions executed per chunk before the next inference.
     pub execute: usize,
+    /// The row of the network's chunk at the time of the observation it was computed from, which
+    /// the robot executes first: LeRobot Diffusion Policy's `n_obs_steps - 1` (its chunk starts at
+    /// the oldest step it saw). The rows before it are past and dropped; `execute` counts from it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_action: usize,
     /// Robot kind the policy was made for (e.g. `sim/pick`); checked when given.
     #[serde(default)]
     pub robot_kind: Option<String>,
@@ -445,7 +467,8 @@ impl Validate for PolicySpec {
         in_range(p, "version", self.version, 1, 1)?;
         in_range(p, "action_dim", self.action_dim, 1, 1024)?;
         in_range(p, "chunk_len", self.chunk_len, 1, 1024)?;
-        in_range(p, "execute", self.execute, 1, self.chunk_len)?;
+        in_range(p, "first_action", self.first_action, 0, self.chunk_len - 1)?;
+        in_range(p, "execute", self.execute, 1, self.rows())?;
         if let Some(n) = self.action_normalize.len()
             && n != self.action_dim
         {
@@ -502,9 +525,15 @@ impl Validate for PolicySpec {
             );
             match inp {
                 InputSource::State { history, .. } => in_range(&k, "history", *history, 1, 64)?,
-                InputSource::Image { width, height, .. } => {
+                InputSource::Image {
+                    width,
+                    height,
+                    history,
+                    ..
+                } => {
                     in_range(&k, "width", *width, 1, 4096)?;
                     in_range(&k, "height", *height, 1, 4096)?;
+                    in_range(&k, "history", *history, 1, 64)?;
                 }
                 InputSource::Language { max_len, .. } => {
                     in_range(&k, "max_len", *max_len, 1, 4096)?
@@ -538,6 +567,25 @@ impl PolicySpec {
         reflex_runtime::config::load(&spec_path(model))
     }
 
+    /// The actions of a chunk the loop sees: from `first_action` to the end of the network's.
+    pub fn rows(&self) -> usize {
+        self.chunk_len.saturating_sub(self.first_action)
+    }
+
+    /// Control steps before the current one any input reads (its `history` less one).
+    pub fn past_steps(&self) -> usize {
+        self.inputs
+            .iter()
+            .map(|i| match i {
+                InputSource::State { history, .. } | InputSource::Image { history, .. } => {
+                    history - 1
+                }
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Writes the spec as TOML.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("a spec serialises")
@@ -561,6 +609,7 @@ impl PolicySpec {
             action_dim,
             chunk_len,
             execute,
+            first_action: 0,
             robot_kind: None,
             action_normalize: d_norm(),
             graph: GraphIo {

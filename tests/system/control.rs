@@ -1166,3 +1166,137 @@ clock = "wall"
     assert!(chunks >= 4, "{v}");
     assert!(holds >= chunks, "{holds} holds for {chunks} chunks: {v}");
 }
+
+/// The (episode, step) of the observations a policy was handed: two past ones, then the current.
+type Handed = [(u64, u32); 3];
+
+/// A policy that reads the two control steps before its observation and records, at every
+/// inference, what it was handed.
+struct Historian {
+    past: [(u64, u32); 2],
+    seen: Arc<std::sync::Mutex<Vec<Handed>>>,
+}
+
+impl Policy for Historian {
+    fn name(&self) -> &str {
+        "historian"
+    }
+    fn chunk_spec(&self) -> ChunkSpec {
+        ChunkSpec {
+            len: 4,
+            execute: 2,
+            dim: 4,
+        }
+    }
+    fn past_steps(&self) -> usize {
+        2
+    }
+    fn observe_past(&mut self, past: &[Observation]) {
+        for (p, o) in self.past.iter_mut().zip(past) {
+            *p = (o.episode, o.step);
+        }
+    }
+    fn infer(&mut self, obs: &Observation, out: &mut [f32]) -> Result<(), PolicyError> {
+        let mut seen = self.seen.lock().unwrap();
+        if seen.len() < seen.capacity() {
+            seen.push([self.past[0], self.past[1], (obs.episode, obs.step)]);
+        }
+        out.fill(0.0);
+        Ok(())
+    }
+}
+
+type Seen = Arc<std::sync::Mutex<Vec<Handed>>>;
+
+/// A loop at 100 Hz in simulated time running the historian inline or on its thread, on a robot
+/// whose episodes last `episode_steps` (0: never end).
+fn history_loop(
+    threaded: bool,
+    episode_steps: u32,
+) -> (ControlLoop<NullRobot, SimClock>, Seen, SimClock) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::with_capacity(4096)));
+    let policy = Box::new(Historian {
+        past: [(0, 0); 2],
+        seen: seen.clone(),
+    });
+    let driver = if threaded {
+        let template = Observation {
+            state: vec![0.0; 8],
+            ..Default::default()
+        };
+        PolicyDriver::Thread(PolicyThread::spawn(policy, &template))
+    } else {
+        PolicyDriver::inline(policy)
+    };
+    let safety = SafetyConfig {
+        obs_timeout_ms: 1e4,
+        policy_timeout_ms: 1e4,
+        ..Default::default()
+    };
+    let clock = SimClock::new();
+    let lp = ControlLoop::builder(NullRobot::new("h", 8, episode_steps), clock.clone())
+        .config(cfg(100.0, ChunkMode::NewestWins))
+        .safety(safety)
+        .policy(driver)
+        .build()
+        .unwrap();
+    (lp, seen, clock)
+}
+
+fn run_ticks(
+    lp: &mut ControlLoop<NullRobot, SimClock>,
+    clock: &SimClock,
+    ticks: u32,
+    threaded: bool,
+) {
+    for _ in 0..ticks {
+        lp.step().unwrap();
+        clock.advance(Duration::from_micros(1));
+        if threaded {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn a_policy_with_a_history_is_handed_the_previous_control_steps_inline_and_on_its_thread() {
+    // LeRobot's Diffusion Policy reads the last n_obs_steps observations, one per control step,
+    // the first of an episode standing in for the steps before it. The loop keeps them and hands
+    // them over with every request, inline and to a thread, and allocates nothing for it once
+    // warm.
+    for threaded in [false, true] {
+        // Episodes of 10 steps, so several start within the run.
+        let (mut lp, seen, clock) = history_loop(threaded, 10);
+        run_ticks(&mut lp, &clock, 400, threaded);
+        drop(lp);
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen.len() > 50,
+            "threaded {threaded}: {} inferences",
+            seen.len()
+        );
+        let mut later = 0;
+        for [p0, p1, (episode, step)] in seen.iter().copied() {
+            let want = [step.saturating_sub(2), step.saturating_sub(1)];
+            assert_eq!(
+                [p0, p1],
+                [(episode, want[0]), (episode, want[1])],
+                "threaded {threaded}: handed {:?} at step {step} of episode {episode}",
+                [p0, p1]
+            );
+            later += (step >= 2) as usize;
+        }
+        assert!(
+            later > 20,
+            "threaded {threaded}: {later} inferences past step 2"
+        );
+        // One long episode (ending episodes keep their summaries, which is not this test's).
+        let (mut lp, _, clock) = history_loop(threaded, 0);
+        run_ticks(&mut lp, &clock, 100, threaded);
+        let (_, allocs) = alloc_count::count(|| run_ticks(&mut lp, &clock, 1000, threaded));
+        assert_eq!(
+            allocs, 0,
+            "threaded {threaded}: the loop allocated {allocs} times"
+        );
+    }
+}

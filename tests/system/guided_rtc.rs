@@ -44,6 +44,7 @@ fn flow_spec(vjp: bool) -> PolicySpec {
         action_dim: A,
         chunk_len: T,
         execute: T / 2,
+        first_action: 0,
         robot_kind: None,
         action_normalize: Normalize::None,
         graph: GraphIo {

@@ -125,9 +125,11 @@ fn an_unsupported_policy_type_is_refused_by_name_naming_config_json() {
 }
 
 #[test]
-fn a_diffusion_policy_with_frame_history_or_ddpm_sampling_is_refused_by_its_setting() {
-    // LeRobot's defaults (n_obs_steps 2, DDPM) need what reflex does not do yet: image history,
-    // a chunk executed from index n_obs_steps - 1, and DDPM's noise at every step.
+fn a_diffusion_policy_with_a_sampler_or_history_reflex_does_not_reproduce_is_refused_by_its_setting()
+ {
+    // LeRobot's defaults (n_obs_steps 2, DDPM) import (policies/import/parity.py checks them
+    // against LeRobot); a scheduler LeRobot itself does not build, or no observation step, is
+    // refused before any environment is made, naming the file and the setting.
     let dir = tempfile::tempdir().unwrap();
     let ckpt = act_checkpoint(dir.path(), "observation.images.front");
     let config = ckpt.join("config.json");
@@ -136,22 +138,23 @@ fn a_diffusion_policy_with_frame_history_or_ddpm_sampling_is_refused_by_its_sett
     v["type"] = "diffusion".into();
     v["horizon"] = 16.into();
     v["n_action_steps"] = 8.into();
-    v["n_obs_steps"] = 2.into();
-    v["noise_scheduler_type"] = "DDIM".into();
-    std::fs::write(&config, v.to_string()).unwrap();
-    let err = refused(dir.path(), &ckpt, &PICK);
-    assert!(
-        err.contains(&config.display().to_string())
-            && err.contains("n_obs_steps = 2")
-            && err.contains("not supported yet"),
-        "{err}"
-    );
-    v["n_obs_steps"] = 1.into();
+    v["n_obs_steps"] = 0.into();
     v["noise_scheduler_type"] = "DDPM".into();
     std::fs::write(&config, v.to_string()).unwrap();
     let err = refused(dir.path(), &ckpt, &PICK);
     assert!(
-        err.contains("noise_scheduler_type = \"DDPM\"") && err.contains("not supported yet"),
+        err.contains(&config.display().to_string())
+            && err.contains("n_obs_steps = 0")
+            && err.contains("n_obs_steps 1-64"),
+        "{err}"
+    );
+    v["n_obs_steps"] = 2.into();
+    v["noise_scheduler_type"] = "DPMSolver".into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let err = refused(dir.path(), &ckpt, &PICK);
+    assert!(
+        err.contains("noise_scheduler_type = \"DPMSolver\"")
+            && err.contains("\"DDPM\" or \"DDIM\""),
         "{err}"
     );
 }

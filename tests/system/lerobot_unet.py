@@ -1,5 +1,6 @@
 """Builds a diffusion UNet the way LeRobot's DiffusionPolicy exports it, with the `onnx` package (no
-reflex code), writes it with a reflex spec, and samples it with DDIM in numpy + onnxruntime.
+reflex code), writes it with a reflex spec, and samples it with DDIM (or DDPM) in numpy +
+onnxruntime.
 
 The network follows lerobot/policies/diffusion/modeling_diffusion.py (DiffusionConditionalUnet1d):
 - the noisy chunk [B, T, A] is transposed to [B, A, T]; the timestep is int64 [B];
@@ -16,10 +17,15 @@ Reshape -> affine. Mish is x * tanh(softplus(x)).
 
 The sampler is diffusers' DDIMScheduler as LeRobot configures it (squaredcos_cap_v2 betas,
 epsilon prediction, clip_sample 1.0, set_alpha_to_one, "leading" spacing, eta = 0), written here
-from its formulas in float64.
+from its formulas in float64. With `ddpm` it is diffusers' DDPMScheduler as LeRobot configures it
+by default (the same betas, clipping and spacing; `fixed_small` variance: each step but the last
+adds sqrt((1 - abar_prev) / (1 - abar_t) * beta_t) times fresh standard normal noise, drawn here
+and printed as `step_noise`), and the spec executes from row 1 (`first_action`, LeRobot's
+n_obs_steps - 1).
 
-usage: lerobot_unet.py OUT_DIR STATE_JSON NOISE_SEED
-prints JSON: {"noise": [...], "steps": [[sample after step 1], ...], "timesteps": [...]}
+usage: lerobot_unet.py OUT_DIR STATE_JSON NOISE_SEED [ddpm]
+prints JSON: {"noise": [...], "steps": [[sample after step 1], ...], "timesteps": [...],
+              "step_noise": [[...], ...] (DDPM)}
 """
 import json
 import math
@@ -31,6 +37,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 out_dir, state, noise_seed = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+DDPM = sys.argv[4:] == ["ddpm"]
 S = len(state)
 T, A, N_OBS = 8, 2, 2  # horizon, action dim, observation steps
 DOWN = [16, 32]
@@ -166,6 +173,7 @@ kind = "diffusion"
 action_dim = {A}
 chunk_len = {T}
 execute = {T // 2}
+{f"first_action = {N_OBS - 1}" if DDPM else ""}
 
 [graph]
 sample_input = "sample"
@@ -186,7 +194,7 @@ inference_steps = {INFER_STEPS}
 schedule = "squaredcos_cap_v2"
 clip_sample = 1.0
 prediction = "epsilon"
-""")
+""" + ('sampler = "ddpm"\n' if DDPM else ""))
 
 
 # diffusers' DDIMScheduler, as LeRobot configures it.
@@ -204,13 +212,23 @@ global_cond = np.array([norm * N_OBS], dtype=np.float32)  # the first observatio
 noise = np.random.default_rng(noise_seed).standard_normal((1, T, A)).astype(np.float32)
 session = ort.InferenceSession(f"{out_dir}/unet.onnx", providers=["CPUExecutionProvider"])
 x = noise.astype(np.float64)
-steps = []
+steps, step_noise = [], []
+rng = np.random.default_rng(noise_seed + 1)
 for t in timesteps:
     eps = session.run(["noise_pred"], {"sample": x.astype(np.float32), "timestep": np.array([t], dtype=np.int64), "global_cond": global_cond})[0].astype(np.float64)
     prev = t - ratio
     a_t = alphas_cumprod[t]
     a_prev = alphas_cumprod[prev] if prev >= 0 else 1.0
     x0 = np.clip((x - math.sqrt(1 - a_t) * eps) / math.sqrt(a_t), -1.0, 1.0)
-    x = math.sqrt(a_prev) * x0 + math.sqrt(1 - a_prev) * eps
+    if DDPM:
+        alpha = a_t / a_prev
+        beta = 1 - alpha
+        x = math.sqrt(a_prev) * beta / (1 - a_t) * x0 + math.sqrt(alpha) * (1 - a_prev) / (1 - a_t) * x
+        if t > 0:
+            z = rng.standard_normal((1, T, A)).astype(np.float32)
+            step_noise.append(z.ravel().tolist())
+            x = x + math.sqrt(max((1 - a_prev) / (1 - a_t) * beta, 1e-20)) * z.astype(np.float64)
+    else:
+        x = math.sqrt(a_prev) * x0 + math.sqrt(1 - a_prev) * eps
     steps.append(x.astype(np.float32).ravel().tolist())
-print(json.dumps({"noise": noise.ravel().tolist(), "steps": steps, "timesteps": timesteps.tolist()}))
+print(json.dumps({"noise": noise.ravel().tolist(), "steps": steps, "timesteps": timesteps.tolist(), "step_noise": step_noise}))

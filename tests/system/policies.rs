@@ -21,6 +21,7 @@ fn diffusion_spec(obs_dim_fields: Vec<String>, chunk: usize, dim: usize) -> Poli
         action_dim: dim,
         chunk_len: chunk,
         execute: chunk / 2,
+        first_action: 0,
         robot_kind: None,
         action_normalize: Normalize::None,
         graph: GraphIo {
@@ -124,6 +125,7 @@ fn an_image_policy_through_onnxruntime_matches_candle_within_1e_4() {
         mean: MEAN,
         std: STD,
         eps: None,
+        history: 1,
     });
     let model = write(dir.path(), "seeing", &net.to_onnx().unwrap(), &spec);
     let mut robot_spec = NullRobot::new("r", 8, 0).spec().clone();
@@ -719,13 +721,25 @@ fn a_steered_policy_runs_the_base_from_the_noise_its_actor_chose() {
 /// directory and what onnxruntime's Python API computed: the noise and the sample after every
 /// DDIM step.
 fn lerobot_unet(state: &[f32]) -> (tempfile::TempDir, Vec<f32>, Vec<Vec<f32>>) {
+    let (dir, noise, steps, _) = lerobot_unet_sampled(state, false);
+    (dir, noise, steps)
+}
+
+/// The LeRobot-shaped UNet of tests/system/lerobot_unet.py, sampled there with DDIM or DDPM:
+/// the model's folder, the initial noise, the sample after each step, DDPM's per-step noise.
+#[allow(clippy::type_complexity)]
+fn lerobot_unet_sampled(
+    state: &[f32],
+    ddpm: bool,
+) -> (tempfile::TempDir, Vec<f32>, Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let dir = tempfile::tempdir().unwrap();
     let out = run_ok(
         std::process::Command::new(python())
             .arg(repo().join("tests/system/lerobot_unet.py"))
             .arg(dir.path())
             .arg(serde_json::to_string(state).unwrap())
-            .arg("3"),
+            .arg("3")
+            .args(ddpm.then_some("ddpm")),
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let floats = |x: &serde_json::Value| -> Vec<f32> {
@@ -736,7 +750,13 @@ fn lerobot_unet(state: &[f32]) -> (tempfile::TempDir, Vec<f32>, Vec<Vec<f32>>) {
             .collect()
     };
     let steps = v["steps"].as_array().unwrap().iter().map(floats).collect();
-    (dir, floats(&v["noise"]), steps)
+    let step_noise = v["step_noise"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(floats)
+        .collect();
+    (dir, floats(&v["noise"]), steps, step_noise)
 }
 
 /// A robot with `state_dim` state values and 2 actions (the UNet's).
@@ -790,6 +810,174 @@ fn a_lerobot_shaped_diffusion_unet_agrees_with_onnxruntime_python_at_every_ddim_
         chunk.iter().any(|x| x.abs() > 0.1),
         "a chunk far from zero: the network does something"
     );
+}
+
+#[test]
+fn a_lerobot_shaped_unet_sampled_with_ddpm_agrees_with_numpy_at_every_step_given_its_noise() {
+    // LeRobot's default sampler: diffusers' DDPMScheduler (fixed_small variance) written in
+    // numpy by the peer script, which also draws the noise of each step; reflex gets the same
+    // noise after the initial sample and must land on the same sample at every step. The spec
+    // executes from row 1 (first_action, LeRobot's n_obs_steps - 1).
+    let state = [0.5f32, -1.0, 1.5, 0.25];
+    let (dir, noise, want, step_noise) = lerobot_unet_sampled(&state, true);
+    assert_eq!(
+        step_noise.len(),
+        9,
+        "noise at every step but the last (t = 0)"
+    );
+    let spec = two_action_robot(4);
+    let model = dir.path().join("unet.onnx");
+    let mut policy = OnnxPolicy::load(&model, &spec, &RunOptions::default()).unwrap();
+    use reflex_runtime::policy::Policy;
+    assert_eq!(policy.chunk_spec().len, 7, "8 rows from row 1");
+    assert!(policy.rtc_unsupported().unwrap().contains("DDPM"));
+    let obs = Observation {
+        state: state.to_vec(),
+        ..Default::default()
+    };
+    // The initial noise alone is refused with both lengths named; a wrong length too.
+    assert_eq!(policy.step_noise_len(), 9 * 16);
+    policy.set_next_noise(vec![0.0; 17]);
+    let err = policy.infer_chunk(&obs, &mut [0.0; 14]).unwrap_err();
+    assert!(err.to_string().contains("16 (or 160"), "{err}");
+    let all: Vec<f32> = noise
+        .iter()
+        .chain(step_noise.iter().flatten())
+        .copied()
+        .collect();
+    policy.set_trace(true);
+    policy.set_next_noise(all.clone());
+    let mut chunk = vec![0.0f32; 14];
+    policy.infer_chunk(&obs, &mut chunk).unwrap();
+    let got = policy.take_trace();
+    assert_eq!(got.len(), 10, "one sample per DDPM step");
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        let gap = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            gap < 1e-5,
+            "DDPM step {}: reflex and numpy differ by {gap}",
+            k + 1
+        );
+    }
+    assert_eq!(chunk, got[9][2..], "the chunk from row 1 on");
+    // Other step noise, another chunk: the injected noise is what was used.
+    let mut other = all.clone();
+    other[16..].iter_mut().for_each(|z| *z = -*z);
+    policy.set_next_noise(other);
+    let mut chunk2 = vec![0.0f32; 14];
+    policy.infer_chunk(&obs, &mut chunk2).unwrap();
+    assert!(chunk2 != chunk, "the step noise changed nothing");
+}
+
+#[test]
+fn a_policy_with_history_reads_past_steps_oldest_first_and_executes_from_its_first_action() {
+    // A hand-made graph that shows what it was fed: its chunk is the stacked state (two steps of
+    // 8 values, as 4 rows of 4) plus, in every row, the mean pixel of each camera frame it got
+    // (past, current, past, current). The spec stacks 2 steps of state and of images and drops
+    // row 0 (first_action = 1).
+    use reflex_policies::onnx_write::{Dim, Elem, Graph, batch};
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Graph::new();
+    let obs = g.input("obs", Elem::F32, vec![batch(), Dim::Fixed(16)]);
+    let img = g.input(
+        "img",
+        Elem::F32,
+        vec![
+            batch(),
+            Dim::Fixed(2),
+            Dim::Fixed(3),
+            Dim::Fixed(2),
+            Dim::Fixed(2),
+        ],
+    );
+    let rows = g.reshape(&obs, &[-1, 4, 4]);
+    let flat = g.reshape(&img, &[-1, 2, 12]);
+    let w = g.constant("mean", &[12, 1], &[1.0 / 12.0; 12]);
+    let means = g.op("MatMul", &[&flat, &w], vec![]);
+    let means = g.reshape(&means, &[-1, 2]);
+    let four = g.concat(&[&means, &means], 1);
+    let four = g.reshape(&four, &[-1, 1, 4]);
+    let act = g.op("Add", &[&rows, &four], vec![]);
+    g.output(
+        &act,
+        "act",
+        Elem::F32,
+        vec![batch(), Dim::Fixed(4), Dim::Fixed(4)],
+    );
+    let mut spec = PolicySpec::chunk("history", (4, 4, 2), "obs", "act");
+    spec.first_action = 1;
+    spec.inputs = vec![
+        InputSpec::State {
+            name: "obs".into(),
+            fields: vec![],
+            history: 2,
+            normalize: Normalize::None,
+        },
+        InputSpec::Image {
+            name: "img".into(),
+            camera: "front".into(),
+            width: 2,
+            height: 2,
+            mean: [0.0; 3],
+            std: [1.0; 3],
+            eps: None,
+            history: 2,
+        },
+    ];
+    let model = write(dir.path(), "history", &g.to_bytes("history", "test"), &spec);
+    let mut robot = NullRobot::new("r", 8, 0).spec().clone();
+    robot.cameras.push(reflex_runtime::msg::CameraSpec {
+        name: "front".into(),
+        width: 2,
+        height: 2,
+        intrinsics: None,
+        mount: None,
+    });
+    let mut policy = OnnxPolicy::load(&model, &robot, &RunOptions::default()).unwrap();
+    use reflex_runtime::policy::Policy;
+    assert_eq!(policy.past_steps(), 1);
+    assert_eq!(policy.chunk_spec().len, 3);
+    let frame = |k: f32, grey: u8| Observation {
+        state: (0..8).map(|i| k * 10.0 + i as f32).collect(),
+        images: vec![reflex_runtime::msg::Image {
+            camera: "front".into(),
+            width: 2,
+            height: 2,
+            encoding: "rgb8".into(),
+            data: vec![grey; 12],
+            seq: 0,
+            age_ns: 0,
+        }],
+        ..Default::default()
+    };
+    let (past, now) = (frame(1.0, 51), frame(2.0, 204));
+    let (mp, mn) = (51.0 / 255.0, 204.0 / 255.0);
+    let add = [mp, mn, mp, mn];
+    let mut chunk = vec![0.0f32; 12];
+    policy.observe_past(std::slice::from_ref(&past));
+    policy.infer(&now, &mut chunk).unwrap();
+    // Rows 1-3 of [past 0-3, past 4-7, now 0-3, now 4-7].
+    let want: Vec<f32> = [14.0, 20.0, 24.0]
+        .iter()
+        .flat_map(|r0| (0..4).map(move |c| r0 + c as f32 + add[c]))
+        .collect();
+    for (g, w) in chunk.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5, "got {chunk:?}, want {want:?}");
+    }
+    // Without the past handed over (an episode's first step), the observation fills the history.
+    policy.infer(&now, &mut chunk).unwrap();
+    let add = [mn; 4];
+    let want: Vec<f32> = [24.0, 20.0, 24.0]
+        .iter()
+        .flat_map(|r0| (0..4).map(move |c| r0 + c as f32 + add[c]))
+        .collect();
+    for (g, w) in chunk.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5, "got {chunk:?}, want {want:?}");
+    }
 }
 
 #[test]

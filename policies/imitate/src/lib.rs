@@ -780,6 +780,7 @@ fn trained_spec(
         action_dim,
         chunk_len: cfg.horizon,
         execute: cfg.execute,
+        first_action: 0,
         robot_kind,
         action_normalize: data.act_norm,
         graph: GraphIo {
@@ -806,6 +807,7 @@ fn trained_spec(
                 mean: MEAN,
                 std: STD,
                 eps: None,
+                history: 1,
             })
         }))
         .collect(),

@@ -10,11 +10,14 @@
 //! - [`norm`]: LayerNorm and its activation (tanh, ReLU) as one candle operation with its own
 //!   backward pass, per ensemble member (the pixel learner's critics, heads and encoder);
 //! - [`ops`]: the same layers as candle operations (a product computing only needed gradients,
-//!   fused bias + ReLU) for the learner that trains image heads through candle's autograd.
+//!   fused bias + ReLU) for the learner that trains image heads through candle's autograd;
+//! - [`adam`]: Adam / AdamW on the parameters in place, gradient-norm clipping, a state saved and
+//!   restored exactly.
 //!
 //! Nothing here knows about SAC: `reflex_learn::sac` puts the pieces together and keeps the
 //! parameters (candle `Var`s, so checkpoints and the ONNX export read them as before).
 
+pub mod adam;
 #[allow(unsafe_code)] // the MXCSR / FPCR registers (flush-to-zero), by intrinsic or asm
 pub mod denormal;
 pub mod ensemble;

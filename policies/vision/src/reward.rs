@@ -183,6 +183,7 @@ impl RewardNet {
                         mean: MEAN,
                         std: STD,
                         eps: None,
+                        history: 1,
                     }
                 })
                 .collect(),

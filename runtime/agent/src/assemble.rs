@@ -124,7 +124,7 @@ impl Assembler {
                 step: s.step,
                 ..Default::default()
             };
-            self.chunk.resize(p.spec().chunk_len * self.act_dim, 0.0);
+            self.chunk.resize(p.spec().rows() * self.act_dim, 0.0);
             p.infer_chunk(&o, &mut self.chunk)?;
             base_n.copy_from_slice(&self.chunk[..self.act_dim]);
         }

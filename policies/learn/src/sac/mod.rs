@@ -11,7 +11,8 @@
 //! comes from where). All randomness (batches, ensemble subsets, actor noise, initialisation) comes
 //! from one seeded generator, so the same seed gives the same parameters.
 
-pub mod adam;
+/// Adam / AdamW by hand (reflex-mlp's).
+pub use reflex_mlp::adam;
 mod augment;
 mod byhand;
 pub mod checkpoint;

@@ -161,6 +161,14 @@ impl Policy for SteeredPolicy {
         self.base.chunk_spec()
     }
 
+    fn past_steps(&self) -> usize {
+        self.base.past_steps()
+    }
+
+    fn observe_past(&mut self, past: &[Observation]) {
+        self.base.observe_past(past);
+    }
+
     /// New weights are taken at the first chunk of an episode, never inside one.
     fn reset(&mut self) {
         self.refresh_due = true;

@@ -56,6 +56,12 @@ pub fn make_policy(cfg: &RunConfig, spec: &RobotSpec) -> Result<Option<Box<dyn P
                         ),
                     ));
                 }
+                if let Some(why) = p.rtc_unsupported() {
+                    return Err(AgentError::setup(
+                        "[policy.rtc]",
+                        format!("`{}`: {why}: set `enabled = false`", model.display()),
+                    ));
+                }
                 let guided = p.spec().kind == reflex_policies::spec::PolicyKind::Flow
                     && p.has_vjp()
                     && cfg.policy.rtc.guidance;

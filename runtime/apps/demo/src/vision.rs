@@ -155,7 +155,7 @@ pub struct PersonRelabel {
 impl PersonRelabel {
     /// The relabeller around `relabel`, a copy of the base.
     pub fn new(relabel: OnnxPolicy, act_dim: usize) -> Self {
-        let n = relabel.spec().chunk_len * act_dim;
+        let n = relabel.spec().rows() * act_dim;
         PersonRelabel {
             relabel,
             chunk: vec![0.0; n],

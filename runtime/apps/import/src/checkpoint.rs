@@ -165,30 +165,27 @@ fn pipeline(dir: &Path, file: &str, role: &str) -> Result<Value, ImportError> {
     Ok(v)
 }
 
-/// The Diffusion Policy settings reflex does not reproduce yet, refused before the export: a
-/// history of observation frames (reflex's image inputs have none, and LeRobot then executes its
-/// chunk from index `n_obs_steps - 1`), and DDPM sampling (reflex samples with DDIM).
+/// The Diffusion Policy settings reflex reproduces, checked before the export: a history of 1 to
+/// 64 observation steps (reflex keeps them and executes the chunk from row `n_obs_steps - 1`, as
+/// LeRobot does) and LeRobot's two samplers, DDPM and DDIM.
 fn diffusion_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
     let unsupported = |what: String| ImportError::Unsupported {
         file: config.display().to_string(),
         what,
-        supported: "Diffusion Policies with n_obs_steps = 1 and noise_scheduler_type = \"DDIM\""
-            .into(),
+        supported:
+            "Diffusion Policies with n_obs_steps 1-64 and noise_scheduler_type \"DDPM\" or \"DDIM\""
+                .into(),
     };
     let n_obs = v.get("n_obs_steps").and_then(Value::as_u64).unwrap_or(2);
-    if n_obs != 1 {
-        return Err(unsupported(format!(
-            "n_obs_steps = {n_obs} (a history of observation frames)"
-        )));
+    if !(1..=64).contains(&n_obs) {
+        return Err(unsupported(format!("n_obs_steps = {n_obs}")));
     }
     let sched = v
         .get("noise_scheduler_type")
         .and_then(Value::as_str)
         .unwrap_or("DDPM");
-    if sched != "DDIM" {
-        return Err(unsupported(format!(
-            "noise_scheduler_type = \"{sched}\" (LeRobot's stochastic sampler)"
-        )));
+    if sched != "DDIM" && sched != "DDPM" {
+        return Err(unsupported(format!("noise_scheduler_type = \"{sched}\"")));
     }
     Ok(())
 }

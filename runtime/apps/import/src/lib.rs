@@ -214,6 +214,10 @@ struct ExportOutput {
     normalize: Normalize,
 }
 
+fn one() -> usize {
+    1
+}
+
 /// What policies/import/lerobot_export.py reports.
 #[derive(Deserialize)]
 struct ExportReport {
@@ -223,6 +227,12 @@ struct ExportReport {
     kind: PolicyKind,
     chunk_size: usize,
     n_action_steps: usize,
+    /// The chunk's row at the current observation (Diffusion Policy's `n_obs_steps - 1`).
+    #[serde(default)]
+    first_action: usize,
+    /// Observation steps each input stacks (Diffusion Policy's `n_obs_steps`).
+    #[serde(default = "one")]
+    history: usize,
     temporal_ensemble_coeff: Option<f64>,
     graph: GraphIo,
     #[serde(default)]
@@ -421,7 +431,7 @@ fn policy_spec(
             Binding::State { feature, fields } => InputSource::State {
                 name: feature.clone(),
                 fields: fields.clone(),
-                history: 1,
+                history: report.history,
                 normalize: norm,
             },
             Binding::Image {
@@ -459,6 +469,7 @@ fn policy_spec(
                     mean,
                     std,
                     eps,
+                    history: report.history,
                 }
             }
         });
@@ -471,6 +482,7 @@ fn policy_spec(
         action_dim: ckpt.action.numel(),
         chunk_len: report.chunk_size,
         execute: report.n_action_steps,
+        first_action: report.first_action,
         robot_kind: Some(robot.kind.clone()),
         action_normalize: report.output.normalize.clone(),
         graph: report.graph.clone(),
@@ -530,7 +542,7 @@ fn check_runs(
     for img in &mut obs.images {
         img.data.fill(128);
     }
-    let mut chunk = vec![0.0f32; spec.chunk_len * spec.action_dim];
+    let mut chunk = vec![0.0f32; spec.rows() * spec.action_dim];
     policy
         .infer_chunk(&obs, &mut chunk)
         .map_err(|e| check(e.to_string()))?;

@@ -7,12 +7,15 @@
 //! {"observations": [
 //!   {"state": [0.1, ...],
 //!    "images": [{"camera": "front", "width": 128, "height": 128, "rgb8": [12, 40, ...]}],
-//!    "noise": [0.3, ...]}
+//!    "noise": [0.3, ...],
+//!    "past": [{"state": [...], "images": [...]}]}
 //! ]}
 //! ```
-//! `images` (row-major rgb8 bytes) and `noise` (chunk_len x action_dim, the initial sample of a
-//! diffusion or flow policy) are optional. Each observation starts an episode (step 0), so a
-//! stacked history holds it alone, as a policy's first step does.
+//! `images` (row-major rgb8 bytes), `noise` and `past` are optional. `noise` is the initial
+//! sample of a diffusion or flow policy (chunk_len x action_dim), for a DDPM policy optionally
+//! followed by the noise of each later step. `past` holds the observations of the control steps
+//! before this one, oldest first, for a policy with a history (`history` > 1 in its spec); without
+//! it the observation stands in for them, as at an episode's start.
 
 use reflex_agent::AgentError;
 use reflex_agent::error::Result;
@@ -20,6 +23,7 @@ use reflex_import::RobotSource;
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions};
 use reflex_policies::spec::PolicySpec;
 use reflex_runtime::msg::{Image, Observation};
+use reflex_runtime::policy::Policy;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Instant;
@@ -41,6 +45,8 @@ struct ObservationIn {
     images: Vec<ImageIn>,
     #[serde(default)]
     noise: Option<Vec<f32>>,
+    #[serde(default)]
+    past: Vec<ObservationIn>,
 }
 
 impl ObservationIn {
@@ -117,7 +123,11 @@ pub fn infer(
         ..RunOptions::default()
     };
     let mut policy = OnnxPolicy::load(model, &robot, &opts)?;
-    let n = spec.chunk_len * spec.action_dim;
+    let n = spec.rows() * spec.action_dim;
+    let (noise0, noise_all) = (
+        policy.noise_len(),
+        policy.noise_len() + policy.step_noise_len(),
+    );
     let mut chunk = vec![0.0f32; n];
     let mut again = vec![0.0f32; n];
     let (mut chunks, mut chunk_us, mut all) = (vec![], vec![], vec![]);
@@ -133,19 +143,42 @@ pub fn infer(
             )));
         }
         let noise = o.noise.take();
+        let past = std::mem::take(&mut o.past);
+        if past.iter().any(|p| p.noise.is_some() || !p.past.is_empty()) {
+            return Err(bad("a past observation carries `noise` or `past`: only the observation inferred on does".into()));
+        }
+        let past: Vec<Observation> = past
+            .into_iter()
+            .map(ObservationIn::into_observation)
+            .collect();
+        if !past.is_empty() && past.len() != policy.past_steps() {
+            return Err(bad(format!(
+                "`past` holds {} observations; the policy reads {} before the current one",
+                past.len(),
+                policy.past_steps()
+            )));
+        }
         let obs = o.into_observation();
         let mut times = Vec::with_capacity(repeat);
         for r in 0..warmup + repeat {
             if let Some(noise) = &noise {
-                if noise.len() != n {
+                if noise.len() != noise0 && noise.len() != noise_all {
                     return Err(bad(format!(
-                        "noise has {} values; the chunk has {n} ({} x {})",
+                        "noise has {} values; the chunk has {noise0} ({} x {}){}",
                         noise.len(),
                         spec.chunk_len,
-                        spec.action_dim
+                        spec.action_dim,
+                        if noise_all > noise0 {
+                            format!(", {noise_all} with every DDPM step's noise")
+                        } else {
+                            String::new()
+                        }
                     )));
                 }
                 policy.set_next_noise_from(noise);
+            }
+            if !past.is_empty() {
+                policy.observe_past(&past);
             }
             let out = if r == 0 { &mut chunk } else { &mut again };
             let t0 = Instant::now();
@@ -171,7 +204,7 @@ pub fn infer(
     all.sort_by(f64::total_cmp);
     Ok(InferReport {
         model: model.display().to_string(),
-        chunk_len: spec.chunk_len,
+        chunk_len: spec.rows(),
         action_dim: spec.action_dim,
         chunks,
         chunk_us,

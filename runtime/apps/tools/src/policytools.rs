@@ -299,7 +299,7 @@ pub fn bench(
     };
     let mut policy = OnnxPolicy::load(model, &robot.spec, &opts)?;
     let obs = robot.obs;
-    let mut out = vec![0.0f32; spec.chunk_len * spec.action_dim];
+    let mut out = vec![0.0f32; spec.rows() * spec.action_dim];
     for _ in 0..20 {
         policy.infer_chunk(&obs, &mut out)?;
     }

@@ -16,7 +16,7 @@ use crate::hist::Histogram;
 use crate::kinematics::Chain;
 use crate::msg::{LoopFigures, Observation, RobotSpec};
 use crate::outbox::{Frames, Held, OutboxSender, Source};
-use crate::policy::{ChunkSpec, Policy, PolicyThread};
+use crate::policy::{ChunkSpec, PastObs, Policy, PolicyThread};
 use crate::residual::ResidualHook;
 use crate::robot::{Robot, RobotError};
 use crate::safety::{Safety, SafetyConfig, SafetyCounters, SafetyEvent, SafetyInput};
@@ -170,6 +170,14 @@ impl PolicyDriver {
             PolicyDriver::Thread(t) => Some(t.spec()),
             PolicyDriver::Inline { policy, .. } => Some(policy.chunk_spec()),
             PolicyDriver::None => None,
+        }
+    }
+
+    fn past_steps(&self) -> usize {
+        match self {
+            PolicyDriver::Thread(t) => t.past_steps(),
+            PolicyDriver::Inline { policy, .. } => policy.past_steps(),
+            PolicyDriver::None => 0,
         }
     }
 }
@@ -351,6 +359,8 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     schedule: Schedule,
     driver: PolicyDriver,
     chunk_spec: Option<ChunkSpec>,
+    /// The steps before the current observation, for a policy that reads a history.
+    past: PastObs,
     chunks: ChunkQueue,
     safety: Safety,
     residual: Option<Box<dyn ResidualHook>>,
@@ -645,6 +655,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             stop: StopSwitch::new(),
             seen_raises: 0,
             chunk_spec,
+            past: PastObs::new(driver.past_steps()),
             spec,
             driver,
             robot,
@@ -789,7 +800,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             self.schedule.restart(now);
         }
         match reset {
-            Ok(o) => self.obs.copy_from(o),
+            Ok(o) => {
+                self.past.note(&self.obs, o);
+                self.obs.copy_from(o);
+            }
             Err(RobotError::Stopped { .. }) => {
                 // The e-stop cut the move to the start pose short: no episode; the same seed
                 // is used when the run goes on.
@@ -926,7 +940,8 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 // always infers from the freshest state. A policy that samples its chunk as an
                 // inpainting (real-time chunking) gets what the loop will execute meanwhile.
                 let chunks = &self.chunks;
-                pt.request_with_prefix(t, dt, &self.obs, self.generation, |prefix| {
+                let past = self.past.frames();
+                pt.request_with_prefix(t, dt, &self.obs, past, self.generation, |prefix| {
                     (chunks.planned(t, dt, cs.dim, prefix), delay)
                 });
                 self.request_pending = true;
@@ -939,6 +954,9 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 prefix,
                 ..
             } => {
+                if !self.past.frames().is_empty() {
+                    policy.observe_past(self.past.frames());
+                }
                 let result = if prefix.is_empty() {
                     policy.infer(&self.obs, &mut chunk.data)
                 } else {
@@ -1113,6 +1131,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             // A lockstep robot answers every command; take the answer so the next tick reads a
             // fresh observation.
             let o = self.robot.observe()?;
+            self.past.note(&self.obs, o);
             self.obs.copy_from(o);
         }
         self.send_held(t);
@@ -1155,6 +1174,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
 
     fn read_observation(&mut self, t: Duration) -> Result<(), LoopError> {
         let o = self.robot.observe()?;
+        self.past.note(&self.obs, o);
         self.obs.copy_from(o);
         let k = (
             self.obs.episode,

@@ -3,7 +3,7 @@
 //! - [`control`]: the fixed-rate control loop ([`control::ControlLoop`], built with
 //!   [`control::ControlLoop::builder`]), with [`clock`], [`schedule`], [`chunk`], [`safety`],
 //!   [`teleop`] and [`status`] channels, the [`residual`] hook, the [`policy`] thread, the
-//!   [`outbox`], real-time settings ([`rt`]) and the lock-free [`triple`] buffer it is built from;
+//!   [`outbox`], real-time settings ([`rt`], re-exported from reflex-rt) and the lock-free [`triple`] buffer it is built from;
 //! - [`features`]: a frozen image encoder on the newest frames, inline or on its own thread beside
 //!   the loop (for a learner that sees; reflex-adapters' `reward` runs a success classifier on
 //!   it);
@@ -20,6 +20,8 @@ pub use reflex_contracts as contracts;
 pub use reflex_contracts::{config, keys, msg, robot};
 /// Kinematics of a serial chain (the reflex-kinematics crate).
 pub use reflex_kinematics as kinematics;
+/// Real-time settings of the loop's thread (the reflex-rt crate).
+pub use reflex_rt as rt;
 
 pub mod chunk;
 #[allow(unsafe_code)] // clock_nanosleep on an absolute deadline
@@ -31,8 +33,6 @@ pub mod hist;
 pub mod outbox;
 pub mod policy;
 pub mod residual;
-#[allow(unsafe_code)] // SCHED_FIFO, mlockall and mallopt through libc
-pub mod rt;
 pub mod safety;
 pub mod schedule;
 pub mod status;

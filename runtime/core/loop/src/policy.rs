@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use reflex_contracts::policy::{ChunkPrefix, ChunkSpec, Policy, PolicyError};
+pub use reflex_contracts::policy::{ChunkPrefix, ChunkSpec, PastObs, Policy, PolicyError};
 
 /// An observation handed to the policy thread, with the loop time it belongs to.
 #[derive(Clone, Debug, Default)]
@@ -37,6 +37,8 @@ pub struct TimedObs {
     /// The newest chunk the loop had taken when it asked (its `seq`): a request made before the
     /// loop saw the policy's latest chunk is stale and not answered.
     pub seen: u64,
+    /// The observations of the control steps before `obs`, oldest first ([`Policy::past_steps`]).
+    pub past: Vec<Observation>,
 }
 
 /// A chunk with the generation of the observation it came from.
@@ -107,6 +109,7 @@ pub struct PolicyThread {
     thread: Option<JoinHandle<()>>,
     spec: ChunkSpec,
     wants_prefix: bool,
+    past_steps: usize,
     seen: u64,
 }
 
@@ -116,6 +119,7 @@ impl PolicyThread {
     pub fn spawn(mut policy: Box<dyn Policy>, obs_template: &Observation) -> Self {
         let spec = policy.chunk_spec();
         let wants_prefix = policy.wants_prefix();
+        let past_steps = policy.past_steps();
         let (obs_tx, mut obs_rx) = triple(TimedObs {
             t: Duration::ZERO,
             obs: obs_template.clone(),
@@ -125,6 +129,7 @@ impl PolicyThread {
             covered: 0,
             delay: 0,
             seen: 0,
+            past: vec![obs_template.clone(); past_steps],
         });
         let mut chunk_template = TimedChunk {
             chunk: ActionChunk::with_capacity(spec.len, spec.dim),
@@ -153,6 +158,9 @@ impl PolicyThread {
                         continue;
                     }
                     let t0 = Instant::now();
+                    if !o.past.is_empty() {
+                        policy.observe_past(&o.past);
+                    }
                     let slot = chunk_tx.slot();
                     slot.chunk.data.resize(spec.len * spec.dim, 0.0);
                     let result = if o.covered > 0 {
@@ -196,6 +204,7 @@ impl PolicyThread {
             thread: Some(thread),
             spec,
             wants_prefix,
+            past_steps,
             seen: 0,
         }
     }
@@ -208,7 +217,12 @@ impl PolicyThread {
     /// Hands the newest observation (taken at loop time `t`; the loop ticks every `dt`) to the
     /// policy. Never blocks; copies into a preallocated slot.
     pub fn request(&mut self, t: Duration, dt: Duration, obs: &Observation, generation: u64) {
-        self.request_with_prefix(t, dt, obs, generation, |_| (0, 0));
+        self.request_with_prefix(t, dt, obs, &[], generation, |_| (0, 0));
+    }
+
+    /// Observations of earlier steps the policy reads ([`Policy::past_steps`]).
+    pub fn past_steps(&self) -> usize {
+        self.past_steps
     }
 
     /// Whether the policy uses what the robot executes meanwhile ([`Self::request_with_prefix`]).
@@ -216,7 +230,8 @@ impl PolicyThread {
         self.wants_prefix
     }
 
-    /// As [`Self::request`]; when the policy wants it, `prefix` writes the executing chunk's
+    /// As [`Self::request`], with the observations of the steps before (`past`, oldest first,
+    /// for a policy that reads them); when the policy wants it, `prefix` writes the executing chunk's
     /// actions at the new chunk's times into the slot's buffer (`len * dim` values) and returns
     /// the rows it covered and the estimated delay in rows. Never blocks, never allocates.
     pub fn request_with_prefix(
@@ -224,6 +239,7 @@ impl PolicyThread {
         t: Duration,
         dt: Duration,
         obs: &Observation,
+        past: &[Observation],
         generation: u64,
         prefix: impl FnOnce(&mut [f32]) -> (usize, usize),
     ) {
@@ -233,6 +249,9 @@ impl PolicyThread {
         slot.dt = dt;
         slot.generation = generation;
         slot.obs.copy_from(obs);
+        for (dst, src) in slot.past.iter_mut().zip(past) {
+            dst.copy_from(src);
+        }
         slot.seen = self.seen;
         (slot.covered, slot.delay) = if wants {
             prefix(&mut slot.prefix)

@@ -1,11 +1,11 @@
 //! Writing ONNX models: a graph builder whose `to_bytes` encodes `onnx.proto`'s ModelProto with
-//! `prost` ([`crate::onnx_proto`]).
+//! `prost` ([`crate::proto`]).
 //!
 //! reflex writes its own ONNX files (imitation-trained policies, residual exports, the tiny VLA used
 //! in tests) so that exporting needs no Python. Every file written here is loaded back by ONNX
 //! Runtime in the tests.
 
-use crate::onnx_proto as pb;
+use crate::proto as pb;
 
 /// The ONNX file format version written (IR 8: ONNX 1.10 and later read it).
 pub const IR_VERSION: i64 = 8;

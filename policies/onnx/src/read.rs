@@ -1,9 +1,9 @@
 //! Reading the float initializers (the weights) back out of an ONNX file, decoded by `prost` with
-//! [`crate::onnx_proto`]'s messages. reflex uses it to run a residual it exported
+//! [`crate::proto`]'s messages. reflex uses it to run a residual it exported
 //! (policies/learn/src/sac/export.rs) on the loop thread in plain Rust; ONNX Runtime checks at
 //! load that the graph computes the same thing.
 
-use crate::onnx_proto::{FLOAT, ModelProto, TensorProto};
+use crate::proto::{FLOAT, ModelProto, TensorProto};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -183,7 +183,7 @@ pub fn float_initializers(model: &[u8]) -> Result<HashMap<String, Initializer>, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::onnx_write::{Dim, Elem, Graph};
+    use crate::write::{Dim, Elem, Graph};
 
     #[test]
     fn reads_back_what_the_writer_wrote() {

@@ -1,5 +1,7 @@
-//! Real-time hygiene for the control-loop thread: SCHED_FIFO priority, CPU pinning and locked
+//! reflex-rt: real-time hygiene for the control-loop thread: SCHED_FIFO priority, CPU pinning and locked
 //! memory. Each is optional; when the OS does not permit it the loop still runs, with a warning.
+
+#![allow(unsafe_code)] // SCHED_FIFO and mallopt through libc
 
 use serde::Deserialize;
 
