@@ -254,6 +254,12 @@ fn rtc_for_bench(
             ),
         ));
     }
+    if let Some(why) = policy.rtc_unsupported() {
+        return Err(AgentError::setup(
+            "reflex policy bench --rtc",
+            format!("`{}`: {why}", model.display()),
+        ));
+    }
     if guided && !policy.has_vjp() {
         return Err(AgentError::setup(
             "reflex policy bench --rtc guided",
@@ -300,10 +306,12 @@ pub fn bench(
     let mut policy = OnnxPolicy::load(model, &robot.spec, &opts)?;
     let obs = robot.obs;
     let mut out = vec![0.0f32; spec.rows() * spec.action_dim];
-    for _ in 0..20 {
+    // Warm-up: 20 chunks, or a tenth of the timed ones when that is fewer (a chunk of LeRobot's
+    // default Diffusion Policy takes seconds on a CPU).
+    for _ in 0..(iters / 10).clamp(1, 20) {
         policy.infer_chunk(&obs, &mut out)?;
     }
-    let overlap = spec.chunk_len - spec.execute;
+    let overlap = spec.rows() - spec.execute;
     let delay = (overlap / 2).max(1).min(overlap);
     if let Some(guided) = rtc {
         rtc_for_bench(&mut policy, &spec, model, guided, overlap)?;
