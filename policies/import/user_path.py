@@ -30,7 +30,6 @@ bring-your-own-policy.md).
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -297,13 +296,10 @@ def main():
         shutil.rmtree(out_ds, ignore_errors=True)
         codecs = rewrite_with_lerobot(ds, out_ds, vcodec)
         bc = w / "models" / f"bc-{vcodec}.onnx"
-        out = sh([reflex, "bc", "train", "--dataset", out_ds, "--camera", "front", "--out", bc,
-                  "--steps", a.bc_steps, "--seed", a.seed], capture_output=True, text=True).stdout
-        loss = re.search(r"final loss ([0-9.eE+-]+)", out)
-        if loss is None:
-            fail(f"reflex bc train on {out_ds} printed no final loss: {out}")
+        trained = json.loads(sh([reflex, "bc", "train", "--dataset", out_ds, "--camera", "front", "--out", bc,
+                                 "--steps", a.bc_steps, "--seed", a.seed, "--json"], capture_output=True, text=True).stdout)
         sh([reflex, "policy", "check", "--model", bc])
-        fig["lerobot_written"][vcodec] = {"codecs": codecs, "bc_steps": a.bc_steps, "bc_final_loss": float(loss.group(1))}
+        fig["lerobot_written"][vcodec] = {"codecs": codecs, "bc_steps": a.bc_steps, "bc_final_loss": trained["final_loss"]}
     wall["lerobot_written_s"] = time.monotonic() - t
 
     fig["wall_s"] = {k: round(v, 1) for k, v in wall.items()}

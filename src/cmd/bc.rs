@@ -80,6 +80,10 @@ pub struct TrainArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Print what was written and the final loss as JSON (`model`, `spec`, `vjp`, `encoder`,
+    /// `final_loss`, `wall_s`).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
@@ -119,6 +123,10 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
         command: command_line(),
     };
     let r = bctrain::bc_train(&o, &Bars::new(false))?;
+    if a.json {
+        crate::cli::print_json(&r);
+        return Ok(());
+    }
     println!(
         "wrote {} and {} (final loss {:.4}, {:.0} s)",
         r.model.display(),

@@ -168,19 +168,29 @@ fn an_exported_lerobot_dataset_loads_as_lerobot_reads_it_and_trains_the_same_pol
     );
 }
 
-/// `reflex bc train --dataset DS --camera front` (a short run) writing `model`.
+/// `reflex bc train --dataset DS --camera front --json` (a short run) writing `model`; its
+/// report names what it wrote.
 fn train_seeing(ds: &Path, model: &Path) {
-    crate::common::run_ok(
+    let out = crate::common::run_ok(
         reflex()
             .current_dir(repo())
             .args(["bc", "train", "--dataset"])
             .arg(ds)
             .args([
-                "--camera", "front", "--steps", "30", "--batch", "16", "--seed", "1",
+                "--camera", "front", "--steps", "30", "--batch", "16", "--seed", "1", "--json",
             ])
             .arg("--out")
             .arg(model),
     );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["model"].as_str(), model.to_str(), "{r}");
+    assert!(
+        r["encoder"]
+            .as_str()
+            .is_some_and(|e| std::path::Path::new(e).exists()),
+        "{r}"
+    );
+    assert!(r["final_loss"].as_f64().is_some_and(f64::is_finite), "{r}");
 }
 
 /// Copies a directory tree.

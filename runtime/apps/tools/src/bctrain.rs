@@ -51,7 +51,7 @@ pub struct TrainOptions {
 }
 
 /// What training produced.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct TrainReport {
     /// The model written.
     pub model: PathBuf,
