@@ -338,4 +338,28 @@ fn policy_infer_prints_one_chunk_per_observation_the_same_for_the_same_noise() {
         err.contains("observation 0") && err.contains("state has 2 values"),
         "{err}"
     );
+    // `past` observations are checked like the one inferred on, and must be as many as the
+    // policy reads (none for this one).
+    let infer_err = |body: serde_json::Value| {
+        std::fs::write(&file, body.to_string()).unwrap();
+        let out = reflex()
+            .args(["policy", "infer", "--model"])
+            .arg(&model)
+            .arg("--observations")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let good = vec![0.01f32; 32];
+    let err = infer_err(serde_json::json!({"observations": [
+        {"state": good, "past": [{"state": [0.0]}]}]}));
+    assert!(err.contains("past state has 1 values"), "{err}");
+    let err = infer_err(serde_json::json!({"observations": [
+        {"state": good, "past": [{"state": good}]}]}));
+    assert!(
+        err.contains("`past` holds 1 observations; the policy reads 0"),
+        "{err}"
+    );
 }

@@ -134,23 +134,8 @@ pub fn infer(
     for (k, mut o) in file.observations.into_iter().enumerate() {
         let bad =
             |m: String| AgentError::setup(format!("{} observation {k}", observations.display()), m);
-        if o.state.len() != robot.state_dim() {
-            return Err(bad(format!(
-                "state has {} values; robot `{}` has {}",
-                o.state.len(),
-                robot.kind,
-                robot.state_dim()
-            )));
-        }
+        let past = take_past(&mut o, robot.state_dim(), &robot.kind, &bad)?;
         let noise = o.noise.take();
-        let past = std::mem::take(&mut o.past);
-        if past.iter().any(|p| p.noise.is_some() || !p.past.is_empty()) {
-            return Err(bad("a past observation carries `noise` or `past`: only the observation inferred on does".into()));
-        }
-        let past: Vec<Observation> = past
-            .into_iter()
-            .map(ObservationIn::into_observation)
-            .collect();
         if !past.is_empty() && past.len() != policy.past_steps() {
             return Err(bad(format!(
                 "`past` holds {} observations; the policy reads {} before the current one",
@@ -212,6 +197,35 @@ pub fn infer(
         intra_threads: threads,
         repeat,
     })
+}
+
+/// The `past` observations `o` carries, each checked as the observation itself: a state of the
+/// robot's size, no `noise` or `past` of its own.
+fn take_past(
+    o: &mut ObservationIn,
+    state_dim: usize,
+    kind: &str,
+    bad: &dyn Fn(String) -> AgentError,
+) -> Result<Vec<Observation>> {
+    let past = std::mem::take(&mut o.past);
+    for (what, p) in std::iter::once(("state", &*o)).chain(past.iter().map(|p| ("past state", p))) {
+        if p.state.len() != state_dim {
+            return Err(bad(format!(
+                "{what} has {} values; robot `{kind}` has {state_dim}",
+                p.state.len()
+            )));
+        }
+    }
+    if past.iter().any(|p| p.noise.is_some() || !p.past.is_empty()) {
+        return Err(bad(
+            "a past observation carries `noise` or `past`: only the observation inferred on does"
+                .into(),
+        ));
+    }
+    Ok(past
+        .into_iter()
+        .map(ObservationIn::into_observation)
+        .collect())
 }
 
 /// The robot the model runs for: `robot`, else the one its spec names.
