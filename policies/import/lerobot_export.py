@@ -243,7 +243,232 @@ def fix_centre_crops(model, cfg):
 POLICIES = {
     "act": ("lerobot.policies.act.modeling_act", "ACTPolicy"),
     "diffusion": ("lerobot.policies.diffusion.modeling_diffusion", "DiffusionPolicy"),
+    "smolvla": ("lerobot.policies.smolvla.modeling_smolvla", "SmolVLAPolicy"),
 }
+
+# The graph inputs a VLA's instruction arrives on (LeRobot's batch keys for them).
+LANG_TOKENS = "observation.language.tokens"
+LANG_MASK = "observation.language.attention_mask"
+PREFIX_OUTPUTS = ["prefix_keys", "prefix_values", "prefix_pad_mask"]
+
+
+def vlm_present(ckpt, config):
+    """SmolVLA builds its backbone from `vlm_model_name`'s configuration and tokenises with its
+    tokenizer; both must be on this machine (a local folder, or the Hugging Face cache that
+    running the policy in LeRobot fills)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    name = config.get("vlm_model_name", "HuggingFaceTB/SmolVLM2-500M-Video-Instruct")
+    fix = (
+        f"download it once where there is a network (`hf download {name}`, or run the policy in LeRobot there) "
+        f"and copy the Hugging Face cache, or set `vlm_model_name` in {ckpt / 'config.json'} to a local folder holding it"
+    )
+    for what, load in (("configuration", AutoConfig.from_pretrained), ("tokenizer", AutoTokenizer.from_pretrained)):
+        try:
+            load(name)
+        except Exception as e:  # noqa: BLE001 - any failure means the files are not here
+            raise Refused(
+                f"{ckpt / 'config.json'}: the VLM `{name}` (vlm_model_name) has no {what} on this machine "
+                f"({type(e).__name__}); reflex downloads nothing: {fix}"
+            ) from e
+
+
+def export_patches(vision, height, width):
+    """What the TorchScript exporter needs to write SmolVLM's graph, each exact for how LeRobot
+    calls it (every image patch valid, `patch_attention_mask=None`):
+
+    - the vision embeddings' position ids depend only on the image size then; transformers
+      computes them with a boolean scatter the exporter types wrongly, so they are computed once
+      by transformers itself (recorded at its position embedding) and kept as a constant;
+    - the vision encoder's all-true attention mask is built by transformers' masking utilities,
+      which fail under the tracer; an all-true mask and no mask attend alike, so none is built;
+    - torch sums a bool tensor as int64 (LeRobot's position ids, `cumsum` of the padding mask);
+      ONNX's CumSum takes no bool, so it is cast first.
+    """
+    import types
+
+    import torch
+    import transformers.models.smolvlm.modeling_smolvlm as smolvlm
+    from torch.onnx._internal.torchscript_exporter import symbolic_helper
+
+    emb = vision.embeddings
+    p = emb.patch_size
+    seen = {}
+    hook = emb.position_embedding.register_forward_pre_hook(lambda _m, a: seen.setdefault("ids", a[0].clone()))
+    with torch.no_grad():
+        emb(torch.zeros(1, 3, height, width), torch.ones(1, height // p, width // p, dtype=torch.bool))
+    hook.remove()
+    ids = seen["ids"]
+
+    def full_patch_embeddings(self, pixel_values, patch_attention_mask):
+        e = self.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
+        return e + self.position_embedding(ids.expand(pixel_values.shape[0], -1))
+
+    emb.forward = types.MethodType(full_patch_embeddings, emb)
+    smolvlm.create_bidirectional_mask = lambda config, inputs_embeds, attention_mask, **kw: None
+
+    @symbolic_helper.parse_args("v", "i", "none")
+    def cumsum(g, x, dim, dtype=None):
+        if x.type().scalarType() == "Bool":
+            x = g.op("Cast", x, to_i=7)  # INT64
+        return g.op("CumSum", x, g.op("Constant", value_t=torch.tensor(dim, dtype=torch.int)))
+
+    torch.onnx.register_custom_op_symbolic("aten::cumsum", cumsum, OPSET)
+
+
+def smolvla_graphs(policy, order, image_keys, state_key):
+    """SmolVLA as two graphs, as LeRobot runs it: the prefix (the cameras through SmolVLM's
+    vision encoder, the instruction's tokens, the padded state, through the VLM's layers) to the
+    keys and values every layer caches, once per chunk; and the action expert's velocity for a
+    noisy chunk at a time against that cache, per Euler step. Inside, the calls are LeRobot's
+    own (`prepare_images`: resize with padding and [-1, 1]; `prepare_state`: zero padding to
+    `max_state_dim`; `embed_prefix`, `denoise_step`). LeRobot integrates from noise at t = 1 with
+    dt = -1/steps, reflex from t = 0 to 1, so the expert graph returns -v(x, 1 - t): the same
+    Euler steps on the same values."""
+    import torch
+    from transformers import DynamicCache
+
+    from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
+
+    model = policy.model
+
+    class Prefix(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *xs):
+            feats = dict(zip(order, xs, strict=True))
+            batch = {k: feats[k] for k in image_keys}
+            batch["observation.state"] = feats[state_key]
+            images, img_masks = policy.prepare_images(batch)
+            state = policy.prepare_state(batch)
+            embs, pad, att = self.model.embed_prefix(images, img_masks, feats[LANG_TOKENS], feats[LANG_MASK] > 0, state=state)
+            att2 = make_att_2d_masks(pad, att)
+            pos = torch.cumsum(pad, dim=1) - 1
+            _, cache = self.model.vlm_with_expert.forward(
+                attention_mask=att2, position_ids=pos, past_key_values=None, inputs_embeds=[embs, None], use_cache=True
+            )
+            keys = torch.stack([layer.keys for layer in cache.layers])
+            values = torch.stack([layer.values for layer in cache.layers])
+            return keys, values, pad.to(torch.float32)
+
+    class Expert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x_t, t, keys, values, pad):
+            cache = DynamicCache()
+            for i in range(keys.shape[0]):
+                cache.update(keys[i], values[i], i)
+            v = self.model.denoise_step(prefix_pad_masks=pad > 0.5, past_key_values=cache, x_t=x_t, timestep=1.0 - t.reshape(-1))
+            return -v
+
+    return Prefix().eval(), Expert().eval()
+
+
+def export_smolvla(policy, pre, inputs, ckpt, onnx_path):
+    """Writes SmolVLA's two graphs and the tokenizer beside `onnx_path`; returns the report's
+    kind-specific part and how far ONNX Runtime's chunk (both graphs, reflex's integration) is
+    from LeRobot's `sample_actions` on random inputs with the same noise."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    cfg = policy.config
+    where = ckpt / PREPROCESSOR
+    tok_step = pre.get("tokenizer_processor")
+    if tok_step is None:
+        raise Refused(f"{where}: no `tokenizer_processor` step: SmolVLA's instruction cannot be tokenised as LeRobot does")
+    if tok_step.padding_side != "right":
+        raise Refused(f"{where}: the tokenizer pads on the {tok_step.padding_side}; reflex pads on the right")
+    tokenizer = tok_step.input_tokenizer
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise Refused(f"{where}: the tokenizer `{tok_step.tokenizer_name}` is not a fast (tokenizer.json) tokenizer, which reflex reads")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    max_len = int(tok_step.max_length)
+
+    image_keys = list(cfg.image_features)
+    state_key = "observation.state"
+    if cfg.robot_state_feature is None:
+        raise Refused(f"{ckpt / 'config.json'}: SmolVLA without `observation.state` is not supported yet")
+    order = [i["feature"] for i in inputs] + [LANG_TOKENS, LANG_MASK]
+    prefix, expert = smolvla_graphs(policy, order, image_keys, state_key)
+
+    # The check's inputs: random normalised state and [0, 1] frames, a real instruction.
+    gen = torch.Generator().manual_seed(0)
+    feats = []
+    for i in inputs:
+        feats.append(torch.rand(1, *i["shape"], generator=gen) if i["type"] == "VISUAL" else torch.randn(1, *i["shape"], generator=gen))
+    enc = tokenizer("pick up the cube and place it on the target\n", truncation=True, max_length=max_len)
+    n_tok = len(enc["input_ids"])
+    tokens = torch.full((1, max_len), pad_id, dtype=torch.long)
+    tokens[0, :n_tok] = torch.tensor(enc["input_ids"])
+    mask = torch.zeros(1, max_len, dtype=torch.long)
+    mask[0, :n_tok] = 1
+    example = (*feats, tokens, mask)
+    noise = torch.randn(1, cfg.chunk_size, cfg.max_action_dim, generator=gen)
+    steps = int(cfg.num_steps)
+    with torch.no_grad():
+        # LeRobot's own sampling, the instruction unpadded as its "longest" padding leaves one.
+        batch = dict(zip(order, example, strict=True))
+        images, img_masks = policy.prepare_images(batch)
+        want = policy.model.sample_actions(
+            images, img_masks, tokens[:, :n_tok], mask[:, :n_tok] > 0, policy.prepare_state(batch), noise=noise.clone()
+        ).numpy()
+
+    # SmolVLA keeps the size as (width, height).
+    width, height = cfg.resize_imgs_with_padding or next(iter(cfg.image_features.values())).shape[:0:-1]
+    export_patches(policy.model.vlm_with_expert.get_vlm_model().vision_model, height, width)
+    prefix_path = onnx_path.with_name(onnx_path.stem + ".prefix.onnx")
+    with torch.no_grad():
+        keys, values, pad = prefix(*example)
+        log(f"exporting the prefix graph ({sum(p.numel() for p in prefix.parameters()) / 1e6:.1f} M parameters in the module) to {prefix_path.name}")
+        torch.onnx.export(prefix, example, str(prefix_path), input_names=order, output_names=PREFIX_OUTPUTS, opset_version=OPSET, dynamo=False)
+        x0 = torch.randn(1, cfg.chunk_size, cfg.max_action_dim, generator=gen)
+        log(f"exporting the action expert graph to {onnx_path.name}")
+        torch.onnx.export(
+            expert, (x0, torch.tensor([[0.5]]), keys, values, pad), str(onnx_path),
+            input_names=["x_t", "t", *PREFIX_OUTPUTS], output_names=["velocity"], opset_version=OPSET, dynamo=False,
+        )
+    tok_name = onnx_path.stem + ".tokenizer.json"
+    tokenizer.backend_tokenizer.save(str(onnx_path.with_name(tok_name)))
+
+    log("checking ONNX Runtime's chunk (both graphs, Euler from t = 0) against LeRobot's sample_actions")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sp = ort.InferenceSession(str(prefix_path), opts, providers=["CPUExecutionProvider"])
+    se = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    cache = dict(zip(PREFIX_OUTPUTS, sp.run(PREFIX_OUTPUTS, {n: x.numpy() for n, x in zip(order, example, strict=True)}), strict=True))
+    x = noise.numpy().copy()
+    dt = np.float32(1.0 / steps)
+    for k in range(steps):
+        t = np.array([[k / steps]], dtype=np.float32)
+        x = x + dt * se.run(["velocity"], {"x_t": x, "t": t, **cache})[0]
+    diff = float(np.max(np.abs(x - want)))
+    report = {
+        "kind": "flow",
+        "chunk_size": int(cfg.chunk_size),
+        "temporal_ensemble_coeff": None,
+        "flow_steps": steps,
+        "model_action_dim": int(cfg.max_action_dim),
+        "graph": {
+            "sample_input": "x_t",
+            "time_input": "t",
+            "prefix": {"file": prefix_path.name, "outputs": PREFIX_OUTPUTS},
+        },
+        "language": {
+            "tokens_input": LANG_TOKENS,
+            "mask_input": LANG_MASK,
+            "tokenizer": tok_name,
+            "max_len": max_len,
+            "pad_id": int(pad_id),
+            "newline": "smolvla_new_line_processor" in pre,
+        },
+    }
+    return report, diff, "velocity"
+
 
 
 def export(ckpt, onnx_path, report_path):
@@ -254,6 +479,12 @@ def export(ckpt, onnx_path, report_path):
         raise Refused(f"{ckpt / 'config.json'}: policy type `{ptype}` is not supported yet ({', '.join(POLICIES)} are)")
 
     import importlib
+    import os
+
+    # Nothing is downloaded: a VLM's configuration and tokenizer come from a local folder or the
+    # Hugging Face cache.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
     import numpy as np
     import onnxruntime as ort
@@ -263,6 +494,8 @@ def export(ckpt, onnx_path, report_path):
 
     torch.set_num_threads(1)
     log(f"LeRobot {lerobot.__version__}, torch {torch.__version__}: loading {ckpt}")
+    if ptype == "smolvla":
+        vlm_present(ckpt, config)
     module, cls = POLICIES[ptype]
     try:
         policy = getattr(importlib.import_module(module), cls).from_pretrained(str(ckpt))
@@ -271,11 +504,10 @@ def export(ckpt, onnx_path, report_path):
     policy.eval()
     cfg = policy.config
 
-    pre = pipeline_steps(
-        ckpt,
-        PREPROCESSOR,
-        {"rename_observations_processor", "to_batch_processor", "device_processor", "normalizer_processor"},
-    )
+    known = {"rename_observations_processor", "to_batch_processor", "device_processor", "normalizer_processor"}
+    if ptype == "smolvla":
+        known |= {"smolvla_new_line_processor", "tokenizer_processor"}
+    pre = pipeline_steps(ckpt, PREPROCESSOR, known)
     post = pipeline_steps(ckpt, POSTPROCESSOR, {"unnormalizer_processor", "device_processor"})
     rename = getattr(pre.get("rename_observations_processor"), "rename_map", {}) or {}
     normalizer = pre.get("normalizer_processor")
@@ -292,6 +524,22 @@ def export(ckpt, onnx_path, report_path):
     action_norm = normalisation(unnormalizer, action_key, "ACTION", action_feat.shape, ckpt / POSTPROCESSOR)
 
     order = [i["feature"] for i in inputs]
+    common = {
+        "lerobot_version": lerobot.__version__,
+        "torch_version": torch.__version__,
+        "type": ptype,
+        "n_action_steps": int(cfg.n_action_steps),
+        "rename_map": rename,
+        "inputs": inputs,
+    }
+    if ptype == "smolvla":
+        onnx_path.parent.mkdir(parents=True, exist_ok=True)
+        kind_report, diff, out_name = export_smolvla(policy, pre, inputs, ckpt, onnx_path)
+        kind_report["graph"]["output"] = out_name
+        common["output"] = {"name": out_name, "feature": action_key, "shape": list(action_feat.shape), "normalize": action_norm}
+        params = sum(p.numel() for p in policy.parameters())
+        write_report(report_path, t0, onnx_path, diff, {**common, "parameters": params, **kind_report})
+        return
     if ptype == "act":
         net, extra, kind_report = act_network(policy, order)
         out_name = action_key
@@ -299,6 +547,7 @@ def export(ckpt, onnx_path, report_path):
         net, extra, kind_report = diffusion_network(policy, order, ckpt)
         out_name = "eps" if cfg.prediction_type == "epsilon" else "sample"
     kind_report.setdefault("graph", {})["output"] = out_name
+    common["output"] = {"name": out_name, "feature": action_key, "shape": list(action_feat.shape), "normalize": action_norm}
     gen = torch.Generator().manual_seed(0)
     hist = int(kind_report.get("history", 1))
 
@@ -327,13 +576,6 @@ def export(ckpt, onnx_path, report_path):
             dynamo=False,
         )
 
-    import onnx
-
-    # The checker follows external data files, so a graph whose weights went beside it is checked
-    # whole; every file the export wrote travels with the model.
-    onnx.checker.check_model(str(onnx_path), full_check=False)
-    files = sorted(p.name for p in onnx_path.parent.iterdir() if p.name != report_path.name)
-
     log("checking ONNX Runtime's output against torch's")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
@@ -342,24 +584,28 @@ def export(ckpt, onnx_path, report_path):
         want = net(*example).numpy()
     got = sess.run([out_name], {n: x.numpy() for n, x in zip(names, example, strict=True)})[0]
     diff = float(np.max(np.abs(got - want)))
+    write_report(report_path, t0, onnx_path, diff, {**common, "parameters": params, **kind_report})
+
+
+def write_report(report_path, t0, onnx_path, diff, fields):
+    """Refuses an export ONNX Runtime does not reproduce; writes the report reflex reads:
+    `fields` and what the export wrote."""
+    import onnx
+
     if not diff <= CHECK_TOLERANCE:
         raise Refused(f"the exported graph's output is {diff:.3g} from torch's (tolerance {CHECK_TOLERANCE}): the export lost something")
-
+    # The checker follows external data files, so a graph whose weights went beside it is checked
+    # whole; every file the export wrote travels with the model.
+    for g in sorted(onnx_path.parent.glob("*.onnx")):
+        onnx.checker.check_model(str(g), full_check=False)
+    files = sorted(p.name for p in onnx_path.parent.iterdir() if p.name != report_path.name)
     report = {
         "format": "reflex-lerobot-export",
         "version": 1,
-        "lerobot_version": lerobot.__version__,
-        "torch_version": torch.__version__,
-        "type": ptype,
-        "n_action_steps": int(cfg.n_action_steps),
-        "rename_map": rename,
-        "inputs": inputs,
-        "output": {"name": out_name, "feature": action_key, "shape": list(action_feat.shape), "normalize": action_norm},
-        "parameters": params,
+        **fields,
         "opset": OPSET,
         "files": files,
         "onnx_vs_torch_max_abs": diff,
-        **kind_report,
     }
     report["seconds"] = time.monotonic() - t0
     report_path.write_text(json.dumps(report, indent=1))

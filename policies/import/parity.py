@@ -49,6 +49,70 @@ def sh(cmd, **kw):
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
+# SmolVLM2-500M-Video-Instruct, the VLM SmolVLA is built on (its config.json on the Hugging Face
+# hub): a SigLIP vision tower at 512 px and a 32-layer, 960-wide SmolLM2 of which SmolVLA keeps
+# the first 16 layers (num_vlm_layers).
+PUBLISHED_VLM = {
+    "vision": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=512, patch_size=16),
+    "text": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
+                 head_dim=64, vocab_size=49280, rope_theta=100000.0, max_position_embeddings=8192, rms_norm_eps=1e-5),
+    "scale_factor": 4,
+}
+# The same architecture, small enough for a parity check in seconds: a 64 px vision tower, a
+# 4-layer, 128-wide language model (the expert 0.75 of it, cross-attention every other layer).
+REDUCED_VLM = {
+    "vision": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, image_size=64, patch_size=16),
+    "text": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=32, rms_norm_eps=1e-5),
+    "scale_factor": 2,
+}
+
+
+def local_vlm(out, size):
+    """A SmolVLM model folder made here, as `vlm_model_name` points SmolVLA at: its config.json
+    (the `size` architecture) and a processor whose tokenizer is a byte-level BPE trained here on
+    robot instructions with SmolVLM's special tokens (SmolVLM's own tokenizer is on the hub, which
+    nothing here downloads from). SmolVLA's weights are random either way."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        PreTrainedTokenizerFast,
+        SmolVLMConfig,
+        SmolVLMImageProcessor,
+        SmolVLMProcessor,
+        SmolVLMVideoProcessor,
+    )
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        "pick up the cube and place it on the target\n", "pick up the red cube\n", "insert the peg into the hole\n",
+        "push the block to the left\n", "open the drawer, then close it\n", "stack the blocks\n",
+    ] * 20
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token="<|im_start|>",
+        extra_special_tokens={
+            "fake_image_token": "<fake_token_around_image>", "image_token": "<image>",
+            "global_image_token": "<global-img>", "end_of_utterance_token": "<end_of_utterance>",
+        },
+    )
+    arch = PUBLISHED_VLM if size == "published" else REDUCED_VLM
+    text = {"model_type": "llama", "vocab_size": len(fast), **arch["text"]}
+    cfg = SmolVLMConfig(vision_config=arch["vision"], text_config=text, scale_factor=arch["scale_factor"],
+                        image_token_id=fast.convert_tokens_to_ids("<image>"))
+    cfg.save_pretrained(out)
+    side = arch["vision"]["image_size"]
+    proc = SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(size={"longest_edge": side}, max_image_size={"longest_edge": side}),
+        tokenizer=fast, video_processor=SmolVLMVideoProcessor(),
+    )
+    proc.save_pretrained(out)
+    return side
+
+
 def make_checkpoint(out, robot, a):
     """A checkpoint of policy `a.policy` for `robot` as lerobot-train saves one, with random weights
     and statistics; returns its image feature keys with the robot camera each reads, the
@@ -72,7 +136,20 @@ def make_checkpoint(out, robot, a):
         pretrained_backbone_weights=None,
         device="cpu",
     )
-    if a.policy == "act":
+    if a.policy == "smolvla":
+        from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
+        from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+        from lerobot.policies.smolvla.processor_smolvla import make_smolvla_pre_post_processors as make_processors
+
+        vlm = out.parent / f"smolvlm-{a.vlm}"
+        side = local_vlm(vlm, a.vlm)
+        del common["pretrained_backbone_weights"]
+        # LeRobot's defaults but the backbone: chunk 50, all executed, 10 Euler steps, state and
+        # actions padded to 32, images resized with padding to the vision tower's size.
+        cfg = SmolVLAConfig(**common, vlm_model_name=str(vlm), resize_imgs_with_padding=(side, side),
+                            chunk_size=a.chunk_size, n_action_steps=a.n_action_steps)
+        policy = SmolVLAPolicy(cfg)
+    elif a.policy == "act":
         from lerobot.policies.act.configuration_act import ACTConfig
         from lerobot.policies.act.modeling_act import ACTPolicy
         from lerobot.policies.act.processor_act import make_act_pre_post_processors as make_processors
@@ -147,7 +224,8 @@ def observations(robot, stats, a, action_dim):
     out = []
     for _ in range(a.observations):
         state, images = frame()
-        noise = rng.standard_normal((a.chunk_size, action_dim)).astype(np.float32) if a.policy == "diffusion" else None
+        width = 32 if a.policy == "smolvla" else action_dim  # SmolVLA samples max_action_dim
+        noise = rng.standard_normal((a.chunk_size, width)).astype(np.float32) if a.policy != "act" else None
         out.append((state, images, noise, [frame() for _ in range(past_steps)]))
     return out
 
@@ -179,6 +257,8 @@ def lerobot_chunks(ckpt, cams, obs, a):
 
     if a.policy == "act":
         from lerobot.policies.act.modeling_act import ACTPolicy as Policy
+    elif a.policy == "smolvla":
+        from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy as Policy
     else:
         from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy as Policy
 
@@ -189,7 +269,7 @@ def lerobot_chunks(ckpt, cams, obs, a):
         frame = {"observation.state": state.copy()}
         for key, cam in cams.items():
             frame[key] = images[cam].copy()
-        return pre(prepare_observation_for_inference(frame, torch.device("cpu")))
+        return pre(prepare_observation_for_inference(frame, torch.device("cpu"), task=a.task_text if a.policy == "smolvla" else None))
 
     chunks, times, step_noise = [], [], []
     for state, images, noise, past in obs:
@@ -201,6 +281,8 @@ def lerobot_chunks(ckpt, cams, obs, a):
             with torch.no_grad():
                 if a.policy == "act":
                     actions = policy.predict_action_chunk(batch)[0]
+                elif a.policy == "smolvla":
+                    actions = policy.predict_action_chunk(batch, noise=torch.from_numpy(noise)[None])[0]
                 else:
                     policy.reset()
                     for ps, pi in past:
@@ -225,7 +307,10 @@ def lerobot_chunks(ckpt, cams, obs, a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reflex", type=Path, required=True, help="the reflex binary")
-    ap.add_argument("--policy", choices=["act", "diffusion"], default="act")
+    ap.add_argument("--policy", choices=["act", "diffusion", "smolvla"], default="act")
+    ap.add_argument("--vlm", choices=["reduced", "published"], default="reduced",
+                    help="SmolVLA's backbone: SmolVLM2-500M's architecture, or a reduced one of the same shape (default)")
+    ap.add_argument("--task-text", default="pick up the cube and place it on the target", help="SmolVLA's instruction")
     ap.add_argument("--task", default="pick", help="the simulated robot (sim/<task>)")
     ap.add_argument("--work", type=Path, help="folder for the checkpoint, model and files (default: temporary)")
     ap.add_argument("--observations", type=int, default=8)
@@ -240,9 +325,9 @@ def main():
     ap.add_argument("--json-out", type=Path, help="write the figures here as JSON")
     a = ap.parse_args()
     if a.chunk_size is None:
-        a.chunk_size = 100 if a.policy == "act" else 16
+        a.chunk_size = {"act": 100, "diffusion": 16, "smolvla": 50}[a.policy]
     if a.n_action_steps is None:
-        a.n_action_steps = a.chunk_size if a.policy == "act" else 8
+        a.n_action_steps = 8 if a.policy == "diffusion" else a.chunk_size
 
     import numpy as np
     import torch
@@ -271,8 +356,9 @@ def main():
     model = a.work / "models" / f"{a.policy}-parity.onnx"
     maps = [arg for k, cam in cams.items() if not k.endswith("." + cam) for arg in ("--map", f"{k}={cam}")]
     t0 = time.monotonic()
+    task = ["--task", a.task_text] if a.policy == "smolvla" else []
     sh([reflex, "policy", "import", "lerobot", ckpt, "--out", model, "--robot-kind", f"sim/{a.task}",
-        "--tools-env", sys.prefix, *maps])
+        "--tools-env", sys.prefix, *maps, *task])
     import_s = time.monotonic() - t0
 
     action_dim = len(robot["action"]["names"])

@@ -308,7 +308,7 @@ fn expected_inputs(
     robot: Option<&RobotSpec>,
 ) -> Vec<(String, &'static str, Option<Vec<i64>>)> {
     let mut v = vec![];
-    let (t, a) = (spec.chunk_len as i64, spec.action_dim as i64);
+    let (t, a) = (spec.chunk_len as i64, spec.model_dim() as i64);
     if let Some(s) = &spec.graph.sample_input {
         v.push((s.clone(), "float32", Some(vec![t, a])));
     }
@@ -574,11 +574,11 @@ fn output_problems(spec: &PolicySpec, outputs: &[IoShape], problems: &mut Vec<St
                     o.name, o.elem
                 ));
             }
-            let want = [spec.chunk_len as i64, spec.action_dim as i64];
+            let want = [spec.chunk_len as i64, spec.model_dim() as i64];
             let tail: Vec<i64> = o.dims.iter().skip(1).copied().collect();
             let fits = tail.len() == 2 && tail.iter().zip(&want).all(|(g, e)| *g == -1 || g == e);
             if !fits {
-                problems.push(format!("output `{}`: the graph's shape is {:?}, the spec expects [batch, {}, {}] (chunk_len, action_dim)", o.name, o.dims, want[0], want[1]));
+                problems.push(format!("output `{}`: the graph's shape is {:?}, the spec expects [batch, {}, {}] (chunk_len, {})", o.name, o.dims, want[0], want[1], if spec.model_action_dim.is_some() { "model_action_dim" } else { "action_dim" }));
             }
         }
     }
@@ -929,7 +929,7 @@ fn load_vjp(
             problems,
         });
     }
-    let n = spec.chunk_len * spec.action_dim;
+    let n = spec.chunk_len * spec.model_dim();
     Ok(VjpSession {
         session,
         cotangent_input: v.cotangent_input.clone(),
@@ -989,8 +989,8 @@ impl OnnxPolicy {
             .iter()
             .map(|i| Ok((i.name().to_string(), prepare_input(i, robot, dir, &bad)?)))
             .collect::<Result<Vec<_>, LoadError>>()?;
-        let n = spec.chunk_len * spec.action_dim;
-        let (spec_rows, spec_dim) = (spec.chunk_len, spec.action_dim);
+        let n = spec.chunk_len * spec.model_dim();
+        let (spec_rows, spec_dim) = (spec.chunk_len, spec.model_dim());
         let ddim = (spec.kind == PolicyKind::Diffusion)
             .then(|| spec.diffusion.clone().unwrap_or_default().ddim());
         let vjp = match &spec.graph.vjp {
@@ -1094,6 +1094,17 @@ impl OnnxPolicy {
         if self.ddim.as_ref().is_some_and(|d| d.noise_draws() > 0) {
             return Some("it samples with DDPM; real-time chunking needs DDIM or flow".into());
         }
+        if let Some(w) = self
+            .spec
+            .model_action_dim
+            .filter(|&w| w != self.spec.action_dim)
+        {
+            return Some(format!(
+                "the network samples {w} components a row for the robot's {} (model_action_dim); \
+                 the inpainting sampler works in the robot's",
+                self.spec.action_dim
+            ));
+        }
         (self.spec.first_action > 0).then(|| {
             format!(
                 "its chunk starts {} rows before the observation (first_action)",
@@ -1112,7 +1123,7 @@ impl OnnxPolicy {
         &self.spec
     }
 
-    /// Uses `noise` (chunk_len x action_dim, standard normal units) as the initial sample of the
+    /// Uses `noise` (chunk_len x the network's width, standard normal units) as the initial sample of the
     /// next inference instead of drawing it (deterministic tests; diffusion steering). For a DDPM
     /// policy it may go on with the noise of every later step ([`Self::step_noise_len`] more
     /// values), as a parity check passes what the reference drew; otherwise those are drawn.
@@ -1137,7 +1148,8 @@ impl OnnxPolicy {
         self.step_noise.len()
     }
 
-    /// Values of the initial noise of one chunk (chunk_len x action_dim; 0 for a chunk policy).
+    /// Values of the initial noise of one chunk (chunk_len x the network's width,
+    /// `model_action_dim` when given; 0 for a chunk policy).
     pub fn noise_len(&self) -> usize {
         match self.spec.kind {
             PolicyKind::Chunk => 0,
@@ -1253,7 +1265,7 @@ impl OnnxPolicy {
             policy: self.spec.name.clone(),
             message: e.to_string(),
         };
-        let (t, a) = (self.spec.chunk_len, self.spec.action_dim);
+        let (t, a) = (self.spec.chunk_len, self.spec.model_dim());
         let mut feeds: Feeds = Vec::with_capacity(self.inputs.len() + 2);
         if sample {
             let g = &self.spec.graph;
@@ -1461,7 +1473,7 @@ impl OnnxPolicy {
         match self.spec.kind {
             PolicyKind::Chunk => {
                 self.run_graph(false)?;
-                out.copy_from_slice(&self.out[skip * dim..]);
+                executed_rows(&self.out, self.spec.model_dim(), skip, dim, out);
             }
             PolicyKind::Diffusion | PolicyKind::Flow => {
                 self.draw_noise()?;
@@ -1504,7 +1516,7 @@ impl OnnxPolicy {
                         }
                     }
                 }
-                out.copy_from_slice(&self.x[skip * dim..]);
+                executed_rows(&self.x, self.spec.model_dim(), skip, dim, out);
             }
         }
         self.spec.action_normalize.invert(out);
@@ -1516,6 +1528,21 @@ impl OnnxPolicy {
             out[..frozen * dim].copy_from_slice(&p.actions[..frozen * dim]);
         }
         Ok(())
+    }
+}
+
+/// The robot's part of the network's chunk `chunk` (rows of `width`): from row `skip` on, the
+/// first `dim` components of each row, into `out`.
+fn executed_rows(chunk: &[f32], width: usize, skip: usize, dim: usize, out: &mut [f32]) {
+    if width == dim {
+        out.copy_from_slice(&chunk[skip * dim..]);
+        return;
+    }
+    for (o, row) in out
+        .chunks_exact_mut(dim)
+        .zip(chunk[skip * width..].chunks_exact(width))
+    {
+        o.copy_from_slice(&row[..dim]);
     }
 }
 

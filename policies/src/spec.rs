@@ -406,6 +406,11 @@ pub struct PolicySpec {
     /// the oldest step it saw). The rows before it are past and dropped; `execute` counts from it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub first_action: usize,
+    /// Components of each chunk row the network works in, when wider than the robot's action:
+    /// SmolVLA and pi0 pad actions with zeros to their `max_action_dim` (32) and sample all of
+    /// them; the robot executes the first `action_dim`. Absent: `action_dim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_action_dim: Option<usize>,
     /// Robot kind the policy was made for (e.g. `sim/pick`); checked when given.
     #[serde(default)]
     pub robot_kind: Option<String>,
@@ -468,6 +473,9 @@ impl Validate for PolicySpec {
         in_range(p, "action_dim", self.action_dim, 1, 1024)?;
         in_range(p, "chunk_len", self.chunk_len, 1, 1024)?;
         in_range(p, "first_action", self.first_action, 0, self.chunk_len - 1)?;
+        if let Some(w) = self.model_action_dim {
+            in_range(p, "model_action_dim", w, self.action_dim, 1024)?;
+        }
         in_range(p, "execute", self.execute, 1, self.rows())?;
         if let Some(n) = self.action_normalize.len()
             && n != self.action_dim
@@ -572,6 +580,11 @@ impl PolicySpec {
         self.chunk_len.saturating_sub(self.first_action)
     }
 
+    /// Components of each chunk row in the network (`model_action_dim`, else `action_dim`).
+    pub fn model_dim(&self) -> usize {
+        self.model_action_dim.unwrap_or(self.action_dim)
+    }
+
     /// Control steps before the current one any input reads (its `history` less one).
     pub fn past_steps(&self) -> usize {
         self.inputs
@@ -610,6 +623,7 @@ impl PolicySpec {
             chunk_len,
             execute,
             first_action: 0,
+            model_action_dim: None,
             robot_kind: None,
             action_normalize: d_norm(),
             graph: GraphIo {

@@ -61,6 +61,11 @@ pub struct LerobotImportArgs {
     /// `<cam>`, `observation.state` the whole state.
     #[arg(long = "map", value_name = "FEATURE=NAME", value_parser = parse_map)]
     maps: Vec<(String, String)>,
+    /// The language instruction of a vision-language-action policy (SmolVLA), e.g. "pick up
+    /// the cube": written into the spec, tokenised with the tokenizer the checkpoint's VLM
+    /// carries (a run can change it in the spec).
+    #[arg(long, value_name = "TEXT")]
+    task: Option<String>,
     /// The tools environment's folder (default: .venv-lerobot in the reflex checkout or the
     /// current folder).
     #[arg(long, value_name = "DIR")]
@@ -190,6 +195,7 @@ fn import_lerobot(a: LerobotImportArgs) -> anyhow::Result<()> {
         out: a.out,
         robot,
         maps: a.maps,
+        task: a.task,
         tools_env: a.tools_env,
         python: a.python,
         command: command_line(),

@@ -45,6 +45,7 @@ fn flow_spec(vjp: bool) -> PolicySpec {
         chunk_len: T,
         execute: T / 2,
         first_action: 0,
+        model_action_dim: None,
         robot_kind: None,
         action_normalize: Normalize::None,
         graph: GraphIo {

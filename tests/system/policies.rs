@@ -22,6 +22,7 @@ fn diffusion_spec(obs_dim_fields: Vec<String>, chunk: usize, dim: usize) -> Poli
         chunk_len: chunk,
         execute: chunk / 2,
         first_action: 0,
+        model_action_dim: None,
         robot_kind: None,
         action_normalize: Normalize::None,
         graph: GraphIo {

@@ -781,6 +781,7 @@ fn trained_spec(
         chunk_len: cfg.horizon,
         execute: cfg.execute,
         first_action: 0,
+        model_action_dim: None,
         robot_kind,
         action_normalize: data.act_norm,
         graph: GraphIo {

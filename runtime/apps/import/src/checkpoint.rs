@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Policy types the importer exports (LeRobot's `type` in config.json).
-pub const SUPPORTED_TYPES: &[&str] = &["act", "diffusion"];
+pub const SUPPORTED_TYPES: &[&str] = &["act", "diffusion", "smolvla"];
 
 /// The preprocessor pipeline LeRobot 0.6 saves beside the weights (normalisation of inputs).
 pub const PREPROCESSOR: &str = "policy_preprocessor.json";
@@ -190,6 +190,29 @@ fn diffusion_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
     Ok(())
 }
 
+/// The SmolVLA settings reflex reproduces, checked before the export: one observation step, the
+/// cameras the checkpoint has (no `empty_cameras` filled in) and the robot's own joint space (no
+/// Aloha adaptation).
+fn smolvla_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
+    let unsupported = |what: String| ImportError::Unsupported {
+        file: config.display().to_string(),
+        what,
+        supported: "SmolVLA with n_obs_steps 1, empty_cameras 0 and adapt_to_pi_aloha false".into(),
+    };
+    let n_obs = v.get("n_obs_steps").and_then(Value::as_u64).unwrap_or(1);
+    if n_obs != 1 {
+        return Err(unsupported(format!("n_obs_steps = {n_obs}")));
+    }
+    let empty = v.get("empty_cameras").and_then(Value::as_u64).unwrap_or(0);
+    if empty != 0 {
+        return Err(unsupported(format!("empty_cameras = {empty}")));
+    }
+    if v.get("adapt_to_pi_aloha").and_then(Value::as_bool) == Some(true) {
+        return Err(unsupported("adapt_to_pi_aloha = true".into()));
+    }
+    Ok(())
+}
+
 fn rename_map(pre: &Value) -> Vec<(String, String)> {
     let steps = pre.get("steps").and_then(Value::as_array);
     steps
@@ -273,6 +296,9 @@ impl Checkpoint {
         if policy_type == "diffusion" {
             diffusion_settings(&config, &v)?;
         }
+        if policy_type == "smolvla" {
+            smolvla_settings(&config, &v)?;
+        }
         let chunk_size = count(
             &config,
             &v,
@@ -298,6 +324,11 @@ impl Checkpoint {
             n_action_steps,
             rename_map: rename_map(&pre),
         })
+    }
+
+    /// Whether the policy acts on a language instruction (a vision-language-action model).
+    pub fn takes_language(&self) -> bool {
+        self.policy_type == "smolvla"
     }
 
     /// The key the robot's observation carries for the policy's feature `key` (before the

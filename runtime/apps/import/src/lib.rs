@@ -168,6 +168,8 @@ pub struct ImportOptions {
     pub robot: RobotSource,
     /// `(feature, robot name)`: a camera, or state fields separated by commas.
     pub maps: Vec<(String, String)>,
+    /// The language instruction of a vision-language-action policy (`--task`).
+    pub task: Option<String>,
     /// The tools environment's folder (default: [`ToolsEnv::locate`]).
     pub tools_env: Option<PathBuf>,
     /// The Python that makes the tools environment when it is missing.
@@ -214,6 +216,22 @@ struct ExportOutput {
     normalize: Normalize,
 }
 
+/// How a VLA's exporter says the instruction reaches its prefix graph.
+#[derive(Deserialize)]
+struct ExportLanguage {
+    /// Graph inputs: the token ids and the attention mask.
+    tokens_input: String,
+    mask_input: String,
+    /// The tokenizer file written beside the model (the VLM's own `tokenizer.json`).
+    tokenizer: String,
+    /// LeRobot's `tokenizer_max_length`: reflex pads to it (LeRobot pads to the longest in the
+    /// batch; padded tokens are masked, so the actions are the same).
+    max_len: usize,
+    pad_id: i64,
+    /// LeRobot's `NewLineTaskProcessorStep`: the task ends with a newline.
+    newline: bool,
+}
+
 fn one() -> usize {
     1
 }
@@ -239,6 +257,15 @@ struct ExportReport {
     diffusion: Option<DiffusionSpec>,
     inputs: Vec<ExportInput>,
     output: ExportOutput,
+    /// A flow policy's Euler steps (SmolVLA's `num_steps`).
+    #[serde(default)]
+    flow_steps: Option<usize>,
+    /// The width the network samples (SmolVLA's `max_action_dim`), when wider than the action.
+    #[serde(default)]
+    model_action_dim: Option<usize>,
+    /// A VLA's instruction input.
+    #[serde(default)]
+    language: Option<ExportLanguage>,
     opset: u32,
     files: Vec<String>,
     onnx_vs_torch_max_abs: f64,
@@ -258,6 +285,25 @@ pub fn import_lerobot(
     let robot = o.robot.spec()?;
     let mut notes = vec![];
     let bindings = mapping::bind(&ckpt, &robot, &o.maps, &mut notes)?;
+    let task = match (ckpt.takes_language(), &o.task) {
+        (true, None) => {
+            return Err(ImportError::Checkpoint {
+                path: o.checkpoint.join("config.json").display().to_string(),
+                message: format!(
+                    "a `{}` policy acts on a language instruction: give it with --task \"...\" (e.g. --task \"pick up the cube\")",
+                    ckpt.policy_type
+                ),
+            });
+        }
+        (false, Some(_)) => {
+            notes.push(format!(
+                "--task is ignored: a `{}` policy takes no instruction",
+                ckpt.policy_type
+            ));
+            None
+        }
+        (_, t) => t.clone(),
+    };
 
     let env = ToolsEnv::locate(o.tools_env.as_deref());
     let made_tools_env = !env.is_current();
@@ -292,7 +338,14 @@ pub fn import_lerobot(
         ));
     }
 
-    let spec = policy_spec(&name, &ckpt, &robot, &bindings, &report, &o.command)?;
+    let spec = policy_spec(
+        &name,
+        &ckpt,
+        (&robot, &bindings),
+        &report,
+        task.as_deref(),
+        &o.command,
+    )?;
     let staged_spec = spec_path(&staged_model);
     std::fs::write(&staged_spec, spec.to_toml()).map_err(|e| ImportError::io(&staged_spec, e))?;
     progress.line("loading the model in reflex for the robot and running one chunk");
@@ -410,13 +463,71 @@ fn move_into_place(
 fn policy_spec(
     name: &str,
     ckpt: &Checkpoint,
-    robot: &RobotSpec,
-    bindings: &[Binding],
+    (robot, bindings): (&RobotSpec, &[Binding]),
     report: &ExportReport,
+    task: Option<&str>,
     command: &str,
 ) -> Result<PolicySpec, ImportError> {
+    let mut inputs = bound_inputs(ckpt, bindings, report)?;
+    if let (Some(l), Some(task)) = (&report.language, task) {
+        let mut instruction = task.to_string();
+        if l.newline && !instruction.ends_with('\n') {
+            instruction.push('\n');
+        }
+        inputs.push(InputSource::Language {
+            name: l.tokens_input.clone(),
+            tokenizer: PathBuf::from(&l.tokenizer),
+            instruction,
+            max_len: l.max_len,
+            pad_id: l.pad_id,
+            mask_input: Some(l.mask_input.clone()),
+        });
+    }
+    let spec = PolicySpec {
+        format: "reflex-policy".into(),
+        version: 1,
+        name: name.into(),
+        kind: report.kind,
+        action_dim: ckpt.action.numel(),
+        chunk_len: report.chunk_size,
+        execute: report.n_action_steps,
+        first_action: report.first_action,
+        model_action_dim: report.model_action_dim,
+        robot_kind: Some(robot.kind.clone()),
+        action_normalize: report.output.normalize.clone(),
+        graph: report.graph.clone(),
+        inputs,
+        diffusion: report.diffusion.clone(),
+        flow_steps: report.flow_steps.unwrap_or(10),
+        provenance: Some(format!(
+            "{command} (LeRobot {} `{}` checkpoint {}; exported by torch {} at opset {}, ONNX Runtime within {:.1e} of torch)",
+            report.lerobot_version,
+            ckpt.policy_type,
+            ckpt.dir.display(),
+            report.torch_version,
+            report.opset,
+            report.onnx_vs_torch_max_abs
+        )),
+    };
+    spec.validate("").map_err(|e| ImportError::Exporter {
+        checkpoint: ckpt.dir.display().to_string(),
+        message: format!(
+            "the spec made from its report is invalid: `{}` = {} (allowed: {})",
+            e.key, e.value, e.allowed
+        ),
+    })?;
+    Ok(spec)
+}
+
+/// The spec's inputs for the features bound to the robot: named by LeRobot's feature keys,
+/// normalised with the checkpoint's statistics.
+fn bound_inputs(
+    ckpt: &Checkpoint,
+    bindings: &[Binding],
+    report: &ExportReport,
+) -> Result<Vec<InputSource>, ImportError> {
     let pre = ckpt.dir.join(checkpoint::PREPROCESSOR);
-    let mut inputs = Vec::with_capacity(bindings.len());
+    let mut inputs = Vec::with_capacity(bindings.len() + 1);
     for b in bindings {
         let norm = report
             .inputs
@@ -474,39 +585,7 @@ fn policy_spec(
             }
         });
     }
-    let spec = PolicySpec {
-        format: "reflex-policy".into(),
-        version: 1,
-        name: name.into(),
-        kind: report.kind,
-        action_dim: ckpt.action.numel(),
-        chunk_len: report.chunk_size,
-        execute: report.n_action_steps,
-        first_action: report.first_action,
-        robot_kind: Some(robot.kind.clone()),
-        action_normalize: report.output.normalize.clone(),
-        graph: report.graph.clone(),
-        inputs,
-        diffusion: report.diffusion.clone(),
-        flow_steps: 10,
-        provenance: Some(format!(
-            "{command} (LeRobot {} `{}` checkpoint {}; exported by torch {} at opset {}, ONNX Runtime within {:.1e} of torch)",
-            report.lerobot_version,
-            ckpt.policy_type,
-            ckpt.dir.display(),
-            report.torch_version,
-            report.opset,
-            report.onnx_vs_torch_max_abs
-        )),
-    };
-    spec.validate("").map_err(|e| ImportError::Exporter {
-        checkpoint: ckpt.dir.display().to_string(),
-        message: format!(
-            "the spec made from its report is invalid: `{}` = {} (allowed: {})",
-            e.key, e.value, e.allowed
-        ),
-    })?;
-    Ok(spec)
+    Ok(inputs)
 }
 
 /// Loads the staged model for `robot` as `reflex run` would and runs one chunk on a neutral
