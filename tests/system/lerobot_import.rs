@@ -114,12 +114,43 @@ fn an_unsupported_policy_type_is_refused_by_name_naming_config_json() {
     let ckpt = act_checkpoint(dir.path(), "observation.images.front");
     let config = ckpt.join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace("\"act\"", "\"smolvla\"")).unwrap();
+    std::fs::write(&config, text.replace("\"act\"", "\"pi0\"")).unwrap();
     let err = refused(dir.path(), &ckpt, &PICK);
     assert!(
         err.contains(&config.display().to_string())
-            && err.contains("policy type `smolvla` is not supported yet")
-            && err.contains("act, diffusion"),
+            && err.contains("policy type `pi0` is not supported yet")
+            && err.contains("act, diffusion, smolvla"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_smolvla_without_an_instruction_or_with_settings_reflex_does_not_reproduce_is_refused() {
+    // SmolVLA acts on a language instruction: without --task the import stops before any
+    // environment is made, naming config.json and the option; settings the export does not
+    // reproduce (LeRobot's empty cameras) are refused by name.
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = act_checkpoint(dir.path(), "observation.images.front");
+    let config = ckpt.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["type"] = "smolvla".into();
+    v["chunk_size"] = 50.into();
+    v["n_action_steps"] = 50.into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let err = refused(dir.path(), &ckpt, &PICK);
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("language instruction")
+            && err.contains("--task"),
+        "{err}"
+    );
+    v["empty_cameras"] = 1.into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let with_task = [PICK[0], PICK[1], "--task", "pick up the cube"];
+    let err = refused(dir.path(), &ckpt, &with_task);
+    assert!(
+        err.contains(&config.display().to_string()) && err.contains("empty_cameras = 1"),
         "{err}"
     );
 }

@@ -1149,3 +1149,103 @@ fn with_real_time_chunking_the_shipped_diffusion_policy_keeps_what_the_robot_exe
     rtc.infer_with_prefix(&obs, &prefix, &mut c).unwrap();
     assert_eq!(c, b);
 }
+
+#[test]
+fn a_flow_policy_wider_than_the_robot_samples_every_component_and_hands_the_robot_its_own() {
+    // SmolVLA and pi0 pad actions to 32 and integrate all of them; the padding is state of the
+    // integration, so sampling only the robot's components would give other actions. A hand-made
+    // velocity v = x M + obs W couples the two padded components into the robot's four.
+    use reflex_policies::onnx_write::{Dim, Elem, Graph, batch};
+    let (t_rows, width, adim, sdim) = (3usize, 6usize, 4usize, 8usize);
+    let m: Vec<f32> = (0..width * width)
+        .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.1)
+        .collect();
+    let w: Vec<f32> = (0..sdim * width).map(|i| (i as f32 * 0.37).sin() * 0.2).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Graph::new();
+    let x = g.input(
+        "x_t",
+        Elem::F32,
+        vec![batch(), Dim::Fixed(t_rows as i64), Dim::Fixed(width as i64)],
+    );
+    let _t = g.input("t", Elem::F32, vec![batch(), Dim::Fixed(1)]);
+    let obs = g.input("obs", Elem::F32, vec![batch(), Dim::Fixed(sdim as i64)]);
+    let mc = g.constant("m", &[width as i64, width as i64], &m);
+    let wc = g.constant("w", &[sdim as i64, width as i64], &w);
+    let xm = g.op("MatMul", &[&x, &mc], vec![]);
+    let ow = g.op("MatMul", &[&obs, &wc], vec![]);
+    let ow = g.reshape(&ow, &[-1, 1, width as i64]);
+    let v = g.op("Add", &[&xm, &ow], vec![]);
+    g.output(
+        &v,
+        "v",
+        Elem::F32,
+        vec![batch(), Dim::Fixed(t_rows as i64), Dim::Fixed(width as i64)],
+    );
+    let mut spec = PolicySpec::chunk("wide", (adim, t_rows, t_rows), "obs", "v");
+    spec.kind = PolicyKind::Flow;
+    spec.flow_steps = 5;
+    spec.model_action_dim = Some(width);
+    spec.graph.sample_input = Some("x_t".into());
+    spec.graph.time_input = Some("t".into());
+    let model = write(dir.path(), "wide", &g.to_bytes("wide", "test"), &spec);
+    let robot = NullRobot::new("r", sdim, 0).spec().clone();
+    let mut policy = OnnxPolicy::load(&model, &robot, &RunOptions::default()).unwrap();
+    assert_eq!(policy.noise_len(), t_rows * width, "noise covers the padding");
+    let why = policy.rtc_unsupported().expect("RTC is refused");
+    assert!(why.contains("model_action_dim"), "{why}");
+
+    let noise: Vec<f32> = (0..t_rows * width)
+        .map(|i| (i as f32 * 0.91).cos())
+        .collect();
+    let obs = Observation {
+        state: (0..sdim).map(|i| i as f32 * 0.1 - 0.3).collect(),
+        ..Default::default()
+    };
+    // Euler by hand over all six components.
+    let integrate = |wd: usize| {
+        let mut x: Vec<f64> = (0..t_rows)
+            .flat_map(|r| (0..wd).map(move |c| (r, c)))
+            .map(|(r, c)| f64::from(noise[r * width + c]))
+            .collect();
+        let c: Vec<f64> = (0..wd)
+            .map(|j| (0..sdim).map(|k| f64::from(obs.state[k] * w[k * width + j])).sum())
+            .collect();
+        for _ in 0..5 {
+            let v: Vec<f64> = (0..t_rows * wd)
+                .map(|i| {
+                    let (r, j) = (i / wd, i % wd);
+                    (0..wd)
+                        .map(|k| x[r * wd + k] * f64::from(m[k * width + j]))
+                        .sum::<f64>()
+                        + c[j]
+                })
+                .collect();
+            for (xi, vi) in x.iter_mut().zip(&v) {
+                *xi += 0.2 * vi;
+            }
+        }
+        (0..t_rows)
+            .flat_map(|r| (0..adim).map(move |j| (r, j)))
+            .map(|(r, j)| x[r * wd + j] as f32)
+            .collect::<Vec<f32>>()
+    };
+    let want = integrate(width);
+    let mut got = vec![0.0f32; t_rows * adim];
+    policy.set_next_noise(noise.clone());
+    policy.infer_chunk(&obs, &mut got).unwrap();
+    let diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff < 1e-4, "robot's part of the 6-wide integration: {diff}");
+    // Integrating only the robot's four components would have been visibly wrong.
+    let narrow = integrate(adim);
+    let off = narrow
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(off > 1e-2, "the padding must matter in this test: {off}");
+}
