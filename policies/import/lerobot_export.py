@@ -6,7 +6,10 @@ a checkout too. It reads the checkpoint with LeRobot's own classes (the policy a
 pipelines), so what it reports is what LeRobot computes, and writes:
 
 - the ONNX graph of the network alone, between normalised inputs and normalised actions: ACT's
-  whole forward pass, or Diffusion Policy's denoiser (reflex runs the sampler around it)
+  whole forward pass, Diffusion Policy's denoiser (reflex runs the sampler around it), or
+  SmolVLA's two graphs, the prefix (cameras, instruction, state to every layer's cached keys and
+  values) and the action expert's velocity against that cache (reflex integrates), with the
+  tokenizer of its VLM beside them
   (`torch.onnx.export`, TorchScript exporter, opset 17: ONNX Runtime 1.31 takes it; a model over
   2 GB puts its weights in files beside the graph, listed in the report);
 - a JSON report: what each graph input is (LeRobot feature, type, shape) with the normalisation
@@ -259,10 +262,13 @@ def vlm_present(ckpt, config):
     from transformers import AutoConfig, AutoTokenizer
 
     name = config.get("vlm_model_name", "HuggingFaceTB/SmolVLM2-500M-Video-Instruct")
-    fix = (
-        f"download it once where there is a network (`hf download {name}`, or run the policy in LeRobot there) "
-        f"and copy the Hugging Face cache, or set `vlm_model_name` in {ckpt / 'config.json'} to a local folder holding it"
-    )
+    if Path(name).is_dir():
+        fix = f"the folder {name} needs the VLM's config.json and its tokenizer files (tokenizer.json, tokenizer_config.json)"
+    else:
+        fix = (
+            f"download it once where there is a network (`hf download {name}`, or run the policy in LeRobot there) "
+            f"and copy the Hugging Face cache, or set `vlm_model_name` in {ckpt / 'config.json'} to a local folder holding it"
+        )
     for what, load in (("configuration", AutoConfig.from_pretrained), ("tokenizer", AutoTokenizer.from_pretrained)):
         try:
             load(name)

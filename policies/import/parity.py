@@ -28,6 +28,19 @@ above 1e-4.
     .venv-lerobot/bin/python policies/import/parity.py --policy diffusion --scheduler DDIM \
         --n-obs-steps 1 --inference-steps 10 --reflex target/release/reflex
 
+SmolVLA (--policy smolvla) needs its VLM's configuration and tokenizer, which live on the
+Hugging Face hub; the script makes a SmolVLM folder here instead (`local_vlm`: SmolVLM2-500M's
+architecture with --vlm published, a reduced one of the same shape by default, and a tokenizer
+trained here with SmolVLM's special tokens) and points the checkpoint's `vlm_model_name` at it.
+LeRobot tokenises the instruction (--task-text) with its own preprocessor, reflex with the
+tokenizer file the import wrote; both start from the same noise (50 x 32: SmolVLA samples the
+padded action). With --bench-iters N it also writes the same network as one graph (the prefix
+recomputed at every Euler step), checks it gives the two graphs' chunks, and times both with
+`reflex policy bench --json`.
+
+    .venv-lerobot/bin/python policies/import/parity.py --policy smolvla --vlm published \
+        --observations 1 --warmup 0 --repeat 1 --bench-iters 3 --reflex target/release/reflex
+
 The checkpoint maps one of its cameras by another name (`observation.images.top` onto the
 robot's `front`) so the importer's --map is part of what is checked.
 """
@@ -304,6 +317,56 @@ def lerobot_chunks(ckpt, cams, obs, a):
     return chunks, times, step_noise
 
 
+def single_graph(ckpt, model):
+    """SmolVLA as one graph, the way docs/bring-your-own-policy.md used to export a flow VLA: the
+    observation and the noisy chunk in, the velocity out, so the prefix (vision, language, the
+    VLM's layers) runs again at every Euler step. Written beside the imported model with the
+    same spec less its prefix graph, for `reflex policy bench` to time against the two graphs."""
+    import re
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import lerobot_export as lx
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    policy = SmolVLAPolicy.from_pretrained(str(ckpt)).eval()
+    cfg = policy.config
+    image_keys = list(cfg.image_features)
+    order = [*cfg.input_features, lx.LANG_TOKENS, lx.LANG_MASK]
+    prefix, expert = lx.smolvla_graphs(policy, order, image_keys, "observation.state")
+
+    class Single(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.prefix, self.expert = prefix, expert
+
+        def forward(self, *xs):
+            return self.expert(xs[-2], xs[-1], *self.prefix(*xs[:-2]))
+
+    gen = torch.Generator().manual_seed(0)
+    feats = [torch.rand(1, *f.shape, generator=gen) for f in cfg.input_features.values()]
+    tokens = torch.zeros(1, cfg.tokenizer_max_length, dtype=torch.long)
+    mask = torch.ones(1, cfg.tokenizer_max_length, dtype=torch.long)
+    x = torch.randn(1, cfg.chunk_size, cfg.max_action_dim, generator=gen)
+    width, height = cfg.resize_imgs_with_padding
+    lx.export_patches(policy.model.vlm_with_expert.get_vlm_model().vision_model, height, width)
+    out = model.with_name(model.stem.replace("-parity", "") + "-single-graph.onnx")
+    with torch.no_grad():
+        torch.onnx.export(Single().eval(), (*feats, tokens, mask, x, torch.tensor([[0.5]])), str(out),
+                          input_names=[*order, "x_t", "t"], output_names=["velocity"], opset_version=lx.OPSET, dynamo=False)
+    spec = model.parent / (model.stem + ".policy.toml")
+    text = re.sub(r"\[graph\.prefix\]\n.*?\n\]\n", "", spec.read_text(), flags=re.S)
+    (out.parent / (out.stem + ".policy.toml")).write_text(text.replace(f'name = "{model.stem}"', f'name = "{out.stem}"', 1))
+    return out
+
+
+def bench(reflex, model, iters):
+    """`reflex policy bench --json` on `model`: its report."""
+    out = sh([reflex, "policy", "bench", "--model", model, "--iters", iters, "--json"], capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reflex", type=Path, required=True, help="the reflex binary")
@@ -323,6 +386,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json-out", type=Path, help="write the figures here as JSON")
+    ap.add_argument("--bench-iters", type=int, default=0,
+                    help="SmolVLA: also time the imported two graphs and the same network as one graph with "
+                         "`reflex policy bench --json` (this many chunks each; 0: no)")
     a = ap.parse_args()
     if a.chunk_size is None:
         a.chunk_size = {"act": 100, "diffusion": 16, "smolvla": 50}[a.policy]
@@ -413,6 +479,15 @@ def main():
         "threads": 1,
         "import_s": round(import_s, 1),
     }
+    if a.policy == "smolvla" and a.bench_iters > 0:
+        figures["bench_two_graphs"] = bench(reflex, model, a.bench_iters)
+        single = single_graph(ckpt, model)
+        # The one graph computes what the two do: the same chunks on the same observations.
+        out = sh([reflex, "policy", "infer", "--model", single, "--observations", obs_file], capture_output=True, text=True).stdout
+        figures["single_vs_two_graphs_max_abs"] = float(max(
+            np.max(np.abs(np.asarray(x, dtype=np.float32) - np.asarray(y, dtype=np.float32)))
+            for x, y in zip(json.loads(out)["chunks"], ours["chunks"], strict=True)))
+        figures["bench_single_graph"] = bench(reflex, single, a.bench_iters)
     print(json.dumps(figures, indent=1))
     if a.json_out:
         a.json_out.write_text(json.dumps(figures, indent=1) + "\n")

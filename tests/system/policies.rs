@@ -1160,7 +1160,9 @@ fn a_flow_policy_wider_than_the_robot_samples_every_component_and_hands_the_robo
     let m: Vec<f32> = (0..width * width)
         .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.1)
         .collect();
-    let w: Vec<f32> = (0..sdim * width).map(|i| (i as f32 * 0.37).sin() * 0.2).collect();
+    let w: Vec<f32> = (0..sdim * width)
+        .map(|i| (i as f32 * 0.37).sin() * 0.2)
+        .collect();
     let dir = tempfile::tempdir().unwrap();
     let mut g = Graph::new();
     let x = g.input(
@@ -1191,7 +1193,11 @@ fn a_flow_policy_wider_than_the_robot_samples_every_component_and_hands_the_robo
     let model = write(dir.path(), "wide", &g.to_bytes("wide", "test"), &spec);
     let robot = NullRobot::new("r", sdim, 0).spec().clone();
     let mut policy = OnnxPolicy::load(&model, &robot, &RunOptions::default()).unwrap();
-    assert_eq!(policy.noise_len(), t_rows * width, "noise covers the padding");
+    assert_eq!(
+        policy.noise_len(),
+        t_rows * width,
+        "noise covers the padding"
+    );
     let why = policy.rtc_unsupported().expect("RTC is refused");
     assert!(why.contains("model_action_dim"), "{why}");
 
@@ -1209,7 +1215,11 @@ fn a_flow_policy_wider_than_the_robot_samples_every_component_and_hands_the_robo
             .map(|(r, c)| f64::from(noise[r * width + c]))
             .collect();
         let c: Vec<f64> = (0..wd)
-            .map(|j| (0..sdim).map(|k| f64::from(obs.state[k] * w[k * width + j])).sum())
+            .map(|j| {
+                (0..sdim)
+                    .map(|k| f64::from(obs.state[k] * w[k * width + j]))
+                    .sum()
+            })
             .collect();
         for _ in 0..5 {
             let v: Vec<f64> = (0..t_rows * wd)
@@ -1239,7 +1249,10 @@ fn a_flow_policy_wider_than_the_robot_samples_every_component_and_hands_the_robo
         .zip(&want)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    assert!(diff < 1e-4, "robot's part of the 6-wide integration: {diff}");
+    assert!(
+        diff < 1e-4,
+        "robot's part of the 6-wide integration: {diff}"
+    );
     // Integrating only the robot's four components would have been visibly wrong.
     let narrow = integrate(adim);
     let off = narrow
