@@ -247,12 +247,56 @@ POLICIES = {
     "act": ("lerobot.policies.act.modeling_act", "ACTPolicy"),
     "diffusion": ("lerobot.policies.diffusion.modeling_diffusion", "DiffusionPolicy"),
     "smolvla": ("lerobot.policies.smolvla.modeling_smolvla", "SmolVLAPolicy"),
+    "pi0": ("lerobot.policies.pi0.modeling_pi0", "PI0Policy"),
 }
+VLAS = ("smolvla", "pi0")
 
 # The graph inputs a VLA's instruction arrives on (LeRobot's batch keys for them).
 LANG_TOKENS = "observation.language.tokens"
 LANG_MASK = "observation.language.attention_mask"
 PREFIX_OUTPUTS = ["prefix_keys", "prefix_values", "prefix_pad_mask"]
+# pi0 feeds the state to the action expert, not the prefix: the prefix graph passes the padded,
+# normalised state on with its cache.
+PI0_STATE = "prefix_state"
+
+# LeRobot builds pi0 only from the published Gemma variants (PaliGemma's gemma_2b with a
+# gemma_300m action expert, SigLIP So400m: 3.3 B parameters, 13 GB in float32). A reduced pi0 of
+# the same architecture, for parity checks on small machines, redefines those variants: this
+# environment variable names a JSON file {"variants": {"gemma_2b": {width, depth, mlp_dim,
+# num_heads, num_kv_heads, head_dim}, "gemma_300m": {...}}, "vision_layers": N}. The report
+# records it. Nothing else reads it.
+PI0_REDUCED_ENV = "REFLEX_PI0_REDUCED"
+
+
+def reduce_pi0(spec):
+    """Makes LeRobot's pi0 build the reduced variants `spec` names (see PI0_REDUCED_ENV): its
+    `get_gemma_config` returns them, and PaliGemma's SigLIP tower keeps `vision_layers` layers.
+    Widths, heads and the vocabulary stay LeRobot's (its code fixes the projection to 2048 wide
+    and eight heads)."""
+    import lerobot.policies.pi0.modeling_pi0 as pi0
+
+    published = pi0.get_gemma_config
+    mapping = pi0.CONFIG_MAPPING
+
+    def gemma(variant):
+        v = spec["variants"].get(variant)
+        return pi0.GemmaConfig(**v) if v is not None else published(variant)
+
+    class Mapping:
+        def __getitem__(self, name):
+            make = mapping[name]
+            if name != "paligemma":
+                return make
+
+            def paligemma(*args, **kw):
+                cfg = make(*args, **kw)
+                cfg.vision_config.num_hidden_layers = int(spec["vision_layers"])
+                return cfg
+
+            return paligemma
+
+    pi0.get_gemma_config = gemma
+    pi0.CONFIG_MAPPING = Mapping()
 
 
 def vlm_present(ckpt, config):
@@ -279,6 +323,43 @@ def vlm_present(ckpt, config):
             ) from e
 
 
+def register_bool_cumsum():
+    """torch sums a bool tensor as int64 (LeRobot's position ids are `cumsum` of the padding
+    mask); ONNX's CumSum takes no bool, so the exporter casts it first."""
+    import torch
+    from torch.onnx._internal.torchscript_exporter import symbolic_helper
+
+    @symbolic_helper.parse_args("v", "i", "none")
+    def cumsum(g, x, dim, dtype=None):
+        if x.type().scalarType() == "Bool":
+            x = g.op("Cast", x, to_i=7)  # INT64
+        return g.op("CumSum", x, g.op("Constant", value_t=torch.tensor(dim, dtype=torch.int)))
+
+    torch.onnx.register_custom_op_symbolic("aten::cumsum", cumsum, OPSET)
+
+
+def tokenizer_present(ckpt):
+    """pi0 tokenises with PaliGemma's tokenizer (`tokenizer_name` in the preprocessor's tokenizer
+    step, `google/paligemma-3b-pt-224`), which must be on this machine: a local folder or the
+    Hugging Face cache that running the policy in LeRobot fills."""
+    from transformers import AutoTokenizer
+
+    cfg = json.loads((ckpt / PREPROCESSOR).read_text())
+    steps = [s for s in cfg.get("steps", []) if s.get("registry_name") == "tokenizer_processor"]
+    if not steps:
+        raise Refused(f"{ckpt / PREPROCESSOR}: no `tokenizer_processor` step: the instruction cannot be tokenised as LeRobot does")
+    name = steps[0].get("config", {}).get("tokenizer_name") or "google/paligemma-3b-pt-224"
+    try:
+        AutoTokenizer.from_pretrained(name)
+    except Exception as e:  # noqa: BLE001 - any failure means the files are not here
+        raise Refused(
+            f"{ckpt / PREPROCESSOR}: the tokenizer `{name}` (tokenizer_name) is not on this machine ({type(e).__name__}); "
+            f"reflex downloads nothing: download it once where there is a network (`hf download {name} --include 'tokenizer*' 'config.json'`; "
+            f"PaliGemma's licence must be accepted on the hub first) and copy the Hugging Face cache, or set `tokenizer_name` "
+            f"to a local folder holding tokenizer.json"
+        ) from e
+
+
 def export_patches(vision, height, width):
     """What the TorchScript exporter needs to write SmolVLM's graph, each exact for how LeRobot
     calls it (every image patch valid, `patch_attention_mask=None`):
@@ -295,7 +376,6 @@ def export_patches(vision, height, width):
 
     import torch
     import transformers.models.smolvlm.modeling_smolvlm as smolvlm
-    from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
     emb = vision.embeddings
     p = emb.patch_size
@@ -312,14 +392,7 @@ def export_patches(vision, height, width):
 
     emb.forward = types.MethodType(full_patch_embeddings, emb)
     smolvlm.create_bidirectional_mask = lambda config, inputs_embeds, attention_mask, **kw: None
-
-    @symbolic_helper.parse_args("v", "i", "none")
-    def cumsum(g, x, dim, dtype=None):
-        if x.type().scalarType() == "Bool":
-            x = g.op("Cast", x, to_i=7)  # INT64
-        return g.op("CumSum", x, g.op("Constant", value_t=torch.tensor(dim, dtype=torch.int)))
-
-    torch.onnx.register_custom_op_symbolic("aten::cumsum", cumsum, OPSET)
+    register_bool_cumsum()
 
 
 def smolvla_graphs(policy, order, image_keys, state_key):
@@ -374,10 +447,133 @@ def smolvla_graphs(policy, order, image_keys, state_key):
     return Prefix().eval(), Expert().eval()
 
 
-def export_smolvla(policy, pre, inputs, ckpt, onnx_path):
-    """Writes SmolVLA's two graphs and the tokenizer beside `onnx_path`; returns the report's
-    kind-specific part and how far ONNX Runtime's chunk (both graphs, reflex's integration) is
-    from LeRobot's `sample_actions` on random inputs with the same noise."""
+def static_resize_with_pad(images, height, width, mode="bilinear"):
+    """openpi's resize with centred padding (LeRobot's `resize_with_pad_torch`: scale to fit
+    `height x width` keeping the aspect ratio, clamp to [0, 1], pad with zeros evenly), with the
+    sizes computed from the image's shape as Python numbers, as LeRobot computes them. Under the
+    tracer the shape is a tensor and the same arithmetic in float32 rounds 128 / (128 / 224) down
+    to 223: the graph would resize to a column short."""
+    import torch.nn.functional as F  # noqa: N812
+
+    last = images.shape[-1] <= 4
+    x = images.permute(0, 3, 1, 2) if last else images
+    h, w = (int(d) for d in x.shape[2:])
+    ratio = max(w / width, h / height)
+    rh, rw = int(h / ratio), int(w / ratio)
+    x = F.interpolate(x, size=(rh, rw), mode=mode, align_corners=False if mode == "bilinear" else None).clamp(0.0, 1.0)
+    top, left = (height - rh) // 2, (width - rw) // 2
+    x = F.pad(x, (left, width - rw - left, top, height - rh - top), mode="constant", value=0.0)
+    return x.permute(0, 2, 3, 1) if last else x
+
+
+def pi0_graphs(policy, order, image_keys, state_key):
+    """pi0 as two graphs, as LeRobot runs it: the prefix (the cameras through PaliGemma's SigLIP
+    tower, the instruction's tokens, through Gemma's layers) to every layer's cached keys and
+    values, once per chunk; the action expert's velocity for a noisy chunk, the state and the
+    time against that cache, per Euler step. pi0 embeds the state in the expert's input, so the
+    prefix graph hands the padded state on as `prefix_state`. Inside, the calls are LeRobot's
+    own (`_preprocess_images`: resize with padding to 224 and [-1, 1]; `prepare_state`: zero
+    padding to `max_state_dim`; `embed_prefix`, `denoise_step`); the expert returns -v(x, 1 - t)
+    as SmolVLA's does (reflex integrates from t = 0)."""
+    import torch
+    from transformers import DynamicCache
+
+    from lerobot.policies.pi0.modeling_pi0 import make_att_2d_masks, prepare_attention_masks_4d
+
+    import lerobot.policies.pi0.modeling_pi0 as pi0
+
+    pi0.resize_with_pad_torch = static_resize_with_pad
+    model = policy.model
+    pwe = model.paligemma_with_expert
+    # LeRobot sets these before each call; the graphs are traced with the same.
+    pwe.paligemma.model.language_model.config._attn_implementation = "eager"  # noqa: SLF001
+    pwe.gemma_expert.model.config._attn_implementation = "eager"  # noqa: SLF001
+
+    class Prefix(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *xs):
+            feats = dict(zip(order, xs, strict=True))
+            images, img_masks = policy._preprocess_images({k: feats[k] for k in image_keys})  # noqa: SLF001
+            state = policy.prepare_state({"observation.state": feats[state_key]})
+            embs, pad, att = self.model.embed_prefix(images, img_masks, feats[LANG_TOKENS], feats[LANG_MASK] > 0)
+            mask = prepare_attention_masks_4d(make_att_2d_masks(pad, att))
+            pos = torch.cumsum(pad, dim=1) - 1
+            _, cache = pwe.forward(attention_mask=mask, position_ids=pos, past_key_values=None, inputs_embeds=[embs, None], use_cache=True)
+            keys = torch.stack([layer.keys for layer in cache.layers])
+            values = torch.stack([layer.values for layer in cache.layers])
+            return keys, values, pad.to(torch.float32), state
+
+    class Expert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x_t, t, keys, values, pad, state):
+            cache = DynamicCache()
+            for i in range(keys.shape[0]):
+                cache.update(keys[i], values[i], i)
+            v = self.model.denoise_step(state=state, prefix_pad_masks=pad > 0.5, past_key_values=cache, x_t=x_t, timestep=1.0 - t.reshape(-1))
+            return -v
+
+    return Prefix().eval(), Expert().eval()
+
+
+def flow_vla_parts(policy, ptype):
+    """What differs between the flow VLAs: their two graphs' builder, the prefix graph's
+    outputs, the preprocessor's newline step, the Euler step count, and LeRobot's own sampling
+    call (images and state prepared its way) for the check."""
+    cfg = policy.config
+    if ptype == "smolvla":
+        # SmolVLA keeps the size as (width, height).
+        width, height = cfg.resize_imgs_with_padding or next(iter(cfg.image_features.values())).shape[:0:-1]
+        export_patches(policy.model.vlm_with_expert.get_vlm_model().vision_model, height, width)
+
+        def reference(batch, tokens, mask, n_tok, noise):
+            # Unpadded, as LeRobot's "longest" padding leaves a single instruction.
+            images, img_masks = policy.prepare_images(batch)
+            state = policy.prepare_state(batch)
+            return policy.model.sample_actions(images, img_masks, tokens[:, :n_tok], mask[:, :n_tok] > 0, state, noise=noise)
+
+        return smolvla_graphs, PREFIX_OUTPUTS, "smolvla_new_line_processor", int(cfg.num_steps), reference
+    register_bool_cumsum()
+
+    def reference(batch, tokens, mask, n_tok, noise):
+        # Padded to max_length, as pi0's tokenizer step pads.
+        images, img_masks = policy._preprocess_images(batch)  # noqa: SLF001
+        state = policy.prepare_state(batch)
+        return policy.model.sample_actions(images, img_masks, tokens, mask > 0, state, noise=noise)
+
+    return pi0_graphs, [*PREFIX_OUTPUTS, PI0_STATE], "pi0_new_line_processor", int(cfg.num_inference_steps), reference
+
+
+def export_graph(module, example, path, input_names, output_names):
+    """`torch.onnx.export` of `module`; a graph over protobuf's 2 GB limit gets its weights in one
+    file beside it (`NAME.onnx.data`) instead of the file per tensor the exporter writes."""
+    import onnx
+    import torch
+
+    before = set(path.parent.iterdir())
+    torch.onnx.export(module, example, str(path), input_names=input_names, output_names=output_names, opset_version=OPSET, dynamo=False)
+    strays = [f for f in set(path.parent.iterdir()) - before if f != path]
+    if strays:
+        model = onnx.load(str(path))
+        data = path.name + ".data"
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data, size_threshold=1024)
+        for f in strays:
+            if f.name != data:
+                f.unlink()
+        (path.parent / data).chmod(0o644)  # onnx writes it owner-only; it travels like the graph
+        log(f"{path.name}: its weights are in {data} beside it ({(path.parent / data).stat().st_size / 1e9:.2f} GB)")
+
+
+def export_flow_vla(policy, ptype, pre, inputs, ckpt, onnx_path):
+    """Writes a flow VLA's two graphs (SmolVLA, pi0) and the tokenizer beside `onnx_path`;
+    returns the report's kind-specific part and how far ONNX Runtime's chunk (both graphs,
+    reflex's integration) is from LeRobot's `sample_actions` on random inputs with the same
+    noise."""
     import numpy as np
     import onnxruntime as ort
     import torch
@@ -386,7 +582,7 @@ def export_smolvla(policy, pre, inputs, ckpt, onnx_path):
     where = ckpt / PREPROCESSOR
     tok_step = pre.get("tokenizer_processor")
     if tok_step is None:
-        raise Refused(f"{where}: no `tokenizer_processor` step: SmolVLA's instruction cannot be tokenised as LeRobot does")
+        raise Refused(f"{where}: no `tokenizer_processor` step: the instruction cannot be tokenised as LeRobot does")
     if tok_step.padding_side != "right":
         raise Refused(f"{where}: the tokenizer pads on the {tok_step.padding_side}; reflex pads on the right")
     tokenizer = tok_step.input_tokenizer
@@ -398,9 +594,10 @@ def export_smolvla(policy, pre, inputs, ckpt, onnx_path):
     image_keys = list(cfg.image_features)
     state_key = "observation.state"
     if cfg.robot_state_feature is None:
-        raise Refused(f"{ckpt / 'config.json'}: SmolVLA without `observation.state` is not supported yet")
+        raise Refused(f"{ckpt / 'config.json'}: a {ptype} without `observation.state` is not supported yet")
     order = [i["feature"] for i in inputs] + [LANG_TOKENS, LANG_MASK]
-    prefix, expert = smolvla_graphs(policy, order, image_keys, state_key)
+    graphs, outputs, newline_step, steps, reference = flow_vla_parts(policy, ptype)
+    prefix, expert = graphs(policy, order, image_keys, state_key)
 
     # The check's inputs: random normalised state and [0, 1] frames, a real instruction.
     gen = torch.Generator().manual_seed(0)
@@ -415,29 +612,18 @@ def export_smolvla(policy, pre, inputs, ckpt, onnx_path):
     mask[0, :n_tok] = 1
     example = (*feats, tokens, mask)
     noise = torch.randn(1, cfg.chunk_size, cfg.max_action_dim, generator=gen)
-    steps = int(cfg.num_steps)
     with torch.no_grad():
-        # LeRobot's own sampling, the instruction unpadded as its "longest" padding leaves one.
-        batch = dict(zip(order, example, strict=True))
-        images, img_masks = policy.prepare_images(batch)
-        want = policy.model.sample_actions(
-            images, img_masks, tokens[:, :n_tok], mask[:, :n_tok] > 0, policy.prepare_state(batch), noise=noise.clone()
-        ).numpy()
+        want = reference(dict(zip(order, example, strict=True)), tokens, mask, n_tok, noise.clone()).numpy()
 
-    # SmolVLA keeps the size as (width, height).
-    width, height = cfg.resize_imgs_with_padding or next(iter(cfg.image_features.values())).shape[:0:-1]
-    export_patches(policy.model.vlm_with_expert.get_vlm_model().vision_model, height, width)
     prefix_path = onnx_path.with_name(onnx_path.stem + ".prefix.onnx")
     with torch.no_grad():
-        keys, values, pad = prefix(*example)
+        cached = prefix(*example)
         log(f"exporting the prefix graph ({sum(p.numel() for p in prefix.parameters()) / 1e6:.1f} M parameters in the module) to {prefix_path.name}")
-        torch.onnx.export(prefix, example, str(prefix_path), input_names=order, output_names=PREFIX_OUTPUTS, opset_version=OPSET, dynamo=False)
+        export_graph(prefix, example, prefix_path, order, outputs)
         x0 = torch.randn(1, cfg.chunk_size, cfg.max_action_dim, generator=gen)
         log(f"exporting the action expert graph to {onnx_path.name}")
-        torch.onnx.export(
-            expert, (x0, torch.tensor([[0.5]]), keys, values, pad), str(onnx_path),
-            input_names=["x_t", "t", *PREFIX_OUTPUTS], output_names=["velocity"], opset_version=OPSET, dynamo=False,
-        )
+        export_graph(expert, (x0, torch.tensor([[0.5]]), *cached), onnx_path, ["x_t", "t", *outputs], ["velocity"])
+        del cached
     tok_name = onnx_path.stem + ".tokenizer.json"
     tokenizer.backend_tokenizer.save(str(onnx_path.with_name(tok_name)))
 
@@ -445,8 +631,9 @@ def export_smolvla(policy, pre, inputs, ckpt, onnx_path):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     sp = ort.InferenceSession(str(prefix_path), opts, providers=["CPUExecutionProvider"])
+    cache = dict(zip(outputs, sp.run(outputs, {n: x.numpy() for n, x in zip(order, example, strict=True)}), strict=True))
+    del sp
     se = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
-    cache = dict(zip(PREFIX_OUTPUTS, sp.run(PREFIX_OUTPUTS, {n: x.numpy() for n, x in zip(order, example, strict=True)}), strict=True))
     x = noise.numpy().copy()
     dt = np.float32(1.0 / steps)
     for k in range(steps):
@@ -462,7 +649,7 @@ def export_smolvla(policy, pre, inputs, ckpt, onnx_path):
         "graph": {
             "sample_input": "x_t",
             "time_input": "t",
-            "prefix": {"file": prefix_path.name, "outputs": PREFIX_OUTPUTS},
+            "prefix": {"file": prefix_path.name, "outputs": outputs},
         },
         "language": {
             "tokens_input": LANG_TOKENS,
@@ -470,11 +657,10 @@ def export_smolvla(policy, pre, inputs, ckpt, onnx_path):
             "tokenizer": tok_name,
             "max_len": max_len,
             "pad_id": int(pad_id),
-            "newline": "smolvla_new_line_processor" in pre,
+            "newline": newline_step in pre,
         },
     }
     return report, diff, "velocity"
-
 
 
 def export(ckpt, onnx_path, report_path):
@@ -500,8 +686,15 @@ def export(ckpt, onnx_path, report_path):
 
     torch.set_num_threads(1)
     log(f"LeRobot {lerobot.__version__}, torch {torch.__version__}: loading {ckpt}")
+    reduced = None
     if ptype == "smolvla":
         vlm_present(ckpt, config)
+    if ptype == "pi0":
+        tokenizer_present(ckpt)
+        if os.environ.get(PI0_REDUCED_ENV):
+            reduced = json.loads(Path(os.environ[PI0_REDUCED_ENV]).read_text())
+            log(f"a reduced pi0 ({PI0_REDUCED_ENV}): {reduced}")
+            reduce_pi0(reduced)
     module, cls = POLICIES[ptype]
     try:
         policy = getattr(importlib.import_module(module), cls).from_pretrained(str(ckpt))
@@ -511,10 +704,18 @@ def export(ckpt, onnx_path, report_path):
     cfg = policy.config
 
     known = {"rename_observations_processor", "to_batch_processor", "device_processor", "normalizer_processor"}
-    if ptype == "smolvla":
-        known |= {"smolvla_new_line_processor", "tokenizer_processor"}
+    known_post = {"unnormalizer_processor", "device_processor"}
+    if ptype in VLAS:
+        known |= {f"{ptype}_new_line_processor", "tokenizer_processor"}
+    if ptype == "pi0":
+        # openpi's relative actions: reflex reproduces them switched off (LeRobot's default).
+        known |= {"relative_actions_processor"}
+        known_post |= {"absolute_actions_processor"}
     pre = pipeline_steps(ckpt, PREPROCESSOR, known)
-    post = pipeline_steps(ckpt, POSTPROCESSOR, {"unnormalizer_processor", "device_processor"})
+    post = pipeline_steps(ckpt, POSTPROCESSOR, known_post)
+    for where, step in ((PREPROCESSOR, pre.get("relative_actions_processor")), (POSTPROCESSOR, post.get("absolute_actions_processor"))):
+        if step is not None and getattr(step, "enabled", False):
+            raise Refused(f"{ckpt / where}: relative actions are enabled (use_relative_actions); reflex does not reproduce them yet")
     rename = getattr(pre.get("rename_observations_processor"), "rename_map", {}) or {}
     normalizer = pre.get("normalizer_processor")
     unnormalizer = post.get("unnormalizer_processor")
@@ -538,9 +739,11 @@ def export(ckpt, onnx_path, report_path):
         "rename_map": rename,
         "inputs": inputs,
     }
-    if ptype == "smolvla":
+    if reduced is not None:
+        common["reduced"] = reduced
+    if ptype in VLAS:
         onnx_path.parent.mkdir(parents=True, exist_ok=True)
-        kind_report, diff, out_name = export_smolvla(policy, pre, inputs, ckpt, onnx_path)
+        kind_report, diff, out_name = export_flow_vla(policy, ptype, pre, inputs, ckpt, onnx_path)
         kind_report["graph"]["output"] = out_name
         common["output"] = {"name": out_name, "feature": action_key, "shape": list(action_feat.shape), "normalize": action_norm}
         params = sum(p.numel() for p in policy.parameters())

@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 
 TOLERANCE = 1e-4
+VLAS = ("smolvla", "pi0")
 
 
 def sh(cmd, **kw):
@@ -126,6 +127,50 @@ def local_vlm(out, size):
     return side
 
 
+# pi0 reduced to run here (LeRobot builds only its published 3.3 B variants; built with them it
+# takes 17.6 GB before its weights load, which this 24 GB machine cannot also hold): two layers
+# of each Gemma and of the SigLIP tower, the MLPs narrower; widths, heads, head size, the
+# 257,152-token vocabulary and the 224 px images as published (LeRobot's code fixes them).
+REDUCED_PI0 = {
+    "variants": {
+        "gemma_2b": dict(width=2048, depth=2, mlp_dim=2048, num_heads=8, num_kv_heads=1, head_dim=256),
+        "gemma_300m": dict(width=1024, depth=2, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=256),
+    },
+    "vision_layers": 2,
+}
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
+
+
+def local_paligemma_tokenizer(hf_home):
+    """A tokenizer where pi0's tokenizer step looks for PaliGemma's (`google/paligemma-3b-pt-224`
+    in the Hugging Face cache under `hf_home`, as a download leaves it): a byte-level BPE trained
+    here with Gemma's special tokens at Gemma's ids (<pad> 0, <eos> 1, <bos> 2) and, as Gemma's,
+    <bos> put before every text. PaliGemma's own tokenizer is gated on the hub, which nothing
+    here downloads from."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PaliGemmaConfig, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        "pick up the cube and place it on the target\n", "pick up the red cube\n", "insert the peg into the hole\n",
+        "push the block to the left\n", "open the drawer, then close it\n", "stack the blocks\n",
+    ] * 20
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
+    revision = "0" * 40
+    repo = Path(hf_home) / "hub" / ("models--" + PALIGEMMA_TOKENIZER.replace("/", "--"))
+    fast.save_pretrained(repo / "snapshots" / revision)
+    # transformers 5's AutoTokenizer reads the model's configuration first, as the hub repo has.
+    PaliGemmaConfig().save_pretrained(repo / "snapshots" / revision)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+
+
 def make_checkpoint(out, robot, a):
     """A checkpoint of policy `a.policy` for `robot` as lerobot-train saves one, with random weights
     and statistics; returns its image feature keys with the robot camera each reads, the
@@ -162,6 +207,16 @@ def make_checkpoint(out, robot, a):
         cfg = SmolVLAConfig(**common, vlm_model_name=str(vlm), resize_imgs_with_padding=(side, side),
                             chunk_size=a.chunk_size, n_action_steps=a.n_action_steps)
         policy = SmolVLAPolicy(cfg)
+    elif a.policy == "pi0":
+        from lerobot.policies.pi0.configuration_pi0 import PI0Config
+        from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+        from lerobot.policies.pi0.processor_pi0 import make_pi0_pre_post_processors as make_processors
+
+        del common["pretrained_backbone_weights"]
+        # LeRobot's defaults: chunk 50, all executed, 10 Euler steps, state and actions padded
+        # to 32, images resized with padding to 224, the instruction padded to 48 tokens.
+        cfg = PI0Config(**common, chunk_size=a.chunk_size, n_action_steps=a.n_action_steps)
+        policy = PI0Policy(cfg)
     elif a.policy == "act":
         from lerobot.policies.act.configuration_act import ACTConfig
         from lerobot.policies.act.modeling_act import ACTPolicy
@@ -237,7 +292,7 @@ def observations(robot, stats, a, action_dim):
     out = []
     for _ in range(a.observations):
         state, images = frame()
-        width = 32 if a.policy == "smolvla" else action_dim  # SmolVLA samples max_action_dim
+        width = 32 if a.policy in VLAS else action_dim  # a flow VLA samples max_action_dim
         noise = rng.standard_normal((a.chunk_size, width)).astype(np.float32) if a.policy != "act" else None
         out.append((state, images, noise, [frame() for _ in range(past_steps)]))
     return out
@@ -272,6 +327,8 @@ def lerobot_chunks(ckpt, cams, obs, a):
         from lerobot.policies.act.modeling_act import ACTPolicy as Policy
     elif a.policy == "smolvla":
         from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy as Policy
+    elif a.policy == "pi0":
+        from lerobot.policies.pi0.modeling_pi0 import PI0Policy as Policy
     else:
         from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy as Policy
 
@@ -282,7 +339,7 @@ def lerobot_chunks(ckpt, cams, obs, a):
         frame = {"observation.state": state.copy()}
         for key, cam in cams.items():
             frame[key] = images[cam].copy()
-        return pre(prepare_observation_for_inference(frame, torch.device("cpu"), task=a.task_text if a.policy == "smolvla" else None))
+        return pre(prepare_observation_for_inference(frame, torch.device("cpu"), task=a.task_text if a.policy in VLAS else None))
 
     chunks, times, step_noise = [], [], []
     for state, images, noise, past in obs:
@@ -294,7 +351,7 @@ def lerobot_chunks(ckpt, cams, obs, a):
             with torch.no_grad():
                 if a.policy == "act":
                     actions = policy.predict_action_chunk(batch)[0]
-                elif a.policy == "smolvla":
+                elif a.policy in VLAS:
                     actions = policy.predict_action_chunk(batch, noise=torch.from_numpy(noise)[None])[0]
                 else:
                     policy.reset()
@@ -370,10 +427,10 @@ def bench(reflex, model, iters):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reflex", type=Path, required=True, help="the reflex binary")
-    ap.add_argument("--policy", choices=["act", "diffusion", "smolvla"], default="act")
+    ap.add_argument("--policy", choices=["act", "diffusion", "smolvla", "pi0"], default="act")
     ap.add_argument("--vlm", choices=["reduced", "published"], default="reduced",
                     help="SmolVLA's backbone: SmolVLM2-500M's architecture, or a reduced one of the same shape (default)")
-    ap.add_argument("--task-text", default="pick up the cube and place it on the target", help="SmolVLA's instruction")
+    ap.add_argument("--task-text", default="pick up the cube and place it on the target", help="a VLA's instruction (SmolVLA, pi0)")
     ap.add_argument("--task", default="pick", help="the simulated robot (sim/<task>)")
     ap.add_argument("--work", type=Path, help="folder for the checkpoint, model and files (default: temporary)")
     ap.add_argument("--observations", type=int, default=8)
@@ -391,14 +448,12 @@ def main():
                          "`reflex policy bench --json` (this many chunks each; 0: no)")
     a = ap.parse_args()
     if a.chunk_size is None:
-        a.chunk_size = {"act": 100, "diffusion": 16, "smolvla": 50}[a.policy]
+        a.chunk_size = {"act": 100, "diffusion": 16, "smolvla": 50, "pi0": 50}[a.policy]
     if a.n_action_steps is None:
         a.n_action_steps = 8 if a.policy == "diffusion" else a.chunk_size
 
     import numpy as np
     import torch
-
-    import lerobot
 
     torch.set_num_threads(1)
     tmp = None
@@ -416,13 +471,28 @@ def main():
         if libs:
             os.environ["ORT_DYLIB_PATH"] = str(libs[-1])
 
+    if a.policy == "pi0":
+        # PaliGemma's tokenizer from a Hugging Face cache made here, for LeRobot and the importer
+        # alike; the reduced variants for both (lerobot_export.PI0_REDUCED_ENV).
+        sys.path.insert(0, str(Path(__file__).parent))
+        import lerobot_export as lx
+
+        os.environ["HF_HOME"] = str(a.work / "hf")
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        local_paligemma_tokenizer(a.work / "hf")
+        reduced = a.work / "pi0-reduced.json"
+        reduced.write_text(json.dumps(REDUCED_PI0))
+        os.environ[lx.PI0_REDUCED_ENV] = str(reduced)
+        lx.reduce_pi0(REDUCED_PI0)
+    import lerobot
+
     robot = json.loads(sh([reflex, "sim", "spec", "--task", a.task, "--cameras"], capture_output=True, text=True).stdout)
     ckpt = a.work / "pretrained_model"
     cams, stats, params = make_checkpoint(ckpt, robot, a)
     model = a.work / "models" / f"{a.policy}-parity.onnx"
     maps = [arg for k, cam in cams.items() if not k.endswith("." + cam) for arg in ("--map", f"{k}={cam}")]
     t0 = time.monotonic()
-    task = ["--task", a.task_text] if a.policy == "smolvla" else []
+    task = ["--task", a.task_text] if a.policy in VLAS else []
     sh([reflex, "policy", "import", "lerobot", ckpt, "--out", model, "--robot-kind", f"sim/{a.task}",
         "--tools-env", sys.prefix, *maps, *task])
     import_s = time.monotonic() - t0

@@ -61,7 +61,7 @@ pub struct LerobotImportArgs {
     /// `<cam>`, `observation.state` the whole state.
     #[arg(long = "map", value_name = "FEATURE=NAME", value_parser = parse_map)]
     maps: Vec<(String, String)>,
-    /// The language instruction of a vision-language-action policy (SmolVLA), e.g. "pick up
+    /// The language instruction of a vision-language-action policy (SmolVLA, pi0), e.g. "pick up
     /// the cube": written into the spec, tokenised with the tokenizer the checkpoint's VLM
     /// carries (a run can change it in the spec).
     #[arg(long, value_name = "TEXT")]

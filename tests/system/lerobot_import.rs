@@ -114,12 +114,12 @@ fn an_unsupported_policy_type_is_refused_by_name_naming_config_json() {
     let ckpt = act_checkpoint(dir.path(), "observation.images.front");
     let config = ckpt.join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace("\"act\"", "\"pi0\"")).unwrap();
+    std::fs::write(&config, text.replace("\"act\"", "\"pi05\"")).unwrap();
     let err = refused(dir.path(), &ckpt, &PICK);
     assert!(
         err.contains(&config.display().to_string())
-            && err.contains("policy type `pi0` is not supported yet")
-            && err.contains("act, diffusion, smolvla"),
+            && err.contains("policy type `pi05` is not supported yet")
+            && err.contains("act, diffusion, smolvla, pi0"),
         "{err}"
     );
 }
@@ -153,6 +153,53 @@ fn a_smolvla_without_an_instruction_or_with_settings_reflex_does_not_reproduce_i
         err.contains(&config.display().to_string()) && err.contains("empty_cameras = 1"),
         "{err}"
     );
+}
+
+#[test]
+fn a_pi0_without_an_instruction_or_with_settings_reflex_does_not_reproduce_is_refused() {
+    // pi0 takes an instruction as SmolVLA does; bfloat16 weights (reflex runs and checks
+    // float32) and openpi's relative actions are refused by name, before any environment.
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = act_checkpoint(dir.path(), "observation.images.front");
+    let config = ckpt.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["type"] = "pi0".into();
+    v["chunk_size"] = 50.into();
+    v["n_action_steps"] = 50.into();
+    v["dtype"] = "float32".into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let err = refused(dir.path(), &ckpt, &PICK);
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("language instruction")
+            && err.contains("--task"),
+        "{err}"
+    );
+    let with_task = [PICK[0], PICK[1], "--task", "pick up the cube"];
+    for (key, value, said) in [
+        (
+            "dtype",
+            serde_json::json!("bfloat16"),
+            "dtype = \"bfloat16\"",
+        ),
+        (
+            "use_relative_actions",
+            serde_json::json!(true),
+            "use_relative_actions = true",
+        ),
+    ] {
+        let mut w = v.clone();
+        w[key] = value;
+        std::fs::write(&config, w.to_string()).unwrap();
+        let err = refused(dir.path(), &ckpt, &with_task);
+        assert!(
+            err.contains(&config.display().to_string())
+                && err.contains(said)
+                && err.contains("pi0 with n_obs_steps 1"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

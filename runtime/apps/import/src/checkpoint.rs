@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Policy types the importer exports (LeRobot's `type` in config.json).
-pub const SUPPORTED_TYPES: &[&str] = &["act", "diffusion", "smolvla"];
+pub const SUPPORTED_TYPES: &[&str] = &["act", "diffusion", "smolvla", "pi0"];
 
 /// The preprocessor pipeline LeRobot 0.6 saves beside the weights (normalisation of inputs).
 pub const PREPROCESSOR: &str = "policy_preprocessor.json";
@@ -213,6 +213,37 @@ fn smolvla_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
     Ok(())
 }
 
+/// The pi0 settings reflex reproduces, checked before the export: one observation step, the
+/// cameras the checkpoint has, float32 weights (what reflex runs and checks against LeRobot) and
+/// absolute actions (openpi's relative actions off, LeRobot's default).
+fn pi0_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
+    let unsupported = |what: String| {
+        ImportError::Unsupported {
+        file: config.display().to_string(),
+        what,
+        supported: "pi0 with n_obs_steps 1, empty_cameras 0, dtype \"float32\" and use_relative_actions false".into(),
+    }
+    };
+    let n_obs = v.get("n_obs_steps").and_then(Value::as_u64).unwrap_or(1);
+    if n_obs != 1 {
+        return Err(unsupported(format!("n_obs_steps = {n_obs}")));
+    }
+    let empty = v.get("empty_cameras").and_then(Value::as_u64).unwrap_or(0);
+    if empty != 0 {
+        return Err(unsupported(format!("empty_cameras = {empty}")));
+    }
+    let dtype = v.get("dtype").and_then(Value::as_str).unwrap_or("float32");
+    if dtype != "float32" {
+        return Err(unsupported(format!(
+            "dtype = \"{dtype}\" (set it to \"float32\" to import the weights in float32)"
+        )));
+    }
+    if v.get("use_relative_actions").and_then(Value::as_bool) == Some(true) {
+        return Err(unsupported("use_relative_actions = true".into()));
+    }
+    Ok(())
+}
+
 fn rename_map(pre: &Value) -> Vec<(String, String)> {
     let steps = pre.get("steps").and_then(Value::as_array);
     steps
@@ -296,8 +327,10 @@ impl Checkpoint {
         if policy_type == "diffusion" {
             diffusion_settings(&config, &v)?;
         }
-        if policy_type == "smolvla" {
-            smolvla_settings(&config, &v)?;
+        match policy_type.as_str() {
+            "smolvla" => smolvla_settings(&config, &v)?,
+            "pi0" => pi0_settings(&config, &v)?,
+            _ => {}
         }
         let chunk_size = count(
             &config,
@@ -328,7 +361,7 @@ impl Checkpoint {
 
     /// Whether the policy acts on a language instruction (a vision-language-action model).
     pub fn takes_language(&self) -> bool {
-        self.policy_type == "smolvla"
+        matches!(self.policy_type.as_str(), "smolvla" | "pi0")
     }
 
     /// The key the robot's observation carries for the policy's feature `key` (before the

@@ -266,6 +266,9 @@ struct ExportReport {
     /// A VLA's instruction input.
     #[serde(default)]
     language: Option<ExportLanguage>,
+    /// The reduced variants a test built pi0 with (the exporter's `REFLEX_PI0_REDUCED`).
+    #[serde(default)]
+    reduced: Option<serde_json::Value>,
     opset: u32,
     files: Vec<String>,
     onnx_vs_torch_max_abs: f64,
@@ -500,10 +503,13 @@ fn policy_spec(
         diffusion: report.diffusion.clone(),
         flow_steps: report.flow_steps.unwrap_or(10),
         provenance: Some(format!(
-            "{command} (LeRobot {} `{}` checkpoint {}; exported by torch {} at opset {}, ONNX Runtime within {:.1e} of torch)",
+            "{command} (LeRobot {} `{}` checkpoint {}{}; exported by torch {} at opset {}, ONNX Runtime within {:.1e} of torch)",
             report.lerobot_version,
             ckpt.policy_type,
             ckpt.dir.display(),
+            report.reduced.as_ref().map_or(String::new(), |r| format!(
+                ", built with reduced variants {r}"
+            )),
             report.torch_version,
             report.opset,
             report.onnx_vs_torch_max_abs
