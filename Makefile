@@ -110,8 +110,8 @@ $(LEROBOT_VENV)/requirements.txt: policies/import/requirements.txt
 
 ## Parity of imported LeRobot policies with LeRobot itself (policies/import/parity.py): for ACT,
 ## Diffusion Policy (LeRobot's defaults: two observation steps, DDPM 100; and one step with
-## DDIM 10), SmolVLA (a reduced SmolVLM backbone made here: the hub is out of reach) and pi0
-## (LeRobot's variants redefined two layers deep: the published 3.3 B do not load in 24 GB), a
+## DDIM 10), SmolVLA (a reduced SmolVLM backbone made here: the hub is out of reach), pi0 and
+## pi0.5 (LeRobot's variants redefined two layers deep: the published 3.3 B do not load in 24 GB), a
 ## checkpoint made with LeRobot's classes, imported by reflex, both run on the same observations
 ## (and the same noise, DDPM's per-step noise included); fails above 1e-4. Needs the tools environment above
 ## (made on first use), so it is its own target.
@@ -122,6 +122,7 @@ parity: lerobot-tools build
 	$(LEROBOT_VENV)/bin/python policies/import/parity.py --policy diffusion --scheduler DDIM --n-obs-steps 1 --inference-steps 10 --observations 4 --reflex $(PARITY_REFLEX)
 	$(LEROBOT_VENV)/bin/python policies/import/parity.py --policy smolvla --observations 4 --reflex $(PARITY_REFLEX)
 	$(LEROBOT_VENV)/bin/python policies/import/parity.py --policy pi0 --observations 2 --warmup 0 --repeat 1 --reflex $(PARITY_REFLEX)
+	$(LEROBOT_VENV)/bin/python policies/import/parity.py --policy pi05 --observations 2 --warmup 0 --repeat 1 --reflex $(PARITY_REFLEX)
 
 ## The whole path a LeRobot user takes (policies/import/user_path.py), each step the real program in
 ## its own process: reflex records demonstrations with cameras, exports them, LeRobot's

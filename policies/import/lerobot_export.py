@@ -6,10 +6,10 @@ a checkout too. It reads the checkpoint with LeRobot's own classes (the policy a
 pipelines), so what it reports is what LeRobot computes, and writes:
 
 - the ONNX graph of the network alone, between normalised inputs and normalised actions: ACT's
-  whole forward pass, Diffusion Policy's denoiser (reflex runs the sampler around it), or
-  SmolVLA's two graphs, the prefix (cameras, instruction, state to every layer's cached keys and
-  values) and the action expert's velocity against that cache (reflex integrates), with the
-  tokenizer of its VLM beside them
+  whole forward pass, Diffusion Policy's denoiser (reflex runs the sampler around it), or a flow
+  VLA's two graphs (SmolVLA, pi0, pi0.5), the prefix (cameras, instruction, and for SmolVLA the
+  state, to every layer's cached keys and values) and the action expert's velocity against that
+  cache (reflex integrates), with the tokenizer of its VLM beside them
   (`torch.onnx.export`, TorchScript exporter, opset 17: ONNX Runtime 1.31 takes it; a model over
   2 GB puts its weights in files beside the graph, listed in the report);
 - a JSON report: what each graph input is (LeRobot feature, type, shape) with the normalisation
@@ -248,8 +248,9 @@ POLICIES = {
     "diffusion": ("lerobot.policies.diffusion.modeling_diffusion", "DiffusionPolicy"),
     "smolvla": ("lerobot.policies.smolvla.modeling_smolvla", "SmolVLAPolicy"),
     "pi0": ("lerobot.policies.pi0.modeling_pi0", "PI0Policy"),
+    "pi05": ("lerobot.policies.pi05.modeling_pi05", "PI05Policy"),
 }
-VLAS = ("smolvla", "pi0")
+VLAS = ("smolvla", "pi0", "pi05")
 
 # The graph inputs a VLA's instruction arrives on (LeRobot's batch keys for them).
 LANG_TOKENS = "observation.language.tokens"
@@ -268,12 +269,14 @@ PI0_STATE = "prefix_state"
 PI0_REDUCED_ENV = "REFLEX_PI0_REDUCED"
 
 
-def reduce_pi0(spec):
-    """Makes LeRobot's pi0 build the reduced variants `spec` names (see PI0_REDUCED_ENV): its
-    `get_gemma_config` returns them, and PaliGemma's SigLIP tower keeps `vision_layers` layers.
-    Widths, heads and the vocabulary stay LeRobot's (its code fixes the projection to 2048 wide
-    and eight heads)."""
-    import lerobot.policies.pi0.modeling_pi0 as pi0
+def reduce_pi0(spec, ptype="pi0"):
+    """Makes LeRobot's pi0 (or pi0.5, `ptype` "pi05") build the reduced variants `spec` names
+    (see PI0_REDUCED_ENV): its `get_gemma_config` returns them, and PaliGemma's SigLIP tower
+    keeps `vision_layers` layers. Widths, heads and the vocabulary stay LeRobot's (its code fixes
+    the projection to 2048 wide and eight heads)."""
+    import importlib
+
+    pi0 = importlib.import_module(f"lerobot.policies.{ptype}.modeling_{ptype}")
 
     published = pi0.get_gemma_config
     mapping = pi0.CONFIG_MAPPING
@@ -466,28 +469,29 @@ def static_resize_with_pad(images, height, width, mode="bilinear"):
     return x.permute(0, 2, 3, 1) if last else x
 
 
-def pi0_graphs(policy, order, image_keys, state_key):
-    """pi0 as two graphs, as LeRobot runs it: the prefix (the cameras through PaliGemma's SigLIP
-    tower, the instruction's tokens, through Gemma's layers) to every layer's cached keys and
-    values, once per chunk; the action expert's velocity for a noisy chunk, the state and the
-    time against that cache, per Euler step. pi0 embeds the state in the expert's input, so the
-    prefix graph hands the padded state on as `prefix_state`. Inside, the calls are LeRobot's
-    own (`_preprocess_images`: resize with padding to 224 and [-1, 1]; `prepare_state`: zero
-    padding to `max_state_dim`; `embed_prefix`, `denoise_step`); the expert returns -v(x, 1 - t)
-    as SmolVLA's does (reflex integrates from t = 0)."""
+def pi0_graphs(policy, order, image_keys, state_key, ptype="pi0"):
+    """pi0 (and pi0.5, `ptype` "pi05") as two graphs, as LeRobot runs them: the prefix (the
+    cameras through PaliGemma's SigLIP tower, the instruction's tokens, through Gemma's layers)
+    to every layer's cached keys and values, once per chunk; the action expert's velocity for a
+    noisy chunk and the time against that cache, per Euler step. pi0 embeds the state in the
+    expert's input, so its prefix graph hands the padded state on as `prefix_state`; pi0.5 reads
+    the state only as text in its prompt, so neither graph takes it. Inside, the calls are
+    LeRobot's own (`_preprocess_images`: resize with padding to 224 and [-1, 1];
+    `prepare_state`: zero padding to `max_state_dim`; `embed_prefix`, `denoise_step`); the
+    expert returns -v(x, 1 - t) as SmolVLA's does (reflex integrates from t = 0)."""
+    import importlib
+
     import torch
     from transformers import DynamicCache
 
-    from lerobot.policies.pi0.modeling_pi0 import make_att_2d_masks, prepare_attention_masks_4d
-
-    import lerobot.policies.pi0.modeling_pi0 as pi0
-
-    pi0.resize_with_pad_torch = static_resize_with_pad
+    pi = importlib.import_module(f"lerobot.policies.{ptype}.modeling_{ptype}")
+    pi.resize_with_pad_torch = static_resize_with_pad
     model = policy.model
     pwe = model.paligemma_with_expert
     # LeRobot sets these before each call; the graphs are traced with the same.
     pwe.paligemma.model.language_model.config._attn_implementation = "eager"  # noqa: SLF001
     pwe.gemma_expert.model.config._attn_implementation = "eager"  # noqa: SLF001
+    with_state = ptype == "pi0"
 
     class Prefix(torch.nn.Module):
         def __init__(self):
@@ -497,25 +501,27 @@ def pi0_graphs(policy, order, image_keys, state_key):
         def forward(self, *xs):
             feats = dict(zip(order, xs, strict=True))
             images, img_masks = policy._preprocess_images({k: feats[k] for k in image_keys})  # noqa: SLF001
-            state = policy.prepare_state({"observation.state": feats[state_key]})
             embs, pad, att = self.model.embed_prefix(images, img_masks, feats[LANG_TOKENS], feats[LANG_MASK] > 0)
-            mask = prepare_attention_masks_4d(make_att_2d_masks(pad, att))
+            mask = pi.prepare_attention_masks_4d(pi.make_att_2d_masks(pad, att))
             pos = torch.cumsum(pad, dim=1) - 1
             _, cache = pwe.forward(attention_mask=mask, position_ids=pos, past_key_values=None, inputs_embeds=[embs, None], use_cache=True)
             keys = torch.stack([layer.keys for layer in cache.layers])
             values = torch.stack([layer.values for layer in cache.layers])
-            return keys, values, pad.to(torch.float32), state
+            if not with_state:
+                return keys, values, pad.to(torch.float32)
+            return keys, values, pad.to(torch.float32), policy.prepare_state({"observation.state": feats[state_key]})
 
     class Expert(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.model = model
 
-        def forward(self, x_t, t, keys, values, pad, state):
+        def forward(self, x_t, t, keys, values, pad, *state):
             cache = DynamicCache()
             for i in range(keys.shape[0]):
                 cache.update(keys[i], values[i], i)
-            v = self.model.denoise_step(state=state, prefix_pad_masks=pad > 0.5, past_key_values=cache, x_t=x_t, timestep=1.0 - t.reshape(-1))
+            step = dict(prefix_pad_masks=pad > 0.5, past_key_values=cache, x_t=x_t, timestep=1.0 - t.reshape(-1))
+            v = self.model.denoise_step(*state, **step)
             return -v
 
     return Prefix().eval(), Expert().eval()
@@ -541,12 +547,16 @@ def flow_vla_parts(policy, ptype):
     register_bool_cumsum()
 
     def reference(batch, tokens, mask, n_tok, noise):
-        # Padded to max_length, as pi0's tokenizer step pads.
+        # Padded to max_length, as pi0's tokenizer step pads; pi0.5 takes no state here.
         images, img_masks = policy._preprocess_images(batch)  # noqa: SLF001
-        state = policy.prepare_state(batch)
-        return policy.model.sample_actions(images, img_masks, tokens, mask > 0, state, noise=noise)
+        state = [policy.prepare_state(batch)] if ptype == "pi0" else []
+        return policy.model.sample_actions(images, img_masks, tokens, mask > 0, *state, noise=noise)
 
-    return pi0_graphs, [*PREFIX_OUTPUTS, PI0_STATE], "pi0_new_line_processor", int(cfg.num_inference_steps), reference
+    def graphs(policy, order, image_keys, state_key):
+        return pi0_graphs(policy, order, image_keys, state_key, ptype)
+
+    outputs = [*PREFIX_OUTPUTS, PI0_STATE] if ptype == "pi0" else PREFIX_OUTPUTS
+    return graphs, outputs, f"{ptype}_new_line_processor", int(cfg.num_inference_steps), reference
 
 
 def export_graph(module, example, path, input_names, output_names):
@@ -631,7 +641,10 @@ def export_flow_vla(policy, ptype, pre, inputs, ckpt, onnx_path):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     sp = ort.InferenceSession(str(prefix_path), opts, providers=["CPUExecutionProvider"])
-    cache = dict(zip(outputs, sp.run(outputs, {n: x.numpy() for n, x in zip(order, example, strict=True)}), strict=True))
+    # A graph keeps only the inputs it reads (pi0.5's prefix reads no state).
+    takes = {i.name for i in sp.get_inputs()}
+    feeds = {n: x.numpy() for n, x in zip(order, example, strict=True) if n in takes}
+    cache = dict(zip(outputs, sp.run(outputs, feeds), strict=True))
     del sp
     se = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     x = noise.numpy().copy()
@@ -658,6 +671,8 @@ def export_flow_vla(policy, ptype, pre, inputs, ckpt, onnx_path):
             "max_len": max_len,
             "pad_id": int(pad_id),
             "newline": newline_step in pre,
+            # pi0.5's prompt carries the normalised state as text (reflex writes it per chunk).
+            "state_prompt": state_key if "pi05_prepare_state_tokenizer_processor_step" in pre else None,
         },
     }
     return report, diff, "velocity"
@@ -689,12 +704,12 @@ def export(ckpt, onnx_path, report_path):
     reduced = None
     if ptype == "smolvla":
         vlm_present(ckpt, config)
-    if ptype == "pi0":
+    if ptype in ("pi0", "pi05"):
         tokenizer_present(ckpt)
         if os.environ.get(PI0_REDUCED_ENV):
             reduced = json.loads(Path(os.environ[PI0_REDUCED_ENV]).read_text())
-            log(f"a reduced pi0 ({PI0_REDUCED_ENV}): {reduced}")
-            reduce_pi0(reduced)
+            log(f"a reduced {ptype} ({PI0_REDUCED_ENV}): {reduced}")
+            reduce_pi0(reduced, ptype)
     module, cls = POLICIES[ptype]
     try:
         policy = getattr(importlib.import_module(module), cls).from_pretrained(str(ckpt))
@@ -707,7 +722,9 @@ def export(ckpt, onnx_path, report_path):
     known_post = {"unnormalizer_processor", "device_processor"}
     if ptype in VLAS:
         known |= {f"{ptype}_new_line_processor", "tokenizer_processor"}
-    if ptype == "pi0":
+    if ptype == "pi05":
+        known |= {"pi05_prepare_state_tokenizer_processor_step"}
+    if ptype in ("pi0", "pi05"):
         # openpi's relative actions: reflex reproduces them switched off (LeRobot's default).
         known |= {"relative_actions_processor"}
         known_post |= {"absolute_actions_processor"}

@@ -41,6 +41,12 @@ recomputed at every Euler step), checks it gives the two graphs' chunks, and tim
     .venv-lerobot/bin/python policies/import/parity.py --policy smolvla --vlm published \
         --observations 1 --warmup 0 --repeat 1 --bench-iters 3 --reflex target/release/reflex
 
+pi0 and pi0.5 (--policy pi0, --policy pi05) are built with LeRobot's own classes from its
+published Gemma variants redefined two layers deep (REDUCED_PI0, through the exporter's
+REFLEX_PI0_REDUCED, which LeRobot's run here and the import share: the published 3.3 B do not
+load in 24 GB), with a PaliGemma-like tokenizer trained here in a Hugging Face cache made for the
+run (`local_paligemma_tokenizer`).
+
 The checkpoint maps one of its cameras by another name (`observation.images.top` onto the
 robot's `front`) so the importer's --map is part of what is checked.
 """
@@ -55,7 +61,7 @@ import time
 from pathlib import Path
 
 TOLERANCE = 1e-4
-VLAS = ("smolvla", "pi0")
+VLAS = ("smolvla", "pi0", "pi05")
 
 
 def sh(cmd, **kw):
@@ -217,6 +223,16 @@ def make_checkpoint(out, robot, a):
         # to 32, images resized with padding to 224, the instruction padded to 48 tokens.
         cfg = PI0Config(**common, chunk_size=a.chunk_size, n_action_steps=a.n_action_steps)
         policy = PI0Policy(cfg)
+    elif a.policy == "pi05":
+        from lerobot.policies.pi05.configuration_pi05 import PI05Config
+        from lerobot.policies.pi05.modeling_pi05 import PI05Policy
+        from lerobot.policies.pi05.processor_pi05 import make_pi05_pre_post_processors as make_processors
+
+        del common["pretrained_backbone_weights"]
+        # LeRobot's defaults: as pi0, but state and actions normalised by quantiles, the state
+        # written into the prompt (padded to 200 tokens), the time through adaRMS.
+        cfg = PI05Config(**common, chunk_size=a.chunk_size, n_action_steps=a.n_action_steps)
+        policy = PI05Policy(cfg)
     elif a.policy == "act":
         from lerobot.policies.act.configuration_act import ACTConfig
         from lerobot.policies.act.modeling_act import ACTPolicy
@@ -247,11 +263,18 @@ def make_checkpoint(out, robot, a):
 
     def vector_stats(n):
         low = torch.randn(n) - 1.0 - torch.rand(n)
+        mean = torch.randn(n)
+        std = torch.rand(n) + 0.5
         return {
-            "mean": torch.randn(n),
-            "std": torch.rand(n) + 0.5,
+            "mean": mean,
+            "std": std,
             "min": low,
             "max": low + 2.0 * torch.rand(n) + 0.5,
+            # Quantiles about the mean, so pi0.5's discretised state spans its bins.
+            "q01": mean - 2.3 * std,
+            "q99": mean + 2.3 * std,
+            "q10": mean - 1.3 * std,
+            "q90": mean + 1.3 * std,
         }
 
     # Of order one, so a wrong statistic or formula shows far above the tolerance; every
@@ -329,6 +352,8 @@ def lerobot_chunks(ckpt, cams, obs, a):
         from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy as Policy
     elif a.policy == "pi0":
         from lerobot.policies.pi0.modeling_pi0 import PI0Policy as Policy
+    elif a.policy == "pi05":
+        from lerobot.policies.pi05.modeling_pi05 import PI05Policy as Policy
     else:
         from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy as Policy
 
@@ -427,7 +452,7 @@ def bench(reflex, model, iters):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reflex", type=Path, required=True, help="the reflex binary")
-    ap.add_argument("--policy", choices=["act", "diffusion", "smolvla", "pi0"], default="act")
+    ap.add_argument("--policy", choices=["act", "diffusion", "smolvla", "pi0", "pi05"], default="act")
     ap.add_argument("--vlm", choices=["reduced", "published"], default="reduced",
                     help="SmolVLA's backbone: SmolVLM2-500M's architecture, or a reduced one of the same shape (default)")
     ap.add_argument("--task-text", default="pick up the cube and place it on the target", help="a VLA's instruction (SmolVLA, pi0)")
@@ -448,7 +473,7 @@ def main():
                          "`reflex policy bench --json` (this many chunks each; 0: no)")
     a = ap.parse_args()
     if a.chunk_size is None:
-        a.chunk_size = {"act": 100, "diffusion": 16, "smolvla": 50, "pi0": 50}[a.policy]
+        a.chunk_size = {"act": 100, "diffusion": 16, "smolvla": 50, "pi0": 50, "pi05": 50}[a.policy]
     if a.n_action_steps is None:
         a.n_action_steps = 8 if a.policy == "diffusion" else a.chunk_size
 
@@ -471,7 +496,7 @@ def main():
         if libs:
             os.environ["ORT_DYLIB_PATH"] = str(libs[-1])
 
-    if a.policy == "pi0":
+    if a.policy in ("pi0", "pi05"):
         # PaliGemma's tokenizer from a Hugging Face cache made here, for LeRobot and the importer
         # alike; the reduced variants for both (lerobot_export.PI0_REDUCED_ENV).
         sys.path.insert(0, str(Path(__file__).parent))
@@ -483,7 +508,7 @@ def main():
         reduced = a.work / "pi0-reduced.json"
         reduced.write_text(json.dumps(REDUCED_PI0))
         os.environ[lx.PI0_REDUCED_ENV] = str(reduced)
-        lx.reduce_pi0(REDUCED_PI0)
+        lx.reduce_pi0(REDUCED_PI0, a.policy)
     import lerobot
 
     robot = json.loads(sh([reflex, "sim", "spec", "--task", a.task, "--cameras"], capture_output=True, text=True).stdout)

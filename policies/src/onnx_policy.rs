@@ -483,15 +483,22 @@ pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpe
 fn missing_state_fields(spec: &PolicySpec, r: &RobotSpec) -> Vec<String> {
     let mut problems = vec![];
     for i in &spec.inputs {
-        if let InputSource::State { name, fields, .. } = i {
-            for f in fields {
-                if r.field(f).is_none() {
-                    problems.push(format!(
-                        "input `{name}` needs the state field `{f}`, which robot `{}` does not have (fields: {})",
-                        r.name,
-                        r.state.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
-                    ));
-                }
+        let (name, fields) = match i {
+            InputSource::State { name, fields, .. } => (name, fields),
+            InputSource::Language {
+                name,
+                state_prompt: Some(p),
+                ..
+            } => (name, &p.fields),
+            _ => continue,
+        };
+        for f in fields {
+            if r.field(f).is_none() {
+                problems.push(format!(
+                    "input `{name}` needs the state field `{f}`, which robot `{}` does not have (fields: {})",
+                    r.name,
+                    r.state.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                ));
             }
         }
     }
@@ -648,7 +655,7 @@ fn input_feeds<'a>(
                     TensorRef::from_array_view((shape.clone(), &f32s[..]))?.into()
                 },
             )),
-            Prepared::Tokens { ids, mask } => {
+            Prepared::Tokens { ids, mask, .. } => {
                 feeds.push((
                     name.as_str().into(),
                     TensorRef::from_array_view(([1usize, ids.len()], &ids[..]))?.into(),
@@ -684,6 +691,8 @@ enum Prepared {
     Tokens {
         ids: Vec<i64>,
         mask: Option<(String, Vec<i64>)>,
+        /// pi0.5: the prompt is rebuilt from the state at every chunk.
+        prompt: Option<Box<Prompt>>,
     },
     Constant {
         shape: Vec<usize>,
@@ -691,6 +700,73 @@ enum Prepared {
         i64s: Vec<i64>,
         int: bool,
     },
+}
+
+/// A pi0.5 prompt's tokenizer, state fields and buffers (see [`crate::spec::StatePrompt`]).
+struct Prompt {
+    tokenizer: tokenizers::Tokenizer,
+    path: PathBuf,
+    instruction: String,
+    ranges: Vec<Range<usize>>,
+    normalize: crate::spec::Normalize,
+    max_len: usize,
+    pad_id: i64,
+    values: Vec<f32>,
+    text: String,
+    mask: Vec<i64>,
+}
+
+impl Prompt {
+    /// Rewrites `ids` (and `mask`, when the graph takes one) for the state of `obs`.
+    fn tokens(
+        &mut self,
+        obs: &Observation,
+        ids: &mut Vec<i64>,
+        mask: Option<&mut Vec<i64>>,
+    ) -> Result<(), String> {
+        self.values.clear();
+        for r in &self.ranges {
+            let src = obs
+                .state
+                .get(r.clone())
+                .ok_or("observation too short for the prompt's state")?;
+            self.values.extend_from_slice(src);
+        }
+        self.normalize.apply(&mut self.values);
+        crate::spec::StatePrompt::write(&self.instruction, &self.values, &mut self.text);
+        let mask = mask.unwrap_or(&mut self.mask);
+        crate::vla::encode(
+            &self.tokenizer,
+            &self.text,
+            self.max_len,
+            self.pad_id,
+            ids,
+            mask,
+        )
+        .map_err(|e| format!("tokenizer {}: {e}", self.path.display()))
+    }
+}
+
+/// The robot's state ranges `fields` name (all of the state when empty), for input `input`.
+fn state_ranges(
+    fields: &[String],
+    robot: &RobotSpec,
+    input: &str,
+    bad: &dyn Fn(String) -> LoadError,
+) -> Result<Vec<Range<usize>>, LoadError> {
+    if fields.is_empty() {
+        return Ok(std::iter::once(0..robot.state_dim()).collect());
+    }
+    fields
+        .iter()
+        .map(|f| {
+            robot.field(f).ok_or_else(|| {
+                bad(format!(
+                    "input `{input}` needs the state field `{f}`, which the robot does not have"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// An ONNX policy ready to run for one robot.
@@ -802,21 +878,7 @@ fn prepare_input(
             normalize,
             ..
         } => {
-            let ranges: Vec<Range<usize>> = if fields.is_empty() {
-                std::iter::once(0..robot.state_dim()).collect()
-            } else {
-                fields
-                    .iter()
-                    .map(|f| {
-                        robot.field(f).ok_or_else(|| {
-                            bad(format!(
-                                "input `{}` needs the state field `{f}`, which the robot does not have",
-                                i.name()
-                            ))
-                        })
-                    })
-                    .collect::<Result<_, _>>()?
-            };
+            let ranges = state_ranges(fields, robot, i.name(), bad)?;
             let n: usize = ranges.iter().map(|r| r.len()).sum();
             Prepared::State {
                 data: vec![0.0; n * history],
@@ -858,13 +920,30 @@ fn prepare_input(
             max_len,
             pad_id,
             mask_input,
+            state_prompt,
             ..
         } => {
             let path = dir.join(tokenizer);
             let (ids, mask) = crate::vla::tokenize(&path, instruction, *max_len, *pad_id)?;
+            let prompt = match state_prompt {
+                None => None,
+                Some(sp) => Some(Box::new(Prompt {
+                    tokenizer: crate::vla::load_tokenizer(&path)?,
+                    path,
+                    instruction: instruction.clone(),
+                    ranges: state_ranges(&sp.fields, robot, i.name(), bad)?,
+                    normalize: sp.normalize.clone(),
+                    max_len: *max_len,
+                    pad_id: *pad_id,
+                    values: Vec::with_capacity(robot.state_dim()),
+                    text: String::new(),
+                    mask: Vec::with_capacity(*max_len),
+                })),
+            };
             Prepared::Tokens {
                 ids,
                 mask: mask_input.clone().map(|m| (m, mask)),
+                prompt,
             }
         }
         InputSource::Constant {
@@ -1221,7 +1300,17 @@ impl OnnxPolicy {
                         })?;
                     }
                 }
-                Prepared::Tokens { .. } | Prepared::Constant { .. } => {}
+                Prepared::Tokens {
+                    ids,
+                    mask,
+                    prompt: Some(prompt),
+                } => prompt
+                    .tokens(obs, ids, mask.as_mut().map(|(_, m)| m))
+                    .map_err(|message| PolicyError {
+                        policy: name.clone(),
+                        message: format!("input `{input}`: {message}"),
+                    })?,
+                Prepared::Tokens { prompt: None, .. } | Prepared::Constant { .. } => {}
             }
         }
         self.run_prefix()

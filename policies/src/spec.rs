@@ -189,6 +189,10 @@ pub enum InputSource {
         /// Graph input that takes the attention mask (1 for tokens, 0 for padding), if any.
         #[serde(default)]
         mask_input: Option<String>,
+        /// pi0.5's prompt: the robot's state, normalised and discretised, written into the
+        /// instruction at every chunk (absent: the instruction is tokenised once, at load).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state_prompt: Option<StatePrompt>,
     },
     /// The same values at every call (a flag, a mask, an embodiment id an export expects).
     Constant {
@@ -211,6 +215,49 @@ pub type InputSpec = InputSource;
 /// (summed in float32, as LeRobot's torch does).
 pub fn image_divisor(std: &[f32; 3], eps: Option<f32>) -> [f32; 3] {
     std.map(|s| s + eps.unwrap_or(0.0))
+}
+
+/// openpi's pi0.5 prompt (LeRobot's `Pi05PrepareStateTokenizerProcessorStep`): at every chunk
+/// each of the state's values, normalised, falls into one of 256 equal bins over [-1, 1] (below
+/// -1 is bin -1, from 1 - 1/128 up bin 255, as numpy's `digitize` counts), and the instruction
+/// becomes `Task: {instruction}, State: {bins};\nAction: ` (the instruction stripped, `_` and
+/// newlines as spaces) before it is tokenised.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatePrompt {
+    /// State fields, in order (all of the state when empty).
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// Normalisation before the bins (LeRobot's, for `observation.state`).
+    pub normalize: Normalize,
+}
+
+impl StatePrompt {
+    /// The bins numpy's `digitize(x, linspace(-1, 1, 257)[:-1]) - 1` gives: how many of the
+    /// edges `-1 + k / 128` (k = 0..255) are at most `x`, less one (NaN sorts last).
+    pub fn bin(x: f32) -> i32 {
+        if x.is_nan() {
+            return 255;
+        }
+        let x = f64::from(x);
+        (0..256)
+            .filter(|k| -1.0 + f64::from(*k) / 128.0 <= x)
+            .count() as i32
+            - 1
+    }
+
+    /// Writes the prompt for `instruction` and the normalised `state` into `out`.
+    pub fn write(instruction: &str, state: &[f32], out: &mut String) {
+        use std::fmt::Write;
+        out.clear();
+        let task = instruction.trim().replace(['_', '\n'], " ");
+        let _ = write!(out, "Task: {task}, State: ");
+        for (i, v) in state.iter().enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            let _ = write!(out, "{sep}{}", Self::bin(*v));
+        }
+        out.push_str(";\nAction: ");
+    }
 }
 
 impl InputSource {
@@ -791,5 +838,39 @@ mod tests {
                 .state_bounds(&robot)
                 .is_none()
         );
+    }
+}
+
+#[cfg(test)]
+mod prompt_tests {
+    use super::StatePrompt;
+
+    #[test]
+    fn pi05_bins_are_numpys_digitize_and_the_prompt_is_lerobots() {
+        // numpy 2 (LeRobot's tools environment): digitize(x, linspace(-1, 1, 257)[:-1]) - 1 on
+        // float32 values, edges and either side of zero included.
+        let cases: [(f32, i32); 14] = [
+            (-1.5, -1),
+            (-1.0, 0),
+            (-0.999_999_94, 0),
+            (-1e-30, 127),
+            (0.0, 128),
+            (1e-30, 128),
+            (0.003_906_25, 128),
+            (0.007_812_5, 129),
+            (0.5, 192),
+            (0.992_187_5, 255),
+            (0.99, 254),
+            (1.0, 255),
+            (2.0, 255),
+            (f32::NAN, 255),
+        ];
+        for (x, want) in cases {
+            assert_eq!(StatePrompt::bin(x), want, "bin of {x}");
+        }
+        // Pi05PrepareStateTokenizerProcessorStep's prompt for the same task and state.
+        let mut out = String::new();
+        StatePrompt::write(" pick_up the\ncube \n", &[-1.2, 0.3, 0.999], &mut out);
+        assert_eq!(out, "Task: pick up the cube, State: -1 166 255;\nAction: ");
     }
 }

@@ -15,22 +15,41 @@ pub fn tokenize(
     max_len: usize,
     pad_id: i64,
 ) -> Result<(Vec<i64>, Vec<i64>), LoadError> {
-    let err = |m: String| LoadError::Tokenizer {
+    let tok = load_tokenizer(path)?;
+    let (mut ids, mut mask) = (vec![], vec![]);
+    encode(&tok, text, max_len, pad_id, &mut ids, &mut mask).map_err(|m| LoadError::Tokenizer {
         path: path.display().to_string(),
         message: m,
-    };
-    let tok = tokenizers::Tokenizer::from_file(path).map_err(|e| err(e.to_string()))?;
-    let enc = tok.encode(text, true).map_err(|e| err(e.to_string()))?;
-    let mut ids: Vec<i64> = enc
-        .get_ids()
-        .iter()
-        .map(|&i| i as i64)
-        .take(max_len)
-        .collect();
-    let mut mask = vec![1i64; ids.len()];
+    })?;
+    Ok((ids, mask))
+}
+
+/// Reads a Hugging Face `tokenizer.json`.
+pub fn load_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer, LoadError> {
+    tokenizers::Tokenizer::from_file(path).map_err(|e| LoadError::Tokenizer {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Tokenises `text` with its special tokens into `ids` (truncated or padded with `pad_id` to
+/// `max_len`) and `mask` (1 for tokens, 0 for padding), reusing both buffers.
+pub fn encode(
+    tok: &tokenizers::Tokenizer,
+    text: &str,
+    max_len: usize,
+    pad_id: i64,
+    ids: &mut Vec<i64>,
+    mask: &mut Vec<i64>,
+) -> Result<(), String> {
+    let enc = tok.encode(text, true).map_err(|e| e.to_string())?;
+    ids.clear();
+    ids.extend(enc.get_ids().iter().map(|&i| i64::from(i)).take(max_len));
+    mask.clear();
+    mask.resize(ids.len(), 1);
     ids.resize(max_len, pad_id);
     mask.resize(max_len, 0);
-    Ok((ids, mask))
+    Ok(())
 }
 
 /// Resizes an rgb8 image to `w x h` (bilinear, half-pixel centres, as OpenCV's INTER_LINEAR and

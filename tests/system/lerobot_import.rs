@@ -114,12 +114,12 @@ fn an_unsupported_policy_type_is_refused_by_name_naming_config_json() {
     let ckpt = act_checkpoint(dir.path(), "observation.images.front");
     let config = ckpt.join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace("\"act\"", "\"pi05\"")).unwrap();
+    std::fs::write(&config, text.replace("\"act\"", "\"pi0_fast\"")).unwrap();
     let err = refused(dir.path(), &ckpt, &PICK);
     assert!(
         err.contains(&config.display().to_string())
-            && err.contains("policy type `pi05` is not supported yet")
-            && err.contains("act, diffusion, smolvla, pi0"),
+            && err.contains("policy type `pi0_fast` is not supported yet")
+            && err.contains("act, diffusion, smolvla, pi0, pi05"),
         "{err}"
     );
 }

@@ -257,6 +257,7 @@ fn spec_check_catches_each_kind_of_mismatch() {
         max_len: 8,
         pad_id: 0,
         mask_input: None,
+        state_prompt: None,
     }];
     let e = load(&s, 8);
     assert!(
@@ -300,6 +301,32 @@ const TOKENIZER: &str = r#"{
             "vocab": {"[PAD]": 0, "[UNK]": 1, "pick": 2, "up": 3, "the": 4, "cube": 5, "red": 6, "push": 7}}
 }"#;
 
+/// The tiny VLA's spec (tests/system/tiny_vla.rs) up to its image input; the tests add the
+/// instruction and the state.
+const TINY_VLA_SPEC: &str = r#"format = "reflex-policy"
+version = 1
+name = "tiny-vla"
+kind = "flow"
+action_dim = 4
+chunk_len = 8
+execute = 4
+flow_steps = 5
+
+[graph]
+sample_input = "x_t"
+time_input = "t"
+output = "velocity"
+
+[[inputs]]
+source = "image"
+name = "image"
+camera = "front"
+width = 32
+height = 32
+mean = [0.5, 0.5, 0.5]
+std = [0.25, 0.25, 0.25]
+"#;
+
 #[test]
 fn vla_inputs_tokens_and_images_reach_the_network() {
     use crate::tiny_vla::{TinyVla, build_tiny_vla};
@@ -325,29 +352,7 @@ fn vla_inputs_tokens_and_images_reach_the_network() {
     };
     let onnx = build_tiny_vla(&v, 11);
     let spec_text = format!(
-        r#"format = "reflex-policy"
-version = 1
-name = "tiny-vla"
-kind = "flow"
-action_dim = 4
-chunk_len = 8
-execute = 4
-flow_steps = 5
-
-[graph]
-sample_input = "x_t"
-time_input = "t"
-output = "velocity"
-
-[[inputs]]
-source = "image"
-name = "image"
-camera = "front"
-width = 32
-height = 32
-mean = [0.5, 0.5, 0.5]
-std = [0.25, 0.25, 0.25]
-
+        r#"{TINY_VLA_SPEC}
 [[inputs]]
 source = "language"
 name = "tokens"
@@ -412,6 +417,101 @@ fields = ["joint_pos"]
         run(&mut other, &obs_a),
         "the instruction does not reach the network"
     );
+}
+
+#[test]
+fn a_pi05_prompt_carries_the_state_as_bins_rebuilt_at_every_chunk() {
+    // pi0.5 reads the state only as text: the tiny VLA's own state input gets zeros (a
+    // constant), the prompt's `[inputs.state_prompt]` writes joint_pos into the instruction.
+    // Its chunk must equal the same network's with the prompt LeRobot's
+    // Pi05PrepareStateTokenizerProcessorStep writes, typed by hand from numpy's bins.
+    use crate::tiny_vla::{TinyVla, build_tiny_vla};
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = [
+        "[PAD]", "[UNK]", "task", ":", "pick", "up", "the", "red", "cube", ",", "state", ";",
+        "action", "192", "96", "128", "255", "254", "0", "204",
+    ];
+    let vocab: Vec<String> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, w)| format!("\"{w}\": {i}"))
+        .collect();
+    std::fs::write(
+        dir.path().join("tokenizer.json"),
+        TOKENIZER.replace(
+            r#""vocab": {"[PAD]": 0, "[UNK]": 1, "pick": 2, "up": 3, "the": 4, "cube": 5, "red": 6, "push": 7}"#,
+            &format!("\"vocab\": {{{}}}", vocab.join(", ")),
+        ),
+    )
+    .unwrap();
+    let v = TinyVla {
+        image: 32,
+        vocab: 24,
+        max_len: 24,
+        state_dim: 6,
+        chunk_len: 8,
+        action_dim: 4,
+    };
+    let model = dir.path().join("vla.onnx");
+    std::fs::write(&model, build_tiny_vla(&v, 12)).unwrap();
+    let spec = |language: &str| {
+        format!(
+            r#"{TINY_VLA_SPEC}
+[[inputs]]
+source = "constant"
+name = "state"
+dtype = "float32"
+shape = [6]
+values = [0, 0, 0, 0, 0, 0]
+
+[[inputs]]
+source = "language"
+name = "tokens"
+tokenizer = "tokenizer.json"
+max_len = 24
+{language}
+"#
+        )
+    };
+    let mut cfg = reflex_sim::SimConfig::for_task(reflex_sim::TaskKind::Pick);
+    cfg.cameras.enabled = true;
+    cfg.cameras.width = 32;
+    cfg.cameras.height = 32;
+    let mut env = reflex_sim::SimEnv::new(cfg).unwrap();
+    let mut obs = env.reset(Some(1)).unwrap().clone();
+    let joints = env.spec().field("joint_pos").unwrap();
+    assert_eq!(joints.len(), 6);
+    // numpy: digitize([0.5, -0.25, 0.0, 0.9921875, 0.99, -0.999], linspace(-1, 1, 257)[:-1]) - 1
+    obs.state[joints.clone()].copy_from_slice(&[0.5, -0.25, 0.0, 0.992_187_5, 0.99, -0.999]);
+    let noise: Vec<f32> = (0..32).map(|i| (i as f32 * 0.3).cos()).collect();
+    let chunk = |language: &str, o: &Observation| {
+        std::fs::write(spec_path(&model), spec(language)).unwrap();
+        let mut p = OnnxPolicy::load(&model, env.spec(), &RunOptions::default()).unwrap();
+        let mut out = vec![0.0f32; 32];
+        p.set_next_noise(noise.clone());
+        p.infer_chunk(o, &mut out).unwrap();
+        out
+    };
+    let prompt = "instruction = \" pick_up the red cube\\n\"\n\n[inputs.state_prompt]\nfields = [\"joint_pos\"]\nnormalize = { kind = \"none\" }";
+    let by_hand =
+        "instruction = \"Task: pick up the red cube, State: 192 96 128 255 254 0;\\nAction: \"";
+    let ours = chunk(prompt, &obs);
+    assert!(ours.iter().all(|x| x.is_finite()));
+    assert_eq!(ours, chunk(by_hand, &obs), "the prompt is not LeRobot's");
+    // Another state, through the prompt only (0.6 is bin 204): one loaded policy writes each
+    // call's prompt from that call's state.
+    let mut moved = obs.clone();
+    moved.state[joints.start] = 0.6;
+    let moved_by_hand = chunk(&by_hand.replace("State: 192", "State: 204"), &moved);
+    assert_ne!(ours, moved_by_hand, "the state does not reach the prompt");
+    std::fs::write(spec_path(&model), spec(prompt)).unwrap();
+    let mut p = OnnxPolicy::load(&model, env.spec(), &RunOptions::default()).unwrap();
+    for (o, want) in [(&moved, &moved_by_hand), (&obs, &ours)] {
+        let mut out = vec![0.0f32; 32];
+        p.set_next_noise(noise.clone());
+        p.infer_chunk(o, &mut out).unwrap();
+        assert_eq!(&out, want);
+    }
 }
 
 #[test]

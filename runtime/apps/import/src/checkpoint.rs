@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Policy types the importer exports (LeRobot's `type` in config.json).
-pub const SUPPORTED_TYPES: &[&str] = &["act", "diffusion", "smolvla", "pi0"];
+pub const SUPPORTED_TYPES: &[&str] = &["act", "diffusion", "smolvla", "pi0", "pi05"];
 
 /// The preprocessor pipeline LeRobot 0.6 saves beside the weights (normalisation of inputs).
 pub const PREPROCESSOR: &str = "policy_preprocessor.json";
@@ -213,16 +213,17 @@ fn smolvla_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
     Ok(())
 }
 
-/// The pi0 settings reflex reproduces, checked before the export: one observation step, the
-/// cameras the checkpoint has, float32 weights (what reflex runs and checks against LeRobot) and
-/// absolute actions (openpi's relative actions off, LeRobot's default).
-fn pi0_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
-    let unsupported = |what: String| {
-        ImportError::Unsupported {
+/// The pi0 and pi0.5 (`name`) settings reflex reproduces, checked before the export: one
+/// observation step, the cameras the checkpoint has, float32 weights (what reflex runs and
+/// checks against LeRobot) and absolute actions (openpi's relative actions off, LeRobot's
+/// default).
+fn pi_settings(config: &Path, v: &Value, name: &str) -> Result<(), ImportError> {
+    let unsupported = |what: String| ImportError::Unsupported {
         file: config.display().to_string(),
         what,
-        supported: "pi0 with n_obs_steps 1, empty_cameras 0, dtype \"float32\" and use_relative_actions false".into(),
-    }
+        supported: format!(
+            "{name} with n_obs_steps 1, empty_cameras 0, dtype \"float32\" and use_relative_actions false"
+        ),
     };
     let n_obs = v.get("n_obs_steps").and_then(Value::as_u64).unwrap_or(1);
     if n_obs != 1 {
@@ -329,7 +330,8 @@ impl Checkpoint {
         }
         match policy_type.as_str() {
             "smolvla" => smolvla_settings(&config, &v)?,
-            "pi0" => pi0_settings(&config, &v)?,
+            "pi0" => pi_settings(&config, &v, "pi0")?,
+            "pi05" => pi_settings(&config, &v, "pi0.5")?,
             _ => {}
         }
         let chunk_size = count(
@@ -361,7 +363,7 @@ impl Checkpoint {
 
     /// Whether the policy acts on a language instruction (a vision-language-action model).
     pub fn takes_language(&self) -> bool {
-        matches!(self.policy_type.as_str(), "smolvla" | "pi0")
+        matches!(self.policy_type.as_str(), "smolvla" | "pi0" | "pi05")
     }
 
     /// The key the robot's observation carries for the policy's feature `key` (before the

@@ -17,7 +17,7 @@ use checkpoint::Checkpoint;
 use mapping::Binding;
 use reflex_policies::onnx_policy::{OnnxPolicy, RunOptions, check_graph, open_session};
 use reflex_policies::spec::{
-    DiffusionSpec, GraphIo, InputSource, Normalize, PolicyKind, PolicySpec, spec_path,
+    DiffusionSpec, GraphIo, InputSource, Normalize, PolicyKind, PolicySpec, StatePrompt, spec_path,
 };
 use reflex_runtime::config::Validate;
 use reflex_runtime::msg::RobotSpec;
@@ -230,6 +230,9 @@ struct ExportLanguage {
     pad_id: i64,
     /// LeRobot's `NewLineTaskProcessorStep`: the task ends with a newline.
     newline: bool,
+    /// pi0.5: the state feature written into the prompt at every chunk (no graph takes it).
+    #[serde(default)]
+    state_prompt: Option<String>,
 }
 
 fn one() -> usize {
@@ -477,6 +480,28 @@ fn policy_spec(
         if l.newline && !instruction.ends_with('\n') {
             instruction.push('\n');
         }
+        // pi0.5 reads the state only through its prompt: the state input moves into it.
+        let state_prompt = match &l.state_prompt {
+            None => None,
+            Some(feature) => {
+                let at = inputs
+                    .iter()
+                    .position(|i| matches!(i, InputSource::State { name, .. } if name == feature));
+                match at.map(|k| inputs.remove(k)) {
+                    Some(InputSource::State {
+                        fields, normalize, ..
+                    }) => Some(StatePrompt { fields, normalize }),
+                    _ => {
+                        return Err(ImportError::Exporter {
+                            checkpoint: ckpt.dir.display().to_string(),
+                            message: format!(
+                                "its report writes the state `{feature}` into the prompt, which is no state input of the checkpoint"
+                            ),
+                        });
+                    }
+                }
+            }
+        };
         inputs.push(InputSource::Language {
             name: l.tokens_input.clone(),
             tokenizer: PathBuf::from(&l.tokenizer),
@@ -484,6 +509,7 @@ fn policy_spec(
             max_len: l.max_len,
             pad_id: l.pad_id,
             mask_input: Some(l.mask_input.clone()),
+            state_prompt,
         });
     }
     let spec = PolicySpec {
