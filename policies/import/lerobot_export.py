@@ -6,7 +6,8 @@ a checkout too. It reads the checkpoint with LeRobot's own classes (the policy a
 pipelines), so what it reports is what LeRobot computes, and writes:
 
 - the ONNX graph of the network alone, between normalised inputs and normalised actions: ACT's
-  whole forward pass, Diffusion Policy's denoiser (reflex runs the sampler around it), or a flow
+  whole forward pass, Diffusion Policy's observation encoders (once per chunk) and U-Net (reflex
+  runs the sampler around it), or a flow
   VLA's two graphs (SmolVLA, pi0, pi0.5), the prefix (cameras, instruction, and for SmolVLA the
   state, to every layer's cached keys and values) and the action expert's velocity against that
   cache (reflex integrates), with the tokenizer of its VLM beside them
@@ -152,9 +153,11 @@ def diffusion_network(policy, order, ckpt):
     """Diffusion Policy's denoiser: the noise (or sample) the U-Net predicts for a noisy chunk at
     an integer timestep, conditioned on the last n_obs_steps observations (state, and the cameras
     through their ResNet encoders, as LeRobot's `_prepare_global_conditioning` makes it). reflex
-    runs the sampler (DDIM or DDPM, as the checkpoint says) around it and keeps the history; the
-    observation encoders run at every step. The state arrives stacked flat, oldest first
-    (B, n_obs_steps * dim), each camera as (B, n_obs_steps, 3, H, W) when n_obs_steps > 1."""
+    runs the sampler (DDIM or DDPM, as the checkpoint says) around it and keeps the history. As
+    two graphs: the observation encoders once per chunk (a prefix graph returning the U-Net's
+    `global_cond`), the U-Net at every step; the whole in one module is the reference. The state
+    arrives stacked flat, oldest first (B, n_obs_steps * dim), each camera as
+    (B, n_obs_steps, 3, H, W) when n_obs_steps > 1."""
     import torch
 
     from lerobot.utils.constants import OBS_ENV_STATE, OBS_IMAGES, OBS_STATE
@@ -172,24 +175,46 @@ def diffusion_network(policy, order, ckpt):
     state_key = OBS_STATE if cfg.robot_state_feature else None
     env_key = OBS_ENV_STATE if cfg.env_state_feature else None
 
+    def conditioning(xs):
+        feats = dict(zip(order, xs, strict=True))
+        # n observation steps: (B, n, ...), cameras stacked as select_action's queue holds them.
+        batch = {}
+        if state_key:
+            batch[OBS_STATE] = feats[state_key].reshape(feats[state_key].shape[0], n_obs, -1)
+        if env_key:
+            batch[OBS_ENV_STATE] = feats[env_key].reshape(feats[env_key].shape[0], n_obs, -1)
+        if image_keys:
+            frames = [feats[k] if n_obs > 1 else feats[k].unsqueeze(1) for k in image_keys]
+            batch[OBS_IMAGES] = torch.stack(frames, dim=-4)
+        return model._prepare_global_conditioning(batch)  # noqa: SLF001
+
     class Net(torch.nn.Module):
+        """The whole denoiser in one: the reference the two graphs are checked against."""
+
         def __init__(self):
             super().__init__()
             self.model = model
 
         def forward(self, noisy_actions, timestep, *xs):
-            feats = dict(zip(order, xs, strict=True))
-            # n observation steps: (B, n, ...), cameras stacked as select_action's queue holds them.
-            batch = {}
-            if state_key:
-                batch[OBS_STATE] = feats[state_key].reshape(feats[state_key].shape[0], n_obs, -1)
-            if env_key:
-                batch[OBS_ENV_STATE] = feats[env_key].reshape(feats[env_key].shape[0], n_obs, -1)
-            if image_keys:
-                frames = [feats[k] if n_obs > 1 else feats[k].unsqueeze(1) for k in image_keys]
-                batch[OBS_IMAGES] = torch.stack(frames, dim=-4)
-            cond = self.model._prepare_global_conditioning(batch)
-            return self.model.unet(noisy_actions, timestep, global_cond=cond)
+            return self.model.unet(noisy_actions, timestep, global_cond=conditioning(xs))
+
+    class Prefix(torch.nn.Module):
+        """The observation encoders (ResNets, state) to the U-Net's global conditioning."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *xs):
+            return conditioning(xs)
+
+    class Denoiser(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, noisy_actions, timestep, global_cond):
+            return self.model.unet(noisy_actions, timestep, global_cond=global_cond)
 
     horizon, adim = int(cfg.horizon), int(cfg.action_feature.shape[0])
     steps = int(model.num_inference_steps)
@@ -197,7 +222,7 @@ def diffusion_network(policy, order, ckpt):
         ("noisy_actions", torch.randn(1, horizon, adim, generator=torch.Generator().manual_seed(1))),
         ("timestep", torch.tensor([int(cfg.num_train_timesteps) // 2], dtype=torch.long)),
     ]
-    return Net().eval(), extra, {
+    return (Net().eval(), Prefix().eval(), Denoiser().eval()), extra, {
         "kind": "diffusion",
         "chunk_size": horizon,
         # LeRobot executes from the current step's row: its chunk starts at the oldest observation.
@@ -766,11 +791,12 @@ def export(ckpt, onnx_path, report_path):
         params = sum(p.numel() for p in policy.parameters())
         write_report(report_path, t0, onnx_path, diff, {**common, "parameters": params, **kind_report})
         return
+    parts = None
     if ptype == "act":
         net, extra, kind_report = act_network(policy, order)
         out_name = action_key
     else:
-        net, extra, kind_report = diffusion_network(policy, order, ckpt)
+        (net, *parts), extra, kind_report = diffusion_network(policy, order, ckpt)
         out_name = "eps" if cfg.prediction_type == "epsilon" else "sample"
     kind_report.setdefault("graph", {})["output"] = out_name
     common["output"] = {"name": out_name, "feature": action_key, "shape": list(action_feat.shape), "normalize": action_norm}
@@ -790,6 +816,10 @@ def export(ckpt, onnx_path, report_path):
     params = sum(p.numel() for p in net.parameters())
     log(f"exporting {params / 1e6:.1f} M parameters to ONNX (opset {OPSET})")
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    if parts is not None:
+        diff = export_denoiser_pair(parts, net, example, extra, order, onnx_path, out_name, kind_report)
+        write_report(report_path, t0, onnx_path, diff, {**common, "parameters": params, **kind_report})
+        return
     with torch.no_grad():
         torch.onnx.export(
             net,
@@ -811,6 +841,39 @@ def export(ckpt, onnx_path, report_path):
     got = sess.run([out_name], {n: x.numpy() for n, x in zip(names, example, strict=True)})[0]
     diff = float(np.max(np.abs(got - want)))
     write_report(report_path, t0, onnx_path, diff, {**common, "parameters": params, **kind_report})
+
+
+def export_denoiser_pair(parts, net, example, extra, order, onnx_path, out_name, kind_report):
+    """Writes a diffusion policy's observation encoders (`NAME.prefix.onnx`, once per chunk) and
+    U-Net (`NAME.onnx`, every sampler step) and names the first in `kind_report`'s graph; returns
+    how far ONNX Runtime's two graphs are from the whole module in torch."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    prefix, denoiser = parts
+    head = [n for n, _ in extra]
+    obs = example[len(head):]
+    prefix_path = onnx_path.with_name(onnx_path.stem + ".prefix.onnx")
+    batch = {0: "batch"}
+    with torch.no_grad():
+        cond = prefix(*obs)
+        log(f"the observation encoders to {prefix_path.name}, the U-Net to {onnx_path.name}")
+        torch.onnx.export(prefix, obs, str(prefix_path), input_names=order, output_names=["global_cond"],
+                          dynamic_axes={n: batch for n in [*order, "global_cond"]}, opset_version=OPSET, dynamo=False)
+        torch.onnx.export(denoiser, (*example[:len(head)], cond), str(onnx_path), input_names=[*head, "global_cond"],
+                          output_names=[out_name], dynamic_axes={n: batch for n in [*head, "global_cond", out_name]},
+                          opset_version=OPSET, dynamo=False)
+        want = net(*example).numpy()
+    kind_report["graph"]["prefix"] = {"file": prefix_path.name, "outputs": ["global_cond"]}
+    log("checking ONNX Runtime's two graphs against torch's whole denoiser")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sp = ort.InferenceSession(str(prefix_path), opts, providers=["CPUExecutionProvider"])
+    se = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    g = sp.run(["global_cond"], {n: x.numpy() for n, x in zip(order, obs, strict=True)})[0]
+    got = se.run([out_name], {**{n: x.numpy() for n, x in zip(head, example, strict=False)}, "global_cond": g})[0]
+    return float(np.max(np.abs(got - want)))
 
 
 def write_report(report_path, t0, onnx_path, diff, fields):

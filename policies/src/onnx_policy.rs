@@ -458,7 +458,7 @@ pub fn check_graph(spec: &PolicySpec, session: &Session, robot: Option<&RobotSpe
             // A fixed-size input nothing feeds: say how to feed it a constant.
             let tail: Vec<i64> = g.dims.iter().skip(1).copied().collect();
             let fix = if spec.graph.prefix.is_some() {
-                "; a two-graph VLA's model takes the prefix graph's outputs: name it in [graph.prefix] outputs".to_string()
+                "; a two-graph policy's model takes the prefix graph's outputs: name it in [graph.prefix] outputs".to_string()
             } else if matches!(g.elem.as_str(), "float32" | "int64") && tail.iter().all(|d| *d > 0)
             {
                 let n: i64 = tail.iter().product();
@@ -823,7 +823,7 @@ fn load_prefix(
     };
     if !path.is_file() {
         return Err(mismatch(vec![format!(
-            "graph.prefix.file names `{}`, which does not exist: the two graphs of a VLA travel together (NAME.onnx and NAME.prefix.onnx)",
+            "graph.prefix.file names `{}`, which does not exist: the two graphs travel together (NAME.onnx and NAME.prefix.onnx)",
             path.display()
         )]));
     }

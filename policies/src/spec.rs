@@ -390,18 +390,18 @@ pub struct GraphIo {
     /// for guided real-time chunking (`[policy.rtc]`); without one, RTC inpaints hard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vjp: Option<VjpGraph>,
-    /// A flow VLA's first graph (`[graph.prefix]`): run once per chunk on the observation inputs;
-    /// the model (the action expert) then takes its outputs in place of those inputs at every
-    /// integration step.
+    /// A sampled policy's first graph (`[graph.prefix]`): run once per chunk on the observation
+    /// inputs; the model (a VLA's action expert, a diffusion policy's U-Net) then takes its
+    /// outputs in place of those inputs at every integration or denoising step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<PrefixGraph>,
 }
 
-/// The prefix graph of a two-graph flow VLA (pi0, SmolVLA): it takes the spec's `[[inputs]]`
-/// (images, instruction, state) and returns the prefix's embeddings or its cached keys and
-/// values, float32 tensors of any shape, which the model takes under the same names beside the
-/// noisy chunk and the time. The expensive vision-language part then runs once per chunk rather
-/// than once per integration step.
+/// The prefix graph of a two-graph policy (a flow VLA: pi0, SmolVLA; or a diffusion policy's
+/// observation encoders): it takes the spec's `[[inputs]]` (images, instruction, state) and
+/// returns the prefix's embeddings, its cached keys and values, or a conditioning vector,
+/// float32 tensors of any shape, which the model takes under the same names beside the noisy
+/// chunk and the time. The expensive part then runs once per chunk rather than once per step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrefixGraph {
@@ -480,7 +480,8 @@ pub struct PolicySpec {
 }
 
 impl PolicySpec {
-    /// The VJP and prefix graphs are for flow policies only, and a prefix graph names an output.
+    /// The VJP graph is for flow policies only, a prefix graph for sampled ones (flow, diffusion),
+    /// and a prefix graph names an output.
     fn validate_second_graphs(&self, p: &str) -> Result<(), Invalid> {
         if let Some(v) = &self.graph.vjp
             && self.kind != PolicyKind::Flow
@@ -494,12 +495,12 @@ impl PolicySpec {
             });
         }
         if let Some(g) = &self.graph.prefix
-            && (self.kind != PolicyKind::Flow || g.outputs.is_empty())
+            && (self.kind == PolicyKind::Chunk || g.outputs.is_empty())
         {
             return Err(Invalid {
                 key: key(&key(p, "graph"), "prefix"),
                 value: format!("{:?} with outputs {:?}", g.file, g.outputs),
-                allowed: "a prefix graph only for kind = \"flow\", naming at least one output"
+                allowed: "a prefix graph only for kind = \"flow\" or \"diffusion\", naming at least one output"
                     .into(),
             });
         }
