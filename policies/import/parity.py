@@ -88,12 +88,28 @@ REDUCED_VLM = {
 }
 
 
+def robot_bpe(specials, unk=None):
+    """A byte-level BPE (400 tokens) trained here on robot instructions, `specials` first at ids
+    0.., `unk` its unknown token: the stand-in for a hub tokenizer nothing here downloads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        "pick up the cube and place it on the target\n", "pick up the red cube\n", "insert the peg into the hole\n",
+        "push the block to the left\n", "open the drawer, then close it\n", "stack the blocks\n",
+    ] * 20
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
 def local_vlm(out, size):
     """A SmolVLM model folder made here, as `vlm_model_name` points SmolVLA at: its config.json
     (the `size` architecture) and a processor whose tokenizer is a byte-level BPE trained here on
     robot instructions with SmolVLM's special tokens (SmolVLM's own tokenizer is on the hub, which
     nothing here downloads from). SmolVLA's weights are random either way."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
         PreTrainedTokenizerFast,
         SmolVLMConfig,
@@ -103,15 +119,7 @@ def local_vlm(out, size):
     )
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [
-        "pick up the cube and place it on the target\n", "pick up the red cube\n", "insert the peg into the hole\n",
-        "push the block to the left\n", "open the drawer, then close it\n", "stack the blocks\n",
-    ] * 20
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus, trainer)
+    tok = robot_bpe(specials)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token="<|im_start|>",
         extra_special_tokens={
@@ -153,19 +161,10 @@ def local_paligemma_tokenizer(hf_home):
     here with Gemma's special tokens at Gemma's ids (<pad> 0, <eos> 1, <bos> 2) and, as Gemma's,
     <bos> put before every text. PaliGemma's own tokenizer is gated on the hub, which nothing
     here downloads from."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import PaliGemmaConfig, PreTrainedTokenizerFast
 
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [
-        "pick up the cube and place it on the target\n", "pick up the red cube\n", "insert the peg into the hole\n",
-        "push the block to the left\n", "open the drawer, then close it\n", "stack the blocks\n",
-    ] * 20
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus, trainer)
+    tok = robot_bpe(["<pad>", "<eos>", "<bos>", "<unk>"], unk="<unk>")
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
     revision = "0" * 40

@@ -190,6 +190,23 @@ fn diffusion_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
     Ok(())
 }
 
+/// A VLA's settings reflex reproduces in every case: one observation step, and the cameras the
+/// checkpoint has (no `empty_cameras` filled in).
+fn one_step_own_cameras(
+    v: &Value,
+    unsupported: &dyn Fn(String) -> ImportError,
+) -> Result<(), ImportError> {
+    let n_obs = v.get("n_obs_steps").and_then(Value::as_u64).unwrap_or(1);
+    if n_obs != 1 {
+        return Err(unsupported(format!("n_obs_steps = {n_obs}")));
+    }
+    let empty = v.get("empty_cameras").and_then(Value::as_u64).unwrap_or(0);
+    if empty != 0 {
+        return Err(unsupported(format!("empty_cameras = {empty}")));
+    }
+    Ok(())
+}
+
 /// The SmolVLA settings reflex reproduces, checked before the export: one observation step, the
 /// cameras the checkpoint has (no `empty_cameras` filled in) and the robot's own joint space (no
 /// Aloha adaptation).
@@ -199,14 +216,7 @@ fn smolvla_settings(config: &Path, v: &Value) -> Result<(), ImportError> {
         what,
         supported: "SmolVLA with n_obs_steps 1, empty_cameras 0 and adapt_to_pi_aloha false".into(),
     };
-    let n_obs = v.get("n_obs_steps").and_then(Value::as_u64).unwrap_or(1);
-    if n_obs != 1 {
-        return Err(unsupported(format!("n_obs_steps = {n_obs}")));
-    }
-    let empty = v.get("empty_cameras").and_then(Value::as_u64).unwrap_or(0);
-    if empty != 0 {
-        return Err(unsupported(format!("empty_cameras = {empty}")));
-    }
+    one_step_own_cameras(v, &unsupported)?;
     if v.get("adapt_to_pi_aloha").and_then(Value::as_bool) == Some(true) {
         return Err(unsupported("adapt_to_pi_aloha = true".into()));
     }
@@ -225,14 +235,7 @@ fn pi_settings(config: &Path, v: &Value, name: &str) -> Result<(), ImportError> 
             "{name} with n_obs_steps 1, empty_cameras 0, dtype \"float32\" and use_relative_actions false"
         ),
     };
-    let n_obs = v.get("n_obs_steps").and_then(Value::as_u64).unwrap_or(1);
-    if n_obs != 1 {
-        return Err(unsupported(format!("n_obs_steps = {n_obs}")));
-    }
-    let empty = v.get("empty_cameras").and_then(Value::as_u64).unwrap_or(0);
-    if empty != 0 {
-        return Err(unsupported(format!("empty_cameras = {empty}")));
-    }
+    one_step_own_cameras(v, &unsupported)?;
     let dtype = v.get("dtype").and_then(Value::as_str).unwrap_or("float32");
     if dtype != "float32" {
         return Err(unsupported(format!(
