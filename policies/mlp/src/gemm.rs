@@ -309,8 +309,14 @@ fn run(p: Product, a: (&[f32], View), b: (&[f32], View), dst: (Shared<*mut f32>,
     } else {
         threads
     };
-    // A task: batches [b0, b1) and, within each, rows [r0, r1).
-    let task = move |dst: Shared<*mut f32>, (b0, b1): (usize, usize), (r0, r1): (usize, usize)| {
+    // A task: batches [b0, b1) and, within each, rows [r0, r1) and columns [c0, c1).
+    let task = move |dst: Shared<*mut f32>,
+                     Share {
+                         batches,
+                         rows,
+                         cols,
+                     }: Share| {
+        let ((b0, b1), (r0, r1), (c0, c1)) = (batches, rows, cols);
         for i in b0..b1 {
             let pa = oa.start + i * oa.batch_stride;
             let pb = ob.start + i * ob.batch_stride;
@@ -322,42 +328,75 @@ fn run(p: Product, a: (&[f32], View), b: (&[f32], View), dst: (Shared<*mut f32>,
             };
             let b = Strided {
                 data: b,
-                start: pb,
+                start: (pb as isize + c0 as isize * ob.cs) as usize,
                 rs: ob.rs,
                 cs: ob.cs,
             };
-            // SAFETY: the task owns destination rows [r0, r1) of batch i (n columns each, row
+            // SAFETY: the task owns destination rows [r0, r1), columns [c0, c1) of batch i (row
             // stride `od.rs`), inside the destination the caller checked.
             unsafe {
                 let rows = Rows {
-                    ptr: dst.0.add(od.start + i * od.batch_stride + r0 * od.rs),
+                    ptr: dst.0.add(od.start + i * od.batch_stride + r0 * od.rs + c0),
                     rs: od.rs,
                 };
-                kernel::product(path, (r1 - r0, k, n), a, b, rows, accumulate);
+                kernel::product(path, (r1 - r0, k, c1 - c0), a, b, rows, accumulate);
             }
         }
     };
+    let whole = Share {
+        batches: (0, batch),
+        rows: (0, m),
+        cols: (0, n),
+    };
     if tasks == 1 {
-        task(dst, (0, batch), (0, m));
+        task(dst, whole);
         return;
     }
-    // Task t's share (computed, not collected: no allocation per product).
+    // Task t's share (computed, not collected: no allocation per product): whole batches when
+    // there are enough; otherwise bands of columns, a whole number of the kernel's column
+    // blocks each, so that each thread packs only its own panels of `b` (bands of rows would
+    // each pack all of `b`); bands of rows when `b` is too narrow to cut.
+    let blocks = n.div_ceil(COLUMN_BLOCK);
     let share = move |t: usize| {
+        let cut = |len: usize, t: usize| len * t / tasks;
         if batch >= tasks {
-            ((batch * t / tasks, batch * (t + 1) / tasks), (0, m))
+            Share {
+                batches: (cut(batch, t), cut(batch, t + 1)),
+                ..whole
+            }
+        } else if blocks >= tasks {
+            let col = |t: usize| (cut(blocks, t) * COLUMN_BLOCK).min(n);
+            Share {
+                cols: (col(t), col(t + 1)),
+                ..whole
+            }
         } else {
-            ((0, batch), (m * t / tasks, m * (t + 1) / tasks))
+            Share {
+                rows: (cut(m, t), cut(m, t + 1)),
+                ..whole
+            }
         }
     };
     // In place: the calling thread takes the first share itself instead of waiting on the pool.
     pool().in_place_scope(|s| {
         for t in 1..tasks {
-            let (bs, rows) = share(t);
-            s.spawn(move |_| task(dst, bs, rows));
+            let sh = share(t);
+            s.spawn(move |_| task(dst, sh));
         }
-        let (bs, rows) = share(0);
-        task(dst, bs, rows);
+        task(dst, share(0));
     });
+}
+
+/// Columns a thread's band of a split product is a whole number of: the widest tile's (two
+/// panels with AVX-512), so that no band ends in a narrower tile than one thread would use.
+const COLUMN_BLOCK: usize = 2 * kernel::PANEL;
+
+/// One task's part of a product: half-open ranges of batches, rows and columns.
+#[derive(Clone, Copy)]
+struct Share {
+    batches: (usize, usize),
+    rows: (usize, usize),
+    cols: (usize, usize),
 }
 
 #[cfg(test)]
@@ -397,6 +436,12 @@ mod tests {
                 t(&[5, 128, 96], 9),
                 t(&[96, 64], 10).broadcast_as((5, 96, 64)).unwrap(),
             ),
+            // Above SPLIT_MIN_WORK, so split on two and three threads: bands of columns (a
+            // 256x256 layer, with a band ending inside a block), bands of rows (too narrow a
+            // `b` to cut), whole batches.
+            (t(&[256, 256], 11), t(&[256, 240], 12)),
+            (t(&[1100, 256], 13), t(&[256, 20], 14)),
+            (t(&[2, 256, 128], 15), t(&[2, 128, 70], 16)),
         ];
         for threads in [1, 2, 3] {
             set_threads(threads);
