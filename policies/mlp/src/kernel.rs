@@ -347,6 +347,13 @@ pub unsafe fn product(
             unsafe { narrow::product(path, &job, &b) };
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if n <= NARROW_ROW_MAJOR && a.cs == 1 && path != Path::Portable {
+            // SAFETY: both vector paths have AVX2 and FMA (`available` checked them above);
+            // `job` carries the caller's contract.
+            unsafe { narrow::row_major(&job, &b) };
+            return;
+        }
         Panels::fill(&b, k, n, copy);
         let panels = Panels { copy, k };
         match path {
@@ -572,10 +579,14 @@ unsafe fn tile<const MR: usize, const NP: usize>(
 
 /// Products at most this many columns wide, whose `a` is stored transposed (rows adjacent), run
 /// lanes over rows (`narrow`): a panel of 16 columns computed for the one column of a critic's
-/// output layer's weight gradient did 16 times the work. With `a` row-major the rows would have
-/// to be transposed first, which cost more than the panel's waste (`reflex bench kernel`: 27 us
-/// against 3 us for `gemm`'s dot products at 256x256x1), so those stay on the panels.
+/// output layer's weight gradient did 16 times the work.
 const NARROW: usize = 8;
+
+/// Products at most this many columns wide with `a` row-major (a critic's output layer forward)
+/// run lanes over rows too, the rows transposed eight by eight in registers on the way
+/// (`narrow::row_major`). A separate transpose pass first cost more than the panel's waste;
+/// the panel computed 16 columns for one (`reflex bench kernel`, critic output layer forward).
+const NARROW_ROW_MAJOR: usize = 2;
 
 /// Narrow products: each vector holds one column's values for 16 (AVX-512) or 8 (AVX2) rows, and
 /// each lane runs its element's chain in inner order, so the bits are the panels' and the scalar
@@ -633,6 +644,145 @@ mod narrow {
         }
     }
 
+    /// `a` row-major (`cs` 1), `n <= NARROW_ROW_MAJOR`: lanes over eight rows, `R` blocks of
+    /// eight rows at a time (independent chains, so the multiply-adds' latency overlaps). Each
+    /// step loads eight inner values of each of the eight rows, transposes them in registers into
+    /// eight vectors of one inner index each, and runs the eight multiply-adds in inner order:
+    /// every lane is its element's chain, the bits the panels' and the scalar loop's.
+    ///
+    /// # Safety
+    /// As [`product`]'s, `job.a.cs == 1`, on a processor with AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn row_major(job: &Job, b: &Strided) {
+        // SAFETY: this function's contract.
+        unsafe {
+            match job.n {
+                1 => row_major_n::<1>(job, b),
+                _ => row_major_n::<{ super::NARROW_ROW_MAJOR }>(job, b),
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`row_major`]'s, `job.n == C`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn row_major_n<const C: usize>(job: &Job, b: &Strided) {
+        const R: usize = 4;
+        let m = job.m;
+        let mut r0 = 0;
+        while r0 + 8 * R <= m {
+            // SAFETY: rows r0 .. r0 + 8R < m (this function's contract for the rest).
+            unsafe { row_blocks::<R, C>(job, b, r0) };
+            r0 += 8 * R;
+        }
+        while r0 + 8 <= m {
+            // SAFETY: as above for rows r0 .. r0 + 8.
+            unsafe { row_blocks::<1, C>(job, b, r0) };
+            r0 += 8;
+        }
+        // SAFETY: this function's contract.
+        unsafe { tail(job, b, r0) };
+    }
+
+    /// Eight rows' next eight inner values, as eight vectors of one inner index each.
+    #[inline(always)]
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        // SAFETY: register-only AVX shuffles; the callers run with AVX2 enabled.
+        unsafe {
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            // Inner index j of rows 0-3 | j + 4 of rows 0-3 (and rows 4-7 below).
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ]
+        }
+    }
+
+    /// `R` blocks of eight rows from `r0` (all inside `a`).
+    ///
+    /// # Safety
+    /// As [`row_major_n`]'s, rows `r0 .. r0 + 8R` inside the product.
+    #[inline(always)]
+    unsafe fn row_blocks<const R: usize, const C: usize>(job: &Job, b: &Strided, r0: usize) {
+        let (k, a) = (job.k, &job.a);
+        let rs = a.rs as usize;
+        let base = a.start + r0 * rs;
+        // What the unchecked loads below rely on: the last row's last inner value.
+        assert!(base + (8 * R - 1) * rs + k <= a.data.len());
+        let ap = a.data.as_ptr();
+        // SAFETY: AVX2 and FMA (the caller's contract); every load is inside `a` (above).
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let whole = k / 8 * 8;
+            for i in (0..whole).step_by(8) {
+                let bv: [[__m256; C]; 8] = std::array::from_fn(|j| {
+                    std::array::from_fn(|c| _mm256_set1_ps(b.at(i + j, c)))
+                });
+                for (blk, acc_b) in acc.iter_mut().enumerate() {
+                    let rows: [__m256; 8] = std::array::from_fn(|l| {
+                        _mm256_loadu_ps(ap.add(base + (8 * blk + l) * rs + i))
+                    });
+                    let cols = transpose8(rows);
+                    for (col, bj) in cols.iter().zip(&bv) {
+                        for (acc_c, bjc) in acc_b.iter_mut().zip(bj) {
+                            *acc_c = _mm256_fmadd_ps(*col, *bjc, *acc_c);
+                        }
+                    }
+                }
+            }
+            for i in whole..k {
+                for (blk, acc_b) in acc.iter_mut().enumerate() {
+                    let row = |l: usize| *ap.add(base + (8 * blk + l) * rs + i);
+                    let col = _mm256_setr_ps(
+                        row(0),
+                        row(1),
+                        row(2),
+                        row(3),
+                        row(4),
+                        row(5),
+                        row(6),
+                        row(7),
+                    );
+                    for (c, acc_c) in acc_b.iter_mut().enumerate() {
+                        *acc_c = _mm256_fmadd_ps(col, _mm256_set1_ps(b.at(i, c)), *acc_c);
+                    }
+                }
+            }
+            for (blk, acc_b) in acc.iter().enumerate() {
+                for (c, acc_c) in acc_b.iter().enumerate() {
+                    let mut lanes = [0.0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc_c);
+                    for (l, v) in lanes.iter().enumerate() {
+                        // Row r0 + 8 blk + l < m, column c < n: the caller's rows.
+                        let o = job.dst.ptr.add((r0 + 8 * blk + l) * job.dst.rs + c);
+                        o.write(if job.accumulate { *o + *v } else { *v });
+                    }
+                }
+            }
+        }
+    }
+
     macro_rules! narrow_path {
         ($name:ident, $feat:literal, $lanes:literal, $vec:ty, $zero:ident, $load:ident,
          $set1:ident, $fma:ident, $store:ident) => {
@@ -640,38 +790,70 @@ mod narrow {
             /// As [`product`]'s, on a processor with this function's features.
             #[target_feature(enable = $feat)]
             unsafe fn $name<const C: usize>(job: &Job, b: &Strided) {
-                const L: usize = $lanes;
-                let (m, k) = (job.m, job.k);
-                let whole = m / L * L;
-                for r0 in (0..whole).step_by(L) {
-                    let a = &job.a;
+                /// `R` blocks of `L` rows from `r0`, side by side (independent chains, so the
+                /// multiply-adds' latency overlaps).
+                ///
+                /// # Safety
+                /// As the outer function's, rows `r0 .. r0 + R L` inside the product.
+                #[target_feature(enable = $feat)]
+                unsafe fn blocks<const R: usize, const C: usize>(
+                    job: &Job,
+                    b: &Strided,
+                    r0: usize,
+                ) {
+                    const L: usize = $lanes;
+                    let (a, k) = (&job.a, job.k);
                     debug_assert_eq!(a.rs, 1);
                     let (col, start, stride) = (a.data, a.start + r0, a.cs as usize);
                     // What the unchecked loads below rely on.
-                    assert!(start + (k - 1) * stride + L <= col.len());
-                    let mut acc: [$vec; C] = [$zero(); C];
+                    assert!(start + (k - 1) * stride + R * L <= col.len());
+                    let mut acc: [[$vec; C]; R] = [[$zero(); C]; R];
                     for i in 0..k {
-                        // SAFETY: checked above for every i < k.
-                        let av = unsafe { $load(col.as_ptr().add(start + i * stride)) };
-                        for (c, acc_c) in acc.iter_mut().enumerate() {
-                            *acc_c = $fma(av, $set1(b.at(i, c)), *acc_c);
+                        let bv: [$vec; C] = std::array::from_fn(|c| $set1(b.at(i, c)));
+                        for (blk, acc_b) in acc.iter_mut().enumerate() {
+                            let at = start + i * stride + blk * L;
+                            // SAFETY: checked above for every i < k and block.
+                            let av = unsafe { $load(col.as_ptr().add(at)) };
+                            for (acc_c, bc) in acc_b.iter_mut().zip(&bv) {
+                                *acc_c = $fma(av, *bc, *acc_c);
+                            }
                         }
                     }
-                    for (c, acc_c) in acc.iter().enumerate() {
-                        let mut lanes = [0.0f32; L];
-                        // SAFETY: `lanes` holds L values.
-                        unsafe { $store(lanes.as_mut_ptr(), *acc_c) };
-                        for (l, v) in lanes.iter().enumerate() {
-                            // SAFETY: row r0 + l < m, column c < n: the caller's rows.
-                            unsafe {
-                                let o = job.dst.ptr.add((r0 + l) * job.dst.rs + c);
-                                o.write(if job.accumulate { *o + *v } else { *v });
+                    for (blk, acc_b) in acc.iter().enumerate() {
+                        for (c, acc_c) in acc_b.iter().enumerate() {
+                            let mut lanes = [0.0f32; L];
+                            // SAFETY: `lanes` holds L values.
+                            unsafe { $store(lanes.as_mut_ptr(), *acc_c) };
+                            for (l, v) in lanes.iter().enumerate() {
+                                // SAFETY: row r0 + blk L + l < m, column c < n: the caller's
+                                // rows.
+                                unsafe {
+                                    let r = r0 + blk * L + l;
+                                    let o = job.dst.ptr.add(r * job.dst.rs + c);
+                                    o.write(if job.accumulate { *o + *v } else { *v });
+                                }
                             }
                         }
                     }
                 }
+                const L: usize = $lanes;
+                let m = job.m;
+                let mut r0 = 0;
+                // Four blocks side by side while their accumulators fit the registers.
+                if C <= 2 {
+                    while r0 + 4 * L <= m {
+                        // SAFETY: rows r0 .. r0 + 4L < m; this function's contract.
+                        unsafe { blocks::<4, C>(job, b, r0) };
+                        r0 += 4 * L;
+                    }
+                }
+                while r0 + L <= m {
+                    // SAFETY: rows r0 .. r0 + L < m; this function's contract.
+                    unsafe { blocks::<1, C>(job, b, r0) };
+                    r0 += L;
+                }
                 // SAFETY: this function's contract.
-                unsafe { tail(job, b, whole) };
+                unsafe { tail(job, b, r0) };
             }
         };
     }
@@ -863,6 +1045,10 @@ mod tests {
             (100, 64, 3),
             (16, 5, 8),
             (5, 7, 2),
+            // A critic's output layer (four blocks of eight rows at a time) and blocks of
+            // eight with a tail of inner values.
+            (256, 256, 1),
+            (77, 17, 2),
         ] {
             for (ta, tb, accumulate) in [
                 (false, false, false),
