@@ -36,9 +36,16 @@ pub struct DistillArgs {
     /// Held-out episodes of the new base alone, on the run's held-out seed stream (0: skip).
     #[arg(long, default_value_t = 100)]
     eval_episodes: u64,
-    /// Seed of the training.
+    /// Seed of the training (with --candidates N: the first of N seeds).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Train this many new bases with consecutive seeds, run each alone on a validation seed
+    /// stream (apart from the run's training and held-out episodes) and keep the best.
+    #[arg(long, default_value_t = 1, value_parser = crate::cli::count)]
+    candidates: usize,
+    /// Validation episodes per candidate (with --candidates above 1).
+    #[arg(long, default_value_t = 100, value_parser = crate::cli::count64)]
+    validation_episodes: u64,
     /// Print a JSON report.
     #[arg(long)]
     json: bool,
@@ -56,12 +63,23 @@ pub fn run(a: DistillArgs) -> anyhow::Result<()> {
         objective: a.objective.map(Into::into),
         eval_episodes: a.eval_episodes,
         seed: a.seed,
+        candidates: a.candidates,
+        validation_episodes: a.validation_episodes,
         command: command_line(),
     };
     let r = distill(&o, &Bars::new(a.json))?;
     if a.json {
         print_json(&r);
         return Ok(());
+    }
+    for c in &r.candidates {
+        println!(
+            "candidate with training seed {}: {} of {} validation episodes alone{}",
+            c.seed,
+            c.validation.successes,
+            c.validation.episodes,
+            if c.seed == r.seed { " (kept)" } else { "" }
+        );
     }
     println!(
         "wrote {} and {}: distilled from {} of the {} episodes of {} ({} of their steps driven by a person), final loss {:.4}, {:.0} s",

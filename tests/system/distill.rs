@@ -83,6 +83,44 @@ fn a_demo_runs_refined_policy_is_distilled_into_a_base_of_the_same_shape_and_jud
         flow.graph.vjp.map(|v| v.file),
         Some("pick-distilled.vjp.onnx".to_string())
     );
+    // Two candidates judged on a validation stream apart from the held-out one; the kept one's
+    // files stay at --out, the others' go.
+    let r = distil(&[
+        "--objective",
+        "flow",
+        "--execute",
+        "4",
+        "--candidates",
+        "2",
+        "--validation-episodes",
+        "2",
+    ]);
+    let cands = r["candidates"].as_array().unwrap();
+    assert_eq!(cands.len(), 2, "{r}");
+    assert_eq!(
+        (cands[0]["seed"].as_u64(), cands[1]["seed"].as_u64()),
+        (Some(0), Some(1))
+    );
+    let wins: Vec<u64> = cands
+        .iter()
+        .map(|c| {
+            assert_eq!(c["validation"]["episodes"], 2, "{r}");
+            assert_eq!(c["validation"]["takeovers"], 0, "{r}");
+            c["validation"]["successes"].as_u64().unwrap()
+        })
+        .collect();
+    let kept = if wins[1] > wins[0] { 1 } else { 0 };
+    assert_eq!(
+        r["seed"], kept,
+        "the first candidate with the most successes: {r}"
+    );
+    assert!(r["validation_seed"].is_u64(), "{r}");
+    assert_eq!(r["held_out"]["episodes"], 3, "{r}");
+    assert!(
+        !out.with_extension("candidate").exists(),
+        "the stash is gone"
+    );
+    assert_eq!(PolicySpec::load_for(&out).unwrap().kind, PolicyKind::Flow);
     // The new base runs as a base: a run config that names it.
     let cfg = dir.path().join("run.toml");
     std::fs::write(

@@ -13,7 +13,7 @@
 
 use crate::bctrain::{TrainOptions, TrainReport, TrainSource, bc_train};
 use reflex_agent::config::RunConfig;
-use reflex_agent::heldout::{EvalOptions, HeldOut, evaluate_config};
+use reflex_agent::heldout::{EvalOptions, HeldOut, evaluate_config, held_out_seed};
 use reflex_agent::progress::Progress;
 use reflex_agent::{AgentError, error::Result};
 use reflex_imitate::{Objective, TrainConfig};
@@ -41,10 +41,27 @@ pub struct DistillOptions {
     pub objective: Option<Objective>,
     /// Held-out episodes of the distilled base alone (0: skip).
     pub eval_episodes: u64,
-    /// Seed of the training.
+    /// Seed of the training (candidate `c` trains with `seed + c`).
     pub seed: u64,
+    /// Trainings with different seeds, of which the one the validation episodes favour is kept
+    /// (1: the one training, no validation).
+    pub candidates: usize,
+    /// Episodes each candidate runs alone on the validation stream (a stream apart from the
+    /// run's training and held-out ones) when there are several candidates.
+    pub validation_episodes: u64,
     /// The command line (the model's provenance).
     pub command: String,
+}
+
+/// One candidate's validation figure.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Candidate {
+    /// Its training seed.
+    pub seed: u64,
+    /// Its final training loss.
+    pub final_loss: f32,
+    /// The new base alone on the validation stream.
+    pub validation: HeldOut,
 }
 
 /// What distillation produced.
@@ -74,6 +91,12 @@ pub struct DistillReport {
     pub seeds_seen_in_distillation: Option<u64>,
     /// The refined policy's held-out figure from the run's summary, when it has one.
     pub refined_held_out: Option<serde_json::Value>,
+    /// With several candidates: each one's validation figure, and the seed kept.
+    pub candidates: Vec<Candidate>,
+    /// The training seed of the base written.
+    pub seed: u64,
+    /// The validation stream's seed (with several candidates).
+    pub validation_seed: Option<u64>,
 }
 
 /// The run's refined config (`refined.toml`) and the base it names.
@@ -208,28 +231,9 @@ pub fn distill(o: &DistillOptions, progress: &dyn Progress) -> Result<DistillRep
             }
         ),
     };
-    let trained: TrainReport = bc_train(&train, progress)?;
-    let (held_out, seen) = if o.eval_episodes > 0 {
-        let mut cfg = refined.clone();
-        cfg.policy.model = Some(o.out.clone());
-        cfg.policy.residual = None;
-        let e = EvalOptions {
-            episodes: o.eval_episodes,
-            residual: None,
-            // The stream refined.toml runs: the run's own held-out episodes.
-            seed: Some(refined.run.seed),
-            run: Default::default(),
-        };
-        let (h, report, _) = evaluate_config(&cfg, &e, progress)?;
-        let seen = report
-            .episodes
-            .iter()
-            .filter(|e| e.seed.is_some_and(|s| seeds.contains(&s)))
-            .count() as u64;
-        (Some(h), Some(seen))
-    } else {
-        (None, None)
-    };
+    let picked = train_candidates(o, &refined, &train, progress)?;
+    let (trained, seed) = (picked.trained, picked.seed);
+    let (held_out, seen) = judge_alone(o, &refined, &seeds, progress)?;
     let refined_held_out = std::fs::read(o.run.join("summary.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
@@ -248,5 +252,141 @@ pub fn distill(o: &DistillOptions, progress: &dyn Progress) -> Result<DistillRep
         held_out,
         seeds_seen_in_distillation: seen,
         refined_held_out,
+        candidates: picked.candidates,
+        seed,
+        validation_seed: picked.validation_seed,
     })
+}
+
+/// The refined run's config with the new base at `out` alone: no residual.
+fn alone(refined: &RunConfig, out: &Path) -> RunConfig {
+    let mut cfg = refined.clone();
+    cfg.policy.model = Some(out.to_path_buf());
+    cfg.policy.residual = None;
+    cfg
+}
+
+/// The new base alone on the run's held-out stream (the one `refined.toml` runs), and how many
+/// of those episodes' seeds the distillation data held (none expected).
+fn judge_alone(
+    o: &DistillOptions,
+    refined: &RunConfig,
+    seeds: &std::collections::BTreeSet<u64>,
+    progress: &dyn Progress,
+) -> Result<(Option<HeldOut>, Option<u64>)> {
+    if o.eval_episodes == 0 {
+        return Ok((None, None));
+    }
+    let e = EvalOptions {
+        episodes: o.eval_episodes,
+        residual: None,
+        seed: Some(refined.run.seed),
+        run: Default::default(),
+    };
+    let (h, report, _) = evaluate_config(&alone(refined, &o.out), &e, progress)?;
+    let seen = report
+        .episodes
+        .iter()
+        .filter(|e| e.seed.is_some_and(|s| seeds.contains(&s)))
+        .count() as u64;
+    Ok((Some(h), Some(seen)))
+}
+
+/// What [`train_candidates`] kept.
+struct Picked {
+    trained: TrainReport,
+    seed: u64,
+    candidates: Vec<Candidate>,
+    validation_seed: Option<u64>,
+}
+
+/// Trains `o.candidates` new bases (seeds `o.seed ..`), each to `o.out`; with more than one,
+/// runs each alone on the validation stream and keeps the files of the one with the most
+/// successes (the first on a tie). One training's seed moves a distilled base's held-out figure
+/// by several points (docs/training.md); choosing on episodes apart from the held-out ones
+/// keeps the held-out figure honest.
+fn train_candidates(
+    o: &DistillOptions,
+    refined: &RunConfig,
+    train: &TrainOptions,
+    progress: &dyn Progress,
+) -> Result<Picked> {
+    let n = o.candidates.max(1);
+    if n == 1 {
+        return Ok(Picked {
+            trained: bc_train(train, progress)?,
+            seed: o.seed,
+            candidates: vec![],
+            validation_seed: None,
+        });
+    }
+    // A third stream: evaluating the held-out stream's own seed draws neither training's
+    // episodes nor the held-out ones (`held_out_seed`).
+    let validation_seed = held_out_seed(refined.run.seed);
+    let stash = o.out.with_extension("candidate");
+    let mut candidates = vec![];
+    // The kept candidate: its index, validation successes and files.
+    let mut best: Option<(usize, u64, TrainReport)> = None;
+    for c in 0..n {
+        let seed = o.seed + c as u64;
+        progress.message(&format!(
+            "candidate {} of {n} (training seed {seed})",
+            c + 1
+        ));
+        let mut t = train.clone();
+        t.cfg.seed = seed;
+        let trained = bc_train(&t, progress)?;
+        let e = EvalOptions {
+            episodes: o.validation_episodes,
+            residual: None,
+            seed: Some(validation_seed),
+            run: Default::default(),
+        };
+        let (validation, _, _) = evaluate_config(&alone(refined, &o.out), &e, progress)?;
+        let successes = validation.successes;
+        candidates.push(Candidate {
+            seed,
+            final_loss: trained.final_loss,
+            validation,
+        });
+        if best.as_ref().is_none_or(|(_, s, _)| successes > *s) {
+            stash_files(&trained, &stash, true)?;
+            best = Some((c, successes, trained));
+        }
+    }
+    let (b, _, trained) = best.expect("at least one candidate");
+    if b + 1 != n {
+        // The last candidate's files are at `o.out`: put the kept one's back.
+        stash_files(&trained, &stash, false)?;
+    }
+    let _ = std::fs::remove_dir_all(&stash);
+    Ok(Picked {
+        trained,
+        seed: o.seed + b as u64,
+        candidates,
+        validation_seed: Some(validation_seed),
+    })
+}
+
+/// Copies a trained base's files (model, spec, VJP graph) into `stash` (`save`) or back from it,
+/// each through a temporary file and a rename, so a crash leaves either file whole.
+fn stash_files(t: &TrainReport, stash: &Path, save: bool) -> Result<()> {
+    std::fs::create_dir_all(stash)
+        .map_err(|e| AgentError::setup(stash.display().to_string(), e.to_string()))?;
+    let files = [Some(&t.model), Some(&t.spec), t.vjp.as_ref()];
+    for f in files.into_iter().flatten() {
+        let name = f.file_name().expect("a written file has a name");
+        let kept = stash.join(name);
+        let (from, to) = if save { (f, &kept) } else { (&kept, f) };
+        let tmp = to.with_extension("partial");
+        std::fs::copy(from, &tmp)
+            .and_then(|_| std::fs::rename(&tmp, to))
+            .map_err(|e| {
+                AgentError::setup(
+                    to.display().to_string(),
+                    format!("keeping the chosen candidate's {}: {e}", from.display()),
+                )
+            })?;
+    }
+    Ok(())
 }
