@@ -184,7 +184,11 @@ impl VisionRig {
     }
 
     /// The person's verdict on a step that ends an episode: a classifier's success the scene
-    /// did not show is marked a failure (reward 0, label false, still the episode's end).
+    /// did not show is marked a failure (reward 0, label false, still the episode's end). The
+    /// episode is cut short there, not ended by the task: the scene the classifier took for a
+    /// success is nearly always a step or two from one, so its value is bootstrapped from the
+    /// next state rather than fixed at zero (the same frames end real successes, and a zero
+    /// there would teach the critic that the moment before a lift is worthless).
     pub fn judge_end(&mut self, tr: &mut Transition, scene_success: Option<bool>) {
         if !(tr.ends_episode() && tr.success && tr.label.is_none()) {
             return;
@@ -193,6 +197,8 @@ impl VisionRig {
             tr.reward = 0.0;
             tr.success = false;
             tr.label = Some(false);
+            tr.terminated = false;
+            tr.truncated = true;
             self.vetoed += 1;
         } else {
             self.confirmed += 1;
@@ -204,5 +210,43 @@ impl VisionRig {
         let f = step.features.get_or_insert_with(|| self.header.clone());
         f.obs.clone_from(&tr.features);
         f.next_obs.clone_from(&tr.next_features);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A classifier's success at the end of an episode.
+    fn classifier_end() -> Transition {
+        Transition {
+            reward: 1.0,
+            terminated: true,
+            success: true,
+            ..Transition::with_dims(1, 1)
+        }
+    }
+
+    #[test]
+    fn a_vetoed_success_is_a_failure_cut_short_and_a_confirmed_one_stays_terminal() {
+        let mut rig = VisionRig::new(StepFeatures::default());
+        let mut t = classifier_end();
+        rig.judge_end(&mut t, Some(false));
+        assert_eq!((t.reward, t.success, t.label), (0.0, false, Some(false)));
+        // Still the episode's last step, but bootstrapped: not the task's end.
+        assert!(t.ends_episode() && !t.terminated && t.truncated);
+        assert_eq!((rig.vetoed, rig.confirmed), (1, 0));
+
+        let mut t = classifier_end();
+        rig.judge_end(&mut t, Some(true));
+        assert_eq!((t.reward, t.success, t.label), (1.0, true, None));
+        assert!(t.terminated && !t.truncated);
+        assert_eq!((rig.vetoed, rig.confirmed), (1, 1));
+
+        // A step that ends nothing is left alone.
+        let mut t = Transition::with_dims(1, 1);
+        rig.judge_end(&mut t, Some(false));
+        assert!(!t.ends_episode() && t.reward == 0.0);
+        assert_eq!((rig.vetoed, rig.confirmed), (1, 1));
     }
 }
