@@ -155,7 +155,7 @@ impl Assembler {
             obs: row(&s.obs, f.map(|f| &f.obs)),
             base: if residual { base_n.clone() } else { vec![] },
             action: act_n,
-            reward: s.reward,
+            reward: step_reward(s),
             next_obs: row(&s.next_obs, f.map(|f| &f.next_obs)),
             next_base: if residual { base_n } else { vec![] },
             terminated: s.terminated || s.label == Some(true),
@@ -234,7 +234,7 @@ impl ChunkAssembler {
             });
         }
         if let Some(t) = &mut self.open {
-            t.reward += s.reward;
+            t.reward += step_reward(s);
             if s.ends_episode() {
                 t.next_obs.clone_from(&s.next_obs);
                 t.terminated = s.terminated || s.label == Some(true);
@@ -248,6 +248,19 @@ impl ChunkAssembler {
     fn store(&mut self, sac: &mut Sac, t: &LTransition) {
         reflex_learn::sac::hil::route(sac, t);
         self.stored += 1;
+    }
+}
+
+/// A step's reward for the learner: the robot's, or 1 where a person labelled the step a success.
+/// The success key is the reward when nothing on the robot checks the task (HIL-SERL's operator
+/// marks success the same way); the robot's own reward at that step is often still 0 (a real arm
+/// with no task check, or a classifier a frame behind), and a success stored as a terminal zero
+/// would teach the critic that finishing the task is worth nothing.
+fn step_reward(s: &WireStep) -> f32 {
+    if s.label == Some(true) {
+        s.reward.max(1.0)
+    } else {
+        s.reward
     }
 }
 
@@ -412,6 +425,28 @@ mod tests {
         asm.push(&mut sac, &s).unwrap();
         assert_eq!(asm.stored, 5);
         assert_eq!(asm.held(0), 0);
+    }
+
+    #[test]
+    fn a_persons_success_label_is_a_terminal_reward_of_one_and_a_failure_label_adds_nothing() {
+        let (mut sac, mut asm) = full_sac_and_assembler();
+        // Episode 1 ends on a person's success key, the robot's own reward still 0; episode 2
+        // on their failure key.
+        for (episode, label) in [(1, Some(true)), (2, Some(false))] {
+            let mut a = step(0, false, 0.0, false);
+            a.episode = episode;
+            asm.push(&mut sac, &a).unwrap();
+            let mut b = step(1, false, 0.0, false);
+            b.episode = episode;
+            b.label = label;
+            asm.push(&mut sac, &b).unwrap();
+        }
+        assert_eq!(asm.stored, 4);
+        let (win, lose) = (sac.online.get(1), sac.online.get(3));
+        assert_eq!(win.reward, 1.0);
+        assert!(win.terminated);
+        assert_eq!(lose.reward, 0.0);
+        assert!(!lose.terminated);
     }
 
     #[test]

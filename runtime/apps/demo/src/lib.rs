@@ -915,6 +915,13 @@ impl Arm {
             Some(h) => h.act(&obs_now, msg),
             None => msg.intervene = false,
         }
+        if self.vision.is_some() {
+            // Learning from pixels, success is the classifier's word: a person pressing success
+            // on what the scene shows would end the episode a frame before the classifier does,
+            // with its reward (0) on a success, and would bring the simulator's truth in as a
+            // reward. The person only vetoes the classifier's false successes (`judge_end`).
+            msg.success = false;
+        }
         self.count.note(msg.intervene);
         if msg.intervene
             && let Some(r) = &mut self.seen_relabel
