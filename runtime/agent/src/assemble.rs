@@ -159,7 +159,11 @@ impl Assembler {
             next_obs: row(&s.next_obs, f.map(|f| &f.next_obs)),
             next_base: if residual { base_n } else { vec![] },
             terminated: s.terminated || s.label == Some(true),
-            truncated: s.truncated,
+            // An end nobody called the task's (a person's failure key or reset, an e-stop) is
+            // stored as cut short: unflagged, the buffer would link the next episode's first row
+            // to it and n-step returns would walk across the reset.
+            truncated: s.truncated
+                || (s.ends_episode() && !(s.terminated || s.label == Some(true))),
             intervention: person,
         };
         if residual && let Some(p) = st.held.last_mut() {
@@ -441,12 +445,25 @@ mod tests {
             b.label = label;
             asm.push(&mut sac, &b).unwrap();
         }
-        assert_eq!(asm.stored, 4);
+        for i in 0..2 {
+            let mut next = step(i, false, 0.0, false);
+            next.episode = 3;
+            asm.push(&mut sac, &next).unwrap();
+        }
+        assert_eq!(asm.stored, 5);
         let (win, lose) = (sac.online.get(1), sac.online.get(3));
         assert_eq!(win.reward, 1.0);
         assert!(win.terminated);
         assert_eq!(lose.reward, 0.0);
-        assert!(!lose.terminated);
+        // The failure key cuts the episode short: the 3-step walk from episode 2's first row
+        // stops at its last row instead of going on into episode 3's.
+        assert!(!lose.terminated && lose.truncated);
+        let ns = reflex_learn::sac::replay::NStep {
+            n: 3,
+            gamma: 1.0,
+            bootstrap_truncation: true,
+        };
+        assert_eq!(sac.online.nstep(2, &ns).2, 3);
     }
 
     #[test]
