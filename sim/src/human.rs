@@ -66,6 +66,11 @@ pub struct HumanConfig {
     pub close_high_m: f64,
     /// Action noise of the person's commands (the expert's noise knob).
     pub skill_noise: f64,
+    /// Whether the person presses success when the scene shows it (HIL-SERL's success key).
+    /// Off where a reward classifier says success and the person only vetoes its mistakes (the
+    /// pixel demo): pressing it on what the scene shows would bring the simulator's truth in as
+    /// a reward, and end an episode a frame before the classifier does.
+    pub labels_success: bool,
     /// Seed.
     pub seed: u64,
 }
@@ -110,6 +115,7 @@ impl Default for HumanConfig {
             missed_m: 0.015,
             close_high_m: Default::default(),
             skill_noise: Default::default(),
+            labels_success: true,
             seed: Default::default(),
         }
     }
@@ -199,7 +205,7 @@ impl SimHuman {
         self.seq += 1;
         msg.v = PROTOCOL_VERSION;
         msg.seq = self.seq;
-        msg.success = obs.success;
+        msg.success = self.cfg.labels_success && obs.success;
         msg.failure = false;
         msg.reset = false;
         msg.intervene = true;
@@ -296,7 +302,7 @@ impl SimHuman {
         self.seq += 1;
         msg.v = PROTOCOL_VERSION;
         msg.seq = self.seq;
-        msg.success = obs.success;
+        msg.success = self.cfg.labels_success && obs.success;
         msg.failure = false;
         msg.reset = false;
         if self.holding > 0 {
@@ -422,5 +428,33 @@ mod tests {
             "closed and high over the cube: {:?}",
             h.reasons
         );
+    }
+    #[test]
+    fn a_person_presses_success_on_what_the_scene_shows_unless_told_to_leave_it_to_a_classifier() {
+        let env = SimEnv::new(SimConfig::for_task(TaskKind::Pick)).unwrap();
+        let spec = env.spec().clone();
+        let mut done = scene(&spec, 10, [0.2, 0.0, 0.1], [0.2, 0.0, 0.08], 0.03);
+        done.success = true;
+        for (labels_success, pressed) in [(true, true), (false, false)] {
+            let mut h = SimHuman::new(
+                &spec,
+                HumanConfig {
+                    labels_success,
+                    ..HumanConfig::default()
+                },
+            )
+            .unwrap();
+            let mut msg = TeleopMsg {
+                action: vec![0.0; spec.action.dim()],
+                ..Default::default()
+            };
+            h.act(&done, &mut msg);
+            assert_eq!(msg.success, pressed, "labels_success = {labels_success}");
+            h.demonstrate(&done, &mut msg);
+            assert_eq!(
+                msg.success, pressed,
+                "demonstrating, labels_success = {labels_success}"
+            );
+        }
     }
 }

@@ -150,7 +150,8 @@ pub struct EpisodeRow {
     pub success: bool,
     /// Steps.
     pub steps: u32,
-    /// Return.
+    /// Return: the rewards the learner got (learning from pixels, a success the person vetoed
+    /// counts 0).
     pub ret: f32,
     /// Takeovers by the person.
     pub interventions: u32,
@@ -450,14 +451,23 @@ fn settings(o: &DemoOptions) -> Result<Settings> {
         }
         _ => preset(o),
     };
-    // The person's seed follows the demo's unless the file's [human] table sets one.
-    let human = match (&o.config, file.human) {
-        (Some(p), Some(h)) if read_table(p, "human")?.contains_key("seed") => h,
-        (_, h) => HumanConfig {
-            seed: o.seed,
-            ..h.unwrap_or_default()
-        },
+    // The person's seed follows the demo's unless the file's [human] table sets one; so does
+    // whether they press success.
+    let given = match (&o.config, &file.human) {
+        (Some(p), Some(_)) => read_table(p, "human")?,
+        _ => toml::Table::new(),
     };
+    let mut human = file.human.unwrap_or_default();
+    if !given.contains_key("seed") {
+        human.seed = o.seed;
+    }
+    if o.vision.is_some() && !given.contains_key("labels_success") {
+        // Learning from pixels, success is the classifier's word: a person pressing success on
+        // what the scene shows would end the episode a frame before the classifier does, with
+        // its reward (0) on a success, and would bring the simulator's truth in as a reward. The
+        // person only vetoes the classifier's false successes (`VisionRig::judge_end`).
+        human.labels_success = false;
+    }
     let sim = sim_settings(o, file.sim)?;
     Ok(Settings {
         learner,
@@ -914,13 +924,6 @@ impl Arm {
             Some(h) if self.demos_left > 0 => h.demonstrate(&obs_now, msg),
             Some(h) => h.act(&obs_now, msg),
             None => msg.intervene = false,
-        }
-        if self.vision.is_some() {
-            // Learning from pixels, success is the classifier's word: a person pressing success
-            // on what the scene shows would end the episode a frame before the classifier does,
-            // with its reward (0) on a success, and would bring the simulator's truth in as a
-            // reward. The person only vetoes the classifier's false successes (`judge_end`).
-            msg.success = false;
         }
         self.count.note(msg.intervene);
         if msg.intervene
@@ -1399,6 +1402,10 @@ impl Tally {
         progress: &dyn Progress,
     ) -> Result<()> {
         let arm = &mut rig.arms[a];
+        let removed = arm
+            .vision
+            .as_mut()
+            .map_or(0.0, vision::VisionRig::take_removed_reward);
         if arm.demos_left > 0 {
             arm.demos_left -= 1;
             arm.count = PersonCount::default();
@@ -1438,7 +1445,7 @@ impl Tally {
             success,
             classifier_success,
             steps: e.steps,
-            ret: e.ret,
+            ret: e.ret - removed,
             interventions: arm.count.interventions,
             intervention_steps: arm.count.steps,
         });

@@ -140,6 +140,8 @@ pub struct VisionRig {
     pub vetoed: u64,
     /// The classifier's successes the scene confirmed.
     pub confirmed: u64,
+    /// Reward the vetoes took away since the episode's row was last written.
+    removed: f32,
 }
 
 /// A copy of the base policy that labels the person's steps with what the base would have done
@@ -179,6 +181,7 @@ impl VisionRig {
         VisionRig {
             header,
             vetoed: 0,
+            removed: 0.0,
             confirmed: 0,
         }
     }
@@ -194,6 +197,7 @@ impl VisionRig {
             return;
         }
         if scene_success == Some(false) {
+            self.removed += tr.reward;
             tr.reward = 0.0;
             tr.success = false;
             tr.label = Some(false);
@@ -203,6 +207,12 @@ impl VisionRig {
         } else {
             self.confirmed += 1;
         }
+    }
+
+    /// The reward the person's vetoes took from the episode that just ended (the loop's return
+    /// still holds it; the learner got 0), and nothing for the next one.
+    pub fn take_removed_reward(&mut self) -> f32 {
+        std::mem::take(&mut self.removed)
     }
 
     /// The step's maps into `step` (the learner's rows are state then maps).
@@ -236,12 +246,16 @@ mod tests {
         // Still the episode's last step, but bootstrapped: not the task's end.
         assert!(t.ends_episode() && !t.terminated && t.truncated);
         assert_eq!((rig.vetoed, rig.confirmed), (1, 0));
+        // The episode's row gets the reward the veto took away, once.
+        assert_eq!(rig.take_removed_reward(), 1.0);
+        assert_eq!(rig.take_removed_reward(), 0.0);
 
         let mut t = classifier_end();
         rig.judge_end(&mut t, Some(true));
         assert_eq!((t.reward, t.success, t.label), (1.0, true, None));
         assert!(t.terminated && !t.truncated);
         assert_eq!((rig.vetoed, rig.confirmed), (1, 1));
+        assert_eq!(rig.take_removed_reward(), 0.0);
 
         // A step that ends nothing is left alone.
         let mut t = Transition::with_dims(1, 1);
