@@ -18,6 +18,12 @@
 //!   opening below `close_high_m`) while the tool is still more than `grasp_zone_m` above the
 //!   object's centre, the object on the table: the person sees the fingers about to shut above
 //!   the object and steps in before they do, which "missed" only does after.
+//! - **slipping** (off when `slip_m` is 0): an object that started the episode in the grasp (the
+//!   `insert` peg) has been pushed up through the fingers by more than `slip_m` since the start:
+//!   the peg met the fixture beside the hole and the arm kept pressing down, a few steps before
+//!   the peg falls out. A dropped peg cannot be picked up again by the person's expert, so the
+//!   person steps in while the peg is still held, any step. (Only the height counts: a peg that
+//!   shifts sideways in the fingers as the arm sets off is still held.)
 //!
 //! When a criterion fires (stall, stray and late not before `min_step`; the grasp criteria at
 //! any step, since grasps happen early), the person takes over with probability `rate`,
@@ -64,6 +70,9 @@ pub struct HumanConfig {
     /// tool more than `grasp_zone_m` above the object's centre is a grasp about to close on
     /// nothing, m; 0 (the default) turns the criterion off.
     pub close_high_m: f64,
+    /// Rise of an object that started in the grasp against the tool beyond which it counts as
+    /// slipping out, m; 0 turns the criterion off.
+    pub slip_m: f64,
     /// Action noise of the person's commands (the expert's noise knob).
     pub skill_noise: f64,
     /// Whether the person presses success when the scene shows it (HIL-SERL's success key).
@@ -92,6 +101,7 @@ impl Validate for HumanConfig {
             ("grasp_zone_m", self.grasp_zone_m),
             ("missed_m", self.missed_m),
             ("close_high_m", self.close_high_m),
+            ("slip_m", self.slip_m),
         ] {
             in_range(p, field, m, 0.0, 10.0)?;
         }
@@ -114,12 +124,17 @@ impl Default for HumanConfig {
             grasp_zone_m: 0.015,
             missed_m: 0.015,
             close_high_m: Default::default(),
+            slip_m: 0.003,
             skill_noise: Default::default(),
             labels_success: true,
             seed: Default::default(),
         }
     }
 }
+
+/// An object whose centre starts within this of the tool's starts in the grasp, m (the `insert`
+/// peg sits 5-6 mm from the tool centre point; a `pick` cube starts 10 cm or more away).
+const HELD_M: f64 = 0.02;
 
 /// The simulated person.
 pub struct SimHuman {
@@ -134,6 +149,8 @@ pub struct SimHuman {
     holding: u32,
     interventions: u32,
     object_z0: f64,
+    /// The object's height above the tool at the start, when it started in the grasp.
+    held_dz0: Option<f64>,
     seq: u64,
     max_steps: u32,
     /// Takeovers so far.
@@ -157,6 +174,8 @@ pub struct TakeoverReasons {
     pub missed: u64,
     /// The gripper was closing above the object.
     pub closing_high: u64,
+    /// An object that started in the grasp was sliding out of it.
+    pub slipping: u64,
 }
 
 impl TakeoverReasons {
@@ -168,6 +187,7 @@ impl TakeoverReasons {
         self.misaligned += o.misaligned;
         self.missed += o.missed;
         self.closing_high += o.closing_high;
+        self.slipping += o.slipping;
     }
 }
 
@@ -190,6 +210,7 @@ impl SimHuman {
             holding: 0,
             interventions: 0,
             object_z0: 0.0,
+            held_dz0: None,
             seq: 0,
             max_steps: spec.max_episode_steps,
             expert,
@@ -212,6 +233,18 @@ impl SimHuman {
         self.expert.act(obs, &mut msg.action);
     }
 
+    /// The object's centre less the tool's, m (none without an object).
+    fn offset(&self, obs: &Observation, ee: [f64; 3]) -> Option<[f64; 3]> {
+        self.object.as_ref().map(|r| {
+            let o = &obs.state[r.clone()];
+            [
+                o[0] as f64 - ee[0],
+                o[1] as f64 - ee[1],
+                o[2] as f64 - ee[2],
+            ]
+        })
+    }
+
     /// Whether the person is driving now.
     pub fn intervening(&self) -> bool {
         self.holding > 0
@@ -232,6 +265,10 @@ impl SimHuman {
                 .object
                 .as_ref()
                 .map_or(0.0, |r| obs.state[r.start + 2] as f64);
+            self.held_dz0 = self
+                .offset(obs, ee)
+                .filter(|d| d.iter().map(|v| v * v).sum::<f64>().sqrt() < HELD_M)
+                .map(|d| d[2]);
         }
         self.history.push(ee);
         let w = self.cfg.stall_steps as usize;
@@ -282,8 +319,13 @@ impl SimHuman {
                 && self
                     .opening
                     .is_some_and(|i| (obs.state[i] as f64) < self.cfg.close_high_m);
+            let slipping = self.cfg.slip_m > 0.0
+                && self
+                    .held_dz0
+                    .zip(self.offset(obs, ee))
+                    .is_some_and(|(dz0, d)| d[2] - dz0 > self.cfg.slip_m);
             let (stalled, strayed, late) = (stalled && !early, strayed && !early, late && !early);
-            if (stalled || strayed || late || misaligned || missed || closing_high)
+            if (stalled || strayed || late || misaligned || missed || closing_high || slipping)
                 && self.rng.random::<f64>() < self.cfg.rate
             {
                 self.holding = self.cfg.hold_steps;
@@ -295,6 +337,7 @@ impl SimHuman {
                 self.reasons.misaligned += misaligned as u64;
                 self.reasons.missed += missed as u64;
                 self.reasons.closing_high += closing_high as u64;
+                self.reasons.slipping += slipping as u64;
                 // The expert plans from what it sees now.
                 self.expert.take_over();
             }
@@ -456,5 +499,48 @@ mod tests {
                 "demonstrating, labels_success = {labels_success}"
             );
         }
+    }
+    #[test]
+    fn the_person_steps_in_when_a_held_peg_slides_through_the_fingers() {
+        let env = SimEnv::new(SimConfig::for_task(TaskKind::Insert)).unwrap();
+        let spec = env.spec().clone();
+        let held = |step, tool_z: f32, peg_z: f32| {
+            let mut o = scene(&spec, step, [0.2, 0.0, tool_z], [0.2, 0.0, peg_z], 0.012);
+            o.state[spec.field("object_quat").unwrap().end - 1] = 1.0;
+            o
+        };
+        // The peg held 6 mm below the tool centre point; 10 steps later the tool is 8 cm lower
+        // and the peg with it, or `slid` higher in the fingers (held up by the fixture's top), or
+        // shifted sideways by `aside`.
+        let run = |cfg: HumanConfig, slid: f32, aside: f32| {
+            let mut h = SimHuman::new(&spec, cfg).unwrap();
+            let mut msg = TeleopMsg {
+                action: vec![0.0; spec.action.dim()],
+                ..Default::default()
+            };
+            h.act(&held(0, 0.14, 0.134), &mut msg);
+            assert!(!msg.intervene, "nobody takes over at the start");
+            let mut o = held(10, 0.06, 0.054 + slid);
+            o.state[spec.field("object_pos").unwrap().start] += aside;
+            h.act(&o, &mut msg);
+            (msg.intervene, h.reasons)
+        };
+        let (on, r) = run(HumanConfig::default(), 0.005, 0.0);
+        assert!(on && r.slipping == 1, "{r:?}");
+        let (on, r) = run(HumanConfig::default(), 0.0, 0.005);
+        assert!(
+            !on && r.slipping == 0,
+            "shifted sideways, still held: {r:?}"
+        );
+        let (on, r) = run(HumanConfig::default(), 0.001, 0.0);
+        assert!(
+            !on && r.slipping == 0,
+            "a millimetre of play is still a grip: {r:?}"
+        );
+        let off = HumanConfig {
+            slip_m: 0.0,
+            ..HumanConfig::default()
+        };
+        assert!(!run(off, 0.005, 0.0).0, "the criterion off");
     }
 }

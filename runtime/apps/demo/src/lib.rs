@@ -308,6 +308,11 @@ pub const VISION_ACTION_SCALE: f32 = 0.2;
 /// still train the heads (docs/training.md, "Learning from pixels": 0.03, 0.1, 0.3 and 1.0 measured).
 pub const VISION_BC_WEIGHT: f64 = 0.1;
 
+/// The residual's bound on `insert`'s gripper: none. The peg starts in the grasp and has to stay
+/// there, so a residual on the fingers' width can only loosen them and drop it (the motion keeps
+/// the state demo's bound; docs/training.md, "The demo on insert").
+pub const INSERT_GRIPPER_SCALE: f32 = 0.0;
+
 /// Training episodes whose final residual weights the kept residual averages (1: the last
 /// weights alone, the default; `--keep-average K`, stochastic weight averaging, Izmailov et al.
 /// 2018). Measured on the pixel demo and not kept as its default: docs/training.md.
@@ -322,6 +327,11 @@ fn preset(o: &DemoOptions) -> SacConfig {
     if o.vision.is_some() {
         p.action_scale = VISION_ACTION_SCALE;
         p.bc_weight = VISION_BC_WEIGHT;
+    }
+    if o.task == TaskKind::Insert {
+        // Motion, then the gripper's width (the simulator's action layout, docs/sim.md).
+        p.action_scales = vec![p.action_scale, p.action_scale, p.action_scale];
+        p.action_scales.push(INSERT_GRIPPER_SCALE);
     }
     p
 }
@@ -441,6 +451,11 @@ fn settings(o: &DemoOptions) -> Result<Settings> {
                     .validate("learner.vision")
                     .map_err(|i| invalid_in(p, i))?;
                 base.vision = Some(section.heads()?);
+            }
+            // A file's single bound covers every component, `insert`'s gripper included, unless
+            // the file also gives them one by one.
+            if t.contains_key("action_scale") && !t.contains_key("action_scales") {
+                base.action_scales.clear();
             }
             let l = SacConfig {
                 mode: o.mode,
@@ -1705,6 +1720,32 @@ mod tests {
         // The key the file names replaces the demo's; the one it leaves out stays the demo's.
         assert_eq!(over.bc_weight, 1.0);
         assert_eq!(over.action_scale, VISION_ACTION_SCALE);
+    }
+
+    #[test]
+    fn inserts_residual_leaves_the_gripper_alone_unless_a_file_sets_one_bound_for_all() {
+        let insert = |config| DemoOptions {
+            task: TaskKind::Insert,
+            config,
+            ..Default::default()
+        };
+        let l = settings(&insert(None)).unwrap().learner;
+        assert_eq!(l.action_scales, [0.5, 0.5, 0.5, INSERT_GRIPPER_SCALE]);
+        assert!(
+            settings(&DemoOptions::default())
+                .unwrap()
+                .learner
+                .action_scales
+                .is_empty()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("insert.toml");
+        std::fs::write(&file, "[learner]\naction_scale = 0.1\n").unwrap();
+        let l = settings(&insert(Some(file.clone()))).unwrap().learner;
+        assert!(l.action_scales.is_empty() && l.action_scale == 0.1, "{l:?}");
+        std::fs::write(&file, "[learner]\nutd = 2\n").unwrap();
+        let l = settings(&insert(Some(file))).unwrap().learner;
+        assert_eq!(l.action_scales, [0.5, 0.5, 0.5, INSERT_GRIPPER_SCALE]);
     }
 
     #[test]
