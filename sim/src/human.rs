@@ -233,6 +233,15 @@ impl SimHuman {
         self.expert.act(obs, &mut msg.action);
     }
 
+    /// Whether an object that started in the grasp has risen more than `slip_m` against the tool.
+    fn slipping(&self, obs: &Observation, ee: [f64; 3]) -> bool {
+        self.cfg.slip_m > 0.0
+            && self
+                .held_dz0
+                .zip(self.offset(obs, ee))
+                .is_some_and(|(dz0, d)| d[2] - dz0 > self.cfg.slip_m)
+    }
+
     /// The object's centre less the tool's, m (none without an object).
     fn offset(&self, obs: &Observation, ee: [f64; 3]) -> Option<[f64; 3]> {
         self.object.as_ref().map(|r| {
@@ -319,11 +328,7 @@ impl SimHuman {
                 && self
                     .opening
                     .is_some_and(|i| (obs.state[i] as f64) < self.cfg.close_high_m);
-            let slipping = self.cfg.slip_m > 0.0
-                && self
-                    .held_dz0
-                    .zip(self.offset(obs, ee))
-                    .is_some_and(|(dz0, d)| d[2] - dz0 > self.cfg.slip_m);
+            let slipping = self.slipping(obs, ee);
             let (stalled, strayed, late) = (stalled && !early, strayed && !early, late && !early);
             if (stalled || strayed || late || misaligned || missed || closing_high || slipping)
                 && self.rng.random::<f64>() < self.cfg.rate
