@@ -157,3 +157,65 @@ fn distilling_a_folder_that_is_not_a_run_says_what_a_run_is() {
     );
     assert!(!dir.path().join("x.onnx").exists());
 }
+
+#[test]
+fn insert_goes_through_round_one_distillation_and_round_two_with_the_gripper_left_to_the_base() {
+    // docs/training.md, "The demo on insert": the three commands, small.
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let demo = |extra: &[&str]| {
+        let o = reflex()
+            .current_dir(repo())
+            .args([
+                "demo",
+                "--task",
+                "insert",
+                "--episodes",
+                "2",
+                "--demos",
+                "1",
+            ])
+            .args(["--json", "--runs"])
+            .arg(&runs)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let r1 = demo(&["--eval-episodes", "0"]);
+    assert!(r1["takeover_reasons"]["slipping"].is_u64(), "{r1}");
+    let run = std::path::PathBuf::from(r1["run_dir"].as_str().unwrap());
+    // The residual leaves insert's gripper alone: its bound there is 0.
+    let residual = std::fs::read_to_string(run.join("residual.policy.toml")).unwrap();
+    let table: toml::Table = residual.parse().unwrap();
+    let scales: Vec<f64> = table["action_scales"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_float().unwrap())
+        .collect();
+    assert_eq!(scales, [0.5, 0.5, 0.5, 0.0], "{residual}");
+    let out = dir.path().join("insert-distilled.onnx");
+    let o = reflex()
+        .current_dir(repo())
+        .args(["distill", "--run"])
+        .arg(&run)
+        .arg("--out")
+        .arg(&out)
+        .args(["--steps", "30", "--batch", "32", "--hidden", "32"])
+        .args(["--objective", "flow", "--execute", "4"])
+        .args(["--eval-episodes", "2", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(d["held_out"]["episodes"], 2, "{d}");
+    assert_eq!(PolicySpec::load_for(&out).unwrap().kind, PolicyKind::Flow);
+    // Round 2 on the distilled base keeps the task and names the new base.
+    let r2 = demo(&["--model", out.to_str().unwrap(), "--eval-episodes", "2"]);
+    assert_eq!(r2["held_out"]["episodes"], 2, "{r2}");
+    let refined = std::fs::read_to_string(r2["refined_config"].as_str().unwrap()).unwrap();
+    assert!(refined.contains("task = \"insert\""), "{refined}");
+    assert!(refined.contains("insert-distilled.onnx"), "{refined}");
+}
