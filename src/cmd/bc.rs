@@ -102,6 +102,7 @@ pub fn bc(cmd: BcCommand) -> anyhow::Result<()> {
         out: a.out,
         episodes: a.episodes,
         only: None,
+        skip_before_takeover: None,
         robot_kind: a.robot_kind,
         cfg: TrainConfig {
             steps: a.steps,

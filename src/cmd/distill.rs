@@ -17,6 +17,11 @@ pub struct DistillArgs {
     /// Train on every episode of the run, failed ones too (default: the successful ones).
     #[arg(long)]
     all_episodes: bool,
+    /// Leave out the policy's steps within N steps before a person took over (the steps the
+    /// person judged going wrong), `all` of them (the default: the distilled base learns the
+    /// person's correction in those states instead), or none (0).
+    #[arg(long, default_value = "all", value_parser = window)]
+    skip_before_takeover: usize,
     /// Gradient steps (4000 left the distilled `pick` base 6-19 points under the refined
     /// policy; 12000 brought it within 0-7, docs/training.md).
     #[arg(long, default_value_t = 12000, value_parser = crate::cli::count)]
@@ -51,11 +56,21 @@ pub struct DistillArgs {
     json: bool,
 }
 
+/// A step count, or `all` (every step).
+fn window(s: &str) -> Result<usize, String> {
+    if s == "all" {
+        return Ok(usize::MAX);
+    }
+    s.parse::<usize>()
+        .map_err(|_| format!("`{s}` is not a number of steps or `all`"))
+}
+
 pub fn run(a: DistillArgs) -> anyhow::Result<()> {
     let o = DistillOptions {
         run: a.run,
         out: a.out,
         all_episodes: a.all_episodes,
+        skip_before_takeover: a.skip_before_takeover,
         steps: a.steps,
         batch: a.batch,
         hidden: a.hidden,
@@ -82,13 +97,14 @@ pub fn run(a: DistillArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "wrote {} and {}: distilled from {} of the {} episodes of {} ({} of their steps driven by a person), final loss {:.4}, {:.0} s",
+        "wrote {} and {}: distilled from {} of the {} episodes of {} ({} of their steps driven by a person, {} of the policy's before a takeover left out), final loss {:.4}, {:.0} s",
         r.model.display(),
         r.spec.display(),
         r.episodes_used,
         r.episodes_in_run,
         r.run.display(),
         r.person_steps,
+        r.steps_skipped_before_takeover,
         r.final_loss,
         r.train_wall_s
     );

@@ -51,6 +51,27 @@ fn a_demo_runs_refined_policy_is_distilled_into_a_base_of_the_same_shape_and_jud
     };
     let r = distil(&[]);
     assert_eq!(r["episodes_used"], successes, "{r}");
+    // By default the policy's steps before a person took over are left out: in each successful
+    // episode, every policy step before the last takeover (a person's step after a policy's).
+    let steps = run.join("steps");
+    let log = reflex_data::demos::read_manifest(&steps).unwrap();
+    let before_takeovers: usize = log
+        .episodes
+        .iter()
+        .filter(|e| e.success)
+        .map(|e| {
+            let a = reflex_data::demos::read_episode(&steps, e).unwrap().actors;
+            let last = (1..a.len()).rev().find(|&t| a[t] == 1 && a[t - 1] == 0);
+            last.map_or(0, |t| a[..t].iter().filter(|x| **x == 0).count())
+        })
+        .sum();
+    assert!(
+        before_takeovers > 0,
+        "the run has a success the person took over: {manifest}"
+    );
+    assert_eq!(r["steps_skipped_before_takeover"], before_takeovers, "{r}");
+    let all_steps = distil(&["--skip-before-takeover", "0"]);
+    assert_eq!(all_steps["steps_skipped_before_takeover"], 0, "{all_steps}");
     assert_eq!(r["episodes_in_run"], episodes.len(), "{r}");
     assert_eq!(r["held_out"]["episodes"], 3, "{r}");
     assert_eq!(r["held_out"]["takeovers"], 0, "{r}");

@@ -36,6 +36,11 @@ pub struct TrainOptions {
     pub episodes: Option<usize>,
     /// Use only the episodes of these indices (reflex's demos and step logs).
     pub only: Option<Vec<u64>>,
+    /// In a step log, the policy's steps within this many steps before a person takes over are
+    /// not learned from (`None`: every step is). The person stepped in because those steps were
+    /// going wrong (RLIF's reading of an intervention); `usize::MAX` drops every policy step
+    /// before a takeover.
+    pub skip_before_takeover: Option<usize>,
     /// The robot kind to write into the spec instead of the episodes' own.
     pub robot_kind: Option<String>,
     /// The network and optimiser settings.
@@ -72,8 +77,9 @@ pub struct TrainReport {
 pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport> {
     // The episodes, the action size, the robot kind and where they came from.
     let mut frames = None;
+    let mut keep = None;
     let (mut eps, action_dim, kind, origin) = match &o.source {
-        TrainSource::Demos(dir) => demos_episodes(o, dir, &mut frames)?,
+        TrainSource::Demos(dir) => demos_episodes(o, dir, &mut frames, &mut keep)?,
         TrainSource::LeRobot { dir, .. } if !o.state_fields.is_empty() => {
             return Err(reflex_agent::error::bail(format!(
                 "{}: --state-fields reads reflex's demos (--demos); a LeRobot dataset's state is \
@@ -105,7 +111,19 @@ pub fn bc_train(o: &TrainOptions, progress: &dyn Progress) -> Result<TrainReport
     let kind = o.robot_kind.clone().or(kind);
     eps.truncate(o.episodes.unwrap_or(eps.len()));
     let take = eps.len();
-    let samples = make_samples(&eps, o.cfg.horizon);
+    let mut samples = make_samples(&eps, o.cfg.horizon);
+    if let Some(keep) = keep {
+        // One flag per step of the kept episodes, in make_samples' order.
+        let keep: Vec<bool> = keep.into_iter().take(take).flatten().collect();
+        if frames.is_some() || keep.len() != samples.len() {
+            return Err(reflex_agent::error::bail(
+                "skipping the steps before a takeover works on a step log's state only (no cameras)"
+                    .to_string(),
+            ));
+        }
+        let mut flags = keep.into_iter();
+        samples.retain(|_| flags.next().unwrap_or(true));
+    }
     let name = o
         .out
         .file_stem()
@@ -164,6 +182,7 @@ fn demos_episodes(
     o: &TrainOptions,
     dir: &Path,
     frames: &mut Option<Frames>,
+    keep: &mut Option<Vec<Vec<bool>>>,
 ) -> Result<(
     Vec<reflex_imitate::EpisodeData>,
     usize,
@@ -179,6 +198,13 @@ fn demos_episodes(
         .filter(|e| o.only.as_ref().is_none_or(|k| k.contains(&e.index)));
     for e in chosen {
         let ep = reflex_data::demos::read_episode(dir, e)?;
+        if let Some(k) = o.skip_before_takeover {
+            keep.get_or_insert_with(Vec::new).push(before_takeover_kept(
+                &ep.actors,
+                ep.actions.len(),
+                k,
+            ));
+        }
         if !o.cameras.is_empty() && !ep.actions.is_empty() {
             if !ep.frame_observations.is_empty() {
                 return Err(reflex_agent::error::bail(format!(
@@ -210,6 +236,24 @@ fn demos_episodes(
     }
     let origin = format!("demos {}: {}", dir.display(), m.command);
     Ok((eps, m.spec.action.dim(), Some(m.spec.kind.clone()), origin))
+}
+
+/// Which of an episode's `steps` are learned from: all but the policy's steps (`actors` 0)
+/// within `window` steps before a person's takeover (a step of `actors` 1 after one of 0). An
+/// episode with no record of who acted keeps every step.
+pub fn before_takeover_kept(actors: &[u8], steps: usize, window: usize) -> Vec<bool> {
+    let mut keep = vec![true; steps];
+    for t in 1..actors.len().min(steps) {
+        if actors[t] == 1 && actors[t - 1] == 0 {
+            let from = t.saturating_sub(window);
+            for (k, a) in keep[from..t].iter_mut().zip(&actors[from..t]) {
+                if *a == 0 {
+                    *k = false;
+                }
+            }
+        }
+    }
+    keep
 }
 
 /// A flow policy's VJP graph beside `out`, named in its spec (`None`: not a flow policy).
@@ -364,4 +408,41 @@ fn lerobot_frames(
         }
     }
     frames.ok_or_else(|| reflex_agent::error::bail(format!("{}: no frames", dir.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::before_takeover_kept;
+
+    #[test]
+    fn the_policys_steps_just_before_a_takeover_are_left_out_and_nothing_else() {
+        // policy 0-4, person 5-6, policy 7-8, person 9.
+        let actors = [0, 0, 0, 0, 0, 1, 1, 0, 0, 1];
+        let kept = |w| before_takeover_kept(&actors, actors.len(), w);
+        assert_eq!(
+            kept(2),
+            [
+                true, true, true, false, false, true, true, false, false, true
+            ]
+        );
+        // A window reaching past the person's own steps leaves those in.
+        assert_eq!(
+            kept(4),
+            [
+                true, false, false, false, false, true, true, false, false, true
+            ]
+        );
+        assert_eq!(
+            kept(usize::MAX),
+            [
+                false, false, false, false, false, true, true, false, false, true
+            ]
+        );
+        assert!(kept(0).iter().all(|k| *k));
+        // No takeover, or no record of who acted: every step is kept.
+        assert!(before_takeover_kept(&[0; 6], 6, 3).iter().all(|k| *k));
+        assert!(before_takeover_kept(&[], 6, 3).iter().all(|k| *k));
+        // A demonstration (the person from the first step) has no takeover to lead to.
+        assert!(before_takeover_kept(&[1; 4], 4, 3).iter().all(|k| *k));
+    }
 }

@@ -10,6 +10,12 @@
 //! on the run's held-out seed stream (the one `refined.toml` runs), so its figure sits beside the
 //! refined policy's, and a second round of residual learning can start from it
 //! (`reflex demo --model NAME.onnx`).
+//!
+//! The policy's steps before a person took over are left out by default: the person stepped in
+//! because they were going wrong (RLIF's reading of an intervention, Luo et al. 2023), and what
+//! the new base should do in those states is what the person did next. Keeping only the
+//! person's labels where they intervened is HG-DAgger's aggregation (Kelly et al. 2019); the
+//! episodes the policy finished alone stay whole.
 
 use crate::bctrain::{TrainOptions, TrainReport, TrainSource, bc_train};
 use reflex_agent::config::RunConfig;
@@ -29,6 +35,10 @@ pub struct DistillOptions {
     pub out: PathBuf,
     /// Train on every episode, failed ones too (default: the successful ones only).
     pub all_episodes: bool,
+    /// The policy's steps within this many steps before a person took over are not learned
+    /// from (0: every step is; `usize::MAX`, the command's default: every policy step before a
+    /// takeover).
+    pub skip_before_takeover: usize,
     /// Gradient steps.
     pub steps: usize,
     /// Batch size.
@@ -81,6 +91,8 @@ pub struct DistillReport {
     pub episodes_in_run: usize,
     /// Steps of those episodes a person drove.
     pub person_steps: usize,
+    /// The policy's steps left out as leading to a takeover (`--skip-before-takeover`).
+    pub steps_skipped_before_takeover: usize,
     /// Final training loss.
     pub final_loss: f32,
     /// Training wall time, s.
@@ -200,11 +212,19 @@ pub fn distill(o: &DistillOptions, progress: &dyn Progress) -> Result<DistillRep
             ),
         ));
     }
-    let mut person_steps = 0;
+    let (mut person_steps, mut skipped) = (0, 0);
     let mut seeds = std::collections::BTreeSet::new();
     for e in manifest.episodes.iter().filter(|e| keep.contains(&e.index)) {
         let ep = reflex_data::demos::read_episode(&steps_dir, e)?;
         person_steps += ep.actors.iter().filter(|a| **a == 1).count();
+        skipped += crate::bctrain::before_takeover_kept(
+            &ep.actors,
+            ep.actions.len(),
+            o.skip_before_takeover,
+        )
+        .iter()
+        .filter(|k| !**k)
+        .count();
         seeds.insert(e.seed);
     }
     let train = TrainOptions {
@@ -212,13 +232,14 @@ pub fn distill(o: &DistillOptions, progress: &dyn Progress) -> Result<DistillRep
         out: o.out.clone(),
         episodes: None,
         only: Some(keep.clone()),
+        skip_before_takeover: Some(o.skip_before_takeover).filter(|w| *w > 0),
         robot_kind: None,
         cfg,
         state_fields,
         cameras: vec![],
         image_size: None,
         command: format!(
-            "{} (the refined policy of run {}: base {} with its residual, as executed; {} of {} episodes{})",
+            "{} (the refined policy of run {}: base {} with its residual, as executed; {} of {} episodes{}; {skipped} of the policy's steps before a takeover left out)",
             o.command,
             o.run.display(),
             base.display(),
@@ -247,6 +268,7 @@ pub fn distill(o: &DistillOptions, progress: &dyn Progress) -> Result<DistillRep
         episodes_used: keep.len(),
         episodes_in_run: manifest.episodes.len(),
         person_steps,
+        steps_skipped_before_takeover: skipped,
         final_loss: trained.final_loss,
         train_wall_s: trained.wall_s,
         held_out,
