@@ -63,7 +63,8 @@ enum Command {
     Run(cmd::run::RunArgs),
     #[cfg(feature = "train")]
     /// A refined policy (base + residual, as executed, with the person's corrections) made into
-    /// the next base policy: trained on the run's successful rollouts, evaluated alone.
+    /// the next base policy: trained on the run's successful rollouts (the person's actions, not
+    /// the policy's, where the person took over), evaluated alone.
     Distill(cmd::distill::DistillArgs),
     /// Judge a policy alone: the config's robot and policy (and a kept residual), no learner, no
     /// person, seeds apart from training's; success with a 95% Wilson interval.

@@ -70,8 +70,17 @@ fn a_demo_runs_refined_policy_is_distilled_into_a_base_of_the_same_shape_and_jud
         "the run has a success the person took over: {manifest}"
     );
     assert_eq!(r["steps_skipped_before_takeover"], before_takeovers, "{r}");
+    // The training itself had that many fewer samples (one per step; the model's provenance
+    // says how many it trained on).
+    let samples = || -> usize {
+        let p = PolicySpec::load_for(&out).unwrap().provenance.unwrap();
+        let head = p.rsplit_once(" samples;").unwrap().0;
+        head.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let fewer = samples();
     let all_steps = distil(&["--skip-before-takeover", "0"]);
     assert_eq!(all_steps["steps_skipped_before_takeover"], 0, "{all_steps}");
+    assert_eq!(samples() - fewer, before_takeovers);
     assert_eq!(r["episodes_in_run"], episodes.len(), "{r}");
     assert_eq!(r["held_out"]["episodes"], 3, "{r}");
     assert_eq!(r["held_out"]["takeovers"], 0, "{r}");
