@@ -3,6 +3,29 @@
 use crate::common::{reflex, repo};
 use reflex_policies::spec::{PolicyKind, PolicySpec};
 
+/// `reflex distill --run RUN --out OUT --json` with a small network and `eval` held-out episodes,
+/// and `extra`; its report.
+fn distil_small(
+    run: &std::path::Path,
+    out: &std::path::Path,
+    eval: &str,
+    extra: &[&str],
+) -> serde_json::Value {
+    let o = reflex()
+        .current_dir(repo())
+        .args(["distill", "--run"])
+        .arg(run)
+        .arg("--out")
+        .arg(out)
+        .args(["--steps", "30", "--batch", "32", "--hidden", "32"])
+        .args(["--eval-episodes", eval, "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 #[test]
 fn a_demo_runs_refined_policy_is_distilled_into_a_base_of_the_same_shape_and_judged_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -34,21 +57,7 @@ fn a_demo_runs_refined_policy_is_distilled_into_a_base_of_the_same_shape_and_jud
         "the person's demonstrations succeed: {manifest}"
     );
     let out = dir.path().join("pick-distilled.onnx");
-    let distil = |extra: &[&str]| {
-        let o = reflex()
-            .current_dir(repo())
-            .args(["distill", "--run"])
-            .arg(&run)
-            .arg("--out")
-            .arg(&out)
-            .args(["--steps", "30", "--batch", "32", "--hidden", "32"])
-            .args(["--eval-episodes", "3", "--json"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
-    };
+    let distil = |extra: &[&str]| distil_small(&run, &out, "3", extra);
     let r = distil(&[]);
     assert_eq!(r["episodes_used"], successes, "{r}");
     // By default the policy's steps before a person took over are left out: in each successful
@@ -227,19 +236,7 @@ fn insert_goes_through_round_one_distillation_and_round_two_with_the_gripper_lef
         .collect();
     assert_eq!(scales, [0.5, 0.5, 0.5, 0.0], "{residual}");
     let out = dir.path().join("insert-distilled.onnx");
-    let o = reflex()
-        .current_dir(repo())
-        .args(["distill", "--run"])
-        .arg(&run)
-        .arg("--out")
-        .arg(&out)
-        .args(["--steps", "30", "--batch", "32", "--hidden", "32"])
-        .args(["--objective", "flow", "--execute", "4"])
-        .args(["--eval-episodes", "2", "--json"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d = distil_small(&run, &out, "2", &["--objective", "flow", "--execute", "4"]);
     assert_eq!(d["held_out"]["episodes"], 2, "{d}");
     assert_eq!(PolicySpec::load_for(&out).unwrap().kind, PolicyKind::Flow);
     // Round 2 on the distilled base keeps the task and names the new base.
