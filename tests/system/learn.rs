@@ -516,3 +516,95 @@ fn by_default_the_learner_runs_inside_reflex_run_and_takes_every_step() {
     // Paced lockstep: weights after each episode, taken as the next one starts.
     assert!(v["residual_version"].as_u64().unwrap() >= 3, "{v}");
 }
+
+/// The documented workflow of docs/training.md ("Keyboard teleop"), as a person runs it: the
+/// shipped `configs/run/sim-pick-hil.toml` in `reflex run` (the learner in its process) and
+/// `reflex teleop --device keyboard` in another terminal. Each of `y`, `n` and `x` must reach the
+/// learner as that episode's stored end, exactly once: the keyboard sends a press in one message
+/// of its 50 Hz stream, and the 20 Hz loop must not lose it to the messages after it.
+#[test]
+fn the_keyboards_y_n_and_x_keys_reach_the_learner_as_one_success_failure_and_reset_each() {
+    use crate::common::{StatusWatch, wait_until};
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let ep = unix_endpoint(&dir, "hil");
+    let text = std::fs::read_to_string(repo().join("configs/run/sim-pick-hil.toml"))
+        .unwrap()
+        .replace(
+            "../../models/pick.onnx",
+            &repo().join("models/pick.onnx").display().to_string(),
+        )
+        .replace(
+            "runs/learner/pick-sac.ckpt",
+            &dir.path()
+                .join("learner/pick-sac.ckpt")
+                .display()
+                .to_string(),
+        )
+        .replace(
+            "[bus]\nenabled = true",
+            &format!("[bus]\nenabled = true\nno_multicast = true\nlisten = [\"{ep}\"]"),
+        );
+    assert!(text.contains(&ep) && text.contains("in_process = true"));
+    let cfg = dir.path().join("hil.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let mut run = reflex();
+    run.args(["run", "--json", "--until-stopped", "--config"])
+        .arg(&cfg);
+    let mut actor = spawn(run, &dir, "actor");
+    let watch = StatusWatch::new(&ep, "sim");
+    watch.wait("the actor running", |m| m.figures.ticks > 20);
+    let (mut keyboard, terminal) = pty();
+    let mut teleop = crate::common::ChildGuard(
+        reflex()
+            .args([
+                "teleop",
+                "--device",
+                "keyboard",
+                "--robot",
+                "sim",
+                "--no-multicast",
+            ])
+            .args(["--connect", &ep])
+            .stdin(terminal)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("teleop.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the teleop following the actor", 60, || {
+        child_stderr(&dir, "teleop").contains("drives")
+    });
+    // The person takes over and holds the arm still: from here an episode ends by a key or by
+    // its time limit, never by the base policy's success.
+    keyboard.write_all(b" ").unwrap();
+    watch.wait("the person driving", |m| m.figures.intervening);
+    let lines = |what: &str| child_stderr(&dir, "actor").matches(what).count();
+    // Each key once the actor has ended an episode by the one before (a reset ends it as a
+    // failure the person called), so that no two presses reach one step of the loop.
+    for (key, what, n) in [
+        (b"y", "success (labelled)", 1),
+        (b"n", "failure (labelled)", 1),
+        (b"x", "failure (labelled)", 2),
+    ] {
+        keyboard.write_all(key).unwrap();
+        wait_until(what, 60, || lines(what) >= n);
+    }
+    keyboard.write_all(b"q").unwrap();
+    assert!(teleop.0.wait().unwrap().success());
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(actor.0.id() as i32, libc::SIGTERM) };
+    wait_until("the actor to exit", 120, || {
+        actor.0.try_wait().unwrap().is_some()
+    });
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+            .unwrap_or_else(|e| panic!("{e}: {}", child_stderr(&dir, "actor")));
+    let ends = &v["learner"]["episode_ends"];
+    assert_eq!(ends["person_success"], 1, "{v}");
+    assert_eq!(ends["person_failure"], 1, "{v}");
+    assert_eq!(ends["person_reset"], 1, "{v}");
+    assert_eq!(lines("success (labelled)"), 1);
+    assert_eq!(lines("failure (labelled)"), 2);
+    assert_eq!(v["learner_link"]["lost"], 0, "{v}");
+}

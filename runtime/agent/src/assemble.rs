@@ -26,6 +26,39 @@ pub struct Assembler {
     /// Episodes whose last step carried no end (an e-stop raised between a lockstep robot's
     /// steps, an actor that died mid-episode): their last step was stored as a truncation.
     pub unterminated: u64,
+    /// The episodes stored, by what ended them.
+    pub ends: EpisodeEnds,
+}
+
+/// The episodes a learner stored, by what ended them: where a person's keys went, as the
+/// learner stored them (HIL-SERL's success key as the episode's end with reward 1; the failure
+/// key and a reset as cut short).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EpisodeEnds {
+    /// The task's own end (the robot's reward said done).
+    pub task: u64,
+    /// A person's success label: the last step stored as the end, with reward 1.
+    pub person_success: u64,
+    /// A person's failure label: the last step stored as cut short.
+    pub person_failure: u64,
+    /// A person's reset request: the last step stored as cut short.
+    pub person_reset: u64,
+    /// Cut short otherwise: the time limit, an e-stop, or an episode that ended without saying
+    /// so (counted in [`Assembler::unterminated`] as well).
+    pub cut_short: u64,
+}
+
+impl EpisodeEnds {
+    fn count(&mut self, s: &WireStep) {
+        let n = match (s.label, s.reset, s.terminated) {
+            (Some(true), ..) => &mut self.person_success,
+            (Some(false), ..) => &mut self.person_failure,
+            (None, true, _) => &mut self.person_reset,
+            (None, false, true) => &mut self.task,
+            (None, false, false) => &mut self.cut_short,
+        };
+        *n += 1;
+    }
 }
 
 /// One actor's steps not stored yet.
@@ -56,6 +89,7 @@ impl Assembler {
             act_dim,
             stored: 0,
             unterminated: 0,
+            ends: EpisodeEnds::default(),
         }
     }
 
@@ -110,6 +144,7 @@ impl Assembler {
             p.truncated = true;
             self.store_all(sac, stream, &mut st.held);
             self.unterminated += 1;
+            self.ends.cut_short += 1;
             st.prev_teleop = false;
         }
         st.episode = s.episode;
@@ -173,6 +208,7 @@ impl Assembler {
         st.held.push(t);
         if s.ends_episode() {
             self.store_all(sac, stream, &mut st.held);
+            self.ends.count(s);
             st.prev_teleop = false;
         }
         Ok(())
@@ -451,6 +487,15 @@ mod tests {
             asm.push(&mut sac, &next).unwrap();
         }
         assert_eq!(asm.stored, 5);
+        assert_eq!(
+            asm.ends,
+            EpisodeEnds {
+                person_success: 1,
+                person_failure: 1,
+                ..Default::default()
+            },
+            "episode 3 is still open"
+        );
         let (win, lose) = (sac.online.get(1), sac.online.get(3));
         assert_eq!(win.reward, 1.0);
         assert!(win.terminated);

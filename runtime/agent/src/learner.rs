@@ -118,6 +118,9 @@ pub struct LearnerReport {
     pub refused_spec: u64,
     /// Episodes seen.
     pub episodes: u64,
+    /// The episodes stored, by what ended them (a person's success and failure keys, resets,
+    /// the task's own end).
+    pub episode_ends: crate::assemble::EpisodeEnds,
     /// Newest weights version published.
     pub weights_version: u64,
     /// Checkpoints written.
@@ -620,6 +623,7 @@ impl Session<'_> {
             rejected_steps: st.rejected_steps,
             refused_spec: st.refused_spec,
             episodes: self.episodes,
+            episode_ends: self.asm.ends,
             weights_version: p.weights_version,
             checkpoints: self.checkpoints,
             updates: self.sac.counters.critic_updates,

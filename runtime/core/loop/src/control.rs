@@ -391,6 +391,8 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     last_teleop_change: Duration,
     teleop_seq: u64,
     teleop_seen: bool,
+    /// The teleop channel's button presses the loop has acted on.
+    teleop_presses: crate::teleop::Presses,
     intervening: bool,
     request_pending: bool,
     /// This tick's deadline: where a waiting robot's chunk starts (its wake-up time jitters).
@@ -638,6 +640,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             last_teleop_change: start,
             teleop_seq: 0,
             teleop_seen: false,
+            teleop_presses: Default::default(),
             intervening: false,
             request_pending: false,
             deadline: Duration::ZERO,
@@ -1204,13 +1207,18 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
                 self.teleop_seen = true;
                 self.teleop_seq = m.seq;
                 self.last_teleop_change = t;
-                if m.success {
-                    input.label = Some(true);
-                } else if m.failure {
-                    input.label = Some(false);
-                }
-                input.reset = m.reset;
             }
+            // The buttons by their counts, so that a press in a message the loop never took
+            // (the device sends faster than the loop runs) still counts, once.
+            let presses = tr.presses();
+            let new = presses.since(&self.teleop_presses);
+            self.teleop_presses = presses;
+            if new.success > 0 {
+                input.label = Some(true);
+            } else if new.failure > 0 {
+                input.label = Some(false);
+            }
+            input.reset = new.reset > 0;
         }
         let want = self.teleop_seen && tr.get().intervene;
         if want && !self.intervening {
