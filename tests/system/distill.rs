@@ -239,10 +239,27 @@ fn insert_goes_through_round_one_distillation_and_round_two_with_the_gripper_lef
     let d = distil_small(&run, &out, "2", &["--objective", "flow", "--execute", "4"]);
     assert_eq!(d["held_out"]["episodes"], 2, "{d}");
     assert_eq!(PolicySpec::load_for(&out).unwrap().kind, PolicyKind::Flow);
-    // Round 2 on the distilled base keeps the task and names the new base.
-    let r2 = demo(&["--model", out.to_str().unwrap(), "--eval-episodes", "2"]);
+    // Round 2 on the distilled base, with the shipped next-round settings, keeps the task and
+    // names the new base; the residual's provenance names the settings file.
+    let next = repo().join("configs/demo/next-round.toml");
+    let r2 = demo(&[
+        "--model",
+        out.to_str().unwrap(),
+        "--eval-episodes",
+        "2",
+        "--config",
+        next.to_str().unwrap(),
+    ]);
     assert_eq!(r2["held_out"]["episodes"], 2, "{r2}");
     let refined = std::fs::read_to_string(r2["refined_config"].as_str().unwrap()).unwrap();
     assert!(refined.contains("task = \"insert\""), "{refined}");
     assert!(refined.contains("insert-distilled.onnx"), "{refined}");
+    let run2 = std::path::PathBuf::from(r2["run_dir"].as_str().unwrap());
+    let residual = std::fs::read_to_string(run2.join("residual.policy.toml")).unwrap();
+    assert!(
+        residual.contains("--task insert")
+            && residual.contains("insert-distilled.onnx")
+            && residual.contains("next-round.toml"),
+        "{residual}"
+    );
 }

@@ -823,23 +823,31 @@ fn records(
         spec,
         true,
     )?;
-    let provenance = format!(
-        "reflex demo --seed {} --mode {}{}",
-        o.seed,
-        mode_name(o.mode),
-        robots_flag(o)
-    );
-    let log = reflex_data::steplog::StepLog::create(&dir.join("steps"), spec, &provenance)?;
+    let log = reflex_data::steplog::StepLog::create(&dir.join("steps"), spec, &provenance(o))?;
     Ok((Some(recorder), Some(log)))
 }
 
-/// ` --robots N` for a fleet's provenance lines, nothing for one robot.
-fn robots_flag(o: &DemoOptions) -> String {
-    if o.robots > 1 {
-        format!(" --robots {}", o.robots)
-    } else {
-        String::new()
+/// The command line that makes this run again, for the step log's and the residual's
+/// provenance: the task, the base, the `--config` file and the options that change the learning.
+fn provenance(o: &DemoOptions) -> String {
+    let mut line = format!(
+        "reflex demo --task {} --model {} --seed {} --episodes {} --mode {}",
+        o.task.as_str(),
+        o.model.display(),
+        o.seed,
+        o.episodes,
+        mode_name(o.mode)
+    );
+    if let Some(c) = &o.config {
+        line.push_str(&format!(" --config {}", c.display()));
     }
+    if o.vision.is_some() {
+        line.push_str(" --vision");
+    }
+    if o.robots > 1 {
+        line.push_str(&format!(" --robots {}", o.robots));
+    }
+    line
 }
 
 /// The person's takeovers in the current episode, counted by the demo itself: in `full` mode the
@@ -1268,18 +1276,11 @@ fn keep_refined(
     let model = dir.join("residual.onnx");
     let base = std::fs::canonicalize(&o.model).map_err(|e| AgentError::io(&o.model, e))?;
     let info = reflex_learn::sac::export::ExportInfo {
-        name: &format!("pick residual, demo seed {}", o.seed),
+        name: &format!("{} residual, demo seed {}", o.task.as_str(), o.seed),
         action_low: &spec.action.low,
         action_high: &spec.action.high,
         base_model: Some(&base),
-        provenance: format!(
-            "reflex demo --seed {} --episodes {} --mode {}{}{}",
-            o.seed,
-            o.episodes,
-            mode_name(o.mode),
-            if o.vision.is_some() { " --vision" } else { "" },
-            robots_flag(o)
-        ),
+        provenance: provenance(o),
     };
     match average {
         Some(w) => reflex_learn::sac::export::write_residual_weights(sac, w, &info, &model)?,
