@@ -319,6 +319,51 @@ fn teleop_overrides_at_once_and_hand_back_restarts_the_chunks() {
 }
 
 #[test]
+fn a_persons_label_ends_the_episode_in_progress_once_however_many_messages_follow_it() {
+    let (mut tx, rx) = teleop_channel(4);
+    let (mut lp, _, _, _) = fixed_loop_with(SafetyConfig::default(), |b| b.teleop(rx));
+    let mut seq = 0;
+    let mut send = |success: bool, failure: bool| {
+        seq += 1;
+        tx.send(&TeleopMsg {
+            v: 1,
+            seq,
+            action: vec![0.0; 4],
+            success,
+            failure,
+            ..Default::default()
+        });
+    };
+    lp.run_ticks(3).unwrap();
+    // A device faster than the loop: the success press, then two plain messages, all before the
+    // loop looks once.
+    send(true, false);
+    send(false, false);
+    send(false, false);
+    lp.step().unwrap();
+    assert_eq!(lp.episodes().len(), 1, "the press was lost");
+    assert!(lp.episodes()[0].success && lp.episodes()[0].labelled);
+    lp.run_ticks(3).unwrap();
+    assert_eq!(lp.episodes().len(), 1, "the press counted twice");
+    // Success, then failure before the loop looks: the person's last word stands.
+    send(true, false);
+    send(false, true);
+    send(false, false);
+    lp.step().unwrap();
+    assert_eq!(lp.episodes().len(), 2);
+    assert!(!lp.episodes()[1].success && lp.episodes()[1].labelled);
+    // A press made before the new episode's first step (for the one that ended, or during the
+    // reset) is not this episode's.
+    send(true, false);
+    lp.run_ticks(5).unwrap();
+    assert_eq!(
+        lp.episodes().len(),
+        2,
+        "a stale press ended the next episode"
+    );
+}
+
+#[test]
 fn stale_teleop_stream_while_intervening_holds() {
     let (mut tx, rx) = teleop_channel(4);
     let (mut lp, _, _, clock) = fixed_loop_with(
@@ -1265,9 +1310,15 @@ fn a_policy_with_a_history_is_handed_the_previous_control_steps_inline_and_on_it
     // them over with every request, inline and to a thread, and allocates nothing for it once
     // warm.
     for threaded in [false, true] {
-        // Episodes of 10 steps, so several start within the run.
+        // Episodes of 10 steps, so several start within the run. Ticks until the policy has
+        // answered 60 times: on its own thread that takes as many ticks as the scheduler gives
+        // it (400 were once not enough for 50 beside other tests), so the count is waited for.
         let (mut lp, seen, clock) = history_loop(threaded, 10);
-        run_ticks(&mut lp, &clock, 400, threaded);
+        let mut ticks = 0;
+        while seen.lock().unwrap().len() <= 60 && ticks < 100_000 {
+            run_ticks(&mut lp, &clock, 1, threaded);
+            ticks += 1;
+        }
         drop(lp);
         let seen = seen.lock().unwrap();
         assert!(

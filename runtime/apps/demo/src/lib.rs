@@ -827,8 +827,9 @@ fn records(
     Ok((Some(recorder), Some(log)))
 }
 
-/// The command line that makes this run again, for the step log's and the residual's
-/// provenance: the task, the base, the `--config` file and the options that change the learning.
+/// The step log's and the residual's provenance: the demo command with the task, the base, the
+/// seed, the episodes, the mode, the `--config` file, `--vision` and `--robots` (not every
+/// option).
 fn provenance(o: &DemoOptions) -> String {
     let mut line = format!(
         "reflex demo --task {} --model {} --seed {} --episodes {} --mode {}",

@@ -393,6 +393,8 @@ pub struct ControlLoop<R: Robot, C: Clock> {
     teleop_seen: bool,
     /// The teleop channel's button presses the loop has acted on.
     teleop_presses: crate::teleop::Presses,
+    /// A new episode began: the presses taken at its first look are not its own.
+    teleop_resync: bool,
     intervening: bool,
     request_pending: bool,
     /// This tick's deadline: where a waiting robot's chunk starts (its wake-up time jitters).
@@ -641,6 +643,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             teleop_seq: 0,
             teleop_seen: false,
             teleop_presses: Default::default(),
+            teleop_resync: false,
             intervening: false,
             request_pending: false,
             deadline: Duration::ZERO,
@@ -834,6 +837,7 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             *due = None;
         }
         self.step_open = false;
+        self.teleop_resync = true;
         self.episode = EpisodeSummary {
             episode: self.obs.episode,
             seed: Some(seed),
@@ -1198,6 +1202,9 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
     /// A person's input: takeover, hand-back, labels, reset requests.
     fn read_teleop(&mut self, t: Duration) -> PersonInput {
         let mut input = PersonInput::default();
+        // The first look of an episode: what was pressed until now was for the episode that
+        // ended, or came while the robot was being reset, so none of it is this episode's.
+        let resync = std::mem::take(&mut self.teleop_resync);
         let Some(tr) = &mut self.teleop else {
             return input;
         };
@@ -1213,12 +1220,10 @@ impl<R: Robot, C: Clock> ControlLoop<R, C> {
             let presses = tr.presses();
             let new = presses.since(&self.teleop_presses);
             self.teleop_presses = presses;
-            if new.success > 0 {
-                input.label = Some(true);
-            } else if new.failure > 0 {
-                input.label = Some(false);
+            if !resync {
+                input.label = new.label();
+                input.reset = new.reset > 0;
             }
-            input.reset = new.reset > 0;
         }
         let want = self.teleop_seen && tr.get().intervene;
         if want && !self.intervening {

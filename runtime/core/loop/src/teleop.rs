@@ -15,7 +15,8 @@
 use crate::msg::{self, TeleopMsg};
 use crate::triple::{Reader, Writer, triple};
 
-/// How many times each one-shot button has been pressed since the channel was opened.
+/// How many times each one-shot button has been pressed since the channel was opened, and which
+/// label the person gave last.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Presses {
     /// Success labels.
@@ -24,15 +25,29 @@ pub struct Presses {
     pub failure: u64,
     /// Reset requests.
     pub reset: u64,
+    /// The newest label pressed (`true`: success): a person who presses success and then, before
+    /// the loop looks, failure has corrected themselves. Within one message success counts last.
+    pub last_label: Option<bool>,
 }
 
 impl Presses {
-    /// The presses in `self` that `earlier` had not counted yet.
+    /// The presses in `self` that `earlier` had not counted yet (`last_label` is `self`'s).
     pub fn since(&self, earlier: &Presses) -> Presses {
         Presses {
             success: self.success.saturating_sub(earlier.success),
             failure: self.failure.saturating_sub(earlier.failure),
             reset: self.reset.saturating_sub(earlier.reset),
+            last_label: self.last_label,
+        }
+    }
+
+    /// The label the presses since an earlier look give: none if no label was pressed since,
+    /// else the newest one.
+    pub fn label(&self) -> Option<bool> {
+        if self.success + self.failure > 0 {
+            self.last_label
+        } else {
+            None
         }
     }
 }
@@ -79,6 +94,12 @@ impl TeleopWriter {
         self.presses.success += u64::from(m.success);
         self.presses.failure += u64::from(m.failure);
         self.presses.reset += u64::from(m.reset);
+        if m.failure {
+            self.presses.last_label = Some(false);
+        }
+        if m.success {
+            self.presses.last_label = Some(true);
+        }
         let presses = self.presses;
         let slot = self.writer.slot();
         slot.msg.v = m.v;
@@ -150,13 +171,17 @@ mod tests {
             Presses {
                 success: 1,
                 failure: 1,
-                reset: 0
+                reset: 0,
+                last_label: Some(false)
             }
         );
+        // The person pressed success, then failure: their last word stands.
+        assert_eq!(now.since(&seen).label(), Some(false));
         // Nothing new: the same presses, so none since the last look.
         w.send(&msg(6, false, false, false));
         assert!(r.update());
-        assert_eq!(r.presses().since(&now), Presses::default());
+        assert_eq!(r.presses().since(&now).label(), None);
+        assert_eq!(r.presses().since(&now).reset, 0);
         // A reset press read in the very message that carries it.
         w.send(&msg(7, false, false, true));
         assert!(r.update());
