@@ -413,9 +413,63 @@ fn keyboard_teleop_takes_over_moves_labels_and_hands_back() {
     );
 }
 
+/// `reflex run --json --until-stopped --config cfg` (on the bus at `ep`, robot `sim`) and, once it
+/// runs, `reflex teleop --device keyboard` typing from a pseudo-terminal, following the actor
+/// (it prints who drives once it has the actor's status).
+fn actor_and_keyboard(
+    dir: &tempfile::TempDir,
+    ep: &str,
+    cfg: &std::path::Path,
+) -> (
+    crate::common::ChildGuard,
+    crate::common::StatusWatch,
+    std::fs::File,
+    crate::common::ChildGuard,
+) {
+    let mut run = reflex();
+    run.args(["run", "--json", "--until-stopped", "--config"])
+        .arg(cfg);
+    let actor = spawn(run, dir, "actor");
+    let watch = crate::common::StatusWatch::new(ep, "sim");
+    watch.wait("the actor running", |m| m.figures.ticks > 20);
+    let (keyboard, terminal) = pty();
+    let teleop = crate::common::ChildGuard(
+        reflex()
+            .args([
+                "teleop",
+                "--device",
+                "keyboard",
+                "--robot",
+                "sim",
+                "--no-multicast",
+            ])
+            .args(["--connect", ep])
+            .stdin(terminal)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("teleop.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    crate::common::wait_until("the teleop following the actor", 60, || {
+        child_stderr(dir, "teleop").contains("drives")
+    });
+    (actor, watch, keyboard, teleop)
+}
+
+/// Stops the actor as a person would (SIGTERM) and reads its JSON report.
+fn stop_actor(actor: &mut crate::common::ChildGuard, dir: &tempfile::TempDir) -> serde_json::Value {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(actor.0.id() as i32, libc::SIGTERM) };
+    crate::common::wait_until("the actor to exit", 120, || {
+        actor.0.try_wait().unwrap().is_some()
+    });
+    serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {}", child_stderr(dir, "actor")))
+}
+
 #[test]
 fn the_keyboards_e_u_and_g_keys_raise_release_and_resume_a_running_actors_estop() {
-    use crate::common::{StatusWatch, wait_until};
+    use crate::common::wait_until;
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let ep = unix_endpoint(&dir, "actor");
@@ -429,34 +483,7 @@ fn the_keyboards_e_u_and_g_keys_raise_release_and_resume_a_running_actors_estop(
         );
     let cfg = dir.path().join("actor.toml");
     std::fs::write(&cfg, text).unwrap();
-    let mut run = reflex();
-    run.args(["run", "--json", "--until-stopped", "--config"])
-        .arg(&cfg);
-    let mut actor = spawn(run, &dir, "actor");
-    let watch = StatusWatch::new(&ep, "sim");
-    watch.wait("the actor running", |m| m.figures.ticks > 20);
-    let (mut keyboard, terminal) = pty();
-    let mut teleop = crate::common::ChildGuard(
-        reflex()
-            .args([
-                "teleop",
-                "--device",
-                "keyboard",
-                "--robot",
-                "sim",
-                "--no-multicast",
-            ])
-            .args(["--connect", &ep])
-            .stdin(terminal)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("teleop.err")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    // The teleop has the actor's status once it prints who drives.
-    wait_until("the teleop following the actor", 60, || {
-        child_stderr(&dir, "teleop").contains("drives")
-    });
+    let (mut actor, watch, mut keyboard, mut teleop) = actor_and_keyboard(&dir, &ep, &cfg);
     // Each key once the teleop has seen the last one's effect in the actor's status (a release
     // names the e-stop the status shows).
     for (key, state, shown) in [
@@ -477,14 +504,7 @@ fn the_keyboards_e_u_and_g_keys_raise_release_and_resume_a_running_actors_estop(
             && said.contains("running again"),
         "{said}"
     );
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(actor.0.id() as i32, libc::SIGTERM) };
-    wait_until("the actor to exit", 120, || {
-        actor.0.try_wait().unwrap().is_some()
-    });
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
-            .unwrap();
+    let v = stop_actor(&mut actor, &dir);
     assert_eq!(v["stop"]["estops"], 1, "{v}");
     assert!(v["stop"]["stopped_ticks"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["stop"]["state"], "running", "{v}");
@@ -524,7 +544,7 @@ fn by_default_the_learner_runs_inside_reflex_run_and_takes_every_step() {
 /// of its 50 Hz stream, and the 20 Hz loop must not lose it to the messages after it.
 #[test]
 fn the_keyboards_y_n_and_x_keys_reach_the_learner_as_one_success_failure_and_reset_each() {
-    use crate::common::{StatusWatch, wait_until};
+    use crate::common::wait_until;
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let ep = unix_endpoint(&dir, "hil");
@@ -548,33 +568,7 @@ fn the_keyboards_y_n_and_x_keys_reach_the_learner_as_one_success_failure_and_res
     assert!(text.contains(&ep) && text.contains("in_process = true"));
     let cfg = dir.path().join("hil.toml");
     std::fs::write(&cfg, text).unwrap();
-    let mut run = reflex();
-    run.args(["run", "--json", "--until-stopped", "--config"])
-        .arg(&cfg);
-    let mut actor = spawn(run, &dir, "actor");
-    let watch = StatusWatch::new(&ep, "sim");
-    watch.wait("the actor running", |m| m.figures.ticks > 20);
-    let (mut keyboard, terminal) = pty();
-    let mut teleop = crate::common::ChildGuard(
-        reflex()
-            .args([
-                "teleop",
-                "--device",
-                "keyboard",
-                "--robot",
-                "sim",
-                "--no-multicast",
-            ])
-            .args(["--connect", &ep])
-            .stdin(terminal)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("teleop.err")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    wait_until("the teleop following the actor", 60, || {
-        child_stderr(&dir, "teleop").contains("drives")
-    });
+    let (mut actor, watch, mut keyboard, mut teleop) = actor_and_keyboard(&dir, &ep, &cfg);
     // The person takes over and holds the arm still: from here an episode ends by a key or by
     // its time limit, never by the base policy's success.
     keyboard.write_all(b" ").unwrap();
@@ -592,14 +586,7 @@ fn the_keyboards_y_n_and_x_keys_reach_the_learner_as_one_success_failure_and_res
     }
     keyboard.write_all(b"q").unwrap();
     assert!(teleop.0.wait().unwrap().success());
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(actor.0.id() as i32, libc::SIGTERM) };
-    wait_until("the actor to exit", 120, || {
-        actor.0.try_wait().unwrap().is_some()
-    });
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("actor.out")).unwrap())
-            .unwrap_or_else(|e| panic!("{e}: {}", child_stderr(&dir, "actor")));
+    let v = stop_actor(&mut actor, &dir);
     let ends = &v["learner"]["episode_ends"];
     assert_eq!(ends["person_success"], 1, "{v}");
     assert_eq!(ends["person_failure"], 1, "{v}");
